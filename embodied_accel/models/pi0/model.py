@@ -1,0 +1,260 @@
+"""pi0 / pi0.5: SigLIP + Gemma-2B prefix, Gemma-300M action expert, flow-matching Euler sampler.
+
+One call of :meth:`Pi0Model.sample_actions`:
+
+1. **Prefix**: every camera through SigLIP and the projector, prompt tokens through the (pre-scaled)
+   embedding; the VLM runs once over ``[images | tokens]`` with prefix-LM attention and writes its
+   K/V into a preallocated :class:`StaticKVCache`.
+2. **State token** (pi0 only): it sees the prefix and itself, never the actions, and does not depend on
+   the flow time, so it runs through the expert once per call and its K/V join the cache.
+3. **Denoising loop**: ``num_steps`` Euler steps from t = 1 (noise) to 0. Each step embeds the noisy
+   actions with the time, runs the expert over the 50 action tokens attending to the cache in place,
+   and updates ``x ← x + dt · v``. Everything that depends only on the step schedule (pi0's time
+   features, pi0.5's adaRMS modulation) is computed once per schedule and cached.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...nn.gemma import GemmaTower, NormConditioning
+from ...nn.kv_cache import StaticKVCache
+from ...nn.siglip import SiglipVisionTower
+from ...ops import OpSet
+from .config import Pi0Config
+
+
+def sinusoidal_time_embedding(time: torch.Tensor, dim: int, min_period: float, max_period: float) -> torch.Tensor:
+    """``[sin, cos]`` of ``time[..., None] * 2π / period`` with periods geometric in [min, max] (float64)."""
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = (2 * math.pi / period)[None, :] * time.to(torch.float64)[:, None]
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
+
+
+def euler_schedule(num_steps: int) -> list[float]:
+    """Flow times t = 1, 1 - 1/n, ..., 1/n at which the velocity is evaluated (float32-rounded)."""
+    dt = -1.0 / num_steps
+    return [float(torch.tensor(1.0 + step * dt, dtype=torch.float32)) for step in range(num_steps)]
+
+
+class Pi0Model(nn.Module):
+    """The network of pi0 and pi0.5 on the op layer; weights come from :mod:`.weights`."""
+
+    def __init__(self, config: Pi0Config, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        config.validate()
+        self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
+        vlm, expert = config.vlm, config.expert
+        self.vision = SiglipVisionTower(config.vision, ops)
+        self.projector_weight = nn.Parameter(torch.empty(config.vision.width, vlm.width))
+        self.projector_bias = nn.Parameter(torch.empty(vlm.width))
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, vlm.width))  # pre-scaled by sqrt(width)
+        self.vlm = GemmaTower(vlm, ops, adaptive_norms=False)
+        self.expert = GemmaTower(expert, ops, adaptive_norms=config.adaptive_expert_norms)
+
+        de, na = expert.width, config.max_action_dim
+        self.action_in_proj_weight = nn.Parameter(torch.empty(na, de))
+        self.action_in_proj_bias = nn.Parameter(torch.empty(de))
+        self.action_out_proj_weight = nn.Parameter(torch.empty(de, na))
+        self.action_out_proj_bias = nn.Parameter(torch.empty(na))
+        if config.has_state_token:
+            self.state_proj_weight = nn.Parameter(torch.empty(config.max_state_dim, de))
+            self.state_proj_bias = nn.Parameter(torch.empty(de))
+            # action_time_mlp_in acts on [action_emb | time_emb]: rows [:de] and [de:] of the weight
+            self.action_time_mlp_in_weight = nn.Parameter(torch.empty(2 * de, de))
+            self.action_time_mlp_in_bias = nn.Parameter(torch.empty(de))
+            self.action_time_mlp_out_weight = nn.Parameter(torch.empty(de, de))
+            self.action_time_mlp_out_bias = nn.Parameter(torch.empty(de))
+        else:
+            self.time_mlp_in_weight = nn.Parameter(torch.empty(de, de))
+            self.time_mlp_in_bias = nn.Parameter(torch.empty(de))
+            self.time_mlp_out_weight = nn.Parameter(torch.empty(de, de))
+            self.time_mlp_out_bias = nn.Parameter(torch.empty(de))
+
+        self._kv_cache: StaticKVCache | None = None
+        self._schedule_cache: dict[tuple[int, torch.device], object] = {}
+        self._rope_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ------------------------------------------------------------------ per-call constants
+
+    def reset_caches(self) -> None:
+        """Forget everything derived from the weights (call after changing them)."""
+        self._kv_cache = None
+        self._schedule_cache.clear()
+        self._rope_cache.clear()
+
+    def max_positions(self) -> int:
+        cfg = self.config
+        num_cameras_upper = 8
+        return num_cameras_upper * cfg.vision.num_patches + cfg.max_token_len + 1 + cfg.action_horizon
+
+    def _rope_table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for every position ``[max_positions, head_dim]`` in fp32 (Gemma: θ = 10000)."""
+        if device not in self._rope_cache:
+            cfg = self.config.vlm
+            inv_freq = 1.0 / (
+                cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
+            )
+            positions = torch.arange(self.max_positions(), dtype=torch.float32)
+            freqs = positions[:, None] * inv_freq[None, :]
+            angles = torch.cat([freqs, freqs], dim=-1)
+            self._rope_cache[device] = (angles.cos().to(device), angles.sin().to(device))
+        return self._rope_cache[device]
+
+    def _rope_tables(self, positions: torch.Tensor):
+        """Per-call rotary tables for ``positions: [B, S]`` (int64)."""
+        cos_table, sin_table = self._rope_table(positions.device)
+        cfg = self.config.vlm
+        cos = F.embedding(positions, cos_table).to(self.compute_dtype)
+        sin = F.embedding(positions, sin_table).to(self.compute_dtype)
+        return self.ops.prepare_rope(cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.num_heads + 2 * cfg.num_kv_heads)
+
+    def _cache(self, batch: int, length: int, device: torch.device) -> StaticKVCache:
+        cfg = self.config.vlm
+        key = (cfg.depth, batch, cfg.num_kv_heads, length, cfg.head_dim, self.compute_dtype, torch.device(device))
+        if self._kv_cache is None or self._kv_cache.shape_key != key:
+            self._kv_cache = StaticKVCache(
+                cfg.depth, batch, cfg.num_kv_heads, length, cfg.head_dim, self.compute_dtype, device
+            )
+        return self._kv_cache
+
+    def _schedule(self, num_steps: int, device: torch.device):
+        """Everything that depends only on the step schedule, computed once per ``num_steps``.
+
+        pi0: the time half of ``action_time_mlp_in`` per step (``[1, De]`` bias rows).
+        pi0.5: the adaRMS modulation of every expert layer and the final norm per step.
+        """
+        key = (num_steps, torch.device(device))
+        if key not in self._schedule_cache:
+            cfg, ops, de = self.config, self.ops, self.config.expert.width
+            times = torch.tensor(euler_schedule(num_steps), dtype=torch.float32)
+            time_emb = sinusoidal_time_embedding(times, de, cfg.min_period, cfg.max_period)
+            time_emb = time_emb.to(device=device, dtype=self.action_in_proj_weight.dtype)  # [steps, De]
+            if cfg.has_state_token:
+                time_part = ops.linear(time_emb, self.action_time_mlp_in_weight[de:], self.action_time_mlp_in_bias)
+                self._schedule_cache[key] = [time_part[s : s + 1].contiguous() for s in range(num_steps)]
+            else:
+                cond = F.silu(ops.linear(time_emb, self.time_mlp_in_weight, self.time_mlp_in_bias))
+                cond = F.silu(ops.linear(cond, self.time_mlp_out_weight, self.time_mlp_out_bias))
+                per_layer = [layer.norm_conditioning(cond, self.compute_dtype) for layer in self.expert.layers]
+                layer_conds = [[per_layer[i][s] for i in range(len(per_layer))] for s in range(num_steps)]
+                final = self.expert.final_norm_conditioning(cond)
+                self._schedule_cache[key] = list(zip(layer_conds, final, strict=True))
+        return self._schedule_cache[key]
+
+    # ------------------------------------------------------------------ the call
+
+    def embed_images(self, images: torch.Tensor) -> torch.Tensor:
+        """``[B, N, 3, H, W]`` → projected image tokens ``[B, N * patches, D_vlm]``."""
+        batch, cams = images.shape[:2]
+        vision_dtype = self.vision.patch_embed_weight.dtype
+        features = self.vision(images.flatten(0, 1).to(vision_dtype))
+        tokens = self.ops.linear(features, self.projector_weight, self.projector_bias)
+        return tokens.view(batch, cams * self.config.vision.num_patches, -1)
+
+    def embed_prefix(self, images, image_masks, tokens, token_masks):
+        """Prefix embeddings ``[B, P, D]`` and validity ``[B, P]`` (images first, then prompt tokens)."""
+        image_tokens = self.embed_images(images).to(self.compute_dtype)
+        text = F.embedding(tokens, self.embed_tokens)
+        prefix = torch.cat([image_tokens, text], dim=1)
+        image_valid = image_masks.repeat_interleave(self.config.vision.num_patches, dim=1)
+        return prefix, torch.cat([image_valid, token_masks], dim=1)
+
+    @torch.inference_mode()
+    def sample_actions(
+        self,
+        images: torch.Tensor,  # [B, N, 3, 224, 224] float in [-1, 1]
+        image_masks: torch.Tensor,  # [B, N] bool
+        tokens: torch.Tensor,  # [B, L] int64
+        token_masks: torch.Tensor,  # [B, L] bool
+        state: torch.Tensor | None,  # [B, max_state_dim] normalized (pi0; ignored by pi0.5)
+        noise: torch.Tensor | None = None,  # [B, horizon, max_action_dim]
+        num_steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Sample an action chunk ``[B, horizon, max_action_dim]`` (normalized action space, fp32)."""
+        cfg, ops, dtype = self.config, self.ops, self.compute_dtype
+        num_steps = cfg.num_steps if num_steps is None else num_steps
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        batch, horizon, device = tokens.shape[0], cfg.action_horizon, tokens.device
+        if noise is None:
+            noise = torch.randn(
+                batch, horizon, cfg.max_action_dim, generator=generator, dtype=torch.float32, device=device
+            )
+
+        # 1. prefix pass: the VLM writes K/V for every prefix position into the static cache.
+        prefix, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
+        prefix_len = prefix.shape[1]
+        state_len = 1 if cfg.has_state_token else 0
+        cache = self._cache(batch, prefix_len + state_len + horizon, device)
+        positions = torch.cumsum(prefix_valid, dim=1) - 1
+        may_attend = prefix_valid[:, None, :] & prefix_valid[:, :, None]  # prefix-LM over valid tokens
+        self.vlm(
+            prefix.reshape(batch * prefix_len, -1),
+            batch,
+            prefix_len,
+            self._rope_tables(positions),
+            ops.prepare_attention_mask(may_attend, dtype),
+            cache.slots(0, prefix_len, prefix_len),
+        )
+        num_valid = prefix_valid.sum(dim=1, keepdim=True)  # [B, 1]
+
+        # 2. pi0's state token: sees the prefix and itself; time-independent, so once per call.
+        suffix_start = prefix_len
+        if cfg.has_state_token:
+            state_hidden = ops.linear(state.to(self.state_proj_weight.dtype), self.state_proj_weight, self.state_proj_bias)
+            self.expert(
+                state_hidden.to(dtype),
+                batch,
+                1,
+                self._rope_tables(num_valid),
+                ops.prepare_attention_mask(F.pad(prefix_valid, (0, 1), value=True)[:, None, :], dtype),
+                cache.slots(prefix_len, prefix_len + 1, prefix_len + 1),
+            )
+            suffix_start += 1
+
+        # 3. denoising loop over the action tokens (they see the prefix, the state and each other).
+        action_positions = num_valid + state_len + torch.arange(horizon, device=device)[None, :]
+        action_rope = self._rope_tables(action_positions)
+        action_may_attend = F.pad(prefix_valid, (0, state_len + horizon), value=True)[:, None, :].expand(
+            batch, horizon, -1
+        )
+        action_mask = ops.prepare_attention_mask(action_may_attend, dtype)
+        action_slots = cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon)
+        schedule = self._schedule(num_steps, device)
+        dt = -1.0 / num_steps
+        x_t = noise.to(torch.float32)
+        for step in range(num_steps):
+            velocity = self.denoise_step(x_t, schedule[step], action_rope, action_mask, action_slots)
+            x_t = x_t.add(velocity, alpha=dt)
+        return x_t
+
+    def denoise_step(self, x_t, step_constants, rope_tables, attention_mask, slots) -> torch.Tensor:
+        """Velocity ``v(x_t, t)`` for one step: ``[B, horizon, A]`` → ``[B, horizon, A]`` (fp32)."""
+        ops, cfg = self.ops, self.config
+        batch, horizon, action_dim = x_t.shape
+        actions = x_t.view(batch * horizon, action_dim)
+        hidden = ops.linear(actions, self.action_in_proj_weight, self.action_in_proj_bias)
+        if cfg.has_state_token:
+            time_part = step_constants
+            de = cfg.expert.width
+            hidden = F.silu(ops.linear(hidden, self.action_time_mlp_in_weight[:de], time_part))
+            hidden = ops.linear(hidden, self.action_time_mlp_out_weight, self.action_time_mlp_out_bias)
+            layer_conds, final_cond = None, None
+        else:
+            layer_conds, final_cond = step_constants
+        hidden = self.expert(hidden.to(self.compute_dtype), batch, horizon, rope_tables, attention_mask, slots, layer_conds)
+        hidden = self.expert.final_norm(hidden, final_cond).to(self.action_out_proj_weight.dtype)
+        velocity = ops.linear(hidden, self.action_out_proj_weight, self.action_out_proj_bias)
+        return velocity.view(batch, horizon, action_dim)
+
+
+def conditioning_types() -> tuple[type, ...]:
+    """Types cached per step schedule (exposed for tests)."""
+    return (NormConditioning,)

@@ -1,0 +1,162 @@
+"""Gemma decoder layers with fused QKV and gate/up matrices, optionally with adaptive RMSNorm.
+
+Weights are stored as ``[in, out]`` matrices so each projection is one GEMM; the loader fuses
+q/k/v and gate/up and folds Gemma's ``1 + w`` into the norm weights. Hidden states are 2-D
+``[B*S, D]`` throughout a layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..ops import OpSet
+from .kv_cache import AttentionSlots
+
+
+@dataclass(frozen=True)
+class GemmaConfig:
+    """One Gemma tower: the VLM (Gemma-2B) or the action expert (Gemma-300M)."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int = 8
+    num_kv_heads: int = 1
+    head_dim: int = 256
+    eps: float = 1e-6
+    rope_theta: float = 10000.0
+
+
+@dataclass(frozen=True)
+class NormConditioning:
+    """adaRMS modulation of one layer for one denoising step (pi0.5), precomputed per step schedule."""
+
+    input_scale_plus_one: torch.Tensor  # [D] fp32
+    input_shift: torch.Tensor  # [D] fp32
+    input_gate: torch.Tensor  # [D] compute dtype
+    post_scale_plus_one: torch.Tensor
+    post_shift: torch.Tensor
+    post_gate: torch.Tensor
+
+
+class GemmaLayer(nn.Module):
+    """One decoder layer: (ada)RMSNorm → fused QKV → RoPE → attention over a static cache → o_proj
+    → (gated) residual → (ada)RMSNorm → GeGLU MLP → (gated) residual."""
+
+    def __init__(self, cfg: GemmaConfig, ops: OpSet, adaptive_norms: bool):
+        super().__init__()
+        self.cfg, self.ops, self.adaptive_norms = cfg, ops, adaptive_norms
+        d, m, dh = cfg.width, cfg.mlp_dim, cfg.head_dim
+        heads = cfg.num_heads + 2 * cfg.num_kv_heads
+        if adaptive_norms:
+            # dense: cond [D] -> [scale | shift | gate] (3D), applied once per step schedule
+            self.input_norm_dense_weight = nn.Parameter(torch.empty(d, 3 * d))
+            self.input_norm_dense_bias = nn.Parameter(torch.empty(3 * d))
+            self.post_attention_norm_dense_weight = nn.Parameter(torch.empty(d, 3 * d))
+            self.post_attention_norm_dense_bias = nn.Parameter(torch.empty(3 * d))
+        else:
+            self.input_norm_weight = nn.Parameter(torch.empty(d))  # Gemma's 1 + w, folded at load
+            self.post_attention_norm_weight = nn.Parameter(torch.empty(d))
+        self.qkv_weight = nn.Parameter(torch.empty(d, heads * dh))  # [q heads | k heads | v heads]
+        self.o_weight = nn.Parameter(torch.empty(cfg.num_heads * dh, d))
+        self.gate_up_weight = nn.Parameter(torch.empty(d, 2 * m))  # [gate | up]
+        self.down_weight = nn.Parameter(torch.empty(m, d))
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [B*S, D]
+        batch: int,
+        seq: int,
+        rope_tables,
+        attention_mask: torch.Tensor,
+        slots: AttentionSlots,
+        cond: NormConditioning | None = None,
+    ) -> torch.Tensor:
+        ops, cfg = self.ops, self.cfg
+        heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        if cond is None:
+            x = ops.rms_norm(hidden, self.input_norm_weight, cfg.eps)
+        else:
+            x = ops.ada_rms_norm(hidden, cond.input_scale_plus_one, cond.input_shift, cfg.eps)
+
+        qkv = ops.linear(x, self.qkv_weight).view(batch, seq, heads + 2 * kv_heads, head_dim).transpose(1, 2)
+        qkv = ops.rope(qkv, rope_tables)  # rotates the q and k heads, passes v through
+        q, kv = qkv.split([heads, 2 * kv_heads], dim=1)
+        slots.kv_write.copy_(kv)
+        attn = ops.attention(q, slots.keys, slots.values, attention_mask, head_dim**-0.5)  # [B, H, S, Dh]
+        attn = attn.transpose(1, 2).reshape(batch * seq, heads * head_dim)
+
+        if cond is None:
+            hidden = ops.linear(attn, self.o_weight, residual=hidden)
+            x = ops.rms_norm(hidden, self.post_attention_norm_weight, cfg.eps)
+        else:
+            hidden = torch.addcmul(hidden, ops.linear(attn, self.o_weight), cond.input_gate)
+            x = ops.ada_rms_norm(hidden, cond.post_scale_plus_one, cond.post_shift, cfg.eps)
+
+        x = ops.geglu(ops.linear(x, self.gate_up_weight))
+        if cond is None:
+            return ops.linear(x, self.down_weight, residual=hidden)
+        return torch.addcmul(hidden, ops.linear(x, self.down_weight), cond.post_gate)
+
+    def norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> list[NormConditioning]:
+        """adaRMS modulation for a stack of conditioning vectors ``cond: [steps, D]`` (one per step)."""
+        ops = self.ops
+        inp = ops.linear(cond, self.input_norm_dense_weight, self.input_norm_dense_bias).float()
+        post = ops.linear(cond, self.post_attention_norm_dense_weight, self.post_attention_norm_dense_bias).float()
+        in_scale, in_shift, in_gate = inp.chunk(3, dim=-1)
+        post_scale, post_shift, post_gate = post.chunk(3, dim=-1)
+        return [
+            NormConditioning(
+                input_scale_plus_one=(1.0 + in_scale[s]).contiguous(),
+                input_shift=in_shift[s].contiguous(),
+                input_gate=in_gate[s].to(compute_dtype).contiguous(),
+                post_scale_plus_one=(1.0 + post_scale[s]).contiguous(),
+                post_shift=post_shift[s].contiguous(),
+                post_gate=post_gate[s].to(compute_dtype).contiguous(),
+            )
+            for s in range(cond.shape[0])
+        ]
+
+
+class GemmaTower(nn.Module):
+    """A stack of :class:`GemmaLayer` and the final norm."""
+
+    def __init__(self, cfg: GemmaConfig, ops: OpSet, adaptive_norms: bool):
+        super().__init__()
+        self.cfg, self.ops, self.adaptive_norms = cfg, ops, adaptive_norms
+        self.layers = nn.ModuleList(GemmaLayer(cfg, ops, adaptive_norms) for _ in range(cfg.depth))
+        if adaptive_norms:
+            self.final_norm_dense_weight = nn.Parameter(torch.empty(cfg.width, 3 * cfg.width))
+            self.final_norm_dense_bias = nn.Parameter(torch.empty(3 * cfg.width))
+        else:
+            self.final_norm_weight = nn.Parameter(torch.empty(cfg.width))
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        batch: int,
+        seq: int,
+        rope_tables,
+        attention_mask: torch.Tensor,
+        slots: list[AttentionSlots],
+        conds: list[NormConditioning] | None = None,
+    ) -> torch.Tensor:
+        """Run every layer (no final norm: see :meth:`final_norm`)."""
+        for i, layer in enumerate(self.layers):
+            hidden = layer(hidden, batch, seq, rope_tables, attention_mask, slots[i], None if conds is None else conds[i])
+        return hidden
+
+    def final_norm(self, hidden: torch.Tensor, final_cond: tuple[torch.Tensor, torch.Tensor] | None = None):
+        if final_cond is None:
+            return self.ops.rms_norm(hidden, self.final_norm_weight, self.cfg.eps)
+        scale_plus_one, shift = final_cond
+        return self.ops.ada_rms_norm(hidden, scale_plus_one, shift, self.cfg.eps)
+
+    def final_norm_conditioning(self, cond: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Final adaRMS modulation per step; its gate is unused (the final norm has no residual)."""
+        mod = self.ops.linear(cond, self.final_norm_dense_weight, self.final_norm_dense_bias).float()
+        scale, shift, _gate = mod.chunk(3, dim=-1)
+        return [((1.0 + scale[s]).contiguous(), shift[s].contiguous()) for s in range(cond.shape[0])]

@@ -1,0 +1,114 @@
+"""The op layer: functional ops with a pure-PyTorch reference and per-backend fast versions.
+
+A backend is chosen once, when a model is built, and yields an :class:`OpSet`: one callable per op.
+Ops a backend does not implement fall back to the reference, and the OpSet records which ones did.
+
+>>> ops = get_ops("reference")
+>>> ops.rms_norm(x, weight, eps)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .. import platform as platform_mod
+from . import reference
+
+logger = logging.getLogger(__name__)
+
+#: Every op of the layer, in the order ``info`` lists them.
+OP_NAMES: tuple[str, ...] = (
+    "rms_norm",
+    "add_rms_norm",
+    "ada_rms_norm",
+    "layer_norm",
+    "add_layer_norm",
+    "linear",
+    "gelu_tanh",
+    "geglu",
+    "prepare_rope",
+    "rope",
+    "prepare_attention_mask",
+    "attention",
+)
+
+#: Backends that exist or are planned; ``auto`` picks the best available one.
+BACKEND_NAMES: tuple[str, ...] = ("auto", "reference", "cuda", "npu")
+
+
+class BackendUnavailableError(RuntimeError):
+    """An explicitly requested backend cannot run on this machine."""
+
+
+@dataclass(frozen=True)
+class OpSet:
+    """The ops a model calls, bound to one backend."""
+
+    backend: str
+    impls: dict[str, Callable]
+    fused: tuple[str, ...] = field(default=())  # ops served by the backend itself
+    fallback: tuple[str, ...] = field(default=())  # ops served by the reference
+
+    def __getattr__(self, name: str) -> Callable:
+        impls = object.__getattribute__(self, "impls")
+        try:
+            return impls[name]
+        except KeyError:
+            raise AttributeError(f"op layer has no op {name!r}; known ops: {', '.join(OP_NAMES)}") from None
+
+
+def _reference_impls() -> dict[str, Callable]:
+    return {name: getattr(reference, name) for name in OP_NAMES}
+
+
+def _backend_impls(name: str, plat: platform_mod.Platform) -> dict[str, Callable]:
+    """The ops a non-reference backend provides, or raise why it cannot run here."""
+    if name == "cuda":
+        if plat.device_type != "cuda":
+            raise BackendUnavailableError(
+                f"backend 'cuda' needs an NVIDIA GPU; this machine has {plat.device_type} ({plat.device_name})"
+            )
+        raise BackendUnavailableError("backend 'cuda' (fused Triton kernels) is not part of this release yet")
+    if name == "npu":
+        if plat.device_type != "npu":
+            raise BackendUnavailableError(
+                f"backend 'npu' needs an Ascend NPU with torch_npu; this machine has {plat.device_type}"
+            )
+        raise BackendUnavailableError("backend 'npu' (torch_npu fused operators) is not part of this release yet")
+    raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {name!r}")
+
+
+def get_ops(backend: str = "auto", plat: platform_mod.Platform | None = None) -> OpSet:
+    """Resolve a backend name to an :class:`OpSet`.
+
+    ``reference`` always works. An explicit ``cuda``/``npu`` that cannot run raises
+    :class:`BackendUnavailableError`. ``auto`` tries the device's own backend, falls back to the
+    reference when it is unavailable, and logs what it chose.
+    """
+    if backend not in BACKEND_NAMES:
+        raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {backend!r}")
+    plat = plat or platform_mod.detect()
+    reference_impls = _reference_impls()
+    if backend == "reference":
+        return OpSet("reference", reference_impls, fused=(), fallback=())
+    if backend == "auto":
+        candidate = plat.device_type if plat.device_type in ("cuda", "npu") else None
+        if candidate is not None:
+            try:
+                return _merge(candidate, _backend_impls(candidate, plat), reference_impls)
+            except BackendUnavailableError as exc:
+                logger.info("backend auto: %s backend unavailable (%s); using reference", candidate, exc)
+        logger.info("backend auto: chose 'reference' on %s (%s)", plat.device_type, plat.device_name)
+        return OpSet("reference", reference_impls)
+    return _merge(backend, _backend_impls(backend, plat), reference_impls)
+
+
+def _merge(name: str, impls: dict[str, Callable], reference_impls: dict[str, Callable]) -> OpSet:
+    fused = tuple(op for op in OP_NAMES if op in impls)
+    fallback = tuple(op for op in OP_NAMES if op not in impls)
+    if fallback:
+        logger.info("backend %s: ops served by the reference: %s", name, ", ".join(fallback))
+    merged = {**reference_impls, **impls}
+    return OpSet(name, merged, fused=fused, fallback=fallback)

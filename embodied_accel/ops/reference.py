@@ -1,0 +1,163 @@
+"""Pure-PyTorch reference implementations of every op.
+
+These are the CPU path, the oracle that every fused kernel is tested against, and the benchmark
+baseline. They are written to dispatch few aten ops (host overhead is what makes these models slow),
+but each one states the plain formula it computes in its docstring.
+
+Conventions shared by all backends:
+
+* ``rms_norm`` weights are *effective* scales: Gemma's ``1 + w`` is folded in once at load time.
+* Linear weights are stored transposed, ``[in_features, out_features]``, so ``linear`` is one GEMM.
+* Per-call constants (rotary tables, attention masks) are prepared once per model call by the
+  ``prepare_*`` functions, whose results are opaque to the model and consumed by the matching op.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+# The additive mask value openpi and LeRobot use for "may not attend" (finite, so a fully masked row
+# gives a uniform softmax instead of NaN).
+MASKED_SCORE = -2.3819763e38
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A cached 0-d tensor, so that per-call arithmetic with constants dispatches no extra op."""
+    return torch.tensor(value, dtype=dtype, device=device)
+
+
+def _rms_denominator(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``sqrt(sum(x^2) + D * eps)`` over the last dim in fp32, as a ``[..., 1]`` tensor.
+
+    ``x / rms_denominator(x) * sqrt(D) == x / sqrt(mean(x^2) + eps)``; two aten ops instead of four.
+    """
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    return torch.hypot(norm, _constant(math.sqrt(x.shape[-1] * eps), torch.float32, x.device))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight``, statistics in fp32, output in ``x.dtype``."""
+    zero = _constant(0.0, torch.float32, x.device)
+    out = torch.addcmul(zero, x / _rms_denominator(x, eps), weight, value=math.sqrt(x.shape[-1]))
+    return out.to(x.dtype)
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual``; returns ``(rms_norm(s, weight), s)``."""
+    total = x + residual
+    return rms_norm(total, weight, eps), total
+
+
+def ada_rms_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
+    """Adaptive RMSNorm (pi0.5's adaRMS): ``rms_norm(x) * (1 + scale) + shift``.
+
+    ``scale_plus_one`` and ``shift`` come from the conditioning vector (``dense(cond).chunk(3)``);
+    the caller precomputes ``1 + scale`` once per step schedule. The gate (third chunk) is applied by
+    the caller to the residual branch. Statistics and modulation in fp32, output in ``x.dtype``.
+    """
+    out = torch.addcmul(shift, x / _rms_denominator(x, eps), scale_plus_one, value=math.sqrt(x.shape[-1]))
+    return out.to(x.dtype)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """Standard LayerNorm over the last dimension."""
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def add_layer_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual``; returns ``(layer_norm(s), s)``."""
+    total = x + residual
+    return layer_norm(total, weight, bias, eps), total
+
+
+def linear(
+    x: torch.Tensor,
+    weight_t: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ weight_t + bias + residual`` for a 2-D ``x`` and a ``[in, out]`` weight (one GEMM)."""
+    if residual is None:
+        return torch.mm(x, weight_t) if bias is None else torch.addmm(bias, x, weight_t)
+    out = torch.addmm(residual, x, weight_t)
+    return out if bias is None else out.add_(bias)
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the tanh approximation (``gelu_pytorch_tanh`` / ``gelu_fast``)."""
+    return F.gelu(x, approximate="tanh")
+
+
+def geglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """Gated MLP activation on the merged ``[gate | up]`` projection: ``gelu_tanh(gate) * up``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.gelu(gate, approximate="tanh").mul_(up)
+
+
+@dataclass(frozen=True)
+class RopeTables:
+    """Rotary tables laid out for :func:`rope` on a merged ``[B, heads, S, D]`` tensor."""
+
+    cos: torch.Tensor  # [B, heads, S, D]; 1 on heads that are passed through
+    sin_signed: torch.Tensor  # [B, heads, S, D]; sin with rotate_half's sign folded in; 0 on pass-through heads
+
+
+def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int, total_heads: int) -> RopeTables:
+    """Build the tables for rotating the first ``rotated_heads`` of ``total_heads`` heads.
+
+    ``cos``/``sin``: ``[B, S, D]`` in the half-rotation layout (``cat([f, f])``), as Gemma uses.
+    The remaining heads (the V heads of a merged QKV tensor) are passed through unchanged
+    (cos = 1, sin = 0 gives exactly ``x``).
+    """
+    batch, seq, dim = cos.shape
+    half = dim // 2
+    sign = torch.cat([cos.new_full((half,), -1.0), cos.new_ones(half)])
+    cos_all = cos.new_ones(batch, total_heads, seq, dim)
+    sin_all = cos.new_zeros(batch, total_heads, seq, dim)
+    cos_all[:, :rotated_heads] = cos[:, None]
+    sin_all[:, :rotated_heads] = (sin * sign)[:, None]
+    return RopeTables(cos_all, sin_all)
+
+
+def rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
+    """Rotary embedding ``x * cos + rotate_half(x) * sin`` on ``x: [B, heads, S, D]``.
+
+    ``rotate_half(x) = cat(-x2, x1)`` equals ``roll(x, D/2) * sign`` with the sign folded into the
+    prepared sin table, so this is three aten ops for Q and K (and V passed through) together.
+    """
+    rotated = torch.roll(x, x.shape[-1] // 2, dims=-1)
+    return torch.addcmul(x * tables.cos, rotated, tables.sin_signed)
+
+
+def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean ``may_attend[B, Sq, Sk]`` → additive ``[B, 1, Sq, Sk]`` mask in ``dtype``."""
+    zero = torch.zeros((), dtype=dtype, device=may_attend.device)
+    return torch.where(may_attend[:, None], zero, torch.tensor(MASKED_SCORE, dtype=dtype, device=may_attend.device))
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Softmax attention with grouped/multi-query K/V heads.
+
+    ``q: [B, H, Sq, D]``, ``k, v: [B, Hkv, Sk, D]`` with ``H % Hkv == 0`` (query head ``h`` reads K/V
+    head ``h // (H / Hkv)``), ``mask`` from :func:`prepare_attention_mask` or ``None``.
+    Returns ``[B, H, Sq, D]``.
+    """
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
