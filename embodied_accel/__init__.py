@@ -1,0 +1,26 @@
+"""embodied_accel: fast, checked inference for embodied-AI models (pi0, pi0.5, ...).
+
+>>> from embodied_accel import load_policy
+>>> policy = load_policy("pi0-tiny")            # a preset with seeded random weights
+>>> policy = load_policy("/path/to/lerobot_pi0") # a LeRobot checkpoint directory
+>>> policy.infer(observation)["actions"]        # [horizon, action_dim]
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def load_policy(preset_or_checkpoint: str, **kwargs):
+    """Load a policy from a preset name or a checkpoint directory; see :func:`models.pi0.policy.load_pi0_policy`.
+
+    Keyword arguments: ``backend`` (auto|reference|cuda|npu), ``dtype`` (float32|bfloat16), ``device``,
+    ``seed`` (random-weight presets), ``preset`` (architecture of a small custom checkpoint),
+    ``tokenizer`` (SentencePiece file), ``num_views``, ``progress``.
+    """
+    from .models.pi0.policy import load_pi0_policy
+
+    return load_pi0_policy(preset_or_checkpoint, **kwargs)
+
+
+__all__ = ["__version__", "load_policy"]

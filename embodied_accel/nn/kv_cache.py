@@ -37,5 +37,5 @@ class StaticKVCache:
                 keys=layer[:, :hkv, :attend_stop],
                 values=layer[:, hkv:, :attend_stop],
             )
-            for layer in self.buffer.unbind(0)
+            for layer in (self.buffer[i] for i in range(self.buffer.shape[0]))
         ]

@@ -32,6 +32,11 @@ def _constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.tensor(value, dtype=dtype, device=device)
 
 
+def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.to(dtype)`` that dispatches nothing when the dtype already matches."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _rms_denominator(x: torch.Tensor, eps: float) -> torch.Tensor:
     """``sqrt(sum(x^2) + D * eps)`` over the last dim in fp32, as a ``[..., 1]`` tensor.
 
@@ -45,7 +50,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight``, statistics in fp32, output in ``x.dtype``."""
     zero = _constant(0.0, torch.float32, x.device)
     out = torch.addcmul(zero, x / _rms_denominator(x, eps), weight, value=math.sqrt(x.shape[-1]))
-    return out.to(x.dtype)
+    return _as_dtype(out, x.dtype)
 
 
 def add_rms_norm(
@@ -64,7 +69,7 @@ def ada_rms_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Ten
     the caller to the residual branch. Statistics and modulation in fp32, output in ``x.dtype``.
     """
     out = torch.addcmul(shift, x / _rms_denominator(x, eps), scale_plus_one, value=math.sqrt(x.shape[-1]))
-    return out.to(x.dtype)
+    return _as_dtype(out, x.dtype)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:

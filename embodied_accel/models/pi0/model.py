@@ -16,13 +16,14 @@ One call of :meth:`Pi0Model.sample_actions`:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn.gemma import GemmaTower, NormConditioning
-from ...nn.kv_cache import StaticKVCache
+from ...nn.gemma import GemmaTower
+from ...nn.kv_cache import AttentionSlots, StaticKVCache
 from ...nn.siglip import SiglipVisionTower
 from ...ops import OpSet
 from .config import Pi0Config
@@ -40,6 +41,16 @@ def euler_schedule(num_steps: int) -> list[float]:
     """Flow times t = 1, 1 - 1/n, ..., 1/n at which the velocity is evaluated (float32-rounded)."""
     dt = -1.0 / num_steps
     return [float(torch.tensor(1.0 + step * dt, dtype=torch.float32)) for step in range(num_steps)]
+
+
+@dataclass(frozen=True)
+class PrefixContext:
+    """What the denoising loop reads after :meth:`Pi0Model.prefill` (views into the static cache)."""
+
+    batch: int
+    rope_tables: object
+    attention_mask: torch.Tensor
+    slots: list[AttentionSlots]
 
 
 class Pi0Model(nn.Module):
@@ -166,27 +177,14 @@ class Pi0Model(nn.Module):
         return prefix, torch.cat([image_valid, token_masks], dim=1)
 
     @torch.inference_mode()
-    def sample_actions(
-        self,
-        images: torch.Tensor,  # [B, N, 3, 224, 224] float in [-1, 1]
-        image_masks: torch.Tensor,  # [B, N] bool
-        tokens: torch.Tensor,  # [B, L] int64
-        token_masks: torch.Tensor,  # [B, L] bool
-        state: torch.Tensor | None,  # [B, max_state_dim] normalized (pi0; ignored by pi0.5)
-        noise: torch.Tensor | None = None,  # [B, horizon, max_action_dim]
-        num_steps: int | None = None,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Sample an action chunk ``[B, horizon, max_action_dim]`` (normalized action space, fp32)."""
+    def prefill(self, images, image_masks, tokens, token_masks, state) -> PrefixContext:
+        """Prefix pass (and pi0's state token) into the static cache; constants for the loop.
+
+        ``images: [B, N, 3, 224, 224]`` in [-1, 1], ``image_masks: [B, N]`` bool, ``tokens,
+        token_masks: [B, L]``, ``state: [B, max_state_dim]`` normalized (pi0; ignored by pi0.5).
+        """
         cfg, ops, dtype = self.config, self.ops, self.compute_dtype
-        num_steps = cfg.num_steps if num_steps is None else num_steps
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
         batch, horizon, device = tokens.shape[0], cfg.action_horizon, tokens.device
-        if noise is None:
-            noise = torch.randn(
-                batch, horizon, cfg.max_action_dim, generator=generator, dtype=torch.float32, device=device
-            )
 
         # 1. prefix pass: the VLM writes K/V for every prefix position into the static cache.
         prefix, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
@@ -206,9 +204,9 @@ class Pi0Model(nn.Module):
         num_valid = prefix_valid.sum(dim=1, keepdim=True)  # [B, 1]
 
         # 2. pi0's state token: sees the prefix and itself; time-independent, so once per call.
-        suffix_start = prefix_len
         if cfg.has_state_token:
-            state_hidden = ops.linear(state.to(self.state_proj_weight.dtype), self.state_proj_weight, self.state_proj_bias)
+            state_in = state.to(self.state_proj_weight.dtype)
+            state_hidden = ops.linear(state_in, self.state_proj_weight, self.state_proj_bias)
             self.expert(
                 state_hidden.to(dtype),
                 batch,
@@ -217,23 +215,51 @@ class Pi0Model(nn.Module):
                 ops.prepare_attention_mask(F.pad(prefix_valid, (0, 1), value=True)[:, None, :], dtype),
                 cache.slots(prefix_len, prefix_len + 1, prefix_len + 1),
             )
-            suffix_start += 1
 
-        # 3. denoising loop over the action tokens (they see the prefix, the state and each other).
+        # 3. what every denoising step reads: action tokens see the prefix, the state and each other.
+        suffix_start = prefix_len + state_len
         action_positions = num_valid + state_len + torch.arange(horizon, device=device)[None, :]
-        action_rope = self._rope_tables(action_positions)
-        action_may_attend = F.pad(prefix_valid, (0, state_len + horizon), value=True)[:, None, :].expand(
-            batch, horizon, -1
+        action_may_attend = F.pad(prefix_valid, (0, state_len + horizon), value=True)[:, None, :]
+        return PrefixContext(
+            batch=batch,
+            rope_tables=self._rope_tables(action_positions),
+            attention_mask=ops.prepare_attention_mask(action_may_attend.expand(batch, horizon, -1), dtype),
+            slots=cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon),
         )
-        action_mask = ops.prepare_attention_mask(action_may_attend, dtype)
-        action_slots = cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon)
-        schedule = self._schedule(num_steps, device)
+
+    @torch.inference_mode()
+    def denoise(self, context: PrefixContext, noise: torch.Tensor, num_steps: int | None = None) -> torch.Tensor:
+        """Euler integration from t = 1 (``noise``) to t = 0; returns ``[B, horizon, max_action_dim]`` fp32."""
+        num_steps = self.config.num_steps if num_steps is None else num_steps
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        schedule = self._schedule(num_steps, noise.device)
         dt = -1.0 / num_steps
         x_t = noise.to(torch.float32)
         for step in range(num_steps):
-            velocity = self.denoise_step(x_t, schedule[step], action_rope, action_mask, action_slots)
+            velocity = self.denoise_step(x_t, schedule[step], context.rope_tables, context.attention_mask, context.slots)
             x_t = x_t.add(velocity, alpha=dt)
         return x_t
+
+    @torch.inference_mode()
+    def sample_actions(
+        self,
+        images: torch.Tensor,  # [B, N, 3, 224, 224] float in [-1, 1]
+        image_masks: torch.Tensor,  # [B, N] bool
+        tokens: torch.Tensor,  # [B, L] int64
+        token_masks: torch.Tensor,  # [B, L] bool
+        state: torch.Tensor | None,  # [B, max_state_dim] normalized (pi0; ignored by pi0.5)
+        noise: torch.Tensor | None = None,  # [B, horizon, max_action_dim]
+        num_steps: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Sample an action chunk ``[B, horizon, max_action_dim]`` (normalized action space, fp32)."""
+        cfg = self.config
+        if noise is None:
+            shape = (tokens.shape[0], cfg.action_horizon, cfg.max_action_dim)
+            noise = torch.randn(shape, generator=generator, dtype=torch.float32, device=tokens.device)
+        context = self.prefill(images, image_masks, tokens, token_masks, state)
+        return self.denoise(context, noise, num_steps)
 
     def denoise_step(self, x_t, step_constants, rope_tables, attention_mask, slots) -> torch.Tensor:
         """Velocity ``v(x_t, t)`` for one step: ``[B, horizon, A]`` → ``[B, horizon, A]`` (fp32)."""
@@ -254,7 +280,3 @@ class Pi0Model(nn.Module):
         velocity = ops.linear(hidden, self.action_out_proj_weight, self.action_out_proj_bias)
         return velocity.view(batch, horizon, action_dim)
 
-
-def conditioning_types() -> tuple[type, ...]:
-    """Types cached per step schedule (exposed for tests)."""
-    return (NormConditioning,)

@@ -1,0 +1,206 @@
+"""A ready-to-run pi0 / pi0.5 policy: processor + model + weights behind ``infer(observation)``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ... import platform as platform_mod
+from ...ops import OpSet, get_ops
+from .config import PRESETS, Pi0Config, get_preset
+from .model import Pi0Model
+from .processor import IOSpec, ModelInputs, ObservationError, Pi0Processor, Tokenizer, load_io_spec
+from .weights import config_from_checkpoint, init_random_weights, load_checkpoint_weights
+
+logger = logging.getLogger(__name__)
+
+#: Camera slots of the random-weight presets (LeRobot's pi0 camera names); ``num_views`` picks the first N.
+PRESET_IMAGE_KEYS = (
+    "observation.images.base_0_rgb",
+    "observation.images.left_wrist_0_rgb",
+    "observation.images.right_wrist_0_rgb",
+)
+PRESET_VIEWS, PRESET_STATE_DIM, PRESET_ACTION_DIM = 2, 8, 7
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+class Pi0Policy:
+    """pi0 / pi0.5 with its processor. Build it with :func:`load_policy`."""
+
+    def __init__(self, model: Pi0Model, processor: Pi0Processor, *, source: str, random_weights: bool, device):
+        self.model, self.processor = model, processor
+        self.source, self.random_weights = source, random_weights
+        self.device = torch.device(device)
+
+    config: Pi0Config = property(lambda self: self.model.config)  # type: ignore[assignment]
+    io: IOSpec = property(lambda self: self.processor.io)  # type: ignore[assignment]
+    ops: OpSet = property(lambda self: self.model.ops)  # type: ignore[assignment]
+    backend: str = property(lambda self: self.model.ops.backend)  # type: ignore[assignment]
+    dtype: torch.dtype = property(lambda self: self.model.compute_dtype)  # type: ignore[assignment]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    # ---- the pieces (what the server and the benchmark drive)
+
+    def prepare(self, observation: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> ModelInputs:
+        """Observation dict (or list of them) → model inputs on the policy's device."""
+        return self.processor(observation).to(self.device)
+
+    def make_noise(self, batch: int, noise=None, seed: int | None = None) -> torch.Tensor:
+        """Initial flow sample ``[B, horizon, max_action_dim]``: given, seeded, or fresh N(0, 1)."""
+        cfg = self.config
+        shape = (batch, cfg.action_horizon, cfg.max_action_dim)
+        if noise is None:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+        noise = torch.as_tensor(np.asarray(noise) if not isinstance(noise, torch.Tensor) else noise)
+        if noise.ndim == 2:
+            noise = noise.unsqueeze(0).expand(batch, -1, -1)
+        if tuple(noise.shape) != shape:
+            raise ObservationError(
+                f"noise: expected shape {list(shape[1:])} or {list(shape)} (horizon, max_action_dim), "
+                f"got {list(noise.shape)}"
+            )
+        if not noise.is_floating_point() or not torch.isfinite(noise).all():
+            raise ObservationError("noise: expected finite floating-point values")
+        return noise.to(device=self.device, dtype=torch.float32)
+
+    def sample(self, inputs: ModelInputs, noise: torch.Tensor | None = None, num_steps: int | None = None):
+        """The model call alone: model inputs → normalized action chunk ``[B, horizon, max_action_dim]``."""
+        if noise is None:
+            noise = self.make_noise(inputs.batch_size)
+        return self.model.sample_actions(
+            inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state, noise, num_steps
+        )
+
+    def stage_fns(self, inputs: ModelInputs, num_steps: int | None = None) -> dict[str, Callable[[], object]]:
+        """Callables for timing the stages of one call apart: vision, prefix (incl. vision), denoise loop."""
+        model = self.model
+        noise = self.make_noise(inputs.batch_size, seed=0)
+        context = model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
+
+        def vision():
+            with torch.inference_mode():
+                return model.embed_images(inputs.images)
+
+        return {
+            "vision": vision,
+            "prefix": lambda: model.prefill(
+                inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state
+            ),
+            "denoise": lambda: model.denoise(context, noise, num_steps),
+        }
+
+    # ---- end to end
+
+    def infer_batch(
+        self, observations: Sequence[Mapping[str, Any]], *, noise=None, seed: int | None = None, num_steps=None
+    ) -> dict[str, Any]:
+        """Observations → ``{"actions": [B, horizon, action_dim] float32, "infer_ms": float}``."""
+        start = time.perf_counter()
+        inputs = self.prepare(observations)
+        chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed), num_steps)
+        actions = self.processor.postprocess(chunk)
+        return {"actions": actions, "infer_ms": (time.perf_counter() - start) * 1e3}
+
+    def infer(self, observation: Mapping[str, Any], *, noise=None, seed: int | None = None, num_steps=None):
+        """One observation → ``{"actions": [horizon, action_dim] float32, "infer_ms": float}``."""
+        if not isinstance(observation, Mapping):
+            raise ObservationError(f"observation: expected a dict, got {type(observation).__name__}")
+        result = self.infer_batch([observation], noise=noise, seed=seed, num_steps=num_steps)
+        result["actions"] = result["actions"][0]
+        return result
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
+
+
+def load_pi0_policy(
+    preset_or_checkpoint: str,
+    *,
+    backend: str = "auto",
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    preset: str | None = None,
+    tokenizer: str | Path | None = None,
+    num_views: int | None = None,
+    progress: bool = True,
+) -> Pi0Policy:
+    """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir."""
+    compute_dtype = _resolve_dtype(dtype)
+    device = torch.device(device) if device is not None else platform_mod.detect().device
+    ops = get_ops(backend)
+    path = Path(preset_or_checkpoint)
+    is_checkpoint = path.is_dir()
+    if is_checkpoint:
+        config = config_from_checkpoint(path, preset)
+        io = load_io_spec(path, config.family)
+        tok = Tokenizer.from_file(tokenizer) if tokenizer else Tokenizer.from_checkpoint(path)
+    elif preset_or_checkpoint in PRESETS:
+        if preset is not None:
+            raise ValueError("preset: only used with a checkpoint directory; pass the preset name directly")
+        config = get_preset(preset_or_checkpoint)
+        io = IOSpec.identity(PRESET_IMAGE_KEYS[:PRESET_VIEWS], PRESET_STATE_DIM, PRESET_ACTION_DIM)
+        tok = Tokenizer.from_file(tokenizer) if tokenizer else None
+    else:
+        raise ValueError(
+            f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a preset; presets: {', '.join(PRESETS)}"
+        )
+    if num_views is not None:
+        io = _with_views(io, num_views, is_checkpoint)
+
+    with torch.device("meta"):
+        model = Pi0Model(config, ops, compute_dtype)
+    if is_checkpoint:
+        load_checkpoint_weights(model, path, device, progress=progress)
+    else:
+        init_random_weights(model, seed, device)
+        logger.warning("%s: seeded random weights (seed %d), not a trained policy", config.name, seed)
+    model.eval()
+    processor = Pi0Processor(config, io, tok)
+    return Pi0Policy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint, device=device)
+
+
+def _with_views(io: IOSpec, num_views: int, is_checkpoint: bool) -> IOSpec:
+    """Use ``num_views`` camera slots. Dropping a slot is exact for a camera that would be missing
+    (its tokens are masked from everyone and do not advance positions)."""
+    if not isinstance(num_views, int) or num_views < 1:
+        raise ValueError(f"num_views: expected a positive int, got {num_views!r}")
+    keys = io.image_keys
+    if num_views <= len(keys):
+        keys = keys[:num_views]
+    elif is_checkpoint:
+        raise ValueError(f"num_views: the checkpoint has {len(keys)} cameras ({', '.join(keys)}); got {num_views}")
+    else:
+        pool = PRESET_IMAGE_KEYS + tuple(f"observation.images.camera_{i}" for i in range(len(PRESET_IMAGE_KEYS), 8))
+        if num_views > len(pool):
+            raise ValueError(f"num_views: at most {len(pool)} cameras are supported, got {num_views}")
+        keys = pool[:num_views]
+    return IOSpec(
+        image_keys=keys,
+        state_dim=io.state_dim,
+        action_dim=io.action_dim,
+        state_norm=io.state_norm,
+        action_norm=io.action_norm,
+        state_stats=io.state_stats,
+        action_stats=io.action_stats,
+        state_key=io.state_key,
+        eps=io.eps,
+    )

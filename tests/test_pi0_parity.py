@@ -1,0 +1,131 @@
+"""Parity with LeRobot 0.6.1 (frozen fixtures from tools/lerobot_reference/make_fixtures.py).
+
+Same weights (loaded through the real loader from LeRobot's key layout), same inputs, same noise:
+``sample_actions`` must match LeRobot's PI0Policy / PI05Policy to 1e-4 in fp32.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from embodied_accel import load_policy
+from embodied_accel.bench.harness import count_aten_ops
+
+FIXTURES = Path(__file__).parent / "fixtures"
+CASES = [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")]
+
+
+def fixture(family):
+    directory = FIXTURES / f"{family}_tiny"
+    return directory, load_file(directory / "io.safetensors"), json.loads((directory / "io.json").read_text())
+
+
+def model_args(io, family, batch=slice(None)):
+    state = io["state"][batch] if family == "pi0" else None
+    return (io["images"][batch], io["image_masks"][batch], io["tokens"][batch], io["token_masks"][batch], state)
+
+
+@pytest.mark.parametrize("family,preset", CASES)
+def test_sample_actions_matches_lerobot(family, preset):
+    directory, io, _ = fixture(family)
+    policy = load_policy(str(directory), preset=preset, backend="reference", progress=False)
+    actions = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
+    assert actions.shape == (2, 50, 32)
+    err = (actions - io["actions_model"]).abs().max().item()
+    assert err <= 1e-4, f"max abs error {err:.3g} vs LeRobot"
+
+
+@pytest.mark.parametrize("family,preset", CASES)
+def test_end_to_end_from_raw_observations_matches_lerobot(family, preset):
+    """Raw images (180x240, one camera missing) and raw state → processor → model → un-normalized actions."""
+    directory, io, _ = fixture(family)
+    policy = load_policy(str(directory), preset=preset, backend="reference", progress=False)
+    observations = []
+    for b in range(2):
+        valid = io["token_masks"][b]
+        observations.append(
+            {
+                "observation.images.base_0_rgb": io["image_raw.base_0_rgb"][b].numpy(),
+                "observation.images.left_wrist_0_rgb": io["image_raw.left_wrist_0_rgb"][b].numpy(),
+                "observation.state": io["state_raw"][b].numpy(),
+                "observation.language.tokens": io["tokens"][b][valid].numpy(),
+            }
+        )
+    inputs = policy.prepare(observations)
+    torch.testing.assert_close(inputs.images, io["images"], rtol=0, atol=1e-5)
+    assert torch.equal(inputs.image_masks, io["image_masks"])
+    torch.testing.assert_close(inputs.state[:, :8], io["state_normalized"], rtol=0, atol=1e-5)
+    out = policy.infer_batch(observations, noise=io["noise"])
+    assert out["actions"].shape == (2, 50, 7)
+    err = np.abs(out["actions"] - io["actions"].numpy()).max()
+    assert err <= 1e-4 * max(1.0, np.abs(io["actions"].numpy()).max()), f"max abs error {err:.3g}"
+
+
+@pytest.mark.parametrize("family,preset", CASES)
+def test_batch_rows_equal_single_calls(family, preset):
+    directory, io, _ = fixture(family)
+    policy = load_policy(str(directory), preset=preset, progress=False)
+    batched = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
+    for b in range(2):
+        single = policy.model.sample_actions(*model_args(io, family, slice(b, b + 1)), noise=io["noise"][b : b + 1])
+        torch.testing.assert_close(single[0], batched[b], rtol=1e-5, atol=1e-5)
+
+
+def test_dropping_a_missing_camera_slot_is_exact():
+    """The fixture's third camera is missing (masked); a 2-view model gives the same actions."""
+    directory, io, _ = fixture("pi0")
+    three = load_policy(str(directory), preset="pi0-tiny", progress=False)
+    two = load_policy(str(directory), preset="pi0-tiny", num_views=2, progress=False)
+    assert two.io.image_keys == three.io.image_keys[:2]
+    images, masks, tokens, token_masks, state = model_args(io, "pi0")
+    out2 = two.model.sample_actions(images[:, :2], masks[:, :2], tokens, token_masks, state, io["noise"])
+    torch.testing.assert_close(out2, io["actions_model"], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("family,preset", CASES)
+def test_repeated_calls_are_deterministic_and_reuse_the_cache(family, preset):
+    directory, io, _ = fixture(family)
+    policy = load_policy(str(directory), preset=preset, progress=False)
+    first = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
+    cache = policy.model._kv_cache.buffer
+    second = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
+    assert policy.model._kv_cache.buffer is cache  # preallocated once, reused
+    assert torch.equal(first, second)
+
+
+@pytest.mark.parametrize("family,preset", CASES)
+def test_bf16_is_close_to_fp32(family, preset):
+    directory, io, _ = fixture(family)
+    policy = load_policy(str(directory), preset=preset, dtype="bfloat16", progress=False)
+    actions = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
+    assert actions.dtype == torch.float32
+    scale = io["actions_model"].abs().max().item()
+    err = (actions - io["actions_model"]).abs().max().item()
+    assert err < 0.1 * scale, f"bf16 max abs error {err:.3g} (scale {scale:.3g})"
+
+
+@pytest.mark.parametrize("family,preset", CASES)
+def test_host_overhead_at_most_a_third_of_lerobot(family, preset):
+    """Dispatched aten ops per call vs LeRobot's count recorded with the fixture (same config, batch 2)."""
+    directory, io, meta = fixture(family)
+    policy = load_policy(str(directory), preset=preset, progress=False)
+    args = model_args(io, family)
+    policy.model.sample_actions(*args, noise=io["noise"])
+    _, ops_per_call, _ = count_aten_ops(policy.model.sample_actions, *args, noise=io["noise"])
+    assert ops_per_call <= meta["aten_ops_per_call"] / 3, (ops_per_call, meta["aten_ops_per_call"])
+
+
+def test_num_steps_changes_the_schedule():
+    directory, io, _ = fixture("pi05")
+    policy = load_policy(str(directory), preset="pi05-tiny", progress=False)
+    args = model_args(io, "pi05")
+    ten = policy.model.sample_actions(*args, noise=io["noise"], num_steps=10)
+    five = policy.model.sample_actions(*args, noise=io["noise"], num_steps=5)
+    assert not torch.allclose(ten, five)
+    assert torch.equal(policy.model.sample_actions(*args, noise=io["noise"], num_steps=10), ten)
+    with pytest.raises(ValueError, match="num_steps"):
+        policy.model.sample_actions(*args, noise=io["noise"], num_steps=0)

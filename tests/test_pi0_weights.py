@@ -1,0 +1,221 @@
+"""Strict checkpoint loading: key mapping, load-time fusions, and every kind of mismatch."""
+
+import json
+from pathlib import Path
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from embodied_accel.models.pi0 import weights as weights_mod
+from embodied_accel.models.pi0.config import get_preset
+from embodied_accel.models.pi0.model import Pi0Model
+from embodied_accel.models.pi0.weights import (
+    CheckpointError,
+    config_from_checkpoint,
+    load_checkpoint_weights,
+    weight_rules,
+)
+from embodied_accel.nn.kv_cache import StaticKVCache
+from embodied_accel.ops import get_ops
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+PI0 = FIXTURES / "pi0_tiny"
+PI05 = FIXTURES / "pi05_tiny"
+VLM = "model.paligemma_with_expert.paligemma.model.language_model"
+
+
+def build(preset, dtype=torch.float32):
+    with torch.device("meta"):
+        return Pi0Model(get_preset(preset), get_ops("reference"), dtype)
+
+
+def loaded(preset, directory, dtype=torch.float32):
+    model = build(preset, dtype)
+    load_checkpoint_weights(model, directory, "cpu", progress=False)
+    return model
+
+
+def copy_checkpoint(tmp_path, src=PI0, edit=None):
+    dst = tmp_path / "ckpt"
+    shutil.copytree(src, dst)
+    if edit is not None:
+        tensors = load_file(dst / "model.safetensors")
+        edit(tensors)
+        save_file(tensors, dst / "model.safetensors")
+    return dst
+
+
+@pytest.mark.parametrize("preset,directory", [("pi0-tiny", PI0), ("pi05-tiny", PI05)])
+def test_every_tensor_is_mapped_and_every_parameter_loaded(preset, directory):
+    model = loaded(preset, directory)
+    assert not any(p.is_meta for p in model.parameters())
+    with safe_open(str(directory / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    used = {f"model.{k}" for rule in weight_rules(model.config) for k in rule.sources}
+    assert keys - used == {f"model.{k}" for k in weights_mod.IGNORED_KEYS}
+    assert {name for name, _ in model.named_parameters()} == {rule.target for rule in weight_rules(model.config)}
+
+
+def test_load_time_fusions_equal_the_unfused_layout():
+    model = loaded("pi0-tiny", PI0)
+    src = load_file(PI0 / "model.safetensors")
+    layer = model.vlm.layers[1]
+    q, k, v = (src[f"{VLM}.layers.1.self_attn.{p}_proj.weight"] for p in "qkv")
+    gate, up = (src[f"{VLM}.layers.1.mlp.{p}_proj.weight"] for p in ("gate", "up"))
+    # weights: exact
+    assert torch.equal(layer.qkv_weight, torch.cat([q, k, v]).t())
+    assert torch.equal(layer.gate_up_weight, torch.cat([gate, up]).t())
+    assert torch.equal(layer.input_norm_weight, 1.0 + src[f"{VLM}.layers.1.input_layernorm.weight"])
+    assert torch.equal(model.embed_tokens, src[f"{VLM}.embed_tokens.weight"] * 8.0)  # sqrt(64)
+    # activations: fused projections give what the separate ones give
+    x = torch.randn(7, 64)
+    fused_q, fused_k, fused_v = (x @ layer.qkv_weight).split([q.shape[0], k.shape[0], v.shape[0]], dim=-1)
+    for fused, separate in ((fused_q, F.linear(x, q)), (fused_k, F.linear(x, k)), (fused_v, F.linear(x, v))):
+        torch.testing.assert_close(fused, separate, rtol=1e-6, atol=1e-6)
+    fused_mlp = model.ops.geglu(x @ layer.gate_up_weight)
+    torch.testing.assert_close(fused_mlp, F.gelu(F.linear(x, gate), approximate="tanh") * F.linear(x, up), rtol=1e-6, atol=1e-6)
+
+
+def test_fused_gemma_layer_equals_an_unfused_gemma_layer():
+    """One VLM layer of ours vs. a plain transcription of Gemma with the checkpoint's separate tensors."""
+    torch.manual_seed(0)
+    model = loaded("pi0-tiny", PI0)
+    src = load_file(PI0 / "model.safetensors")
+    p = lambda name: src[f"{VLM}.layers.0.{name}"]  # noqa: E731
+    b, s, d, heads, hd = 2, 9, 64, 8, 16
+    h = torch.randn(b, s, d)
+    valid = torch.ones(b, s, dtype=torch.bool)
+    valid[1, 6:] = False
+    positions = torch.cumsum(valid, dim=1) - 1
+
+    def norm(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + w)
+
+    x = norm(h, p("input_layernorm.weight"))
+    q = F.linear(x, p("self_attn.q_proj.weight")).view(b, s, heads, hd).transpose(1, 2)
+    k = F.linear(x, p("self_attn.k_proj.weight")).view(b, s, 1, hd).transpose(1, 2)
+    v = F.linear(x, p("self_attn.v_proj.weight")).view(b, s, 1, hd).transpose(1, 2)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+    ang = torch.cat([positions[..., None].float() * inv_freq] * 2, dim=-1)[:, None]
+
+    def rot(t):
+        return torch.cat([-t[..., hd // 2 :], t[..., : hd // 2]], dim=-1)
+
+    q, k = q * ang.cos() + rot(q) * ang.sin(), k * ang.cos() + rot(k) * ang.sin()
+    scores = q @ k.transpose(-1, -2) * hd**-0.5
+    may = valid[:, None, :] & valid[:, :, None]
+    scores = scores + torch.where(may[:, None], 0.0, -2.3819763e38)
+    attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, heads * hd)
+    h1 = h + F.linear(attn, p("self_attn.o_proj.weight"))
+    x = norm(h1, p("post_attention_layernorm.weight"))
+    mlp = F.linear(F.gelu(F.linear(x, p("mlp.gate_proj.weight")), approximate="tanh") * F.linear(x, p("mlp.up_proj.weight")), p("mlp.down_proj.weight"))
+    expected = h1 + mlp
+
+    cache = StaticKVCache(1, b, 1, s, hd, torch.float32, "cpu")
+    with torch.inference_mode():
+            ours = model.vlm.layers[0](
+            h.reshape(b * s, d), b, s, model._rope_tables(positions),
+            model.ops.prepare_attention_mask(may, torch.float32), cache.slots(0, s, s)[0],
+        ).view(b, s, d)
+    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache.buffer[0, :, 1:2].transpose(1, 2).reshape(b, s, hd), v.transpose(1, 2).reshape(b, s, hd))
+
+
+def test_lm_head_is_never_read(monkeypatch):
+    read = []
+    real_safe_open = weights_mod.safe_open
+
+    class Recording:
+        def __init__(self, *args, **kwargs):
+            self.inner = real_safe_open(*args, **kwargs)
+
+        def __enter__(self):
+            self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def keys(self):
+            return self.inner.keys()
+
+        def get_slice(self, key):
+            return self.inner.get_slice(key)
+
+        def get_tensor(self, key):
+            read.append(key)
+            return self.inner.get_tensor(key)
+
+    monkeypatch.setattr(weights_mod, "safe_open", Recording)
+    loaded("pi0-tiny", PI0)
+    assert read and not any("lm_head" in key for key in read)
+
+
+def test_bf16_keeps_vision_norms_and_heads_in_fp32():
+    model = loaded("pi05-tiny", PI05, torch.bfloat16)
+    assert model.vlm.layers[0].qkv_weight.dtype == torch.bfloat16
+    assert model.embed_tokens.dtype == torch.bfloat16
+    assert model.vision.layers[0].qkv_weight.dtype == torch.float32
+    assert model.vlm.layers[0].input_norm_weight.dtype == torch.float32
+    assert model.expert.layers[0].input_norm_dense_weight.dtype == torch.float32
+    assert model.action_out_proj_weight.dtype == torch.float32
+
+
+def test_missing_tensor_is_listed(tmp_path):
+    key = "model.paligemma_with_expert.gemma_expert.model.layers.1.mlp.up_proj.weight"
+    ckpt = copy_checkpoint(tmp_path, edit=lambda t: t.pop(key))
+    with pytest.raises(CheckpointError, match=r"1 missing tensor\(s\):\n  paligemma_with_expert\.gemma_expert\.model\.layers\.1\.mlp\.up_proj\.weight"):
+        loaded("pi0-tiny", ckpt)
+
+
+def test_unexpected_tensor_is_listed(tmp_path):
+    ckpt = copy_checkpoint(tmp_path, edit=lambda t: t.update({"model.extra_head.weight": torch.zeros(3)}))
+    with pytest.raises(CheckpointError, match=r"1 unexpected tensor\(s\):\n  extra_head\.weight"):
+        loaded("pi0-tiny", ckpt)
+
+
+def test_misshapen_tensor_is_listed(tmp_path):
+    key = "model.action_out_proj.weight"
+    ckpt = copy_checkpoint(tmp_path, edit=lambda t: t.update({key: torch.zeros(31, 32)}))
+    with pytest.raises(CheckpointError, match=r"action_out_proj\.weight: checkpoint \[31, 32\], expected \[32, 32\]"):
+        loaded("pi0-tiny", ckpt)
+
+
+def test_full_size_architecture_from_config_does_not_fit_a_tiny_checkpoint():
+    config = config_from_checkpoint(PI0)  # LeRobot's variant names: gemma_2b / gemma_300m
+    assert config.vlm.width == 2048 and config.expert.width == 1024 and config.vision.width == 1152
+    with torch.device("meta"):
+        model = Pi0Model(config, get_ops("reference"))
+    with pytest.raises(CheckpointError, match="wrong shape"):
+        load_checkpoint_weights(model, PI0, "cpu", progress=False)
+
+
+def test_wrong_family_is_rejected(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint is a pi0 policy but preset 'pi05-tiny' is pi05"):
+        config_from_checkpoint(PI0, "pi05-tiny")
+    ckpt = copy_checkpoint(tmp_path)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["type"] = "act"
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="'type' is 'act'"):
+        config_from_checkpoint(ckpt)
+
+
+def test_pi05_weights_into_pi0_model_fail_loudly():
+    with pytest.raises(CheckpointError, match="missing tensor") as err:
+        loaded("pi0-tiny", PI05)
+    assert "unexpected tensor" in str(err.value) and "time_mlp_in.weight" in str(err.value)
+
+
+def test_missing_files(tmp_path):
+    with pytest.raises(CheckpointError, match="no config.json"):
+        config_from_checkpoint(tmp_path)
+    ckpt = copy_checkpoint(tmp_path)
+    (ckpt / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        loaded("pi0-tiny", ckpt)
