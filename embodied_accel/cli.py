@@ -1,0 +1,470 @@
+"""The ``embodied-accel`` command: run a policy on an observation, describe it, benchmark it.
+
+    embodied-accel run                       # pi0-tiny, seeded random weights, the bundled sample observation
+    embodied-accel run --checkpoint DIR --observation obs.npz --output actions.npy
+    embodied-accel info --model pi05
+    embodied-accel bench --runs 100 --batch 1 --views 2
+
+A bad flag, file or observation ends with a message on stderr naming the problem and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .models.pi0.config import PRESETS
+from .ops import BACKEND_NAMES, BackendUnavailableError
+
+logger = logging.getLogger(__name__)
+
+PROG = "embodied-accel"
+SAMPLE_OBSERVATION = Path(__file__).resolve().parent / "data" / "sample_observation.npz"
+DEFAULT_MODEL = "pi0-tiny"
+DTYPE_CHOICES = ("float32", "bfloat16")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+OUTPUT_SUFFIXES = (".npy", ".json")
+
+# The instruction is given once, as text or as token ids (see models/pi0/processor.py).
+TEXT_KEYS = ("task", "prompt")
+TOKENS_KEY = "observation.language.tokens"
+TOKEN_MASK_KEY = "observation.language.attention_mask"
+IMAGE_KEY_PREFIX = "observation.images."
+
+
+class CLIError(ValueError):
+    """A user error the command reports in one line (exit code 2)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _policy_options() -> argparse.ArgumentParser:
+    """Options shared by every subcommand that builds a policy."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("policy")
+    source = group.add_mutually_exclusive_group()
+    source.add_argument(
+        "--model",
+        choices=tuple(PRESETS),
+        metavar="PRESET",
+        help=f"a preset with seeded random weights, one of {', '.join(PRESETS)} (default: {DEFAULT_MODEL})",
+    )
+    source.add_argument("--checkpoint", type=Path, metavar="DIR", help="a LeRobot pi0 / pi0.5 checkpoint directory")
+    group.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        metavar="PRESET",
+        help="with --checkpoint: the architecture of a small custom checkpoint (e.g. pi0-tiny)",
+    )
+    group.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="op backend (default: auto)")
+    group.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="compute dtype (default: float32)")
+    group.add_argument("--tokenizer", type=Path, metavar="FILE", help="PaliGemma SentencePiece tokenizer.model")
+    group.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parent
+
+
+def _observation_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--observation",
+        type=Path,
+        metavar="FILE",
+        help="observation as .npz (arrays keyed by observation key; the task as a 0-d string array) or .json "
+        "(default: the bundled sample, two cameras, state [8], 'pick up the red block')",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default="WARNING", type=str.upper, help="default: WARNING")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    policy = _policy_options()
+
+    run = commands.add_parser("run", parents=[policy], help="run a policy once and summarize its action chunk")
+    _observation_option(run)
+    noise = run.add_mutually_exclusive_group()
+    noise.add_argument("--noise", type=Path, metavar="FILE", help="initial noise .npy [horizon, max_action_dim]")
+    noise.add_argument("--seed", type=int, default=0, help="seed of the initial noise (default: 0)")
+    run.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
+    run.add_argument("--output", type=Path, metavar="FILE", help="write the actions to a .npy or .json file")
+    run.set_defaults(handler=cmd_run)
+
+    info = commands.add_parser("info", parents=[policy], help="describe a policy: size, backend, IO spec")
+    info.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots")
+    info.set_defaults(handler=cmd_info)
+
+    bench = commands.add_parser("bench", parents=[policy], help="time the model call and write a JSON result")
+    _observation_option(bench)
+    bench.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
+    bench.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots (default: the model's)")
+    bench.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
+    bench.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed calls first (default: 3)")
+    bench.add_argument("--runs", type=_positive_int, default=100, help="timed calls (default: 100)")
+    bench.add_argument("--no-stages", action="store_true", help="skip the per-stage (vision/prefix/denoise) split")
+    bench.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
+    bench.add_argument("--note", help="free text stored in the result file")
+    bench.set_defaults(handler=cmd_bench)
+    return parser
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def load_observation(path: Path) -> dict[str, Any]:
+    """An observation dict from a ``.npz`` or ``.json`` file (see ``--observation``)."""
+    if not path.is_file():
+        raise CLIError(f"--observation {path}: no such file")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {key: data[key] for key in data.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as exc:
+            raise CLIError(f"--observation {path}: not a readable .npz file ({exc})") from None
+        # Strings (the task) are stored as 0-d unicode arrays.
+        return {key: str(v) if v.ndim == 0 and v.dtype.kind in "US" else v for key, v in arrays.items()}
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CLIError(f"--observation {path}: not a readable JSON file ({exc})") from None
+        if not isinstance(data, dict):
+            raise CLIError(f"--observation {path}: expected a JSON object of observation keys")
+        return {key: _json_value(path, key, value) for key, value in data.items()}
+    raise CLIError(f"--observation {path}: expected a .npz or .json file")
+
+
+def _json_value(path: Path, key: str, value: Any) -> Any:
+    if isinstance(value, str):
+        return value
+    try:
+        arr = np.asarray(value)
+    except ValueError as exc:  # ragged lists
+        raise CLIError(f"--observation {path}: {key!r} is not a rectangular array ({exc})") from None
+    if arr.dtype.kind not in "biuf":
+        raise CLIError(f"--observation {path}: {key!r} must be a string or a numeric array")
+    if arr.dtype.kind == "f":
+        return arr.astype(np.float32)
+    if key.startswith(IMAGE_KEY_PREFIX) and arr.dtype.kind in "iu":  # JSON has no uint8: 0..255 images
+        if arr.size and (arr.min() < 0 or arr.max() > 255):
+            raise CLIError(f"--observation {path}: {key!r} integer pixels must be in 0..255")
+        return arr.astype(np.uint8)
+    return arr
+
+
+def load_noise(path: Path) -> np.ndarray:
+    if path.suffix.lower() != ".npy":
+        raise CLIError(f"--noise {path}: expected a .npy file")
+    if not path.is_file():
+        raise CLIError(f"--noise {path}: no such file")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"--noise {path}: not a readable .npy file ({exc})") from None
+
+
+def save_actions(path: Path, actions: np.ndarray, meta: dict[str, Any]) -> None:
+    try:
+        if path.suffix.lower() == ".npy":
+            np.save(path, actions)
+        else:
+            path.write_text(json.dumps({**meta, "shape": list(actions.shape), "actions": actions.tolist()}) + "\n")
+    except OSError as exc:
+        raise CLIError(f"--output {path}: cannot write ({exc})") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Policy
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _load_policy(args: argparse.Namespace, num_views: int | None = None):
+    from . import load_policy
+
+    source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
+    if args.preset is not None and args.checkpoint is None:
+        raise CLIError("--preset names the architecture of a --checkpoint; for a preset use --model")
+    start = time.perf_counter()
+    policy = load_policy(
+        source,
+        backend=args.backend,
+        dtype=args.dtype,
+        preset=args.preset,
+        tokenizer=str(args.tokenizer) if args.tokenizer is not None else None,
+        num_views=num_views,
+        progress=_progress(args),
+    )
+    logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
+    return policy, time.perf_counter() - start
+
+
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars only on an interactive terminal, unless --no-progress."""
+    return not args.no_progress and sys.stderr.isatty()
+
+
+def select_instruction(policy, observation: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """Keep one form of the instruction when a file carries both the text and token ids.
+
+    The policy takes the instruction once: the text when it has a tokenizer, else the token ids. Returns the
+    observation to pass and a line saying which form is used.
+    """
+    obs = dict(observation)
+    text_keys = [key for key in TEXT_KEYS if key in obs]
+    has_tokenizer = policy.processor.tokenizer is not None
+    if text_keys and TOKENS_KEY in obs:
+        if has_tokenizer:
+            obs.pop(TOKENS_KEY)
+            obs.pop(TOKEN_MASK_KEY, None)
+        else:
+            for key in text_keys:
+                obs.pop(key)
+    if TOKENS_KEY in obs:
+        unused = f"; text {observation[text_keys[0]]!r} unused (no tokenizer)" if text_keys else ""  # dropped above
+        return obs, f"{len(np.asarray(obs[TOKENS_KEY]))} token ids from {TOKENS_KEY!r}{unused}"
+    if text_keys:
+        return obs, f"text {obs[text_keys[0]]!r}"
+    return obs, "none given"
+
+
+def _dtype_name(policy) -> str:
+    return str(policy.dtype).removeprefix("torch.")
+
+
+def _human_count(n: int) -> str:
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return str(n)
+
+
+def _random_weights_notice(policy) -> str:
+    return (
+        f"NOTE: RANDOM WEIGHTS. {policy.config.name} was built with seeded random weights; "
+        "its actions come from an untrained network, not a trained policy."
+    )
+
+
+def _source_line(policy) -> str:
+    kind = "preset" if policy.random_weights else "checkpoint"
+    return f"{policy.config.name} (family {policy.config.family}), {kind} {policy.source}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Commands
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
+    noise = load_noise(args.noise) if args.noise is not None else None
+    if args.output is not None and args.output.suffix.lower() not in OUTPUT_SUFFIXES:
+        raise CLIError(f"--output {args.output}: expected a .npy or .json file name")
+    policy, _ = _load_policy(args)
+    observation, instruction = select_instruction(policy, observation)
+    seed = None if noise is not None else args.seed
+    result = policy.infer(observation, noise=noise, seed=seed, num_steps=args.num_steps)
+    actions = np.asarray(result["actions"])
+    steps = args.num_steps or policy.config.num_steps
+
+    if policy.random_weights:
+        print(_random_weights_notice(policy))
+    print(f"policy:      {_source_line(policy)}")
+    print(f"runtime:     backend {policy.backend}, dtype {_dtype_name(policy)}, device {policy.device}")
+    print(f"observation: {args.observation or 'bundled sample'} (instruction: {instruction})")
+    print(f"noise:       {f'file {args.noise}' if noise is not None else f'seed {seed}'}, {steps} denoising steps")
+    print(f"actions:     shape {tuple(actions.shape)} {actions.dtype}")
+    print(_action_summary(actions))
+    print(f"latency:     {result['infer_ms']:.1f} ms (one call incl. pre/post-processing; a first call is not warm)")
+    if args.output is not None:
+        meta = {
+            "source": policy.source,
+            "model": policy.config.name,
+            "random_weights": policy.random_weights,
+            "seed": seed,
+            "num_steps": steps,
+            "infer_ms": result["infer_ms"],
+        }
+        save_actions(args.output, actions, meta)
+        print(f"wrote:       {args.output}")
+    return 0
+
+
+def _action_summary(actions: np.ndarray) -> str:
+    """Overall and per-dimension statistics of a ``[horizon, action_dim]`` chunk, and its first row."""
+    flat = actions.reshape(-1, actions.shape[-1])  # [rows, action_dim]
+    lines = [
+        f"  overall  min {flat.min():+.4f}  max {flat.max():+.4f}  mean {flat.mean():+.4f}  std {flat.std():.4f}",
+        "  dim        min        max       mean       std",
+    ]
+    for d in range(flat.shape[1]):
+        col = flat[:, d]
+        lines.append(f"  {d:>3} {col.min():+10.4f} {col.max():+10.4f} {col.mean():+10.4f} {col.std():9.4f}")
+    lines.append("  first action: [" + ", ".join(f"{v:+.4f}" for v in flat[0]) + "]")
+    return "\n".join(lines)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    policy, load_s = _load_policy(args, num_views=args.views)
+    cfg, io, ops = policy.config, policy.io, policy.ops
+    n = policy.num_parameters()
+    if policy.random_weights:
+        print(_random_weights_notice(policy))
+    print(f"model:       {_source_line(policy)}")
+    print(f"weights:     {'RANDOM (seeded), not trained' if policy.random_weights else 'loaded from the checkpoint'}")
+    print(f"parameters:  {_human_count(n)} ({n:,})")
+    print(f"runtime:     backend {policy.backend}, dtype {_dtype_name(policy)}, device {policy.device}")
+    if ops.fused or ops.fallback:
+        print(f"fused ops:   {', '.join(ops.fused) or 'none'}")
+        print(f"fallback:    {', '.join(ops.fallback) or 'none'} (pure-PyTorch reference)")
+    else:
+        print("fused ops:   none (every op is the pure-PyTorch reference)")
+    print(f"cameras:     {len(io.image_keys)}: {', '.join(io.image_keys)}")
+    print(f"state:       {io.state_dim} dims ({io.state_key}, normalization {io.state_norm})")
+    print(f"actions:     {io.action_dim} dims x horizon {cfg.action_horizon} (normalization {io.action_norm})")
+    print(f"sampler:     {cfg.num_steps} denoising steps, up to {cfg.max_token_len} language tokens")
+    print(f"tokenizer:   {'yes' if policy.processor.tokenizer is not None else 'none (pass token ids)'}")
+    print(f"load time:   {load_s:.2f} s")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import platform as platform_mod
+    from .bench import harness
+
+    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
+    policy, load_s = _load_policy(args, num_views=args.views)
+    observation, _ = select_instruction(policy, observation)
+    inputs = policy.prepare([observation] * args.batch)
+    plat = platform_mod.detect()
+    steps = args.num_steps or policy.config.num_steps
+    progress = _progress(args)
+
+    def call() -> object:
+        return policy.sample(inputs, num_steps=args.num_steps)
+
+    plat.reset_peak_memory()
+    first_call_ms = None
+    if args.warmup:  # the first call apart: compile / capture / allocator warm-up show here, not in the mean
+        first_call = harness.time_calls(call, warmup=0, runs=1, synchronize=plat.synchronize, progress=False)
+        first_call_ms = first_call[0] * 1e3
+    times = harness.time_calls(
+        call, warmup=max(args.warmup - 1, 0), runs=args.runs, synchronize=plat.synchronize, progress=progress
+    )
+    peak_mem_mb = plat.peak_memory_mb()
+    _, aten_ops, _ = harness.count_aten_ops(call)
+    kernel_launches, busy = harness.device_activity(call, plat)
+
+    stages: dict[str, Any] = {}
+    stage_fns: Callable | None = getattr(policy, "stage_fns", None)
+    if stage_fns is not None and not args.no_stages:
+        for name, fn in stage_fns(inputs, num_steps=args.num_steps).items():
+            stage_times = harness.time_calls(
+                fn, warmup=args.warmup, runs=args.runs, synchronize=plat.synchronize, progress=progress, desc=name
+            )
+            stages[f"stage_{name}_ms"] = harness.summarize(stage_times)["mean_ms"]
+            stages[f"stage_{name}_aten_ops"] = harness.count_aten_ops(fn)[1]
+
+    record = harness.result_record(
+        model=policy.config.family,
+        preset=policy.config.name,
+        backend=policy.backend,
+        capture="eager",
+        dtype=_dtype_name(policy),
+        batch=args.batch,
+        views=len(policy.io.image_keys),
+        steps=steps,
+        times=times,
+        aten_ops_per_call=aten_ops,
+        peak_mem_mb=peak_mem_mb,
+        kernel_launches_per_call=kernel_launches,
+        device_busy_fraction=busy,
+        plat=plat,
+        source=policy.source,
+        random_weights=policy.random_weights,
+        num_parameters=policy.num_parameters(),
+        warmup=args.warmup,
+        first_call_ms=first_call_ms,
+        load_s=load_s,
+        note=args.note,
+        **stages,
+    )
+    path = harness.write_result(record, args.out_dir)
+    print(_bench_line(record))
+    if stages:
+        print("stages: " + ", ".join(f"{k[6:-3]} {v:.2f} ms" for k, v in stages.items() if k.endswith("_ms")))
+    print(f"wrote {path}")
+    return 0
+
+
+def _bench_line(r: dict[str, Any]) -> str:
+    line = (
+        f"{r['model']}/{r['preset']} {r['backend']} {r['capture']} {r['dtype']} b{r['batch']} v{r['views']} "
+        f"{r['steps']} steps on {r['device']}: mean {r['mean_ms']:.2f} ms, p50 {r['p50_ms']:.2f}, "
+        f"p90 {r['p90_ms']:.2f} over {r['runs']} runs; {r['aten_ops_per_call']} aten ops/call"
+    )
+    if r["kernel_launches_per_call"] is not None:
+        line += f", {r['kernel_launches_per_call']} kernels/call, device busy {r['device_busy_fraction']:.0%}"
+    return line + f"; peak {r['peak_mem_mb']:.0f} MB"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")  # no-op if already configured
+    logging.getLogger("embodied_accel").setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command; returns the exit code (0 ok, 2 bad arguments, files or observations)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse has printed the usage error (or --help)
+        return exc.code if isinstance(exc.code, int) else 0
+    _configure_logging(args.log_level)
+    try:
+        return args.handler(args)
+    except (ValueError, BackendUnavailableError, ImportError) as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
