@@ -361,6 +361,18 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def fill_camera_slots(policy, observation: Mapping[str, Any]) -> dict[str, Any]:
+    """Give every camera slot of the policy an image (reusing the observation's own), so that a
+    benchmark at ``--views N`` really processes N views (a missing camera would be skipped)."""
+    present = [key for key in policy.io.image_keys if key in observation]
+    if not present:
+        raise CLIError(f"observation: none of the policy's cameras ({', '.join(policy.io.image_keys)}) is present")
+    filled = dict(observation)
+    for i, key in enumerate(policy.io.image_keys):
+        filled.setdefault(key, observation[present[i % len(present)]])
+    return filled
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import platform as platform_mod
     from .bench import harness
@@ -368,6 +380,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     observation = load_observation(args.observation or SAMPLE_OBSERVATION)
     policy, load_s = _load_policy(args, num_views=args.views)
     observation, _ = select_instruction(policy, observation)
+    observation = fill_camera_slots(policy, observation)
     inputs = policy.prepare([observation] * args.batch)
     plat = platform_mod.detect()
     steps = args.num_steps or policy.config.num_steps
@@ -405,7 +418,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         capture="eager",
         dtype=_dtype_name(policy),
         batch=args.batch,
-        views=len(policy.io.image_keys),
+        views=inputs.images.shape[1],
         steps=steps,
         times=times,
         aten_ops_per_call=aten_ops,

@@ -55,10 +55,13 @@ def test_end_to_end_from_raw_observations_matches_lerobot(family, preset):
                 "observation.language.tokens": io["tokens"][b][valid].numpy(),
             }
         )
-    inputs = policy.prepare(observations)
+    inputs = policy.prepare(observations, compact=False)
     torch.testing.assert_close(inputs.images, io["images"], rtol=0, atol=1e-5)
     assert torch.equal(inputs.image_masks, io["image_masks"])
     torch.testing.assert_close(inputs.state[:, :8], io["state_normalized"], rtol=0, atol=1e-5)
+    compact = policy.prepare(observations)  # the missing camera and the prompt padding dropped
+    assert compact.images.shape[1] == 2
+    assert compact.tokens.shape[1] == 48  # longest prompt 33 tokens -> bucket of 48 (pi0.5 pads to 200)
     out = policy.infer_batch(observations, noise=io["noise"])
     assert out["actions"].shape == (2, 50, 7)
     err = np.abs(out["actions"] - io["actions"].numpy()).max()
@@ -129,3 +132,22 @@ def test_num_steps_changes_the_schedule():
     assert torch.equal(policy.model.sample_actions(*args, noise=io["noise"], num_steps=10), ten)
     with pytest.raises(ValueError, match="num_steps"):
         policy.model.sample_actions(*args, noise=io["noise"], num_steps=0)
+
+
+def test_compact_inputs_is_exact_and_buckets_the_prompt():
+    from embodied_accel.models.pi0.policy import compact_inputs
+    from embodied_accel.models.pi0.processor import ModelInputs
+
+    directory, io, _ = fixture("pi05")
+    policy = load_policy(str(directory), preset="pi05-tiny", progress=False)
+    full = ModelInputs(io["images"], io["image_masks"], io["tokens"], io["token_masks"], torch.zeros(2, 32))
+    small = compact_inputs(full, token_bucket=8)
+    assert small.images.shape[1] == 2 and small.tokens.shape[1] == 40  # 33 -> 40
+    a = policy.sample(full, io["noise"])
+    b = policy.sample(small, io["noise"])
+    torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+    torch.testing.assert_close(b, io["actions_model"], rtol=0, atol=1e-4)
+    # nothing to drop: unchanged shapes
+    all_present = ModelInputs(io["images"], torch.ones(2, 3, dtype=torch.bool), io["tokens"], torch.ones(2, 200, dtype=torch.bool), torch.zeros(2, 32))
+    same = compact_inputs(all_present, token_bucket=16)
+    assert same.images.shape == all_present.images.shape and same.tokens.shape == all_present.tokens.shape

@@ -128,32 +128,37 @@ def test_fused_gemma_layer_equals_an_unfused_gemma_layer():
 
 def test_lm_head_is_never_read(monkeypatch):
     read = []
-    real_safe_open = weights_mod.safe_open
+    real_get_tensor = weights_mod.SafetensorsReader.get_tensor
 
-    class Recording:
-        def __init__(self, *args, **kwargs):
-            self.inner = real_safe_open(*args, **kwargs)
+    def recording_get_tensor(self, key):
+        read.append(key)
+        return real_get_tensor(self, key)
 
-        def __enter__(self):
-            self.inner.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.inner.__exit__(*exc)
-
-        def keys(self):
-            return self.inner.keys()
-
-        def get_slice(self, key):
-            return self.inner.get_slice(key)
-
-        def get_tensor(self, key):
-            read.append(key)
-            return self.inner.get_tensor(key)
-
-    monkeypatch.setattr(weights_mod, "safe_open", Recording)
+    monkeypatch.setattr(weights_mod.SafetensorsReader, "get_tensor", recording_get_tensor)
     loaded("pi0-tiny", PI0)
     assert read and not any("lm_head" in key for key in read)
+    assert len(read) == len(set(read))  # every tensor read once
+
+
+def test_reader_matches_safetensors_and_rejects_truncated_files(tmp_path):
+    reference = load_file(PI0 / "model.safetensors")
+    reader = weights_mod.SafetensorsReader(PI0 / "model.safetensors")
+    assert set(reader.keys()) == set(reference)
+    for key, tensor in reference.items():
+        assert reader.shape(key) == tuple(tensor.shape)
+        assert torch.equal(reader.get_tensor(key), tensor)
+    bf16 = tmp_path / "bf16.safetensors"
+    save_file({"w": torch.randn(3, 5).bfloat16()}, bf16)
+    assert torch.equal(weights_mod.SafetensorsReader(bf16).get_tensor("w"), load_file(bf16)["w"])
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes((PI0 / "model.safetensors").read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match="truncated"):
+        reader = weights_mod.SafetensorsReader(truncated)
+        for key in reader.keys():
+            reader.get_tensor(key)
+    (tmp_path / "junk.safetensors").write_bytes(b"\x05")
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        weights_mod.SafetensorsReader(tmp_path / "junk.safetensors")
 
 
 def test_bf16_keeps_vision_norms_and_heads_in_fp32():

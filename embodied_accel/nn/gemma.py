@@ -76,16 +76,8 @@ class GemmaLayer(nn.Module):
         cond: NormConditioning | None = None,
     ) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg
-        heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        if cond is None:
-            x = ops.rms_norm(hidden, self.input_norm_weight, cfg.eps)
-        else:
-            x = ops.ada_rms_norm(hidden, cond.input_scale_plus_one, cond.input_shift, cfg.eps)
-
-        qkv = ops.linear(x, self.qkv_weight).view(batch, seq, heads + 2 * kv_heads, head_dim).transpose(1, 2)
-        qkv = ops.rope(qkv, rope_tables)  # rotates the q and k heads, passes v through
-        q, kv = qkv.split([heads, 2 * kv_heads], dim=1)
-        slots.kv_write.copy_(kv)
+        heads, head_dim = cfg.num_heads, cfg.head_dim
+        q = self.write_kv(hidden, batch, seq, rope_tables, slots, cond)
         attn = ops.attention(q, slots.keys, slots.values, attention_mask, head_dim**-0.5)  # [B, H, S, Dh]
         attn = attn.transpose(1, 2).reshape(batch * seq, heads * head_dim)
 
@@ -100,6 +92,24 @@ class GemmaLayer(nn.Module):
         if cond is None:
             return ops.linear(x, self.down_weight, residual=hidden)
         return torch.addcmul(hidden, ops.linear(x, self.down_weight), cond.post_gate)
+
+    def write_kv(self, hidden, batch: int, seq: int, rope_tables, slots: AttentionSlots, cond=None) -> torch.Tensor:
+        """Input norm → fused QKV → RoPE; writes K/V into ``slots.kv_write`` and returns Q ``[B, H, S, Dh]``.
+
+        Alone, this is all a pass needs from a layer whose outputs nobody reads (the VLM's last layer
+        over the prefix: the expert only reads its K/V).
+        """
+        ops, cfg = self.ops, self.cfg
+        heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        if cond is None:
+            x = ops.rms_norm(hidden, self.input_norm_weight, cfg.eps)
+        else:
+            x = ops.ada_rms_norm(hidden, cond.input_scale_plus_one, cond.input_shift, cfg.eps)
+        qkv = ops.linear(x, self.qkv_weight).view(batch, seq, heads + 2 * kv_heads, head_dim).transpose(1, 2)
+        qkv = ops.rope(qkv, rope_tables)  # rotates the q and k heads, passes v through
+        q, kv = qkv.split([heads, 2 * kv_heads], dim=1)
+        slots.kv_write.copy_(kv)
+        return q
 
     def norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> list[NormConditioning]:
         """adaRMS modulation for a stack of conditioning vectors ``cond: [steps, D]`` (one per step)."""
@@ -143,10 +153,21 @@ class GemmaTower(nn.Module):
         attention_mask: torch.Tensor,
         slots: list[AttentionSlots],
         conds: list[NormConditioning] | None = None,
-    ) -> torch.Tensor:
-        """Run every layer (no final norm: see :meth:`final_norm`)."""
+        kv_only: bool = False,
+    ) -> torch.Tensor | None:
+        """Run every layer (no final norm: see :meth:`final_norm`).
+
+        ``kv_only``: the caller wants only the K/V written to the cache (a prefix pass); the last
+        layer then stops after writing them and nothing is returned. Same cache contents, one layer's
+        attention and MLP less.
+        """
+        last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            hidden = layer(hidden, batch, seq, rope_tables, attention_mask, slots[i], None if conds is None else conds[i])
+            cond = None if conds is None else conds[i]
+            if kv_only and i == last:
+                layer.write_kv(hidden, batch, seq, rope_tables, slots[i], cond)
+                return None
+            hidden = layer(hidden, batch, seq, rope_tables, attention_mask, slots[i], cond)
         return hidden
 
     def final_norm(self, hidden: torch.Tensor, final_cond: tuple[torch.Tensor, torch.Tensor] | None = None):

@@ -200,6 +200,7 @@ class Pi0Model(nn.Module):
             self._rope_tables(positions),
             ops.prepare_attention_mask(may_attend, dtype),
             cache.slots(0, prefix_len, prefix_len),
+            kv_only=True,
         )
         num_valid = prefix_valid.sum(dim=1, keepdim=True)  # [B, 1]
 
@@ -214,6 +215,7 @@ class Pi0Model(nn.Module):
                 self._rope_tables(num_valid),
                 ops.prepare_attention_mask(F.pad(prefix_valid, (0, 1), value=True)[:, None, :], dtype),
                 cache.slots(prefix_len, prefix_len + 1, prefix_len + 1),
+                kv_only=True,
             )
 
         # 3. what every denoising step reads: action tokens see the prefix, the state and each other.

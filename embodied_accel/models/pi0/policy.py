@@ -34,6 +34,9 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 class Pi0Policy:
     """pi0 / pi0.5 with its processor. Build it with :func:`load_policy`."""
 
+    #: Prompts are trimmed to a multiple of this many tokens (few distinct shapes, see compact_inputs).
+    token_bucket = 16
+
     def __init__(self, model: Pi0Model, processor: Pi0Processor, *, source: str, random_weights: bool, device):
         self.model, self.processor = model, processor
         self.source, self.random_weights = source, random_weights
@@ -50,9 +53,17 @@ class Pi0Policy:
 
     # ---- the pieces (what the server and the benchmark drive)
 
-    def prepare(self, observation: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> ModelInputs:
-        """Observation dict (or list of them) → model inputs on the policy's device."""
-        return self.processor(observation).to(self.device)
+    def prepare(
+        self, observation: Mapping[str, Any] | Sequence[Mapping[str, Any]], compact: bool = True
+    ) -> ModelInputs:
+        """Observation dict (or list of them) → model inputs on the policy's device.
+
+        ``compact`` drops what no token can see before the model runs (see :func:`compact_inputs`).
+        """
+        inputs = self.processor(observation)
+        if compact:
+            inputs = compact_inputs(inputs, self.token_bucket)
+        return inputs.to(self.device)
 
     def make_noise(self, batch: int, noise=None, seed: int | None = None) -> torch.Tensor:
         """Initial flow sample ``[B, horizon, max_action_dim]``: given, seeded, or fresh N(0, 1)."""
@@ -118,6 +129,30 @@ class Pi0Policy:
         result = self.infer_batch([observation], noise=noise, seed=seed, num_steps=num_steps)
         result["actions"] = result["actions"][0]
         return result
+
+
+def compact_inputs(inputs: ModelInputs, token_bucket: int) -> ModelInputs:
+    """Drop the camera slots missing from every row and the prompt padding past the longest prompt.
+
+    The prompt length is rounded up to a multiple of ``token_bucket`` (capped at the padded length), so
+    calls fall into a few shape buckets. This is exact: a masked token is hidden from every query and
+    does not advance the positions of the tokens after it, so removing it changes no valid output, and
+    a robot whose observation lacks a camera pays nothing for that camera.
+    """
+    present = inputs.image_masks.any(dim=0)  # [N] camera slots that some row has
+    images, image_masks = inputs.images, inputs.image_masks
+    if not bool(present.all()) and bool(present.any()):
+        images, image_masks = images[:, present], image_masks[:, present]
+    used = inputs.token_masks.any(dim=0).nonzero()
+    longest = int(used.max()) + 1 if used.numel() else 1
+    length = min(inputs.tokens.shape[1], -(-longest // token_bucket) * token_bucket)
+    return ModelInputs(
+        images=images,
+        image_masks=image_masks,
+        tokens=inputs.tokens[:, :length],
+        token_masks=inputs.token_masks[:, :length],
+        state=inputs.state,
+    )
 
 
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
