@@ -64,6 +64,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import embodied_accel
 from embodied_accel import load_policy
+from embodied_accel.models.pi0.policy import compact_inputs
+from embodied_accel.models.pi0.processor import ModelInputs
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 DEFAULT_OUT = REPO_ROOT / "bench" / "results"
@@ -228,20 +230,19 @@ def lerobot_impl(policy, family: str, x: dict[str, torch.Tensor]) -> Impl:
     )
 
 
-def ours_impl(policy, family: str, x: dict[str, torch.Tensor]) -> Impl:
+def ours_impl(policy, family: str, x: dict[str, torch.Tensor], compact: bool = True) -> Impl:
+    """Ours on the same inputs. ``compact`` (the library's own path, ``policy.prepare``): camera slots
+    missing from every row and prompt padding are dropped before the call (exact, host-side);
+    otherwise the model runs on LeRobot's exact shapes."""
     model = policy.model
-    state = x["state"] if family == "pi0" else None
-    args = (
-        x["images"],
-        x["image_masks"],
-        x["tokens"],
-        x["token_masks"],
-        state,
-        x["noise"],
-    )
+    state = x["state"] if family == "pi0" else torch.zeros(x["tokens"].shape[0], 32)
+    inputs = ModelInputs(x["images"], x["image_masks"], x["tokens"], x["token_masks"], state)
+    if compact:
+        inputs = compact_inputs(inputs, policy.token_bucket)
+    noise = x["noise"]
 
     def call():
-        return model.sample_actions(*args)
+        return policy.sample(inputs, noise)
 
     return Impl(
         "ours", call, [(model, "denoise", "loop"), (model, "denoise_step", "step")]
@@ -592,7 +593,7 @@ def run_tiny(args) -> None:
             "call": {
                 "lerobot": "policy.model.sample_actions([images[:, i]], [image_masks[:, i]], tokens, token_masks"
                 "[, state], noise=noise)",
-                "ours": "policy.model.sample_actions(images, image_masks, tokens, token_masks, state|None, noise)",
+                "ours": "policy.sample(compact_inputs(ModelInputs(images, image_masks, tokens, token_masks, state)), noise)",
             },
             "ops_loop_region": {
                 "lerobot": "flow_matching.euler_integrate",
@@ -796,6 +797,19 @@ def run_full(args) -> None:
     entry: dict[str, Any] = {"lerobot": lr_entry, "ours": ours_entry}
     entry["ratio_ours_over_lerobot"] = ratios(lr_entry, ours_entry)
     entry["max_abs_diff_ours_vs_lerobot"] = max_abs_diff(ours_out, lr_saved)
+    # ours again on LeRobot's exact shapes (nothing dropped): the pure compute comparison
+    same_out, same_entry = _measure_full_side(
+        ours_impl(ours, family, x, compact=False), args.warmup, args.runs, args.hist_top
+    )
+    entry["ours_same_shapes"] = same_entry
+    entry["ratio_ours_same_shapes_over_lerobot"] = ratios(lr_entry, same_entry)
+    entry["max_abs_diff_ours_same_shapes_vs_lerobot"] = max_abs_diff(same_out, lr_saved)
+    print(
+        f"ours on LeRobot's exact shapes (no camera/padding dropped): mean {same_entry['mean_ms']:.0f} ms, "
+        f"ratio {entry['ratio_ours_same_shapes_over_lerobot']['mean_ms']:.3f}, "
+        f"max|diff| {entry['max_abs_diff_ours_same_shapes_vs_lerobot']:.2e}",
+        flush=True,
+    )
     entry["lerobot_output_absmax"] = float(lr_saved.abs().max())
     entry["output_shape"] = list(ours_out.shape)
     config_name = "full-smoke-tiny" if smoke else "full"
