@@ -79,15 +79,20 @@ MB = 1024.0 * 1024.0
 # --------------------------------------------------------------------------------------
 # Process memory
 # --------------------------------------------------------------------------------------
-def _status_kb(field: str) -> int | None:
+def _proc_kb(path: str, field: str) -> int | None:
+    """A ``Field:  N kB`` line of a /proc file, in kB."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1])
     except OSError:
         pass
     return None
+
+
+def _status_kb(field: str) -> int | None:
+    return _proc_kb("/proc/self/status", field)
 
 
 def rss_mb() -> float | None:
@@ -412,14 +417,7 @@ def _loadavg() -> list[float] | None:
 
 
 def _meminfo_kb(field: str) -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+    return _proc_kb("/proc/meminfo", field)
 
 
 def write_json(record: dict, out_dir: Path, config: str, family: str) -> Path:
