@@ -99,27 +99,26 @@ class Pi0Model(nn.Module):
         self._schedule_cache.clear()
         self._rope_cache.clear()
 
-    def max_positions(self) -> int:
-        cfg = self.config
-        num_cameras_upper = 8
-        return num_cameras_upper * cfg.vision.num_patches + cfg.max_token_len + 1 + cfg.action_horizon
+    def _rope_table(self, device: torch.device, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for positions ``0 .. length-1`` as ``[>= length, head_dim]`` fp32 tables (θ = 10000).
 
-    def _rope_table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for every position ``[max_positions, head_dim]`` in fp32 (Gemma: θ = 10000)."""
-        if device not in self._rope_cache:
+        Built once per device and grown only when a longer sequence shape arrives.
+        """
+        cached = self._rope_cache.get(device)
+        if cached is None or cached[0].shape[0] < length:
             cfg = self.config.vlm
             inv_freq = 1.0 / (
                 cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
             )
-            positions = torch.arange(self.max_positions(), dtype=torch.float32)
+            positions = torch.arange(length, dtype=torch.float32)
             freqs = positions[:, None] * inv_freq[None, :]
             angles = torch.cat([freqs, freqs], dim=-1)
-            self._rope_cache[device] = (angles.cos().to(device), angles.sin().to(device))
-        return self._rope_cache[device]
+            cached = self._rope_cache[device] = (angles.cos().to(device), angles.sin().to(device))
+        return cached
 
-    def _rope_tables(self, positions: torch.Tensor):
-        """Per-call rotary tables for ``positions: [B, S]`` (int64)."""
-        cos_table, sin_table = self._rope_table(positions.device)
+    def _rope_tables(self, positions: torch.Tensor, sequence_length: int):
+        """Per-call rotary tables for ``positions: [B, S]`` (int64, all < ``sequence_length``)."""
+        cos_table, sin_table = self._rope_table(positions.device, sequence_length)
         cfg = self.config.vlm
         cos = F.embedding(positions, cos_table).to(self.compute_dtype)
         sin = F.embedding(positions, sin_table).to(self.compute_dtype)
@@ -190,14 +189,15 @@ class Pi0Model(nn.Module):
         prefix, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
         prefix_len = prefix.shape[1]
         state_len = 1 if cfg.has_state_token else 0
-        cache = self._cache(batch, prefix_len + state_len + horizon, device)
+        total_len = prefix_len + state_len + horizon
+        cache = self._cache(batch, total_len, device)
         positions = torch.cumsum(prefix_valid, dim=1) - 1
         may_attend = prefix_valid[:, None, :] & prefix_valid[:, :, None]  # prefix-LM over valid tokens
         self.vlm(
             prefix.reshape(batch * prefix_len, -1),
             batch,
             prefix_len,
-            self._rope_tables(positions),
+            self._rope_tables(positions, total_len),
             ops.prepare_attention_mask(may_attend, dtype),
             cache.slots(0, prefix_len, prefix_len),
             kv_only=True,
@@ -212,7 +212,7 @@ class Pi0Model(nn.Module):
                 state_hidden.to(dtype),
                 batch,
                 1,
-                self._rope_tables(num_valid),
+                self._rope_tables(num_valid, total_len),
                 ops.prepare_attention_mask(F.pad(prefix_valid, (0, 1), value=True)[:, None, :], dtype),
                 cache.slots(prefix_len, prefix_len + 1, prefix_len + 1),
                 kv_only=True,
@@ -224,7 +224,7 @@ class Pi0Model(nn.Module):
         action_may_attend = F.pad(prefix_valid, (0, state_len + horizon), value=True)[:, None, :]
         return PrefixContext(
             batch=batch,
-            rope_tables=self._rope_tables(action_positions),
+            rope_tables=self._rope_tables(action_positions, total_len),
             attention_mask=ops.prepare_attention_mask(action_may_attend.expand(batch, horizon, -1), dtype),
             slots=cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon),
         )
