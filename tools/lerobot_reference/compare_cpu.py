@@ -426,6 +426,8 @@ def write_json(record: dict, out_dir: Path, config: str, family: str) -> Path:
     )  # 1/5/15-min load averages: a busy machine makes the timings noisy
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = datetime.fromisoformat(record["date"]).strftime("%Y%m%dT%H%M%SZ")
+    if record.get("settings", {}).get("same_shapes"):
+        config += "-same-shapes"
     path = out_dir / f"{stamp}_lerobot_vs_ours_{config}_{family}_cpu.json"
     suffix = 2
     while path.exists():
@@ -537,7 +539,7 @@ def run_tiny(args) -> None:
             x = tiny_inputs(io, family, batch)
             impls = [
                 lerobot_impl(lr_policy, family, x),
-                ours_impl(ours_policy, family, x),
+                ours_impl(ours_policy, family, x, compact=not args.same_shapes),
             ]
             # ops of the very first call at this batch size (ours allocates caches then), then warm
             cold = {
@@ -584,6 +586,7 @@ def run_tiny(args) -> None:
             "warmup_calls": args.warmup,
             "runs": args.runs,
             "interleaved": True,
+            "same_shapes": args.same_shapes,
             "batches": list(args.batches),
             "backend": "reference",
             "dtype": "float32",
@@ -867,6 +870,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--config", choices=("tiny", "full"), required=True)
+    ap.add_argument(
+        "--same-shapes",
+        action="store_true",
+        help="tiny: run ours on LeRobot's exact input shapes (no missing camera or prompt padding dropped)",
+    )
     ap.add_argument(
         "--family",
         choices=(*FAMILIES, "both"),
