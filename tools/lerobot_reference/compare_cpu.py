@@ -202,6 +202,13 @@ def count_ops(
 # --------------------------------------------------------------------------------------
 # The two implementations
 # --------------------------------------------------------------------------------------
+#: Where "ops in the loop" and "ops per step" are counted, on each side.
+OP_REGIONS = {
+    "ops_loop_region": {"lerobot": "flow_matching.euler_integrate", "ours": "Pi0Model.denoise"},
+    "ops_step_region": {"lerobot": "PI0Pytorch/PI05Pytorch.denoise_step", "ours": "Pi0Model.denoise_step"},
+}
+
+
 class Impl:
     """One implementation bound to one set of inputs: ``call()`` runs ``sample_actions`` once."""
 
@@ -596,14 +603,7 @@ def run_tiny(args) -> None:
                 "[, state], noise=noise)",
                 "ours": "policy.sample(compact_inputs(ModelInputs(images, image_masks, tokens, token_masks, state)), noise)",
             },
-            "ops_loop_region": {
-                "lerobot": "flow_matching.euler_integrate",
-                "ours": "Pi0Model.denoise",
-            },
-            "ops_step_region": {
-                "lerobot": "PI0Pytorch/PI05Pytorch.denoise_step",
-                "ours": "Pi0Model.denoise_step",
-            },
+            **OP_REGIONS,
             "rss_note": "process-wide RSS; both implementations live in the same process",
         },
         results=results,
@@ -839,14 +839,7 @@ def run_full(args) -> None:
                 "vocab": vocab,
             },
             "lerobot_weights": f"LeRobot's own random init, torch.manual_seed({args.seed})",
-            "ops_loop_region": {
-                "lerobot": "flow_matching.euler_integrate",
-                "ours": "Pi0Model.denoise",
-            },
-            "ops_step_region": {
-                "lerobot": "PI0Pytorch/PI05Pytorch.denoise_step",
-                "ours": "Pi0Model.denoise_step",
-            },
+            **OP_REGIONS,
             "rss_note": "process RSS; the LeRobot model is deleted before ours is loaded",
         },
         results={family: {"batch1": entry}},
