@@ -153,7 +153,7 @@ def test_module_entry_point_runs_in_a_subprocess(tmp_path):
 @needs_policy
 def test_same_seed_same_actions_other_seed_other_actions(capsys, tmp_path):
     paths = [tmp_path / name for name in ("a.npy", "b.npy", "c.npy")]
-    for path, seed in zip(paths, ("7", "7", "8")):
+    for path, seed in zip(paths, ("7", "7", "8"), strict=True):
         code, _, err = run_cli(capsys, "run", "--seed", seed, "--num-steps", "2", "--output", str(path))
         assert code == 0, err
     a, b, c = (np.load(p) for p in paths)
