@@ -24,6 +24,7 @@ import numpy as np
 
 from .models.pi0.config import PRESETS
 from .ops import BACKEND_NAMES, BackendUnavailableError
+from .runtime import CAPTURE_MODES, CaptureUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ def _policy_options() -> argparse.ArgumentParser:
         help="with --checkpoint: the architecture of a small custom checkpoint (e.g. pi0-tiny)",
     )
     group.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="op backend (default: auto)")
+    group.add_argument(
+        "--capture", choices=CAPTURE_MODES, default="eager", help="how the call is executed (default: eager)"
+    )
     group.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="compute dtype (default: float32)")
     group.add_argument("--tokenizer", type=Path, metavar="FILE", help="PaliGemma SentencePiece tokenizer.model")
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -224,6 +228,7 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
         preset=args.preset,
         tokenizer=str(args.tokenizer) if args.tokenizer is not None else None,
         num_views=num_views,
+        capture=args.capture,
         progress=_progress(args),
     )
     logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
@@ -302,7 +307,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if policy.random_weights:
         print(_random_weights_notice(policy))
     print(f"policy:      {_source_line(policy)}")
-    print(f"runtime:     backend {policy.backend}, dtype {_dtype_name(policy)}, device {policy.device}")
+    print(f"runtime:     backend {policy.backend}, capture {policy.capture}, dtype {_dtype_name(policy)}, device {policy.device}")
     print(f"observation: {args.observation or 'bundled sample'} (instruction: {instruction})")
     print(f"noise:       {f'file {args.noise}' if noise is not None else f'seed {seed}'}, {steps} denoising steps")
     print(f"actions:     shape {tuple(actions.shape)} {actions.dtype}")
@@ -345,7 +350,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"model:       {_source_line(policy)}")
     print(f"weights:     {'RANDOM (seeded), not trained' if policy.random_weights else 'loaded from the checkpoint'}")
     print(f"parameters:  {_human_count(n)} ({n:,})")
-    print(f"runtime:     backend {policy.backend}, dtype {_dtype_name(policy)}, device {policy.device}")
+    print(f"runtime:     backend {policy.backend}, capture {policy.capture}, dtype {_dtype_name(policy)}, device {policy.device}")
     if ops.fused or ops.fallback:
         print(f"fused ops:   {', '.join(ops.fused) or 'none'}")
         print(f"fallback:    {', '.join(ops.fallback) or 'none'} (pure-PyTorch reference)")
@@ -414,7 +419,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         model=policy.config.family,
         preset=policy.config.name,
         backend=policy.backend,
-        capture="eager",
+        capture=policy.capture,
         dtype=_dtype_name(policy),
         batch=args.batch,
         views=inputs.images.shape[1],
@@ -473,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.log_level)
     try:
         return args.handler(args)
-    except (ValueError, BackendUnavailableError, ImportError) as exc:
+    except (ValueError, BackendUnavailableError, CaptureUnavailableError, ImportError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

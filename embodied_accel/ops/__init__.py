@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from .. import platform as platform_mod
 from . import reference
@@ -42,21 +41,27 @@ class BackendUnavailableError(RuntimeError):
     """An explicitly requested backend cannot run on this machine."""
 
 
-@dataclass(frozen=True)
 class OpSet:
-    """The ops a model calls, bound to one backend."""
+    """The ops a model calls, bound to one backend: ``ops.rms_norm(...)``, ``ops.attention(...)``, ...
 
-    backend: str
-    impls: dict[str, Callable]
-    fused: tuple[str, ...] = field(default=())  # ops served by the backend itself
-    fallback: tuple[str, ...] = field(default=())  # ops served by the reference
+    Each op is a plain attribute (so ``torch.compile`` traces through it like a module function).
+    """
 
-    def __getattr__(self, name: str) -> Callable:
-        impls = object.__getattribute__(self, "impls")
-        try:
-            return impls[name]
-        except KeyError:
-            raise AttributeError(f"op layer has no op {name!r}; known ops: {', '.join(OP_NAMES)}") from None
+    def __init__(
+        self, backend: str, impls: dict[str, Callable], fused: tuple[str, ...] = (), fallback: tuple[str, ...] = ()
+    ):
+        unknown = sorted(set(impls) - set(OP_NAMES))
+        if unknown:
+            raise ValueError(f"unknown op(s) {', '.join(unknown)}; known ops: {', '.join(OP_NAMES)}")
+        self.backend, self.impls, self.fused, self.fallback = backend, dict(impls), tuple(fused), tuple(fallback)
+        for name, fn in impls.items():
+            setattr(self, name, fn)
+
+    def __getattr__(self, name: str) -> Callable:  # only reached when no such attribute exists
+        raise AttributeError(f"op layer has no op {name!r}; known ops: {', '.join(OP_NAMES)}")
+
+    def __repr__(self) -> str:
+        return f"OpSet(backend={self.backend!r}, fused={self.fused}, fallback={self.fallback})"
 
 
 def _reference_impls() -> dict[str, Callable]:

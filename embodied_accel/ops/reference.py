@@ -14,7 +14,6 @@ Conventions shared by all backends:
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -26,10 +25,21 @@ import torch.nn.functional as F
 MASKED_SCORE = -2.3819763e38
 
 
-@functools.lru_cache(maxsize=256)
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+
+
 def _constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A cached 0-d tensor, so that per-call arithmetic with constants dispatches no extra op."""
-    return torch.tensor(value, dtype=dtype, device=device)
+    """A cached 0-d tensor, so that per-call arithmetic with constants dispatches no extra op.
+
+    Under ``torch.compile`` a fresh constant is traced instead (it is folded into the graph).
+    """
+    if torch.compiler.is_compiling():
+        return torch.tensor(value, dtype=dtype, device=device)
+    key = (value, dtype, device)
+    cached = _CONSTANTS.get(key)
+    if cached is None:
+        cached = _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=device)
+    return cached
 
 
 def _as_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

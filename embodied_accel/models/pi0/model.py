@@ -124,6 +124,25 @@ class Pi0Model(nn.Module):
         sin = F.embedding(positions, sin_table).to(self.compute_dtype)
         return self.ops.prepare_rope(cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.num_heads + 2 * cfg.num_kv_heads)
 
+    @torch.no_grad()
+    def ensure_buffers(self, batch: int, num_cameras: int, num_tokens: int, num_steps: int | None, device) -> None:
+        """Allocate what a call of this shape bucket needs (KV cache, RoPE table, step schedule) up front.
+
+        A call allocates these itself when missing; a captured call needs them to exist before capture,
+        so that it only reads them (no allocation or Python-side state change inside the graph).
+        """
+        cfg = self.config
+        total_len = (
+            num_cameras * cfg.vision.num_patches
+            + num_tokens
+            + (1 if cfg.has_state_token else 0)
+            + cfg.action_horizon
+        )
+        device = torch.device(device)
+        self._cache(batch, total_len, device)
+        self._rope_table(device, total_len)
+        self._schedule(cfg.num_steps if num_steps is None else num_steps, device)
+
     def _cache(self, batch: int, length: int, device: torch.device) -> StaticKVCache:
         cfg = self.config.vlm
         key = (cfg.depth, batch, cfg.num_kv_heads, length, cfg.head_dim, self.compute_dtype, torch.device(device))
@@ -175,7 +194,7 @@ class Pi0Model(nn.Module):
         image_valid = image_masks.repeat_interleave(self.config.vision.num_patches, dim=1)
         return prefix, torch.cat([image_valid, token_masks], dim=1)
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def prefill(self, images, image_masks, tokens, token_masks, state) -> PrefixContext:
         """Prefix pass (and pi0's state token) into the static cache; constants for the loop.
 
@@ -229,7 +248,7 @@ class Pi0Model(nn.Module):
             slots=cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon),
         )
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def denoise(self, context: PrefixContext, noise: torch.Tensor, num_steps: int | None = None) -> torch.Tensor:
         """Euler integration from t = 1 (``noise``) to t = 0; returns ``[B, horizon, max_action_dim]`` fp32."""
         num_steps = self.config.num_steps if num_steps is None else num_steps
@@ -243,7 +262,7 @@ class Pi0Model(nn.Module):
             x_t = x_t.add(velocity, alpha=dt)
         return x_t
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def sample_actions(
         self,
         images: torch.Tensor,  # [B, N, 3, 224, 224] float in [-1, 1]

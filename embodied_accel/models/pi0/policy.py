@@ -13,6 +13,7 @@ import torch
 
 from ... import platform as platform_mod
 from ...ops import OpSet, get_ops
+from ...runtime import CAPTURE_MODES, capture_call
 from .config import PRESETS, Pi0Config, get_preset
 from .model import Pi0Model
 from .processor import IOSpec, ModelInputs, ObservationError, Pi0Processor, Tokenizer, load_io_spec
@@ -37,10 +38,21 @@ class Pi0Policy:
     #: Prompts are trimmed to a multiple of this many tokens (few distinct shapes, see compact_inputs).
     token_bucket = 16
 
-    def __init__(self, model: Pi0Model, processor: Pi0Processor, *, source: str, random_weights: bool, device):
+    def __init__(
+        self,
+        model: Pi0Model,
+        processor: Pi0Processor,
+        *,
+        source: str,
+        random_weights: bool,
+        device,
+        capture: str = "eager",
+    ):
         self.model, self.processor = model, processor
         self.source, self.random_weights = source, random_weights
         self.device = torch.device(device)
+        self.capture = capture
+        self._sample_call = capture_call(model.sample_actions, capture)
 
     config: Pi0Config = property(lambda self: self.model.config)  # type: ignore[assignment]
     io: IOSpec = property(lambda self: self.processor.io)  # type: ignore[assignment]
@@ -88,7 +100,9 @@ class Pi0Policy:
         """The model call alone: model inputs → normalized action chunk ``[B, horizon, max_action_dim]``."""
         if noise is None:
             noise = self.make_noise(inputs.batch_size)
-        return self.model.sample_actions(
+        batch, cameras = inputs.images.shape[:2]
+        self.model.ensure_buffers(batch, cameras, inputs.tokens.shape[1], num_steps, inputs.tokens.device)
+        return self._sample_call(
             inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state, noise, num_steps
         )
 
@@ -99,7 +113,7 @@ class Pi0Policy:
         context = model.prefill(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
 
         def vision():
-            with torch.inference_mode():
+            with torch.no_grad():
                 return model.embed_images(inputs.images)
 
         return {
@@ -176,10 +190,13 @@ def load_pi0_policy(
     preset: str | None = None,
     tokenizer: str | Path | None = None,
     num_views: int | None = None,
+    capture: str = "eager",
     progress: bool = True,
 ) -> Pi0Policy:
     """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir."""
     compute_dtype = _resolve_dtype(dtype)
+    if capture not in CAPTURE_MODES:
+        raise ValueError(f"capture must be one of {', '.join(CAPTURE_MODES)}; got {capture!r}")
     device = torch.device(device) if device is not None else platform_mod.detect().device
     ops = get_ops(backend)
     path = Path(preset_or_checkpoint)
@@ -210,7 +227,14 @@ def load_pi0_policy(
         logger.warning("%s: seeded random weights (seed %d), not a trained policy", config.name, seed)
     model.eval()
     processor = Pi0Processor(config, io, tok)
-    return Pi0Policy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint, device=device)
+    return Pi0Policy(
+        model,
+        processor,
+        source=str(preset_or_checkpoint),
+        random_weights=not is_checkpoint,
+        device=device,
+        capture=capture,
+    )
 
 
 def _with_views(io: IOSpec, num_views: int, is_checkpoint: bool) -> IOSpec:

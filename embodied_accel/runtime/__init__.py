@@ -1,0 +1,45 @@
+"""How a model call is executed (never what it computes): eager, torch.compile, and later CUDA graphs / torchair.
+
+A capture mode wraps a model's whole-call function once, when the policy is built. Shapes are static per
+call bucket (number of views, prompt-length bucket, batch size): ``compile`` specializes on each bucket
+(``dynamic=False``) and traces the whole call as one graph (``fullgraph=True``: a graph break is an error,
+not a silent slow path).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .. import platform as platform_mod
+
+logger = logging.getLogger(__name__)
+
+CAPTURE_MODES: tuple[str, ...] = ("eager", "compile", "cudagraph", "torchair")
+
+
+class CaptureUnavailableError(RuntimeError):
+    """The requested capture mode cannot run on this machine (or is not part of this release yet)."""
+
+
+def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = None) -> Callable:
+    """Wrap ``fn`` (a model's whole call) for ``mode``.
+
+    ``eager`` returns it unchanged; ``compile`` returns ``torch.compile(fn, fullgraph=True, dynamic=False)``
+    (compiled lazily on the first call of each shape bucket). ``cudagraph`` needs an NVIDIA GPU and
+    ``torchair`` an Ascend NPU; both raise :class:`CaptureUnavailableError` elsewhere.
+    """
+    if mode not in CAPTURE_MODES:
+        raise ValueError(f"capture must be one of {', '.join(CAPTURE_MODES)}; got {mode!r}")
+    plat = plat or platform_mod.detect()
+    if mode == "eager":
+        return fn
+    if mode == "compile":
+        import torch
+
+        logger.info("capture compile: torch.compile(fullgraph=True, dynamic=False) on %s", plat.device_type)
+        return torch.compile(fn, fullgraph=True, dynamic=False)
+    needs = {"cudagraph": ("cuda", "an NVIDIA GPU"), "torchair": ("npu", "an Ascend NPU with torch_npu")}[mode]
+    if plat.device_type != needs[0]:
+        raise CaptureUnavailableError(f"capture {mode!r} needs {needs[1]}; this machine has {plat.device_type}")
+    raise CaptureUnavailableError(f"capture {mode!r} is not part of this release yet")

@@ -1,0 +1,56 @@
+"""Capture modes: torch.compile traces the whole pi0 / pi0.5 call as one graph, reuses it, and equals eager."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from embodied_accel import load_policy
+from embodied_accel.models.pi0.processor import ModelInputs
+from embodied_accel.platform import Platform
+from embodied_accel.runtime import CaptureUnavailableError, capture_call
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def inputs_of(io, family):
+    state = io["state"] if family == "pi0" else torch.zeros(2, 32)
+    return ModelInputs(io["images"], io["image_masks"], io["tokens"], io["token_masks"], state)
+
+
+@pytest.mark.parametrize("family,preset", [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")])
+def test_compiled_call_is_one_graph_reused_and_equals_eager(family, preset):
+    directory = FIXTURES / f"{family}_tiny"
+    io = load_file(directory / "io.safetensors")
+    eager = load_policy(str(directory), preset=preset, progress=False)
+    compiled = load_policy(str(directory), preset=preset, capture="compile", progress=False)
+    assert compiled.capture == "compile"
+    inputs = inputs_of(io, family)
+    expected = eager.sample(inputs, io["noise"])
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    first = compiled.sample(inputs, io["noise"])  # fullgraph=True: a graph break would raise here
+    assert not torch._dynamo.utils.counters["graph_break"]
+    torch.testing.assert_close(first, expected, rtol=0, atol=1e-5)
+    assert (first - io["actions_model"]).abs().max().item() <= 1e-4  # still LeRobot parity
+
+    other_noise = torch.randn_like(io["noise"])
+    with torch._dynamo.config.patch(error_on_recompile=True):  # same shapes: no recompilation
+        again = compiled.sample(inputs, other_noise)
+        torch.testing.assert_close(compiled.sample(inputs, io["noise"]), first, rtol=0, atol=0)
+    torch.testing.assert_close(again, eager.sample(inputs, other_noise), rtol=0, atol=1e-5)
+
+
+def test_capture_modes_that_cannot_run_raise():
+    cpu = Platform("cpu", "test cpu", has_triton=False, has_torch_npu=False)
+    for mode, needs in (("cudagraph", "NVIDIA GPU"), ("torchair", "Ascend NPU")):
+        with pytest.raises(CaptureUnavailableError, match=needs):
+            capture_call(lambda: None, mode, cpu)
+    with pytest.raises(ValueError, match="capture must be one of"):
+        capture_call(lambda: None, "jit", cpu)
+    with pytest.raises(ValueError, match="capture must be one of"):
+        load_policy("pi0-tiny", capture="jit", progress=False)
+    fn = lambda: 1  # noqa: E731
+    assert capture_call(fn, "eager", cpu) is fn
