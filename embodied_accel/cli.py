@@ -402,12 +402,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         call, warmup=max(args.warmup - 1, 0), runs=args.runs, synchronize=plat.synchronize, progress=progress
     )
     peak_mem_mb = plat.peak_memory_mb()
-    _, aten_ops, _ = harness.count_aten_ops(call)
+    profiled_aten_ops = harness.count_profiled_aten_ops(call)
+    if policy.capture == "eager":
+        _, aten_ops, _ = harness.count_aten_ops(call)
+        aten_ops_method = "dispatch_mode"
+    else:  # a dispatch mode makes torch.compile skip its frames: count what the profiler sees instead
+        aten_ops, aten_ops_method = profiled_aten_ops, "profiler_top_level"
     kernel_launches, busy = harness.device_activity(call, plat)
 
     stages: dict[str, Any] = {}
     stage_fns: Callable | None = getattr(policy, "stage_fns", None)
-    if stage_fns is not None and not args.no_stages:
+    if policy.capture != "eager" and not args.no_stages:
+        logger.warning("bench: the per-stage split runs eager stages; skipped for capture %s", policy.capture)
+    elif stage_fns is not None and not args.no_stages:
         for name, fn in stage_fns(inputs, num_steps=args.num_steps).items():
             stage_times = harness.time_calls(
                 fn, warmup=args.warmup, runs=args.runs, synchronize=plat.synchronize, progress=progress, desc=name
@@ -435,6 +442,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         num_parameters=policy.num_parameters(),
         warmup=args.warmup,
         first_call_ms=first_call_ms,
+        aten_ops_method=aten_ops_method,
+        profiled_aten_ops_per_call=profiled_aten_ops,
         load_s=load_s,
         note=args.note,
         **stages,

@@ -3,6 +3,7 @@
 from .harness import (
     RESULT_KEYS,
     count_aten_ops,
+    count_profiled_aten_ops,
     device_activity,
     environment_stamp,
     result_record,
@@ -14,6 +15,7 @@ from .harness import (
 __all__ = [
     "RESULT_KEYS",
     "count_aten_ops",
+    "count_profiled_aten_ops",
     "device_activity",
     "environment_stamp",
     "result_record",

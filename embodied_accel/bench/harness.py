@@ -95,6 +95,28 @@ def count_aten_ops(fn: Callable, *args, **kwargs) -> tuple[Any, int, collections
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def count_profiled_aten_ops(fn: Callable, *args, **kwargs) -> int:
+    """Top-level aten ops of one call as the PyTorch profiler records them (nested ones not counted).
+
+    Unlike :func:`count_aten_ops` this works for compiled calls (a dispatch mode makes torch.compile skip
+    its frames): a compiled call shows only the aten ops its generated code still calls (GEMMs, attention),
+    so the count compares capture modes on the same scale.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn(*args, **kwargs)
+    count = 0
+    for event in prof.events():
+        if not event.name.startswith("aten::"):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        count += parent is None
+    return count
+
+
 def _show_progress(progress: bool) -> bool:
     return progress and sys.stderr.isatty()
 
