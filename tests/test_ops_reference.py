@@ -148,6 +148,9 @@ def test_explicit_backend_that_cannot_run_raises():
     for name in ("cuda", "npu"):
         with pytest.raises(BackendUnavailableError, match=name):
             get_ops(name, cpu)
+    gpu_without_triton = platform_mod.Platform("cuda", "test gpu", has_triton=False, has_torch_npu=False)
+    with pytest.raises(BackendUnavailableError, match="needs Triton"):
+        get_ops("cuda", gpu_without_triton)
 
 
 def test_auto_logs_its_choice(caplog):

@@ -75,7 +75,11 @@ def _backend_impls(name: str, plat: platform_mod.Platform) -> dict[str, Callable
             raise BackendUnavailableError(
                 f"backend 'cuda' needs an NVIDIA GPU; this machine has {plat.device_type} ({plat.device_name})"
             )
-        raise BackendUnavailableError("backend 'cuda' (fused Triton kernels) is not part of this release yet")
+        if not plat.has_triton:
+            raise BackendUnavailableError("backend 'cuda' needs Triton (pip install triton, or a torch build that ships it)")
+        from . import cuda
+
+        return cuda.impls()
     if name == "npu":
         if plat.device_type != "npu":
             raise BackendUnavailableError(

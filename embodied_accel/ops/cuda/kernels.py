@@ -1,0 +1,168 @@
+"""Triton kernels of the ``cuda`` backend: fused norms, GeGLU and RoPE on merged Q/K/V.
+
+Each kernel is registered as a ``torch.library`` custom op with a fake (meta) implementation, so
+``torch.compile`` traces it without a graph break. Statistics are computed in fp32 whatever the I/O dtype.
+The kernels also run on the CPU under ``TRITON_INTERPRET=1`` (set before this module is imported), which is
+how CI checks them against the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a 2-D ``[rows, last_dim]`` tensor with unit stride along the last dim."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+@triton.jit
+def _gelu_tanh(g):
+    inner = 0.7978845608028654 * (g + 0.044715 * g * g * g)
+    return 0.5 * g * (1.0 + (2.0 * tl.sigmoid(2.0 * inner) - 1.0))
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, shift_ptr, out_ptr, sum_ptr,
+    stride_x, stride_res, stride_out, stride_sum, n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # the sum in the I/O dtype
+        tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = xf * inv_rms * w
+    if HAS_SHIFT:
+        y += tl.load(shift_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_rms(x, residual, weight, shift, eps):
+    x2 = _rows(x)
+    n_rows, n_cols = x2.shape
+    out = torch.empty_like(x2)
+    total = torch.empty_like(x2) if residual is not None else out
+    res2 = _rows(residual) if residual is not None else x2
+    _rms_norm_kernel[(n_rows,)](
+        x2, res2, weight, shift if shift is not None else weight, out, total,
+        x2.stride(0), res2.stride(0), out.stride(0), total.stride(0), n_cols, eps,
+        HAS_RESIDUAL=residual is not None, HAS_SHIFT=shift is not None, BLOCK=triton.next_power_of_2(n_cols),
+    )
+    return out.view(x.shape), total.view(x.shape)
+
+
+@torch.library.custom_op("embodied_accel::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _launch_rms(x, None, weight, None, eps)[0]
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("embodied_accel::add_rms_norm", mutates_args=())
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch_rms(x, residual, weight, None, eps)
+
+
+@add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.custom_op("embodied_accel::ada_rms_norm", mutates_args=())
+def ada_rms_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
+    return _launch_rms(x, None, scale_plus_one, shift, eps)[0]
+
+
+@ada_rms_norm.register_fake
+def _(x, scale_plus_one, shift, eps):
+    return torch.empty_like(x)
+
+
+@triton.jit
+def _geglu_kernel(x_ptr, out_ptr, stride_x, stride_out, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (_gelu_tanh(gate) * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@torch.library.custom_op("embodied_accel::geglu", mutates_args=())
+def geglu(gate_up: torch.Tensor) -> torch.Tensor:
+    x2 = _rows(gate_up)
+    n_rows, n_cols = x2.shape[0], x2.shape[1] // 2
+    out = torch.empty(n_rows, n_cols, dtype=x2.dtype, device=x2.device)
+    block = min(1024, triton.next_power_of_2(n_cols))
+    _geglu_kernel[(n_rows, triton.cdiv(n_cols, block))](x2, out, x2.stride(0), out.stride(0), n_cols, BLOCK=block)
+    return out.view(*gate_up.shape[:-1], n_cols)
+
+
+@geglu.register_fake
+def _(gate_up):
+    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, so_b, so_h, so_s,
+    n_heads, seq, rotated_heads, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)  # one program per (b, h, s) row
+    s = pid % seq
+    h = (pid // seq) % n_heads
+    b = pid // (seq * n_heads)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < HALF
+    x_row = x_ptr + b * sx_b + h * sx_h + s * sx_s
+    x1 = tl.load(x_row + cols * sx_d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (cols + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
+    out_row = out_ptr + b * so_b + h * so_h + s * so_s
+    if h < rotated_heads:
+        c_row, s_row = cos_ptr + b * sc_b + s * sc_s, sin_ptr + b * sc_b + s * sc_s
+        c1 = tl.load(c_row + cols, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(c_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(s_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
+        y1 = x1 * c1 - x2 * s1  # rotate_half(x) = cat(-x2, x1)
+        y2 = x2 * c2 + x1 * s2
+    else:
+        y1, y2 = x1, x2
+    tl.store(out_row + cols, y1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_row + cols + HALF, y2.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@torch.library.custom_op("embodied_accel::rope", mutates_args=())
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int) -> torch.Tensor:
+    """``x: [B, heads, S, D]`` (any strides), ``cos/sin: [B, S, D]``; rotates the first ``rotated_heads``."""
+    batch, heads, seq, dim = x.shape
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty(batch, heads, seq, dim, dtype=x.dtype, device=x.device)
+    half = dim // 2
+    _rope_kernel[(batch * heads * seq,)](
+        x, cos, sin, out,
+        x.stride(0), x.stride(1), x.stride(2), x.stride(3), cos.stride(0), cos.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        heads, seq, rotated_heads, HALF=half, BLOCK=triton.next_power_of_2(half),
+    )
+    return out
+
+
+@rope.register_fake
+def _(x, cos, sin, rotated_heads):
+    return x.new_empty(x.shape)

@@ -1,0 +1,112 @@
+"""The cuda backend's Triton kernels against the reference ops.
+
+On a machine without a GPU they run under the Triton interpreter (``TRITON_INTERPRET=1``, set before the
+kernels are imported); on a GPU the same tests run on the device.
+"""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install triton)")
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the @triton.jit definitions
+
+from embodied_accel import platform as platform_mod  # noqa: E402
+from embodied_accel.ops import get_ops, reference  # noqa: E402
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+GPU = platform_mod.Platform("cuda", "test gpu", has_triton=True, has_torch_npu=False)
+cuda_ops = get_ops("cuda", GPU)
+# (rows, width): real model shapes (pi0 suffix rows x expert width, prefix x VLM width) and odd ones
+NORM_SHAPES = [(50, 1024), (5, 123), (1, 7), (3, 2048)]
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, device=DEVICE).to(dtype)
+
+
+def test_backend_lists_fused_and_fallback_ops():
+    assert cuda_ops.backend == "cuda"
+    assert set(cuda_ops.fused) == {"rms_norm", "add_rms_norm", "ada_rms_norm", "geglu", "prepare_rope", "rope"}
+    assert "attention" in cuda_ops.fallback and "linear" in cuda_ops.fallback
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,width", NORM_SHAPES)
+def test_norms(rows, width, dtype):
+    torch.manual_seed(0)
+    x, r = randn(rows, width, dtype=dtype) * 3, randn(rows, width, dtype=dtype)
+    w, shift = randn(width), randn(width)
+    # reference computed in fp32 from the same (rounded) inputs
+    expected = reference.rms_norm(x.float(), w, 1e-6)
+    torch.testing.assert_close(cuda_ops.rms_norm(x, w, 1e-6).float(), expected, **TOLERANCE[dtype])
+    normed, total = cuda_ops.add_rms_norm(x, r, w, 1e-6)
+    ref_normed, ref_total = reference.add_rms_norm(x, r, w, 1e-6)
+    torch.testing.assert_close(total, ref_total, **TOLERANCE[dtype])
+    torch.testing.assert_close(normed.float(), ref_normed.float(), **TOLERANCE[dtype])
+    ada = cuda_ops.ada_rms_norm(x, 1 + w, shift, 1e-6)
+    torch.testing.assert_close(ada.float(), reference.ada_rms_norm(x.float(), 1 + w, shift, 1e-6), **TOLERANCE[dtype])
+    assert ada.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,width", [(50, 4096), (5, 123), (2, 1)])
+def test_geglu(rows, width, dtype):
+    gate_up = randn(rows, 2 * width, dtype=dtype)
+    expected = reference.geglu(gate_up.float())
+    torch.testing.assert_close(cuda_ops.geglu(gate_up).float(), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,heads,kv_heads,seq,dim", [(1, 8, 1, 51, 256), (2, 5, 1, 13, 64), (1, 4, 2, 3, 16)])
+def test_rope_on_merged_qkv_views(batch, heads, kv_heads, seq, dim, dtype):
+    total = heads + 2 * kv_heads
+    qkv = randn(batch, seq, total, dim, dtype=dtype).transpose(1, 2)  # the model's strided view
+    angles = torch.rand(batch, seq, dim // 2, device=DEVICE) * 100
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    out = cuda_ops.rope(qkv, cuda_ops.prepare_rope(cos.to(dtype), sin.to(dtype), heads + kv_heads, total))
+    expected = reference.rope(qkv.float(), reference.prepare_rope(cos.to(dtype).float(), sin.to(dtype).float(), heads + kv_heads, total))
+    torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
+    assert torch.equal(out[:, heads + kv_heads :], qkv[:, heads + kv_heads :])
+
+
+def test_custom_ops_have_working_fake_implementations():
+    from embodied_accel.ops.cuda import kernels
+
+    x, w, r = randn(4, 32), randn(32), randn(4, 32)
+    torch.library.opcheck(kernels.rms_norm, (x, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(kernels.add_rms_norm, (x, r, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(kernels.ada_rms_norm, (x, w, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(kernels.geglu, (x,), test_utils=("test_schema", "test_faketensor"))
+    q = randn(1, 3, 5, 16)
+    torch.library.opcheck(kernels.rope, (q, randn(1, 5, 16), randn(1, 5, 16), 2), test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("family,preset", [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")])
+def test_pi0_models_on_the_cuda_backend_match_lerobot(family, preset):
+    """The whole model with the fused kernels: the LeRobot parity fixture (batch 1 to keep the interpreter fast)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from embodied_accel.models.pi0.config import get_preset
+    from embodied_accel.models.pi0.model import Pi0Model
+    from embodied_accel.models.pi0.weights import load_checkpoint_weights
+
+    directory = Path(__file__).parent / "fixtures" / f"{family}_tiny"
+    io = load_file(directory / "io.safetensors")
+    with torch.device("meta"):
+        model = Pi0Model(get_preset(preset), cuda_ops)
+    load_checkpoint_weights(model, directory, DEVICE, progress=False)
+    b = slice(0, 1)
+    state = io["state"][b].to(DEVICE) if family == "pi0" else None
+    args = [io[k][b].to(DEVICE) for k in ("images", "image_masks", "tokens", "token_masks")]
+    actions = model.sample_actions(*args, state, io["noise"][b].to(DEVICE), num_steps=10)
+    err = (actions.cpu() - io["actions_model"][b]).abs().max().item()
+    assert err <= 1e-4, err
