@@ -137,6 +137,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-stages", action="store_true", help="skip the per-stage (vision/prefix/denoise) split")
     bench.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
     bench.add_argument("--note", help="free text stored in the result file")
+
+    prof = commands.add_parser(
+        "profile", parents=[policy], help="profile the model call: device busy/idle, op types, top kernels, verdict"
+    )
+    _observation_option(prof)
+    prof.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
+    prof.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots (default: the model's)")
+    prof.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
+    prof.add_argument("--warmup", type=_non_negative_int, default=2, help="unprofiled calls first (default: 2)")
+    prof.add_argument("--calls", type=_positive_int, default=3, help="profiled calls (default: 3)")
+    prof.add_argument("--out-dir", type=Path, default=Path("bench/profiles"), help="default: bench/profiles")
+    prof.set_defaults(handler=cmd_profile)
     bench.set_defaults(handler=cmd_bench)
     return parser
 
@@ -375,6 +387,28 @@ def fill_camera_slots(policy, observation: Mapping[str, Any]) -> dict[str, Any]:
     for i, key in enumerate(policy.io.image_keys):
         filled.setdefault(key, observation[present[i % len(present)]])
     return filled
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from .bench import profiler
+
+    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
+    policy, _ = _load_policy(args, num_views=args.views)
+    observation = fill_camera_slots(policy, select_instruction(policy, observation)[0])
+    inputs = policy.prepare([observation] * args.batch)
+    name = f"{policy.config.name}_{policy.backend}_{policy.capture}_{_dtype_name(policy)}_b{args.batch}_v{inputs.images.shape[1]}"
+    out_dir = args.out_dir / name
+    summary = profiler.profile_calls(
+        lambda: policy.sample(inputs, num_steps=args.num_steps),
+        calls=args.calls,
+        warmup=args.warmup,
+        trace_path=out_dir / "trace.json",
+    )
+    print(summary.format())
+    (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    chart = profiler.plot_summary(summary, out_dir / "breakdown.png", name)
+    print(f"wrote {out_dir / 'trace.json'} (chrome://tracing), {out_dir / 'summary.json'}" + (f", {chart}" if chart else ""))
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

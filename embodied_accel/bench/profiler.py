@@ -1,0 +1,195 @@
+"""``embodied-accel profile``: where a model call's time goes, in the source documents' terms.
+
+One or more calls run under ``torch.profiler``. The summary gives the wall time per call, the fraction of
+it the device is busy (CUDA: the union of GPU kernel intervals; CPU: the union of the top-level aten ops'
+intervals, i.e. time in ATen rather than in Python), kernel launches (GPU) or aten ops (CPU) per call, time
+by op type, the top kernels, and a verdict: host-bound when the device idles for most of the call. It writes the Chrome trace and, when matplotlib is installed, a PNG chart of the breakdown.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .. import platform as platform_mod
+from .harness import busy_fraction
+
+logger = logging.getLogger(__name__)
+
+#: Op-type buckets, matched in order against the kernel / aten op name.
+CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("attention", r"attention|flash|sdpa|fmha|softmax"),
+    ("matmul", r"\b(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv2d|_convolution)\b|gemm|cutlass|sm\d+_xmma|cublas"),
+    ("norm", r"norm|hypot|rsqrt"),
+    ("activation", r"gelu|silu|sigmoid|tanh"),
+    ("rope", r"roll|rope|rotary"),
+    ("copy/layout", r"copy|cat|clone|contiguous|index|embedding|pad|where|fill|zero"),
+    ("elementwise", r"add|mul|div|sub|addcmul|pow|exp|neg"),
+)
+HOST_BOUND_BELOW = 0.5  # device busy fraction under which a call is called host-bound
+
+
+def categorize(name: str) -> str:
+    lowered = name.lower()
+    for category, pattern in CATEGORIES:
+        if re.search(pattern, lowered):
+            return category
+    return "other"
+
+
+@dataclass
+class ProfileSummary:
+    device: str
+    device_type: str
+    calls: int
+    wall_ms_per_call: float
+    device_busy_fraction: float
+    device_idle_fraction: float
+    launches_per_call: float  # GPU kernels (CUDA) or top-level aten ops (CPU)
+    launch_kind: str
+    time_by_type_ms: dict[str, float] = field(default_factory=dict)  # per call
+    top_kernels: list[tuple[str, float, float]] = field(default_factory=list)  # (name, ms per call, count per call)
+    verdict: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def format(self) -> str:
+        busy = self.device_busy_fraction
+        lines = [
+            f"device:        {self.device} ({self.device_type})",
+            f"wall time:     {self.wall_ms_per_call:.2f} ms per call ({self.calls} profiled calls)",
+            f"device busy:   {busy:.1%}   idle: {self.device_idle_fraction:.1%}",
+            f"{self.launch_kind + ':':<14} {self.launches_per_call:.0f} per call",
+            "time by op type (ms per call):",
+        ]
+        total = sum(self.time_by_type_ms.values()) or 1.0
+        for name, ms in sorted(self.time_by_type_ms.items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {name:<14} {ms:10.3f}  {ms / total:6.1%}")
+        lines.append("top kernels (ms per call, launches per call):")
+        for name, ms, count in self.top_kernels:
+            lines.append(f"  {ms:10.3f}  {count:6.0f}  {name[:90]}")
+        lines.append(f"verdict:       {self.verdict}")
+        return "\n".join(lines)
+
+
+def _device_work(events, device_type: str):
+    """What the device executes, as ``(intervals, [(name, time_us)])``.
+
+    CUDA: the GPU kernels (intervals and durations). CPU: the top-level aten ops' intervals (time in ATen
+    rather than in Python) and every aten op's self time (its own work, children excluded).
+    """
+    from torch.autograd import DeviceType
+
+    if device_type == "cuda":
+        kernels = [
+            e for e in events
+            if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset", "embodied_accel."))
+        ]
+        intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
+        return intervals, [(e.name, e.time_range.end - e.time_range.start) for e in kernels], len(kernels)
+    aten = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]
+    top_level = []
+    for e in aten:
+        parent = e.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is None:
+            top_level.append(e)
+    intervals = [(e.time_range.start, e.time_range.end) for e in top_level]
+    return intervals, [(e.name, e.self_cpu_time_total) for e in aten], len(top_level)
+
+
+def profile_calls(
+    fn: Callable[[], object],
+    *,
+    calls: int = 3,
+    warmup: int = 1,
+    plat: platform_mod.Platform | None = None,
+    trace_path: str | Path | None = None,
+    top: int = 10,
+) -> ProfileSummary:
+    """Profile ``calls`` calls of ``fn`` (after ``warmup`` unprofiled ones) and summarize them."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    plat = plat or platform_mod.detect()
+    for _ in range(warmup):
+        fn()
+    plat.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if plat.device_type == "cuda" else [])
+    marker = "embodied_accel.profile.call"
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            with record_function(marker):
+                fn()
+                plat.synchronize()
+    if trace_path is not None:
+        Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace_path))
+    events = prof.events()
+    windows = [e for e in events if e.name == marker and e.device_type == DeviceType.CPU]
+    wall_us = sum(w.time_range.end - w.time_range.start for w in windows)
+    intervals, timed, launches = _device_work(events, plat.device_type)
+    busy_us = sum(
+        busy_fraction(intervals, w.time_range.start, w.time_range.end)
+        * (w.time_range.end - w.time_range.start)
+        for w in windows
+    )
+    busy = busy_us / wall_us if wall_us else 0.0
+    by_type: dict[str, float] = collections.defaultdict(float)
+    by_name: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for name, time_us in timed:
+        by_type[categorize(name)] += time_us / 1e3 / calls
+        by_name[name][0] += time_us / 1e3 / calls
+        by_name[name][1] += 1 / calls
+    top_kernels = sorted(((n, ms, c) for n, (ms, c) in by_name.items()), key=lambda t: -t[1])[:top]
+    verdict = (
+        f"host-bound: the device is busy {busy:.0%} of the call (< {HOST_BOUND_BELOW:.0%}); fewer, fused ops "
+        "or whole-call capture should help"
+        if busy < HOST_BOUND_BELOW
+        else f"device-bound: the device is busy {busy:.0%} of the call; speed now comes from faster kernels"
+    )
+    return ProfileSummary(
+        device=plat.device_name,
+        device_type=plat.device_type,
+        calls=calls,
+        wall_ms_per_call=wall_us / 1e3 / calls,
+        device_busy_fraction=busy,
+        device_idle_fraction=1.0 - busy,
+        launches_per_call=launches / calls,
+        launch_kind="kernel launches" if plat.device_type == "cuda" else "aten ops",
+        time_by_type_ms=dict(by_type),
+        top_kernels=top_kernels,
+        verdict=verdict,
+    )
+
+
+def plot_summary(summary: ProfileSummary, path: str | Path, title: str) -> Path | None:
+    """A PNG: time by op type per call and busy vs idle. Returns None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logger.warning("profile: matplotlib is not installed; no chart written (pip install matplotlib)")
+        return None
+    items = sorted(summary.time_by_type_ms.items(), key=lambda kv: kv[1])
+    fig, (ax_types, ax_busy) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1]})
+    ax_types.barh([k for k, _ in items], [v for _, v in items], color="#4C72B0")
+    ax_types.set_xlabel("ms per call")
+    ax_types.set_title("time by op type")
+    ax_busy.bar(["busy", "idle"], [summary.device_busy_fraction, summary.device_idle_fraction], color=["#55A868", "#C44E52"])
+    ax_busy.set_ylim(0, 1)
+    ax_busy.set_title(f"device ({summary.device_type})")
+    fig.suptitle(f"{title} — {summary.wall_ms_per_call:.1f} ms per call; {summary.verdict.split(':')[0]}")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
