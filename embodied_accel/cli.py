@@ -108,6 +108,14 @@ def _observation_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _call_shape_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a measured call (bench, profile): observation, batch, views, steps."""
+    _observation_option(parser)
+    parser.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
+    parser.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots (default: the model's)")
+    parser.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--log-level", choices=LOG_LEVELS, default="WARNING", type=str.upper, help="default: WARNING")
@@ -128,10 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.set_defaults(handler=cmd_info)
 
     bench = commands.add_parser("bench", parents=[policy], help="time the model call and write a JSON result")
-    _observation_option(bench)
-    bench.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
-    bench.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots (default: the model's)")
-    bench.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
+    _call_shape_options(bench)
     bench.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed calls first (default: 3)")
     bench.add_argument("--runs", type=_positive_int, default=100, help="timed calls (default: 100)")
     bench.add_argument("--no-stages", action="store_true", help="skip the per-stage (vision/prefix/denoise) split")
@@ -141,10 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof = commands.add_parser(
         "profile", parents=[policy], help="profile the model call: device busy/idle, op types, top kernels, verdict"
     )
-    _observation_option(prof)
-    prof.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
-    prof.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots (default: the model's)")
-    prof.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
+    _call_shape_options(prof)
     prof.add_argument("--warmup", type=_non_negative_int, default=2, help="unprofiled calls first (default: 2)")
     prof.add_argument("--calls", type=_positive_int, default=3, help="profiled calls (default: 3)")
     prof.add_argument("--out-dir", type=Path, default=Path("bench/profiles"), help="default: bench/profiles")
@@ -389,13 +391,18 @@ def fill_camera_slots(policy, observation: Mapping[str, Any]) -> dict[str, Any]:
     return filled
 
 
+def _measured_call_inputs(args: argparse.Namespace):
+    """The policy, its load time, and model inputs with every camera slot filled, batched ``--batch`` times."""
+    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
+    policy, load_s = _load_policy(args, num_views=args.views)
+    observation = fill_camera_slots(policy, select_instruction(policy, observation)[0])
+    return policy, load_s, policy.prepare([observation] * args.batch)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from .bench import profiler
 
-    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
-    policy, _ = _load_policy(args, num_views=args.views)
-    observation = fill_camera_slots(policy, select_instruction(policy, observation)[0])
-    inputs = policy.prepare([observation] * args.batch)
+    policy, _, inputs = _measured_call_inputs(args)
     name = f"{policy.config.name}_{policy.backend}_{policy.capture}_{_dtype_name(policy)}_b{args.batch}_v{inputs.images.shape[1]}"
     out_dir = args.out_dir / name
     summary = profiler.profile_calls(
@@ -415,11 +422,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import platform as platform_mod
     from .bench import harness
 
-    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
-    policy, load_s = _load_policy(args, num_views=args.views)
-    observation, _ = select_instruction(policy, observation)
-    observation = fill_camera_slots(policy, observation)
-    inputs = policy.prepare([observation] * args.batch)
+    policy, load_s, inputs = _measured_call_inputs(args)
     plat = platform_mod.detect()
     steps = args.num_steps or policy.config.num_steps
     progress = _progress(args)
