@@ -33,9 +33,9 @@ class StaticKVCache:
         hkv = self.num_kv_heads
         return [
             AttentionSlots(
-                kv_write=layer[:, :, write_start:write_stop],
-                keys=layer[:, :hkv, :attend_stop],
-                values=layer[:, hkv:, :attend_stop],
+                kv_write=self.buffer[i, :, :, write_start:write_stop],
+                keys=self.buffer[i, :, :hkv, :attend_stop],
+                values=self.buffer[i, :, hkv:, :attend_stop],
             )
-            for layer in (self.buffer[i] for i in range(self.buffer.shape[0]))
+            for i in range(self.buffer.shape[0])
         ]

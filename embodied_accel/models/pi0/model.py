@@ -47,7 +47,6 @@ def euler_schedule(num_steps: int) -> list[float]:
 class PrefixContext:
     """What the denoising loop reads after :meth:`Pi0Model.prefill` (views into the static cache)."""
 
-    batch: int
     rope_tables: object
     attention_mask: torch.Tensor
     slots: list[AttentionSlots]
@@ -124,6 +123,11 @@ class Pi0Model(nn.Module):
         sin = F.embedding(positions, sin_table).to(self.compute_dtype)
         return self.ops.prepare_rope(cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.num_heads + 2 * cfg.num_kv_heads)
 
+    def sequence_length(self, prefix_len: int) -> int:
+        """Cache positions of one call: the prefix, pi0's state token, the action tokens."""
+        cfg = self.config
+        return prefix_len + (1 if cfg.has_state_token else 0) + cfg.action_horizon
+
     @torch.no_grad()
     def ensure_buffers(self, batch: int, num_cameras: int, num_tokens: int, num_steps: int | None, device) -> None:
         """Allocate what a call of this shape bucket needs (KV cache, RoPE table, step schedule) up front.
@@ -132,12 +136,7 @@ class Pi0Model(nn.Module):
         so that it only reads them (no allocation or Python-side state change inside the graph).
         """
         cfg = self.config
-        total_len = (
-            num_cameras * cfg.vision.num_patches
-            + num_tokens
-            + (1 if cfg.has_state_token else 0)
-            + cfg.action_horizon
-        )
+        total_len = self.sequence_length(num_cameras * cfg.vision.num_patches + num_tokens)
         device = torch.device(device)
         self._cache(batch, total_len, device)
         self._rope_table(device, total_len)
@@ -208,7 +207,7 @@ class Pi0Model(nn.Module):
         prefix, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
         prefix_len = prefix.shape[1]
         state_len = 1 if cfg.has_state_token else 0
-        total_len = prefix_len + state_len + horizon
+        total_len = self.sequence_length(prefix_len)
         cache = self._cache(batch, total_len, device)
         positions = torch.cumsum(prefix_valid, dim=1) - 1
         may_attend = prefix_valid[:, None, :] & prefix_valid[:, :, None]  # prefix-LM over valid tokens
@@ -242,7 +241,6 @@ class Pi0Model(nn.Module):
         action_positions = num_valid + state_len + torch.arange(horizon, device=device)[None, :]
         action_may_attend = F.pad(prefix_valid, (0, state_len + horizon), value=True)[:, None, :]
         return PrefixContext(
-            batch=batch,
             rope_tables=self._rope_tables(action_positions, total_len),
             attention_mask=ops.prepare_attention_mask(action_may_attend.expand(batch, horizon, -1), dtype),
             slots=cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon),

@@ -25,9 +25,6 @@ def impls() -> dict[str, Callable]:
     """The ops this backend serves (imports Triton)."""
     from . import kernels
 
-    def add_rms_norm(x, residual, weight, eps):
-        return kernels.add_rms_norm(x, residual, weight, eps)
-
     def prepare_rope(cos, sin, rotated_heads, total_heads):
         return CudaRopeTables(cos, sin, rotated_heads)
 
@@ -36,7 +33,7 @@ def impls() -> dict[str, Callable]:
 
     return {
         "rms_norm": kernels.rms_norm,
-        "add_rms_norm": add_rms_norm,
+        "add_rms_norm": kernels.add_rms_norm,
         "ada_rms_norm": kernels.ada_rms_norm,
         "geglu": kernels.geglu,
         "prepare_rope": prepare_rope,
