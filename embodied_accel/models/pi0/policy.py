@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -252,14 +253,4 @@ def _with_views(io: IOSpec, num_views: int, is_checkpoint: bool) -> IOSpec:
         if num_views > len(pool):
             raise ValueError(f"num_views: at most {len(pool)} cameras are supported, got {num_views}")
         keys = pool[:num_views]
-    return IOSpec(
-        image_keys=keys,
-        state_dim=io.state_dim,
-        action_dim=io.action_dim,
-        state_norm=io.state_norm,
-        action_norm=io.action_norm,
-        state_stats=io.state_stats,
-        action_stats=io.action_stats,
-        state_key=io.state_key,
-        eps=io.eps,
-    )
+    return dataclasses.replace(io, image_keys=keys)
