@@ -94,10 +94,13 @@ def test_repeated_calls_are_deterministic_and_reuse_the_cache(family, preset):
     directory, io, _ = fixture(family)
     policy = load_policy(str(directory), preset=preset, progress=False)
     first = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
-    cache = policy.model._kv_cache.buffer
+    (cache,) = [c.buffer for c in policy.model._kv_caches.values()]
     second = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
-    assert policy.model._kv_cache.buffer is cache  # preallocated once, reused
+    assert [c.buffer for c in policy.model._kv_caches.values()] == [cache]  # preallocated once, reused
     assert torch.equal(first, second)
+    # another shape bucket gets its own cache; the first stays (a captured graph may still read it)
+    policy.model.sample_actions(*model_args(io, family, slice(0, 1)), noise=io["noise"][:1])
+    assert len(policy.model._kv_caches) == 2 and any(c.buffer is cache for c in policy.model._kv_caches.values())
 
 
 @pytest.mark.parametrize("family,preset", CASES)

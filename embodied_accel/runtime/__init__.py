@@ -15,7 +15,7 @@ from .. import platform as platform_mod
 
 logger = logging.getLogger(__name__)
 
-CAPTURE_MODES: tuple[str, ...] = ("eager", "compile", "cudagraph", "torchair")
+CAPTURE_MODES: tuple[str, ...] = ("eager", "compile", "cudagraph", "compile+cudagraph", "torchair")
 
 
 class CaptureUnavailableError(RuntimeError):
@@ -26,8 +26,10 @@ def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = N
     """Wrap ``fn`` (a model's whole call) for ``mode``.
 
     ``eager`` returns it unchanged; ``compile`` returns ``torch.compile(fn, fullgraph=True, dynamic=False)``
-    (compiled lazily on the first call of each shape bucket). ``cudagraph`` needs an NVIDIA GPU and
-    ``torchair`` an Ascend NPU; both raise :class:`CaptureUnavailableError` elsewhere.
+    (compiled lazily on the first call of each shape bucket). ``cudagraph`` captures the whole eager call
+    as one CUDA graph per shape bucket (:class:`~.cudagraph.GraphedCall`); ``compile+cudagraph`` captures
+    the compiled call (inductor's fused kernels, our graph). Both need an NVIDIA GPU and ``torchair`` an
+    Ascend NPU; they raise :class:`CaptureUnavailableError` elsewhere.
     """
     if mode not in CAPTURE_MODES:
         raise ValueError(f"capture must be one of {', '.join(CAPTURE_MODES)}; got {mode!r}")
@@ -39,7 +41,16 @@ def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = N
 
         logger.info("capture compile: torch.compile(fullgraph=True, dynamic=False) on %s", plat.device_type)
         return torch.compile(fn, fullgraph=True, dynamic=False)
-    needs = {"cudagraph": ("cuda", "an NVIDIA GPU"), "torchair": ("npu", "an Ascend NPU with torch_npu")}[mode]
+    needs = {"torchair": ("npu", "an Ascend NPU with torch_npu")}.get(mode, ("cuda", "an NVIDIA GPU"))
     if plat.device_type != needs[0]:
         raise CaptureUnavailableError(f"capture {mode!r} needs {needs[1]}; this machine has {plat.device_type}")
+    if mode in ("cudagraph", "compile+cudagraph"):
+        from .cudagraph import GraphedCall
+
+        if mode == "compile+cudagraph":
+            import torch
+
+            fn = torch.compile(fn, fullgraph=True, dynamic=False, mode="max-autotune-no-cudagraphs")
+        logger.info("capture %s: one CUDA graph per shape bucket on %s", mode, plat.device_name)
+        return GraphedCall(fn)
     raise CaptureUnavailableError(f"capture {mode!r} is not part of this release yet")

@@ -86,25 +86,27 @@ class Pi0Model(nn.Module):
             self.time_mlp_out_weight = nn.Parameter(torch.empty(de, de))
             self.time_mlp_out_bias = nn.Parameter(torch.empty(de))
 
-        self._kv_cache: StaticKVCache | None = None
+        # Per-bucket buffers, kept for the model's lifetime: a captured CUDA graph reads them by address.
+        self._kv_caches: dict[tuple, StaticKVCache] = {}
         self._schedule_cache: dict[tuple[int, torch.device], object] = {}
-        self._rope_cache: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_cache: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ per-call constants
 
     def reset_caches(self) -> None:
         """Forget everything derived from the weights (call after changing them)."""
-        self._kv_cache = None
+        self._kv_caches.clear()
         self._schedule_cache.clear()
         self._rope_cache.clear()
 
     def _rope_table(self, device: torch.device, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for positions ``0 .. length-1`` as ``[>= length, head_dim]`` fp32 tables (θ = 10000).
+        """cos/sin for positions ``0 .. length-1`` as ``[length, head_dim]`` fp32 tables (θ = 10000).
 
-        Built once per device and grown only when a longer sequence shape arrives.
+        Built once per device and sequence length (one per shape bucket).
         """
-        cached = self._rope_cache.get(device)
-        if cached is None or cached[0].shape[0] < length:
+        key = (torch.device(device), length)
+        cached = self._rope_cache.get(key)
+        if cached is None:
             cfg = self.config.vlm
             inv_freq = 1.0 / (
                 cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
@@ -112,7 +114,7 @@ class Pi0Model(nn.Module):
             positions = torch.arange(length, dtype=torch.float32)
             freqs = positions[:, None] * inv_freq[None, :]
             angles = torch.cat([freqs, freqs], dim=-1)
-            cached = self._rope_cache[device] = (angles.cos().to(device), angles.sin().to(device))
+            cached = self._rope_cache[key] = (angles.cos().to(device), angles.sin().to(device))
         return cached
 
     def _rope_tables(self, positions: torch.Tensor, sequence_length: int):
@@ -144,12 +146,13 @@ class Pi0Model(nn.Module):
 
     def _cache(self, batch: int, length: int, device: torch.device) -> StaticKVCache:
         cfg = self.config.vlm
-        key = (cfg.depth, batch, cfg.num_kv_heads, length, cfg.head_dim, self.compute_dtype, torch.device(device))
-        if self._kv_cache is None or self._kv_cache.shape_key != key:
-            self._kv_cache = StaticKVCache(
+        key = (batch, length, torch.device(device))
+        cache = self._kv_caches.get(key)
+        if cache is None:
+            cache = self._kv_caches[key] = StaticKVCache(
                 cfg.depth, batch, cfg.num_kv_heads, length, cfg.head_dim, self.compute_dtype, device
             )
-        return self._kv_cache
+        return cache
 
     def _schedule(self, num_steps: int, device: torch.device):
         """Everything that depends only on the step schedule, computed once per ``num_steps``.

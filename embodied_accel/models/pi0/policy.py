@@ -16,8 +16,9 @@ from ... import platform as platform_mod
 from ...ops import OpSet, get_ops
 from ...runtime import CAPTURE_MODES, capture_call
 from .config import PRESETS, Pi0Config, get_preset
+from .device_processing import DeviceProcessing
 from .model import Pi0Model
-from .processor import IOSpec, ModelInputs, ObservationError, Pi0Processor, Tokenizer, load_io_spec
+from .processor import IOSpec, ModelInputs, ObservationError, Pi0Processor, RawInputs, Tokenizer, load_io_spec
 from .weights import config_from_checkpoint, init_random_weights, load_checkpoint_weights
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,20 @@ class Pi0Policy:
         self.source, self.random_weights = source, random_weights
         self.device = torch.device(device)
         self.capture = capture
-        self._sample_call = capture_call(model.sample_actions, capture)
+        self.device_processing = DeviceProcessing(model.config, processor.io).to(self.device)
+        self._captured: dict[str, Callable] = {}  # captured lazily: a mode may compile on first use
+
+    def _call(self, name: str) -> Callable:
+        """The capture-mode wrapper of ``model.sample_actions`` ("model") or the whole call ("whole")."""
+        if name not in self._captured:
+            fn = self.model.sample_actions if name == "model" else self._whole_call
+            self._captured[name] = capture_call(fn, self.capture)
+        return self._captured[name]
+
+    @property
+    def captured_calls(self) -> dict[str, Callable]:
+        """The captured wrappers built so far (e.g. a :class:`~embodied_accel.runtime.cudagraph.GraphedCall`)."""
+        return dict(self._captured)
 
     config: Pi0Config = property(lambda self: self.model.config)  # type: ignore[assignment]
     io: IOSpec = property(lambda self: self.processor.io)  # type: ignore[assignment]
@@ -103,9 +117,40 @@ class Pi0Policy:
             noise = self.make_noise(inputs.batch_size)
         batch, cameras = inputs.images.shape[:2]
         self.model.ensure_buffers(batch, cameras, inputs.tokens.shape[1], num_steps, inputs.tokens.device)
-        return self._sample_call(
+        return self._call("model")(
             inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state, noise, num_steps
         )
+
+    def prepare_raw(
+        self, observation: Mapping[str, Any] | Sequence[Mapping[str, Any]], compact: bool = True
+    ) -> RawInputs | None:
+        """Observation dict (or list) → validated bytes on the device, for :meth:`run` (None: see
+        :meth:`Pi0Processor.raw_inputs`). Only this host-side packing and the upload happen outside the call."""
+        raw = self.processor.raw_inputs(observation)
+        if raw is None:
+            return None
+        if compact:
+            raw = compact_raw_inputs(raw, self.token_bucket)
+        return raw.to(self.device)
+
+    def run(self, raw: RawInputs, noise: torch.Tensor | None = None, num_steps: int | None = None) -> torch.Tensor:
+        """The whole call on the device: uploaded observation bytes → robot actions ``[B, horizon, action_dim]``.
+
+        Image resizing and scaling, camera masking, state normalization, the model, and action
+        un-normalization all run inside the one captured call.
+        """
+        if noise is None:
+            noise = self.make_noise(raw.batch_size)
+        self.model.ensure_buffers(raw.batch_size, len(raw.frames), raw.tokens.shape[1], num_steps, self.device)
+        return self._call("whole")(raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise, num_steps)
+
+    def _whole_call(self, frames, image_masks, tokens, token_masks, state, noise, num_steps):
+        processing = self.device_processing
+        images = processing.images(frames, image_masks)
+        chunk = self.model.sample_actions(
+            images, image_masks, tokens, token_masks, processing.state(state), noise, num_steps
+        )
+        return processing.actions(chunk)
 
     def stage_fns(self, inputs: ModelInputs, num_steps: int | None = None) -> dict[str, Callable[[], object]]:
         """Callables for timing the stages of one call apart: vision, prefix (incl. vision), denoise loop."""
@@ -130,11 +175,21 @@ class Pi0Policy:
     def infer_batch(
         self, observations: Sequence[Mapping[str, Any]], *, noise=None, seed: int | None = None, num_steps=None
     ) -> dict[str, Any]:
-        """Observations → ``{"actions": [B, horizon, action_dim] float32, "infer_ms": float}``."""
+        """Observations → ``{"actions": [B, horizon, action_dim] float32, "infer_ms": float}``.
+
+        Runs the device path (:meth:`prepare_raw` + :meth:`run`); a batch whose camera frames differ in
+        size between rows goes through the host processor instead (same results).
+        """
         start = time.perf_counter()
-        inputs = self.prepare(observations)
-        chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed), num_steps)
-        actions = self.processor.postprocess(chunk)
+        raw = self.prepare_raw(observations)
+        if raw is not None:
+            actions = self.run(raw, self.make_noise(raw.batch_size, noise, seed), num_steps)
+            actions = actions.to(device="cpu").numpy()
+        else:
+            logger.debug("infer_batch: camera sizes differ between rows; processing this batch on the host")
+            inputs = self.prepare(observations)
+            chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed), num_steps)
+            actions = self.processor.postprocess(chunk)
         return {"actions": actions, "infer_ms": (time.perf_counter() - start) * 1e3}
 
     def infer(self, observation: Mapping[str, Any], *, noise=None, seed: int | None = None, num_steps=None):
@@ -146,6 +201,15 @@ class Pi0Policy:
         return result
 
 
+def _compaction(image_masks: torch.Tensor, token_masks: torch.Tensor, token_bucket: int) -> tuple[list[int], int]:
+    """Camera slots some row has (all of them if none has any) and the bucketed prompt length."""
+    present = image_masks.any(dim=0).tolist()  # [N]
+    slots = [i for i, has in enumerate(present) if has] or list(range(len(present)))
+    used = token_masks.any(dim=0).nonzero()
+    longest = int(used.max()) + 1 if used.numel() else 1
+    return slots, min(token_masks.shape[1], -(-longest // token_bucket) * token_bucket)
+
+
 def compact_inputs(inputs: ModelInputs, token_bucket: int) -> ModelInputs:
     """Drop the camera slots missing from every row and the prompt padding past the longest prompt.
 
@@ -154,19 +218,25 @@ def compact_inputs(inputs: ModelInputs, token_bucket: int) -> ModelInputs:
     does not advance the positions of the tokens after it, so removing it changes no valid output, and
     a robot whose observation lacks a camera pays nothing for that camera.
     """
-    present = inputs.image_masks.any(dim=0)  # [N] camera slots that some row has
-    images, image_masks = inputs.images, inputs.image_masks
-    if not bool(present.all()) and bool(present.any()):
-        images, image_masks = images[:, present], image_masks[:, present]
-    used = inputs.token_masks.any(dim=0).nonzero()
-    longest = int(used.max()) + 1 if used.numel() else 1
-    length = min(inputs.tokens.shape[1], -(-longest // token_bucket) * token_bucket)
+    slots, length = _compaction(inputs.image_masks, inputs.token_masks, token_bucket)
     return ModelInputs(
-        images=images,
-        image_masks=image_masks,
+        images=inputs.images[:, slots] if len(slots) < inputs.images.shape[1] else inputs.images,
+        image_masks=inputs.image_masks[:, slots],
         tokens=inputs.tokens[:, :length],
         token_masks=inputs.token_masks[:, :length],
         state=inputs.state,
+    )
+
+
+def compact_raw_inputs(raw: RawInputs, token_bucket: int) -> RawInputs:
+    """:func:`compact_inputs` for the device path's raw inputs (same slots, same prompt length)."""
+    slots, length = _compaction(raw.image_masks, raw.token_masks, token_bucket)
+    return RawInputs(
+        frames=tuple(raw.frames[i] for i in slots),
+        image_masks=raw.image_masks[:, slots],
+        tokens=raw.tokens[:, :length],
+        token_masks=raw.token_masks[:, :length],
+        state=raw.state,
     )
 
 

@@ -385,8 +385,14 @@ def resize_with_pad(images: torch.Tensor, height: int, width: int) -> torch.Tens
 _FLOAT_IMAGE_SLACK = 1e-3
 
 
-def _image_to_chw(value: Any, field_name: str) -> torch.Tensor:
-    """A validated camera image as a float32 ``[3, H, W]`` CPU tensor in [0, 1]."""
+def to_unit_float(image: torch.Tensor) -> torch.Tensor:
+    """uint8 ``0..255`` → float32 ``/ 255``; float32 passes through (the one conversion both paths use)."""
+    return image.to(torch.float32) / 255.0 if image.dtype == torch.uint8 else image
+
+
+def _image_hwc(value: Any, field_name: str) -> torch.Tensor:
+    """A validated camera image as a CPU tensor ``[H, W, 3]`` (a view where possible): uint8, or float32 in
+    [0, 1]. Bytes stay bytes, so the device path uploads a quarter of the float32 size."""
     if isinstance(value, np.ndarray):
         shape, dtype = value.shape, value.dtype
         ok_dtype = dtype == np.uint8 or np.issubdtype(dtype, np.floating)
@@ -406,12 +412,11 @@ def _image_to_chw(value: Any, field_name: str) -> torch.Tensor:
             f"got {problem}shape {tuple(shape)} dtype {dtype}"
         )
     if isinstance(value, np.ndarray):
-        image = torch.from_numpy(np.array(value, dtype=np.float32 if dtype != np.uint8 else np.uint8))
+        array = np.asarray(value, dtype=np.float32 if dtype != np.uint8 else np.uint8)
+        image = torch.from_numpy(array if min(array.strides) >= 0 else np.ascontiguousarray(array))
     else:
         image = value.detach().cpu()
-    if image.dtype == torch.uint8:
-        image = image.to(torch.float32) / 255.0
-    else:
+    if image.dtype != torch.uint8:
         image = image.to(torch.float32)
         low, high = torch.aminmax(image)
         low, high = float(low), float(high)
@@ -422,7 +427,7 @@ def _image_to_chw(value: Any, field_name: str) -> torch.Tensor:
                 f"{field_name}: float images must have values in [0, 1], got range [{low:g}, {high:g}] "
                 "(pass uint8 for 0..255 images)"
             )
-    return image if channels_first else image.permute(2, 0, 1)
+    return image.permute(1, 2, 0) if channels_first else image
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -512,6 +517,30 @@ class ModelInputs:
         return self.images.shape[0]
 
 
+@dataclass
+class RawInputs:
+    """One batch as the robot sent it, validated but not yet transformed: what the device path uploads.
+
+    Camera frames stay bytes at their own size; resizing, scaling, masking, state normalization and
+    action un-normalization happen on the device (:class:`.device_processing.DeviceProcessing`).
+    """
+
+    frames: tuple[torch.Tensor, ...]  # per camera slot [B, H_i, W_i, 3], uint8 (or float32 in [0, 1])
+    image_masks: torch.Tensor  # [B, N] bool, False for a missing camera (its frame is zeros)
+    tokens: torch.Tensor  # [B, L] int64, right-padded with 0
+    token_masks: torch.Tensor  # [B, L] bool
+    state: torch.Tensor  # [B, state_dim] float32 in robot units
+
+    def to(self, device: torch.device | str) -> RawInputs:
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved = {name: tuple(t.to(device) for t in v) if name == "frames" else v.to(device) for name, v in moved.items()}
+        return RawInputs(**moved)
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+
 class Pi0Processor:
     """Robot observation dicts → :class:`ModelInputs`; model actions → robot actions (numpy)."""
 
@@ -554,21 +583,48 @@ class Pi0Processor:
     # ---- observations
 
     def __call__(self, observation: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> ModelInputs:
-        """Process one observation (batch of 1) or a list of observations (one batch)."""
-        if isinstance(observation, Mapping):
-            rows = [self._process_one(observation, "observation")]
-        elif isinstance(observation, Sequence) and not isinstance(observation, (str, bytes)):
-            if not observation:
-                raise ObservationError("observation: expected a dict or a non-empty list of dicts, got an empty list")
-            rows = []
-            for i, obs in enumerate(observation):
-                if not isinstance(obs, Mapping):
-                    raise ObservationError(f"observation[{i}]: expected a dict, got {type(obs).__name__}")
-                rows.append(self._process_one(obs, f"observation[{i}]"))
-        else:
-            raise ObservationError(f"observation: expected a dict or a list of dicts, got {type(observation).__name__}")
+        """Process one observation (batch of 1) or a list of observations (one batch) on the host."""
+        rows = [self._process_one(obs, where) for obs, where in _observation_rows(observation)]
         images, image_masks, tokens, token_masks, state = (torch.stack(column) for column in zip(*rows, strict=True))
         return ModelInputs(images=images, image_masks=image_masks, tokens=tokens, token_masks=token_masks, state=state)
+
+    def raw_inputs(self, observation: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> RawInputs | None:
+        """Validate and pack observations for the device path (same checks and errors as ``__call__``).
+
+        Returns None when the batch cannot be packed: a camera's frames differ in size between rows
+        (the caller then processes that batch on the host, with identical results).
+        """
+        columns: list[list[torch.Tensor | None]] = [[] for _ in self.io.image_keys]
+        tokens, token_masks, states = [], [], []
+        for obs, where in _observation_rows(observation):
+            for column, frame in zip(columns, self._camera_frames(obs, where), strict=True):
+                column.append(frame)
+            raw_state = self._raw_state(obs, where)
+            normalized_state = normalize(raw_state, self.io.state_norm, self.io.state_stats, self.io.eps)
+            row_tokens, row_masks = self._tokens(obs, where, normalized_state)
+            tokens.append(row_tokens), token_masks.append(row_masks), states.append(torch.from_numpy(raw_state))
+        frames = []
+        for column in columns:
+            present = [frame for frame in column if frame is not None]
+            if not present:  # no row has this camera: a blank (masked) frame, dropped by compaction
+                size = self.config.vision.image_size
+                frames.append(torch.zeros(len(column), size, size, 3, dtype=torch.uint8))
+                continue
+            if len({tuple(frame.shape) for frame in present}) > 1:
+                return None
+            if len({frame.dtype for frame in present}) > 1:  # mixed bytes and floats: floats for all
+                column = [None if frame is None else to_unit_float(frame) for frame in column]
+                present = [frame for frame in column if frame is not None]
+            blank = torch.zeros_like(present[0])
+            frames.append(torch.stack([blank if frame is None else frame for frame in column]))
+        present_rows = [[frame is not None for frame in column] for column in columns]  # [N][B]
+        return RawInputs(
+            frames=tuple(frames),
+            image_masks=torch.tensor(present_rows, dtype=torch.bool).T.contiguous(),
+            tokens=torch.stack(tokens),
+            token_masks=torch.stack(token_masks),
+            state=torch.stack(states),
+        )
 
     def _process_one(self, obs: Mapping[str, Any], where: str) -> tuple[torch.Tensor, ...]:
         images, image_masks = self._images(obs, where)
@@ -578,30 +634,47 @@ class Pi0Processor:
         state[: self.io.state_dim] = torch.from_numpy(normalized_state)
         return images, image_masks, tokens, token_masks, state
 
+    def _camera_frames(self, obs: Mapping[str, Any], where: str) -> list[torch.Tensor | None]:
+        """Validated ``[H, W, 3]`` frames in camera-slot order, None for a missing camera (at least one present)."""
+        size = self.config.vision.image_size
+        frames: list[torch.Tensor | None] = []
+        for key in self.io.image_keys:
+            if key not in obs:
+                frames.append(None)
+                continue
+            frame = _image_hwc(obs[key], f"{where}[{key!r}]")
+            height, width = frame.shape[:2]
+            if (height, width) != (size, size) and min(resized_size(height, width, size, size)) < 1:
+                raise ObservationError(
+                    f"{where}[{key!r}]: a {height}x{width} image is too elongated to "
+                    f"resize to {size}x{size} keeping its aspect ratio"
+                )
+            frames.append(frame)
+        if all(frame is None for frame in frames):
+            raise ObservationError(
+                f"{where}: no camera image found; expected at least one of {', '.join(map(repr, self.io.image_keys))}"
+            )
+        return frames
+
     def _images(self, obs: Mapping[str, Any], where: str) -> tuple[torch.Tensor, torch.Tensor]:
         size = self.config.vision.image_size
         images = torch.full((len(self.io.image_keys), 3, size, size), -1.0, dtype=torch.float32)  # [N, 3, S, S]
         masks = torch.zeros(len(self.io.image_keys), dtype=torch.bool)
-        for i, key in enumerate(self.io.image_keys):
-            if key not in obs:
+        for i, frame in enumerate(self._camera_frames(obs, where)):
+            if frame is None:
                 continue
-            image = _image_to_chw(obs[key], f"{where}[{key!r}]")  # [3, H, W] in [0, 1]
+            image = to_unit_float(frame).permute(2, 0, 1)  # [3, H, W] in [0, 1]
             if image.shape[-2:] != (size, size):  # LeRobot resizes (and clamps) only when the size differs
-                if min(resized_size(image.shape[-2], image.shape[-1], size, size)) < 1:
-                    raise ObservationError(
-                        f"{where}[{key!r}]: a {image.shape[-2]}x{image.shape[-1]} image is too elongated to "
-                        f"resize to {size}x{size} keeping its aspect ratio"
-                    )
                 image = resize_with_pad(image, size, size)
             images[i] = image * 2.0 - 1.0
             masks[i] = True
-        if not masks.any():
-            raise ObservationError(
-                f"{where}: no camera image found; expected at least one of {', '.join(map(repr, self.io.image_keys))}"
-            )
         return images, masks
 
     def _state(self, obs: Mapping[str, Any], where: str) -> np.ndarray:
+        return normalize(self._raw_state(obs, where), self.io.state_norm, self.io.state_stats, self.io.eps)
+
+    def _raw_state(self, obs: Mapping[str, Any], where: str) -> np.ndarray:
+        """The validated robot state, float32 ``[state_dim]`` in robot units."""
         key = self.io.state_key
         field_name = f"{where}[{key!r}]"
         if key not in obs:
@@ -625,7 +698,7 @@ class Pi0Processor:
         bad = np.flatnonzero(~np.isfinite(state))
         if bad.size:
             raise ObservationError(f"{field_name}: must be finite; NaN or inf at indices {bad.tolist()}")
-        return normalize(state, self.io.state_norm, self.io.state_stats, self.io.eps)
+        return state
 
     def _tokens(self, obs: Mapping[str, Any], where: str, normalized_state: np.ndarray) -> tuple[torch.Tensor, ...]:
         max_len = self.config.max_token_len
@@ -688,6 +761,20 @@ class Pi0Processor:
         return ids.astype(np.int64), mask.astype(bool)
 
 
+def _observation_rows(observation: Any) -> list[tuple[Mapping[str, Any], str]]:
+    """One observation dict or a non-empty list of them → ``(dict, name for error messages)`` pairs."""
+    if isinstance(observation, Mapping):
+        return [(observation, "observation")]
+    if isinstance(observation, Sequence) and not isinstance(observation, (str, bytes)):
+        if not observation:
+            raise ObservationError("observation: expected a dict or a non-empty list of dicts, got an empty list")
+        for i, obs in enumerate(observation):
+            if not isinstance(obs, Mapping):
+                raise ObservationError(f"observation[{i}]: expected a dict, got {type(obs).__name__}")
+        return [(obs, f"observation[{i}]") for i, obs in enumerate(observation)]
+    raise ObservationError(f"observation: expected a dict or a list of dicts, got {type(observation).__name__}")
+
+
 def _int_vector(value: Any, field_name: str, what: str, allow_bool: bool = False) -> np.ndarray:
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu().numpy()
@@ -706,6 +793,7 @@ __all__ = [
     "NormMode",
     "ObservationError",
     "Pi0Processor",
+    "RawInputs",
     "Tokenizer",
     "load_io_spec",
     "normalize",

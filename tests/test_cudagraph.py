@@ -1,0 +1,126 @@
+"""Whole-call CUDA graphs: bucket bookkeeping and static buffers (on the CPU through a replay stand-in),
+and the real capture on an NVIDIA GPU when there is one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._pytree import tree_map
+
+from embodied_accel import load_policy
+from embodied_accel.platform import Platform
+from embodied_accel.runtime import CaptureUnavailableError, capture_call
+from embodied_accel.runtime.cudagraph import GraphedCall
+
+FIXTURES = Path(__file__).parent / "fixtures"
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+
+
+class ReplayStandIn:
+    """CUDA-graph semantics on the CPU: replay recomputes the captured output in place from the static inputs.
+
+    Like a real graph, it keeps reading the tensors it was captured with, so a call that forgot to copy
+    its inputs into them (or returned the static output itself) would give wrong answers here too.
+    """
+
+    def __init__(self):
+        self.captures = 0
+
+    def capture(self, fn, static_args, static_kwargs):
+        self.captures += 1
+        static_output = fn(*static_args, **static_kwargs)
+
+        def replay():
+            fresh = fn(*static_args, **static_kwargs)
+            tree_map(lambda dst, src: dst.copy_(src), static_output, fresh)
+
+        return replay, static_output
+
+
+def raw_batch(policy, seed, batch=2):
+    rng = np.random.default_rng(seed)
+    observations = [
+        {
+            "observation.images.base_0_rgb": rng.integers(0, 256, size=(96, 128, 3), dtype=np.uint8),
+            "observation.images.left_wrist_0_rgb": rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8),
+            "observation.state": rng.normal(size=8).astype(np.float32),
+            "observation.language.tokens": rng.integers(1, 1000, size=int(rng.integers(17, 32))),
+        }
+        for _ in range(batch)
+    ]
+    return policy.prepare_raw(observations)
+
+
+def test_one_capture_per_bucket_static_inputs_and_private_outputs():
+    policy = load_policy("pi0-tiny", progress=False)
+    standin = ReplayStandIn()
+    graphed = GraphedCall(policy._whole_call, backend=standin)
+
+    def call(raw, noise):
+        policy.model.ensure_buffers(raw.batch_size, len(raw.frames), raw.tokens.shape[1], None, policy.device)
+        return graphed(raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise, None)
+
+    raw_a, raw_b = raw_batch(policy, 0), raw_batch(policy, 1)
+    assert raw_a.tokens.shape == raw_b.tokens.shape  # same bucket
+    noise_a, noise_b = policy.make_noise(2, seed=0), policy.make_noise(2, seed=1)
+    out_a = call(raw_a, noise_a)
+    torch.testing.assert_close(out_a, policy.run(raw_a, noise_a), rtol=0, atol=0)
+    out_b = call(raw_b, noise_b)  # replayed: inputs copied into the captured tensors
+    assert standin.captures == 1 and len(graphed.buckets) == 1 and graphed.replays == 2
+    torch.testing.assert_close(out_b, policy.run(raw_b, noise_b), rtol=0, atol=0)
+    assert not torch.equal(out_a, out_b)
+    out_a.zero_()  # the caller owns what it got back
+    raw_b.state.add_(100.0)  # and may reuse its input tensors after the call
+    torch.testing.assert_close(call(raw_a, noise_a), policy.run(raw_a, noise_a), rtol=0, atol=0)
+
+    single = raw_batch(policy, 2, batch=1)  # another shape: another bucket, the first one kept
+    torch.testing.assert_close(call(single, noise_a[:1]), policy.run(single, noise_a[:1]), rtol=0, atol=0)
+    assert standin.captures == 2 and len(graphed.capture_seconds) == 2
+    assert all(seconds >= 0 for seconds in graphed.capture_seconds.values())
+    call(raw_a, noise_a)
+    assert standin.captures == 2
+
+
+def test_bucket_key_separates_shapes_dtypes_and_plain_values():
+    key = GraphedCall.bucket_key
+    a = [torch.zeros(2, 3), 10]
+    assert key(a, "spec") == key([torch.ones(2, 3), 10], "spec")
+    assert key(a, "spec") != key([torch.zeros(2, 4), 10], "spec")
+    assert key(a, "spec") != key([torch.zeros(2, 3, dtype=torch.float64), 10], "spec")
+    assert key(a, "spec") != key([torch.zeros(2, 3), 5], "spec")
+
+
+def test_cudagraph_modes_need_a_gpu():
+    cpu = Platform("cpu", "test cpu", has_triton=True, has_torch_npu=False)
+    for mode in ("cudagraph", "compile+cudagraph"):
+        with pytest.raises(CaptureUnavailableError, match="needs an NVIDIA GPU"):
+            capture_call(lambda: None, mode, cpu)
+
+
+@requires_cuda
+@pytest.mark.parametrize("preset", ["pi0-tiny", "pi05-tiny"])
+@pytest.mark.parametrize("mode", ["cudagraph", "compile+cudagraph"])
+def test_cuda_graph_call_equals_eager_on_the_gpu(preset, mode):
+    eager = load_policy(preset, device="cuda", progress=False)
+    graphed = load_policy(preset, device="cuda", capture=mode, progress=False)
+    for seed in range(3):
+        raw = graphed.prepare_raw([dict(o) for o in _observations(seed)])
+        noise = graphed.make_noise(raw.batch_size, seed=seed)
+        torch.testing.assert_close(graphed.run(raw, noise), eager.run(raw, noise), rtol=1e-4, atol=1e-4)
+    (call,) = graphed.captured_calls.values()
+    assert len(call.buckets) == 1 and call.replays == 3
+
+
+def _observations(seed):
+    rng = np.random.default_rng(seed)
+    return [
+        {
+            "observation.images.base_0_rgb": rng.integers(0, 256, size=(240, 320, 3), dtype=np.uint8),
+            "observation.images.left_wrist_0_rgb": rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8),
+            "observation.state": rng.normal(size=8).astype(np.float32),
+            "observation.language.tokens": rng.integers(1, 1000, size=12),
+        }
+    ]
