@@ -392,21 +392,38 @@ def fill_camera_slots(policy, observation: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _measured_call_inputs(args: argparse.Namespace):
-    """The policy, its load time, and model inputs with every camera slot filled, batched ``--batch`` times."""
+    """The policy, its load time, and the observations (every camera slot filled, ``--batch`` of them)."""
     observation = load_observation(args.observation or SAMPLE_OBSERVATION)
     policy, load_s = _load_policy(args, num_views=args.views)
     observation = fill_camera_slots(policy, select_instruction(policy, observation)[0])
-    return policy, load_s, policy.prepare([observation] * args.batch)
+    return policy, load_s, [observation] * args.batch
+
+
+def _call_from_bytes(policy, observations, num_steps):
+    """The measured call: observation bytes (validated and packed on the host once) uploaded, the whole
+    captured call (device pre-processing, model, action un-normalization), actions copied back to the host."""
+    raw = policy.processor.raw_inputs(observations)
+    if raw is None:
+        raise CLIError("observation: camera sizes differ between batch rows")
+    from .models.pi0.policy import compact_raw_inputs
+
+    raw = compact_raw_inputs(raw, policy.token_bucket)
+
+    def call() -> object:
+        return policy.run(raw.to(policy.device), num_steps=num_steps).to("cpu")
+
+    return call, len(raw.frames)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from .bench import profiler
 
-    policy, _, inputs = _measured_call_inputs(args)
-    name = f"{policy.config.name}_{policy.backend}_{policy.capture}_{_dtype_name(policy)}_b{args.batch}_v{inputs.images.shape[1]}"
+    policy, _, observations = _measured_call_inputs(args)
+    call, views = _call_from_bytes(policy, observations, args.num_steps)
+    name = f"{policy.config.name}_{policy.backend}_{policy.capture}_{_dtype_name(policy)}_b{args.batch}_v{views}"
     out_dir = args.out_dir / name
     summary = profiler.profile_calls(
-        lambda: policy.sample(inputs, num_steps=args.num_steps),
+        call,
         calls=args.calls,
         warmup=args.warmup,
         trace_path=out_dir / "trace.json",
@@ -422,13 +439,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import platform as platform_mod
     from .bench import harness
 
-    policy, load_s, inputs = _measured_call_inputs(args)
+    policy, load_s, observations = _measured_call_inputs(args)
     plat = platform_mod.detect()
     steps = args.num_steps or policy.config.num_steps
     progress = _progress(args)
-
-    def call() -> object:
-        return policy.sample(inputs, num_steps=args.num_steps)
+    call, views = _call_from_bytes(policy, observations, args.num_steps)
 
     plat.reset_peak_memory()
     first_call_ms = None
@@ -446,12 +461,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:  # a dispatch mode makes torch.compile skip its frames: count what the profiler sees instead
         aten_ops, aten_ops_method = profiled_aten_ops, "profiler_top_level"
     kernel_launches, busy = harness.device_activity(call, plat)
+    end_to_end = harness.time_calls(  # + validation, tokenization and packing on the host
+        lambda: policy.infer_batch(observations, num_steps=args.num_steps),
+        warmup=1, runs=max(args.runs // 4, 1), synchronize=plat.synchronize, progress=False,
+    )
+    graphed = policy.captured_calls.get("whole")
+    capture_s = round(sum(graphed.capture_seconds.values()), 3) if hasattr(graphed, "capture_seconds") else None
 
     stages: dict[str, Any] = {}
     stage_fns: Callable | None = getattr(policy, "stage_fns", None)
     if policy.capture != "eager" and not args.no_stages:
         logger.warning("bench: the per-stage split runs eager stages; skipped for capture %s", policy.capture)
     elif stage_fns is not None and not args.no_stages:
+        inputs = policy.prepare(observations)
         for name, fn in stage_fns(inputs, num_steps=args.num_steps).items():
             stage_times = harness.time_calls(
                 fn, warmup=args.warmup, runs=args.runs, synchronize=plat.synchronize, progress=progress, desc=name
@@ -466,7 +488,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         capture=policy.capture,
         dtype=_dtype_name(policy),
         batch=args.batch,
-        views=inputs.images.shape[1],
+        views=views,
         steps=steps,
         times=times,
         aten_ops_per_call=aten_ops,
@@ -479,6 +501,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         num_parameters=policy.num_parameters(),
         warmup=args.warmup,
         first_call_ms=first_call_ms,
+        capture_s=capture_s,
+        end_to_end_p50_ms=harness.summarize(end_to_end)["p50_ms"],
+        measured_call="observation bytes uploaded -> device pre-processing + model + un-normalization -> actions on host",
         aten_ops_method=aten_ops_method,
         profiled_aten_ops_per_call=profiled_aten_ops,
         load_s=load_s,
