@@ -33,7 +33,9 @@ def randn(*shape, dtype=torch.float32):
 
 def test_backend_lists_fused_and_fallback_ops():
     assert cuda_ops.backend == "cuda"
-    assert set(cuda_ops.fused) == {"rms_norm", "add_rms_norm", "ada_rms_norm", "geglu", "prepare_rope", "rope"}
+    assert set(cuda_ops.fused) == {
+        "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_add_ada_rms_norm", "geglu", "prepare_rope", "rope"
+    }
     assert "attention" in cuda_ops.fallback and "linear" in cuda_ops.fallback
 
 
@@ -53,6 +55,13 @@ def test_norms(rows, width, dtype):
     ada = cuda_ops.ada_rms_norm(x, 1 + w, shift, 1e-6)
     torch.testing.assert_close(ada.float(), reference.ada_rms_norm(x.float(), 1 + w, shift, 1e-6), **TOLERANCE[dtype])
     assert ada.dtype == dtype
+    gate = randn(width, dtype=dtype)
+    normed, total = cuda_ops.gated_add_ada_rms_norm(x, r, gate, 1 + w, shift, 1e-6)
+    ref_normed, ref_total = reference.gated_add_ada_rms_norm(x.float(), r.float(), gate.float(), 1 + w, shift, 1e-6)
+    torch.testing.assert_close(total.float(), ref_total, **TOLERANCE[dtype])
+    # the norm reads the sum rounded to the I/O dtype, as the reference does in that dtype
+    torch.testing.assert_close(normed.float(), reference.ada_rms_norm(total.float(), 1 + w, shift, 1e-6), **TOLERANCE[dtype])
+    assert normed.dtype == total.dtype == dtype
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -83,6 +92,9 @@ def test_custom_ops_have_working_fake_implementations():
     torch.library.opcheck(kernels.rms_norm, (x, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(kernels.add_rms_norm, (x, r, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(kernels.ada_rms_norm, (x, w, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        kernels.gated_add_ada_rms_norm, (x, r, w, w, w, 1e-6), test_utils=("test_schema", "test_faketensor")
+    )
     torch.library.opcheck(kernels.geglu, (x,), test_utils=("test_schema", "test_faketensor"))
     q = randn(1, 3, 5, 16)
     torch.library.opcheck(kernels.rope, (q, randn(1, 5, 16), randn(1, 5, 16), 2), test_utils=("test_schema", "test_faketensor"))

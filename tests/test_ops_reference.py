@@ -62,6 +62,16 @@ def test_ada_rms_norm_matches_modulated_formula():
     torch.testing.assert_close(ops.ada_rms_norm(x, 1 + scale, shift, 1e-6), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_gated_add_ada_rms_norm_is_gated_residual_then_ada_norm():
+    torch.manual_seed(2)
+    x, residual, gate, scale, shift = torch.randn(5, 123), torch.randn(5, 123), torch.randn(123), torch.randn(123), torch.randn(123)
+    total = residual + x * gate
+    expected = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + scale) + shift
+    normed, got_total = ops.gated_add_ada_rms_norm(x, residual, gate, 1 + scale, shift, 1e-6)
+    torch.testing.assert_close(got_total, total, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(normed, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_layer_norms():
     x, r, w, b = torch.randn(7, 33), torch.randn(7, 33), torch.randn(33), torch.randn(33)
     expected = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-6) * w + b

@@ -85,8 +85,9 @@ class GemmaLayer(nn.Module):
             hidden = ops.linear(attn, self.o_weight, residual=hidden)
             x = ops.rms_norm(hidden, self.post_attention_norm_weight, cfg.eps)
         else:
-            hidden = torch.addcmul(hidden, ops.linear(attn, self.o_weight), cond.input_gate)
-            x = ops.ada_rms_norm(hidden, cond.post_scale_plus_one, cond.post_shift, cfg.eps)
+            x, hidden = ops.gated_add_ada_rms_norm(
+                ops.linear(attn, self.o_weight), hidden, cond.input_gate, cond.post_scale_plus_one, cond.post_shift, cfg.eps
+            )
 
         x = ops.geglu(ops.linear(x, self.gate_up_weight))
         if cond is None:

@@ -22,6 +22,7 @@ OP_NAMES: tuple[str, ...] = (
     "rms_norm",
     "add_rms_norm",
     "ada_rms_norm",
+    "gated_add_ada_rms_norm",
     "layer_norm",
     "add_layer_norm",
     "linear",

@@ -82,6 +82,19 @@ def ada_rms_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Ten
     return _as_dtype(out, x.dtype)
 
 
+def gated_add_ada_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    gate: torch.Tensor,
+    scale_plus_one: torch.Tensor,
+    shift: torch.Tensor,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pi0.5's gated residual then adaRMS: ``s = residual + x * gate``; returns ``(ada_rms_norm(s), s)``."""
+    total = torch.addcmul(residual, x, gate)
+    return ada_rms_norm(total, scale_plus_one, shift, eps), total
+
+
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     """Standard LayerNorm over the last dimension."""
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)

@@ -35,6 +35,7 @@ def impls() -> dict[str, Callable]:
         "rms_norm": kernels.rms_norm,
         "add_rms_norm": kernels.add_rms_norm,
         "ada_rms_norm": kernels.ada_rms_norm,
+        "gated_add_ada_rms_norm": kernels.gated_add_ada_rms_norm,
         "geglu": kernels.geglu,
         "prepare_rope": prepare_rope,
         "rope": rope,

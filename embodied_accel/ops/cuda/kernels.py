@@ -27,17 +27,20 @@ def _gelu_tanh(g):
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, shift_ptr, out_ptr, sum_ptr,
+    x_ptr, res_ptr, gate_ptr, w_ptr, shift_ptr, out_ptr, sum_ptr,
     stride_x, stride_res, stride_out, stride_sum, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # the sum in the I/O dtype
+        r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32)
+        xf = x.to(tl.float32)
+        if HAS_GATE:  # pi0.5's gated residual: r + x * gate
+            xf = xf * tl.load(gate_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        x = (r + xf).to(sum_ptr.dtype.element_ty)  # the sum in the I/O dtype
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
@@ -48,16 +51,17 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch_rms(x, residual, weight, shift, eps):
+def _launch_rms(x, residual, weight, shift, eps, gate=None):
     x2 = _rows(x)
     n_rows, n_cols = x2.shape
     out = torch.empty_like(x2)
     total = torch.empty_like(x2) if residual is not None else out
     res2 = _rows(residual) if residual is not None else x2
     _rms_norm_kernel[(n_rows,)](
-        x2, res2, weight, shift if shift is not None else weight, out, total,
+        x2, res2, gate if gate is not None else weight, weight, shift if shift is not None else weight, out, total,
         x2.stride(0), res2.stride(0), out.stride(0), total.stride(0), n_cols, eps,
-        HAS_RESIDUAL=residual is not None, HAS_SHIFT=shift is not None, BLOCK=triton.next_power_of_2(n_cols),
+        HAS_RESIDUAL=residual is not None, HAS_GATE=gate is not None, HAS_SHIFT=shift is not None,
+        BLOCK=triton.next_power_of_2(n_cols),
     )
     return out.view(x.shape), total.view(x.shape)
 
@@ -90,6 +94,18 @@ def ada_rms_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Ten
 @ada_rms_norm.register_fake
 def _(x, scale_plus_one, shift, eps):
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("embodied_accel::gated_add_ada_rms_norm", mutates_args=())
+def gated_add_ada_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _launch_rms(x, residual, scale_plus_one, shift, eps, gate=gate.contiguous())
+
+
+@gated_add_ada_rms_norm.register_fake
+def _(x, residual, gate, scale_plus_one, shift, eps):
+    return torch.empty_like(x), torch.empty_like(x)
 
 
 @triton.jit
