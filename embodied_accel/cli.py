@@ -4,6 +4,8 @@
     embodied-accel run --checkpoint DIR --observation obs.npz --output actions.npy
     embodied-accel info --model pi05
     embodied-accel bench --runs 100 --batch 1 --views 2
+    embodied-accel serve --model pi0-tiny --port 8000   # openpi-compatible websocket policy server
+    embodied-accel loadtest --clients 16 --requests 200  # against an in-process server, or --url ws://host:port
 
 A bad flag, file or observation ends with a message on stderr naming the problem and exit code 2.
 """
@@ -25,6 +27,7 @@ import numpy as np
 from .models.pi0.config import PRESETS
 from .ops import BACKEND_NAMES, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
+from .serve import commands as serve_commands
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out-dir", type=Path, default=Path("bench/profiles"), help="default: bench/profiles")
     prof.set_defaults(handler=cmd_profile)
     bench.set_defaults(handler=cmd_bench)
+
+    serve = commands.add_parser("serve", parents=[policy], help="serve the policy over websockets (openpi protocol)")
+    serve_commands.add_server_options(serve, _positive_int, network=True)
+    serve.set_defaults(handler=cmd_serve)
+
+    load = commands.add_parser("loadtest", parents=[policy], help="N clients x M requests against a policy server")
+    serve_commands.add_loadtest_options(load, _positive_int, _non_negative_int)
+    serve_commands.add_server_options(load, _positive_int, network=False)
+    _observation_option(load)
+    load.set_defaults(handler=cmd_loadtest)
     return parser
 
 
@@ -527,6 +540,22 @@ def _bench_line(r: dict[str, Any]) -> str:
     if r["kernel_launches_per_call"] is not None:
         line += f", {r['kernel_launches_per_call']} kernels/call, device busy {r['device_busy_fraction']:.0%}"
     return line + f"; peak {r['peak_mem_mb']:.0f} MB"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    policy, _ = _load_policy(args, num_views=args.views)
+    return serve_commands.run_serve(policy, args)
+
+
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    """Exit code 0 when every request succeeded, 1 otherwise."""
+    observation = load_observation(args.observation) if args.observation is not None else None
+    stats, record = serve_commands.run_loadtest_command(
+        args, lambda: _load_policy(args, num_views=args.views)[0], observation
+    )
+    path = None if args.no_write else serve_commands.write_loadtest_record(record, args.out_dir)
+    serve_commands.print_loadtest(stats, path)
+    return 0 if stats["errors"] == 0 else 1
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,352 @@
+"""Request batching: one queue for all connections, one inference thread, per-request error isolation.
+
+The event loop hands each decoded observation to :meth:`Batcher.submit` and gets an ``asyncio.Future``. A batch
+loop takes the oldest requests, up to ``max_batch``; a request waits at most ``batch_wait_s`` after it arrived for
+others to join it, and not at all when every open connection already has a request queued (requests that
+waited while the model was busy start at once). The batch runs on the single inference thread, so the event loop
+keeps serving sockets while the model computes:
+
+1. each observation is checked alone (:meth:`Runner.prepare`: the processor's validation), so a bad one fails
+   only its own request;
+2. the checked ones are grouped by :meth:`Runner.signature` (:func:`merge_signatures`: shapes that can be
+   stacked) and each group is one model call (:meth:`Runner.run`, for a pi0 policy one ``infer_batch``);
+3. if a batched call fails anyway, its requests are retried one by one, so only the culprit gets the error.
+
+Results go back to the loop with ``call_soon_threadsafe``; a request whose future is already done (timed out or
+its connection gone) is skipped before its batch starts and its late result is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import numpy as np
+
+from .metrics import Metrics, log_event
+
+logger = logging.getLogger(__name__)
+
+
+class RequestError(Exception):
+    """A failed request: ``kind`` is a metrics error kind, ``message`` the text sent to the client."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind, self.message = kind, message
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """One request's answer."""
+
+    actions: np.ndarray  # [horizon, action_dim] float32
+    infer_ms: float  # its batch: start of preparation to its group's actions
+    queue_ms: float  # receipt to the start of its batch
+    batch_size: int  # requests in its model call
+
+
+@dataclasses.dataclass(eq=False)
+class Request:
+    observation: Mapping[str, Any]
+    received: float  # time.monotonic() at receipt
+    future: asyncio.Future
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Runners: how one policy is prepared and called
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Runner(Protocol):
+    def prepare(self, observation: Mapping[str, Any]) -> Any:
+        """Validate and convert one observation; raise ``ValueError`` (e.g. ObservationError) for bad input."""
+
+    def signature(self, prepared: Any) -> Hashable:
+        """Prepared observations with equal signatures can share one model call."""
+
+    def run(self, prepared: Sequence[Any]) -> np.ndarray:
+        """One model call → actions ``[len(prepared), horizon, action_dim]``."""
+
+
+class Pi0Runner:
+    """A :class:`~embodied_accel.models.pi0.policy.Pi0Policy`: checked one by one, called in batches.
+
+    ``prepare`` runs the processor's checks on one observation (``processor.raw_inputs``: the same checks and
+    error messages as ``infer_batch``, no image processing); its signature is the frame shape and dtype of each
+    camera it sends, so that a group packs into one device-path call. ``run`` is one ``policy.infer_batch``.
+    With ``noise_seed`` every row starts from the noise of a single ``policy.infer(obs, seed=noise_seed)``,
+    so a batched answer equals the single-request one.
+    """
+
+    def __init__(self, policy: Any, noise_seed: int | None = None, num_steps: int | None = None) -> None:
+        self.policy, self.noise_seed, self.num_steps = policy, noise_seed, num_steps
+
+    @staticmethod
+    def supports(policy: Any) -> bool:
+        processor = getattr(policy, "processor", None)
+        return all(hasattr(policy, name) for name in ("infer_batch", "make_noise")) and hasattr(processor, "raw_inputs")
+
+    def prepare(self, observation: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple]:
+        raw = self.policy.processor.raw_inputs(observation)  # raises ObservationError naming the field
+        present = raw.image_masks[0].tolist()
+        signature = tuple(
+            (tuple(frame.shape[1:]), str(frame.dtype)) if has else None for frame, has in zip(raw.frames, present)
+        )
+        return observation, signature
+
+    def signature(self, prepared: tuple[Mapping[str, Any], tuple]) -> tuple:
+        return prepared[1]
+
+    def run(self, prepared: Sequence[tuple[Mapping[str, Any], tuple]]) -> np.ndarray:
+        batch = len(prepared)
+        noise = None
+        if self.noise_seed is not None:
+            noise = self.policy.make_noise(1, seed=self.noise_seed).repeat(batch, 1, 1)  # [B, horizon, max_action_dim]
+        result = self.policy.infer_batch([obs for obs, _ in prepared], noise=noise, num_steps=self.num_steps)
+        return np.asarray(result["actions"])
+
+
+class BatchInferRunner:
+    """Any policy with ``infer_batch(observations, seed=..., num_steps=...)`` (or only ``infer``).
+
+    Observations are not validated ahead of the call; a failing batch is retried one request at a time.
+    """
+
+    def __init__(self, policy: Any, noise_seed: int | None = None, num_steps: int | None = None) -> None:
+        self.policy = policy
+        self.kwargs = {"seed": noise_seed, "num_steps": num_steps}
+
+    def prepare(self, observation: Mapping[str, Any]) -> Any:
+        return observation
+
+    def signature(self, prepared: Mapping[str, Any]) -> Hashable:
+        return tuple(
+            (key, tuple(np.shape(value)), getattr(value, "dtype", type(value).__name__)) for key, value in sorted(prepared.items())
+        )
+
+    def run(self, prepared: Sequence[Any]) -> np.ndarray:
+        if hasattr(self.policy, "infer_batch"):
+            return np.asarray(self.policy.infer_batch(list(prepared), **self.kwargs)["actions"])
+        return np.stack([np.asarray(self.policy.infer(obs, **self.kwargs)["actions"]) for obs in prepared])
+
+
+def merge_signatures(a: Hashable, b: Hashable) -> Hashable | None:
+    """The signature of a group holding both, or None if they cannot share a call.
+
+    Tuples of equal length merge position by position, where None (e.g. a camera the robot does not send)
+    goes with anything; any other signatures must be equal.
+    """
+    if a == b:
+        return a
+    if not (isinstance(a, tuple) and isinstance(b, tuple)) or len(a) != len(b):
+        return None
+    merged = []
+    for x, y in zip(a, b):
+        if x is not None and y is not None and x != y:
+            return None
+        merged.append(x if x is not None else y)
+    return tuple(merged)
+
+
+def make_runner(policy: Any, noise_seed: int | None = None, num_steps: int | None = None) -> Runner:
+    if Pi0Runner.supports(policy):
+        return Pi0Runner(policy, noise_seed, num_steps)
+    return BatchInferRunner(policy, noise_seed, num_steps)
+
+
+def _request_error(exc: BaseException) -> RequestError:
+    if isinstance(exc, RequestError):
+        return exc
+    if isinstance(exc, ValueError):  # ObservationError and friends: the client's input
+        return RequestError("observation", str(exc))
+    return RequestError("internal", f"internal server error ({type(exc).__name__}: {exc})")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The batcher
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Batcher:
+    """Queue → batches → the inference thread. Create and use it on the server's event loop."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        metrics: Metrics,
+        *,
+        max_batch: int,
+        batch_wait_s: float,
+        senders: Callable[[], int] | None = None,
+    ) -> None:
+        """``senders()``: how many requests could still join a batch (the open connections); None: unknown."""
+        if max_batch < 1 or batch_wait_s < 0:
+            raise ValueError(f"max_batch must be >= 1 and batch_wait_s >= 0, got {max_batch}, {batch_wait_s}")
+        self.runner, self.metrics = runner, metrics
+        self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
+        self._senders = senders
+        self._pending: collections.deque[Request] = collections.deque()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embodied-accel-infer")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wakeup = asyncio.Event()
+        self._task = self._loop.create_task(self._batches(), name="embodied-accel-batcher")
+
+    def submit(self, observation: Mapping[str, Any], received: float) -> asyncio.Future:
+        """Queue one model observation; the future resolves to a :class:`Result` or raises RequestError."""
+        assert self._loop is not None and self._wakeup is not None, "Batcher.start() first"
+        request = Request(observation, received, self._loop.create_future())
+        self._pending.append(request)
+        self.metrics.set_gauges(queue_depth=len(self._pending))
+        self._wakeup.set()
+        return request.future
+
+    async def stop(self) -> None:
+        """Fail what is still queued, stop the batch loop and wait for the inference thread."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self._pending:
+            request = self._pending.popleft()
+            if not request.future.done():
+                request.future.set_exception(RequestError("shutdown", "server is shutting down"))
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
+
+    # ---- event loop side
+
+    async def _next_batch(self) -> list[Request]:
+        assert self._wakeup is not None
+        while True:
+            while not self._pending:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            deadline = self._pending[0].received + self.batch_wait_s  # the oldest request waits at most this long
+            while len(self._pending) < self._batch_target():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+            batch = [self._pending.popleft() for _ in range(min(self.max_batch, len(self._pending)))]
+            self.metrics.set_gauges(queue_depth=len(self._pending))
+            live = [r for r in batch if not r.future.done()]  # timed out or abandoned while queued
+            if live:
+                return live
+
+    def _batch_target(self) -> int:
+        """Stop waiting at this many queued requests: ``max_batch``, or fewer when no one else can send."""
+        if self._senders is None:
+            return self.max_batch
+        return max(1, min(self.max_batch, self._senders()))
+
+    async def _batches(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            try:
+                await loop.run_in_executor(self._executor, self._run_batch, batch, loop)
+            except Exception as exc:  # a bug in the batch path itself: fail the batch, keep serving
+                logger.exception("batch of %d failed outside the model call", len(batch))
+                for request in batch:
+                    _settle(request.future, None, _request_error(exc))
+
+    # ---- inference thread
+
+    def _run_batch(self, batch: list[Request], loop: asyncio.AbstractEventLoop) -> None:
+        start = time.monotonic()
+        prepared = []
+        for request in batch:
+            self.metrics.queued(start - request.received)
+            try:
+                prepared.append((request, self.runner.prepare(request.observation)))
+            except Exception as exc:
+                self._fail(loop, request, exc)
+        groups: list[tuple[Hashable, list[tuple[Request, Any]]]] = []  # (merged signature, members)
+        for request, item in prepared:
+            signature = self.runner.signature(item)
+            for i, (group_signature, members) in enumerate(groups):
+                merged = merge_signatures(group_signature, signature)
+                if merged is not None:
+                    groups[i] = (merged, members)
+                    members.append((request, item))
+                    break
+            else:
+                groups.append((signature, [(request, item)]))
+        if len(groups) > 1:
+            log_event(logger, logging.DEBUG, "batch_split", requests=len(prepared), groups=len(groups))
+        for _, members in groups:
+            self._run_group(members, loop, start)
+
+    def _run_group(self, group: list[tuple[Request, Any]], loop: asyncio.AbstractEventLoop, start: float) -> None:
+        call_start = time.monotonic()
+        try:
+            actions = self.runner.run([item for _, item in group])
+            if len(actions) != len(group):
+                raise RuntimeError(f"the policy returned {len(actions)} action chunks for {len(group)} observations")
+        except Exception as exc:
+            self.metrics.model_call(len(group), time.monotonic() - call_start)
+            if len(group) == 1:
+                self._fail(loop, group[0][0], exc)
+                return
+            log_event(logger, logging.WARNING, "batch_retry_single", size=len(group), error=f"{type(exc).__name__}: {exc}")
+            for member in group:
+                self._run_group([member], loop, start)
+            return
+        done = time.monotonic()
+        self.metrics.model_call(len(group), done - call_start)
+        for i, (request, _) in enumerate(group):
+            result = Result(
+                actions=np.ascontiguousarray(actions[i], dtype=np.float32),
+                infer_ms=(done - start) * 1e3,
+                queue_ms=(start - request.received) * 1e3,
+                batch_size=len(group),
+            )
+            _deliver(loop, request.future, result, None)
+
+    def _fail(self, loop: asyncio.AbstractEventLoop, request: Request, exc: BaseException) -> None:
+        error = _request_error(exc)
+        if error.kind == "internal":
+            logger.error("inference failed: %s", error.message, exc_info=exc)
+        _deliver(loop, request.future, None, error)
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():  # timed out, or its connection went away
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, error)
+    except RuntimeError:  # the loop is closed: nobody is waiting any more
+        pass
+
+
+__all__ = [
+    "BatchInferRunner",
+    "Batcher",
+    "Pi0Runner",
+    "RequestError",
+    "Result",
+    "Runner",
+    "make_runner",
+    "merge_signatures",
+]

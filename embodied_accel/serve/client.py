@@ -1,0 +1,296 @@
+"""The robot side: a policy-server client and an asynchronous action-chunk executor.
+
+Needs numpy, msgpack and websockets only (no torch), so it fits a robot computer's environment::
+
+    from embodied_accel.serve.client import ActionChunkExecutor, PolicyClient
+
+    client = PolicyClient("ws://gpu-box:8000")           # reads the server's metadata on connect
+    executor = ActionChunkExecutor(client.infer)
+    while True:
+        robot.apply(executor.step(robot.observation()))   # one call per control tick; never waits on the network
+
+:class:`PolicyClient` speaks the same protocol as openpi-client's ``WebsocketClientPolicy`` and works with any
+openpi-compatible server.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .codec import packb, unpackb
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(RuntimeError):
+    """The server refused a request (its error text) or closed the connection."""
+
+
+def _ws_url(url: str) -> str:
+    return url if url.startswith(("ws://", "wss://")) else f"ws://{url}"
+
+
+def http_url(url: str, path: str) -> str:
+    """``ws://host:port`` (or ``host:port``) and ``/path`` → ``http://host:port/path``."""
+    base = _ws_url(url).replace("wss://", "https://", 1).replace("ws://", "http://", 1).rstrip("/")
+    return base + path
+
+
+def http_get(url: str, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+    """``(status, body)`` of ``GET path`` on the server's port (``/healthz``, ``/metrics``)."""
+    try:
+        with urllib.request.urlopen(http_url(url, path), timeout=timeout_s) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")
+
+
+class PolicyClient:
+    """A blocking client: ``infer(observation) -> {"actions": [horizon, dim], "server_timing": {...}}``.
+
+    ``connect_timeout_s`` bounds how long to keep retrying while the server is starting. ``infer`` raises
+    :class:`ServerError` with the server's message when it refuses an observation (the server then closes the
+    connection; call :meth:`reconnect` to go on).
+    """
+
+    def __init__(
+        self,
+        url: str = "ws://127.0.0.1:8000",
+        *,
+        connect_timeout_s: float = 30.0,
+        response_timeout_s: float | None = None,
+    ) -> None:
+        self.url = _ws_url(url)
+        self.connect_timeout_s = connect_timeout_s
+        self.response_timeout_s = response_timeout_s
+        self.metadata: dict[str, Any] = {}
+        self._ws: Any = None
+        self.reconnect()
+
+    def reconnect(self) -> None:
+        """(Re)open the connection, retrying until ``connect_timeout_s``; reads the metadata."""
+        from websockets.sync.client import connect
+
+        self.close()
+        deadline = time.monotonic() + self.connect_timeout_s
+        while True:
+            try:
+                self._ws = connect(self.url, compression=None, max_size=None, open_timeout=self.connect_timeout_s)
+                break
+            except (OSError, TimeoutError) as exc:
+                if time.monotonic() >= deadline:
+                    raise ConnectionError(f"cannot connect to the policy server at {self.url}: {exc}") from None
+                logger.info("waiting for the policy server at %s (%s)", self.url, exc)
+                time.sleep(0.25)
+        self.metadata = self._receive()
+
+    def _receive(self) -> Any:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            message = self._ws.recv(timeout=self.response_timeout_s)
+        except ConnectionClosed as exc:
+            raise ServerError(f"the policy server closed the connection: {exc}") from None
+        if isinstance(message, str):
+            raise ServerError(f"Error in inference server:\n{message}")
+        return unpackb(message, "response")
+
+    def infer(self, observation: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one observation and wait for its action chunk."""
+        from websockets.exceptions import ConnectionClosed
+
+        if self._ws is None:
+            raise ServerError("not connected (call reconnect())")
+        try:
+            self._ws.send(packb(dict(observation)))
+        except ConnectionClosed as exc:
+            raise ServerError(f"the policy server closed the connection: {exc}") from None
+        return self._receive()
+
+    def healthy(self) -> bool:
+        """Whether ``GET /healthz`` answers 200."""
+        try:
+            return http_get(self.url, "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self._ws is not None:
+            self._ws.close()
+            self._ws = None
+
+    def __enter__(self) -> PolicyClient:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Asynchronous action-chunk execution
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ExecutorStats:
+    steps: int = 0  # actions returned
+    requests: int = 0  # inference calls started
+    chunks: int = 0  # chunks adopted
+    skipped_actions: int = 0  # actions of new chunks dropped because their time had passed during inference
+    stale_chunks: int = 0  # chunks that arrived entirely in the past
+    starved_steps: int = 0  # steps with no fresh action ready (waited, or held the last action)
+    waited_s: float = 0.0  # time step() blocked on inference
+    last_delay_steps: int | None = None  # steps between a request's observation and its chunk's adoption
+
+
+class ActionChunkExecutor:
+    """Runs a policy's action chunks on a control loop, inferring the next chunk while the current one executes.
+
+    Call :meth:`step` once per control tick with the current observation; it returns the action for this tick.
+    Time is counted in ticks. When at most ``prefetch_steps`` actions of the current chunk are left, a request
+    with the current observation starts in the background. A chunk's first action belongs to the tick of its
+    observation, so when it arrives ``d`` ticks later its first ``d`` actions are already in the past: they are
+    skipped and execution continues with action ``d``, in step with the robot's clock.
+
+    ``prefetch_steps=None`` adapts: one more than the largest delay seen so far (initially half a chunk).
+    If the current chunk runs out before the next one arrives, ``on_starve="wait"`` blocks until it does and
+    ``"hold"`` repeats the last action. ``infer`` is any callable ``observation -> {"actions": [H, D]}`` (or the
+    array), e.g. :meth:`PolicyClient.infer` or openpi-client's ``WebsocketClientPolicy.infer``. Observations are
+    passed on by reference: give each step fresh arrays. ``submit`` runs ``infer`` in the background (default: one
+    worker thread); tests inject a scheduler to control when results arrive.
+    """
+
+    def __init__(
+        self,
+        infer: Callable[[Mapping[str, Any]], Any],
+        *,
+        prefetch_steps: int | None = None,
+        on_starve: str = "wait",
+        action_key: str = "actions",
+        submit: Callable[[Callable[[], Any]], Future] | None = None,
+    ) -> None:
+        if on_starve not in ("wait", "hold"):
+            raise ValueError(f"on_starve must be 'wait' or 'hold', got {on_starve!r}")
+        if prefetch_steps is not None and prefetch_steps < 1:
+            raise ValueError(f"prefetch_steps must be >= 1, got {prefetch_steps}")
+        self._infer, self._action_key = infer, action_key
+        self.prefetch_steps, self.on_starve = prefetch_steps, on_starve
+        self._pool: ThreadPoolExecutor | None = None
+        if submit is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="action-chunk-infer")
+            submit = self._pool.submit
+        self._submit = submit
+        self._lock = threading.Lock()
+        self.stats = ExecutorStats()
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._t = 0  # ticks executed so far = the tick about to execute
+        self._chunk: np.ndarray | None = None  # [H, D]
+        self._index = 0  # next action of the chunk
+        self._pending: tuple[Future, int] | None = None  # (result, tick of its observation)
+        self._last_action: np.ndarray | None = None
+        self._max_delay = 0
+
+    @property
+    def tick(self) -> int:
+        """Ticks executed so far."""
+        return self._t
+
+    def reset(self) -> None:
+        """Forget the current chunk (new episode); a request still running is abandoned."""
+        with self._lock:
+            self._reset_state()
+
+    def _prefetch(self, horizon: int) -> int:
+        if self.prefetch_steps is not None:
+            return self.prefetch_steps
+        if self.stats.last_delay_steps is None:
+            return max(1, horizon // 2)
+        return min(horizon, self._max_delay + 1)
+
+    def _start(self, observation: Mapping[str, Any]) -> None:
+        self.stats.requests += 1
+        self._pending = (self._submit(lambda: self._infer(observation)), self._t)
+
+    def _adopt(self, wait: bool) -> bool:
+        """Take the pending result if it is there (or wait for it); whether a chunk was adopted."""
+        assert self._pending is not None
+        future, observed_at = self._pending
+        if not future.done():
+            if not wait:
+                return False
+            start = time.monotonic()
+            futures_wait([future])
+            self.stats.waited_s += time.monotonic() - start
+        self._pending = None
+        result = future.result()  # raises the request's error (the next step starts a new request)
+        actions = np.asarray(result[self._action_key] if isinstance(result, Mapping) else result)
+        if actions.ndim != 2 or len(actions) == 0:
+            raise ValueError(f"expected an action chunk of shape [horizon, dim], got {actions.shape}")
+        delay = self._t - observed_at
+        self.stats.last_delay_steps = delay
+        self._max_delay = max(self._max_delay, delay)
+        if delay >= len(actions):
+            self.stats.stale_chunks += 1
+            self.stats.skipped_actions += len(actions)
+            logger.warning("an action chunk of %d steps arrived %d steps late; dropped", len(actions), delay)
+            return False
+        self._chunk, self._index = actions, delay
+        self.stats.chunks += 1
+        self.stats.skipped_actions += delay
+        return True
+
+    def step(self, observation: Mapping[str, Any]) -> np.ndarray:
+        """The action for this tick (a row of the current chunk)."""
+        with self._lock:
+            if self._pending is not None:
+                self._adopt(wait=False)
+            while self._chunk is None or self._index >= len(self._chunk):
+                if self._pending is None:
+                    self._start(observation)
+                if self.on_starve == "hold" and self._last_action is not None:
+                    if self._adopt(wait=False):
+                        break
+                    self.stats.starved_steps += 1
+                    return self._advance(self._last_action)
+                if self._chunk is not None:
+                    self.stats.starved_steps += 1
+                self._adopt(wait=True)
+            assert self._chunk is not None
+            remaining = len(self._chunk) - self._index
+            if self._pending is None and remaining <= self._prefetch(len(self._chunk)):
+                self._start(observation)
+            action = self._chunk[self._index]
+            self._index += 1
+            return self._advance(action)
+
+    def _advance(self, action: np.ndarray) -> np.ndarray:
+        self._last_action = action
+        self._t += 1
+        self.stats.steps += 1
+        return action
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> ActionChunkExecutor:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+__all__ = ["ActionChunkExecutor", "ExecutorStats", "PolicyClient", "ServerError", "http_get", "http_url"]

@@ -1,0 +1,251 @@
+"""The ``embodied-accel serve`` and ``embodied-accel loadtest`` commands (options and bodies; cli.py wires them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from .config import ServeConfig
+from .keymap import KEYMAP_CHOICES
+
+logger = logging.getLogger(__name__)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
+def add_server_options(parser: argparse.ArgumentParser, positive_int: Callable[[str], int], *, network: bool) -> None:
+    """Batching and model-call options (both commands); ``network``: also where and how to listen (serve)."""
+    group = parser.add_argument_group("server")
+    if network:
+        group.add_argument("--host", default="0.0.0.0", help="interface to listen on (default: 0.0.0.0, all)")
+        group.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port)")
+        group.add_argument(
+            "--max-message-bytes",
+            type=positive_int,
+            default=ServeConfig.max_message_bytes,
+            help=f"largest accepted message (default: {ServeConfig.max_message_bytes})",
+        )
+        group.add_argument(
+            "--request-timeout-s",
+            type=_positive_float,
+            default=ServeConfig.request_timeout_s,
+            help=f"per-request limit, queue + inference (default: {ServeConfig.request_timeout_s:g})",
+        )
+        group.add_argument(
+            "--keymap",
+            default="auto",
+            metavar="MAP",
+            help=f"observation keys: {', '.join(KEYMAP_CHOICES)} or a JSON file (default: auto, per message)",
+        )
+        group.add_argument("--default-prompt", help="instruction for requests that carry none")
+        group.add_argument("--log-json", action="store_true", help="log one JSON object per line")
+    group.add_argument("--max-batch", type=positive_int, default=ServeConfig.max_batch, help="requests per model call (default: 8)")
+    group.add_argument(
+        "--batch-wait-ms",
+        type=_non_negative_float,
+        default=ServeConfig.batch_wait_ms,
+        help=f"how long a request may wait for others to batch with (default: {ServeConfig.batch_wait_ms:g})",
+    )
+    group.add_argument("--num-steps", type=positive_int, metavar="N", help="denoising steps (default: the model's)")
+    group.add_argument("--views", type=positive_int, metavar="N", help="number of camera slots (default: the model's)")
+    group.add_argument(
+        "--noise-seed", type=int, metavar="SEED", help="fixed initial noise: equal observations give equal actions"
+    )
+
+
+def add_loadtest_options(
+    parser: argparse.ArgumentParser, positive_int: Callable[[str], int], non_negative_int: Callable[[str], int]
+) -> None:
+    group = parser.add_argument_group("load")
+    group.add_argument("--url", help="server to test, e.g. ws://host:8000 (default: start one on loopback in-process)")
+    group.add_argument("--clients", type=positive_int, default=16, help="concurrent connections (default: 16)")
+    group.add_argument("--requests", type=positive_int, default=200, help="timed requests per client (default: 200)")
+    group.add_argument("--warmup", type=non_negative_int, default=2, help="untimed requests per client first (default: 2)")
+    group.add_argument("--timeout-s", type=_positive_float, default=120.0, help="per-request client timeout (default: 120)")
+    group.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
+    group.add_argument("--no-write", action="store_true", help="print only, write no result file")
+    group.add_argument("--note", help="free text stored in the result file")
+
+
+def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
+    fields = {
+        "max_batch": args.max_batch,
+        "batch_wait_ms": args.batch_wait_ms,
+        "num_steps": args.num_steps,
+        "noise_seed": args.noise_seed,
+    }
+    for name in ("host", "port", "max_message_bytes", "request_timeout_s", "keymap", "default_prompt"):
+        if hasattr(args, name):
+            fields[name] = getattr(args, name)
+    fields.update(overrides)
+    return ServeConfig(**fields)
+
+
+def use_json_logs() -> None:
+    from .metrics import JsonFormatter
+
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(JsonFormatter())
+
+
+def run_serve(policy: Any, args: argparse.Namespace) -> int:
+    """Serve until SIGINT / SIGTERM; returns the exit code."""
+    import asyncio
+
+    from .server import PolicyServer
+
+    if args.log_json:
+        use_json_logs()
+    server = PolicyServer(policy, serve_config(args))
+
+    def ready() -> None:
+        print(f"serving {policy.config.name} on {server.url} (keymap {server.mapper.name}); Ctrl-C stops", flush=True)
+
+    try:
+        asyncio.run(server.run(handle_signals=True, ready=ready))
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
+    print("stopped", flush=True)
+    return 0
+
+
+def run_loadtest_command(
+    args: argparse.Namespace, load_policy: Callable[[], Any], observation: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the load test (starting an in-process server unless ``--url``); returns (stats, result record)."""
+    from .loadtest import run_loadtest
+
+    kwargs = {"clients": args.clients, "requests": args.requests, "warmup": args.warmup, "observation": observation}
+    if args.url is not None:
+        try:
+            stats = run_loadtest(args.url, timeout_s=args.timeout_s, **kwargs)
+        except OSError as exc:
+            raise ValueError(f"--url {args.url}: cannot reach the policy server ({exc})") from None
+        return stats, loadtest_record(stats, args, in_process=False)
+
+    from .server import PolicyServer, ServerThread
+
+    policy = load_policy()
+    config = serve_config(args, host="127.0.0.1", port=0)
+    with ServerThread(PolicyServer(policy, config)) as running:
+        stats = run_loadtest(running.url, timeout_s=args.timeout_s, **kwargs)
+    return stats, loadtest_record(stats, args, in_process=True)
+
+
+def loadtest_record(stats: dict[str, Any], args: argparse.Namespace, *, in_process: bool) -> dict[str, Any]:
+    """The flat result record (the bench result keys where they apply, plus the load-test figures)."""
+    from ..bench import harness
+
+    meta = stats["metadata"]
+    env = harness.environment_stamp()
+    device = meta.get("device_name") or (env["device"] if in_process else None)
+    record: dict[str, Any] = {
+        "kind": "loadtest",
+        "model": meta.get("family"),
+        "preset": meta.get("model"),
+        "device": device or "unknown",
+        "backend": meta.get("backend"),
+        "capture": meta.get("capture"),
+        "dtype": meta.get("dtype"),
+        "batch": meta.get("max_batch"),
+        "views": len(meta.get("cameras") or []) or None,
+        "steps": meta.get("num_steps"),
+        "runs": stats["requests"],
+        "mean_ms": stats["mean_ms"],
+        "p50_ms": stats["p50_ms"],
+        "p90_ms": stats["p90_ms"],
+        "aten_ops_per_call": None,
+        "kernel_launches_per_call": None,
+        "device_busy_fraction": None,
+        "peak_mem_mb": stats["server_rss_after_mb"],
+        "versions": env["versions"],
+        "git_sha": env["git_sha"],
+        "date": env["date"],
+    }
+    for key in (
+        "p99_ms", "min_ms", "max_ms", "throughput_rps", "wall_s", "clients", "requests_per_client",
+        "warmup_per_client", "ok", "errors", "error_samples", "model_calls", "mean_batch_size",
+        "server_rss_before_mb", "server_rss_after_mb", "server_rss_growth_mb",
+    ):  # fmt: skip
+        record[key] = stats[key]
+    record.update(
+        server_in_process=in_process,
+        url=args.url,
+        batch_wait_ms=args.batch_wait_ms if in_process else None,
+        keymap=meta.get("keymap"),
+        random_weights=meta.get("random_weights"),
+        source=meta.get("source"),
+        cpu_count=env["cpu_count"],
+        threads=env["threads"] if in_process else None,
+        git_dirty=env["git_dirty"],
+        note=args.note,
+    )
+    return record
+
+
+def write_loadtest_record(record: dict[str, Any], out_dir: Path) -> Path:
+    """``{date}_loadtest_{preset}_{backend}_{capture}_{dtype}_c{clients}x{requests}_b{batch}_{device}.json``."""
+
+    def slug(value: Any) -> str:
+        return re.sub(r"[^a-z0-9.+-]+", "-", str(value).lower()).strip("-.") or "none"
+
+    date = datetime.fromisoformat(record["date"]).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    parts = [record[k] for k in ("preset", "backend", "capture", "dtype")]
+    name = "_".join(
+        [date, "loadtest", *map(slug, parts), f"c{record['clients']}x{record['requests_per_client']}",
+         f"b{record['batch']}", slug(record["device"])[:48].rstrip("-.")]
+    )  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    suffix = 2
+    while path.exists():
+        path = out_dir / f"{name}-{suffix}.json"
+        suffix += 1
+    path.write_text(json.dumps(record, indent=2, allow_nan=False, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def print_loadtest(stats: dict[str, Any], path: Path | None) -> None:
+    from .loadtest import format_summary
+
+    print(format_summary(stats))
+    if path is not None:
+        print(f"wrote {path}")
+    sys.stdout.flush()
+
+
+__all__ = [
+    "add_loadtest_options",
+    "add_server_options",
+    "loadtest_record",
+    "print_loadtest",
+    "run_loadtest_command",
+    "run_serve",
+    "serve_config",
+    "write_loadtest_record",
+]

@@ -1,0 +1,222 @@
+"""Server metrics in the Prometheus text exposition format (``GET /metrics``), and JSON log lines.
+
+No client library: a few counters, gauges and cumulative histograms behind one lock (the event loop and the
+inference thread both record). :func:`parse_metrics` reads the text back (tests, the load test).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+PREFIX = "embodied_accel_"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Histogram bucket upper bounds.
+SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+#: Why a request failed (the ``kind`` label of ``errors_total``).
+ERROR_KINDS = ("decode", "observation", "oversized", "timeout", "internal", "shutdown")
+
+
+class Histogram:
+    """A cumulative histogram: bucket counts, sum and count (not thread-safe alone; :class:`Metrics` locks)."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self.buckets = tuple(buckets)
+        self.counts = [0] * (len(self.buckets) + 1)  # last: above every bound (+Inf only)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str) -> Iterable[str]:
+        cumulative = 0
+        for bound, n in zip(self.buckets, self.counts):
+            cumulative += n
+            yield f'{name}_bucket{{le="{_number(bound)}"}} {cumulative}'
+        yield f'{name}_bucket{{le="+Inf"}} {self.count}'
+        yield f"{name}_sum {_number(self.sum)}"
+        yield f"{name}_count {self.count}"
+
+
+def _number(value: float) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def resident_memory_bytes() -> int | None:
+    """This process's resident set size (Linux ``/proc/self/statm``), or None where unavailable."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Metrics:
+    """What the server counts; ``render()`` gives the Prometheus text."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.started = time.time()
+        self.requests = {"ok": 0, "error": 0}
+        self.errors = dict.fromkeys(ERROR_KINDS, 0)
+        self.model_calls = 0
+        self.connections_open = 0
+        self.connections_total = 0
+        self.inflight = 0
+        self.queue_depth = 0
+        self.batch_size = Histogram(BATCH_BUCKETS)
+        self.queue_seconds = Histogram(SECONDS_BUCKETS)
+        self.inference_seconds = Histogram(SECONDS_BUCKETS)
+        self.request_seconds = Histogram(SECONDS_BUCKETS)
+
+    # ---- recording (any thread)
+
+    def request_done(self, seconds: float) -> None:
+        with self._lock:
+            self.requests["ok"] += 1
+            self.request_seconds.observe(seconds)
+
+    def request_failed(self, kind: str) -> None:
+        with self._lock:
+            self.requests["error"] += 1
+            self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def model_call(self, batch: int, seconds: float) -> None:
+        with self._lock:
+            self.model_calls += 1
+            self.batch_size.observe(batch)
+            self.inference_seconds.observe(seconds)
+
+    def queued(self, seconds: float) -> None:
+        with self._lock:
+            self.queue_seconds.observe(seconds)
+
+    def connection(self, opened: bool) -> None:
+        with self._lock:
+            self.connections_open += 1 if opened else -1
+            self.connections_total += 1 if opened else 0
+
+    def set_gauges(self, *, inflight: int | None = None, queue_depth: int | None = None) -> None:
+        with self._lock:
+            if inflight is not None:
+                self.inflight = inflight
+            if queue_depth is not None:
+                self.queue_depth = queue_depth
+
+    # ---- exposition
+
+    def render(self) -> str:
+        out: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: Iterable[str]) -> None:
+            out.append(f"# HELP {PREFIX}{name} {help_text}")
+            out.append(f"# TYPE {PREFIX}{name} {kind}")
+            out.extend(PREFIX + line for line in samples)
+
+        with self._lock:
+            metric(
+                "requests_total",
+                "counter",
+                "Inference requests answered, by outcome.",
+                (f'requests_total{{outcome="{k}"}} {v}' for k, v in self.requests.items()),
+            )
+            metric(
+                "errors_total",
+                "counter",
+                "Failed requests by kind (decode, observation, oversized, timeout, internal, shutdown).",
+                (f'errors_total{{kind="{k}"}} {v}' for k, v in self.errors.items()),
+            )
+            metric("model_calls_total", "counter", "Batched model calls.", [f"model_calls_total {self.model_calls}"])
+            metric("batch_size", "histogram", "Requests per model call.", self.batch_size.lines("batch_size"))
+            metric(
+                "queue_seconds",
+                "histogram",
+                "Time from receiving a request to the start of its batch.",
+                self.queue_seconds.lines("queue_seconds"),
+            )
+            metric(
+                "inference_seconds",
+                "histogram",
+                "Wall time of one batched model call (pre-processing, model, post-processing).",
+                self.inference_seconds.lines("inference_seconds"),
+            )
+            metric(
+                "request_seconds",
+                "histogram",
+                "Server time of one successful request, from receipt to reply sent.",
+                self.request_seconds.lines("request_seconds"),
+            )
+            metric("connections", "gauge", "Open websocket connections.", [f"connections {self.connections_open}"])
+            metric(
+                "connections_total", "counter", "Websocket connections accepted.", [f"connections_total {self.connections_total}"]
+            )
+            metric("inflight_requests", "gauge", "Requests received and not yet answered.", [f"inflight_requests {self.inflight}"])
+            metric("queue_depth", "gauge", "Requests waiting for a batch.", [f"queue_depth {self.queue_depth}"])
+        rss = resident_memory_bytes()
+        lines = ["# HELP process_start_time_seconds Start time of the server (Unix time).",
+                 "# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {self.started:.3f}"]
+        if rss is not None:
+            lines += [
+                "# HELP process_resident_memory_bytes Resident memory of the server process.",
+                "# TYPE process_resident_memory_bytes gauge",
+                f"process_resident_memory_bytes {rss}",
+            ]
+        return "\n".join(out + lines) + "\n"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text → ``{"name{labels}": value}`` (comments skipped)."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        samples[name] = float(value)
+    return samples
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log record: time, level, logger, message, and the record's ``fields`` extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
+    """Log ``event key=value ...``; the fields also travel as the record's ``fields`` (see JsonFormatter)."""
+    if logger.isEnabledFor(level):
+        text = " ".join(f"{k}={v}" for k, v in fields.items())
+        logger.log(level, "%s %s", event, text, extra={"fields": {"event": event, **fields}})
+
+
+__all__ = [
+    "CONTENT_TYPE",
+    "ERROR_KINDS",
+    "Histogram",
+    "JsonFormatter",
+    "Metrics",
+    "log_event",
+    "parse_metrics",
+    "resident_memory_bytes",
+]
