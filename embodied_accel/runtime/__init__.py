@@ -22,6 +22,18 @@ class CaptureUnavailableError(RuntimeError):
     """The requested capture mode cannot run on this machine (or is not part of this release yet)."""
 
 
+def prepare_capture(mode: str) -> None:
+    """Process settings ``mode`` needs before the first device allocation: call it before loading weights.
+
+    ``torchair``: the NPU allocator's expandable segments (``PYTORCH_NPU_ALLOC_CONF``, unless the user set it).
+    Nothing for the other modes.
+    """
+    if mode == "torchair":
+        from .torchair import configure_allocator
+
+        configure_allocator()
+
+
 def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = None) -> Callable:
     """Wrap ``fn`` (a model's whole call) for ``mode``.
 
@@ -44,13 +56,17 @@ def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = N
     needs = {"torchair": ("npu", "an Ascend NPU with torch_npu")}.get(mode, ("cuda", "an NVIDIA GPU"))
     if plat.device_type != needs[0]:
         raise CaptureUnavailableError(f"capture {mode!r} needs {needs[1]}; this machine has {plat.device_type}")
+    if mode == "torchair":
+        from .torchair import torchair_call
+
+        return torchair_call(fn, plat)
     if mode in ("cudagraph", "compile+cudagraph"):
         from .cudagraph import GraphedCall
 
         if mode == "compile+cudagraph":
             import torch
 
-            fn = torch.compile(fn, fullgraph=True, dynamic=False, mode="max-autotune-no-cudagraphs")
+            fn = torch.compile(fn, fullgraph=True, dynamic=False)
         logger.info("capture %s: one CUDA graph per shape bucket on %s", mode, plat.device_name)
         return GraphedCall(fn)
     raise CaptureUnavailableError(f"capture {mode!r} is not part of this release yet")
