@@ -86,7 +86,10 @@ class PolicyClient:
         deadline = time.monotonic() + self.connect_timeout_s
         while True:
             try:
-                self._ws = connect(self.url, compression=None, max_size=None, open_timeout=self.connect_timeout_s)
+                # Entered as a context (closed by close()): the form every websockets >= 14 supports without warnings.
+                self._ws = connect(
+                    self.url, compression=None, max_size=None, open_timeout=self.connect_timeout_s
+                ).__enter__()
                 break
             except (OSError, TimeoutError) as exc:
                 if time.monotonic() >= deadline:

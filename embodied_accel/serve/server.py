@@ -135,6 +135,7 @@ class PolicyServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
+        self._connections: set[ServerConnection] = set()
         self._inflight = 0
         self._draining = False
         self._stopped = False
@@ -222,7 +223,7 @@ class PolicyServer:
             await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_s)
         except TimeoutError:
             log_event(logger, logging.WARNING, "drain_timeout", inflight=self._inflight, timeout_s=self.config.drain_timeout_s)
-        connections = list(self._ws_server.connections)
+        connections = list(self._connections)
         if connections:
             await asyncio.gather(
                 *(ws.close(CloseCode.GOING_AWAY, "server shutting down") for ws in connections), return_exceptions=True
@@ -261,6 +262,7 @@ class PolicyServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         conn = _Connection(next(self._ids), _peer(ws))
+        self._connections.add(ws)
         self.metrics.connection(True)
         log_event(logger, logging.INFO, "connection_opened", conn=conn.id, peer=conn.peer)
         replies: asyncio.Queue = asyncio.Queue(maxsize=self.config.max_inflight_per_connection)
@@ -279,6 +281,7 @@ class PolicyServer:
                 item = replies.get_nowait()
                 if item is not _EOF:
                     self._finish(item)
+            self._connections.discard(ws)
             self.metrics.connection(False)
             log_event(
                 logger, logging.INFO, "connection_closed", conn=conn.id, peer=conn.peer, code=ws.close_code, reason=ws.close_reason
@@ -390,6 +393,9 @@ class ServerThread:
         return self.server.url
 
     def start(self) -> ServerThread:
+        """Start serving and wait until the port is bound (a no-op once started)."""
+        if self._thread.is_alive() or self._ready.is_set():
+            return self
         self._thread.start()
         if not self._ready.wait(self.start_timeout_s):
             raise RuntimeError(f"the policy server did not start within {self.start_timeout_s:g} s")

@@ -1,0 +1,270 @@
+"""Policy server pieces without a server: the msgpack-numpy codec, key maps, metrics, torch-free client import."""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from embodied_accel.serve import codec, keymap, metrics
+from embodied_accel.serve.batching import merge_signatures
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Codec
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_roundtrip_keeps_arrays_scalars_and_nesting():
+    message = {
+        "image": np.arange(24, dtype=np.uint8).reshape(2, 4, 3),
+        "state": np.linspace(-1, 1, 7, dtype=np.float32),
+        "big_endian": np.arange(3, dtype=">i4"),
+        "flags": np.array([True, False]),
+        "empty": np.zeros((0, 5), np.float64),
+        "text": np.array("pick"),
+        "scalar": np.float32(2.5),
+        "images": {"cam_high": np.ones((3, 2, 2), np.uint8)},
+        "prompt": "do something",
+        "list": [1, 2.0, None, b"raw"],
+    }
+    out = codec.unpackb(codec.packb(message))
+    assert set(out) == set(message)
+    for key in ("image", "state", "big_endian", "flags", "empty", "text"):
+        assert out[key].dtype == message[key].dtype and np.array_equal(out[key], message[key]), key
+    assert out["scalar"] == np.float32(2.5) and isinstance(out["scalar"], np.float32)
+    assert np.array_equal(out["images"]["cam_high"], message["images"]["cam_high"])
+    assert out["prompt"] == "do something" and out["list"] == [1, 2.0, None, b"raw"]
+    out["image"][0, 0, 0] = 99  # decoded arrays are writable copies
+    noncontiguous = np.arange(12, dtype=np.float32).reshape(3, 4)[:, ::2]
+    assert np.array_equal(codec.unpackb(codec.packb(noncontiguous)), noncontiguous)
+
+
+def test_bytes_match_openpi_client():
+    msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy", reason="pip install --no-deps openpi-client")
+    message = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.int64(3), "c": "text", "d": [1, 2]}
+    assert codec.packb(message) == msgpack_numpy.packb(message)
+    theirs = msgpack_numpy.unpackb(codec.packb(message))
+    assert np.array_equal(theirs["a"], message["a"]) and theirs["b"] == 3
+
+
+def _tagged(data: bytes, dtype: str, shape) -> dict:
+    return {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}
+
+
+@pytest.mark.parametrize(
+    "payload, fragment",
+    [
+        (b"\xc1", "not a valid msgpack message"),  # 0xc1 is never used
+        (codec.packb({"a": np.zeros(100, np.float32)})[:-7], "not a valid msgpack message"),  # truncated
+        (codec.packb({"a": 1}) + b"\x00", "not a valid msgpack message"),  # trailing bytes
+        (msgpack.packb({"x": _tagged(b"\0" * 12, "|u1", [100000, 100000, 3])}), "needs 30000000000 bytes, got 12"),
+        (msgpack.packb({"x": _tagged(b"\0" * 12, "|u1", [-4, 3])}), "non-negative ints"),
+        (msgpack.packb({"x": _tagged(b"\0" * 8, "nonsense", [8])}), "unknown dtype 'nonsense'"),
+        (msgpack.packb({"x": _tagged(b"\0" * 8, "|O", [1])}), "is not allowed"),
+        (msgpack.packb({"x": _tagged(b"\0" * 8, "<c8", [1])}), "is not allowed"),
+        (msgpack.packb({"x": _tagged(b"\0" * 8, "|V8", [1])}), "is not allowed"),
+        (msgpack.packb({"x": _tagged("text", "|u1", [4])}), "data must be raw bytes"),
+        (msgpack.packb({"x": _tagged(b"\0" * 4, "|u1", "4")}), "shape must be a list"),
+        (msgpack.packb({"x": {"y": [_tagged(b"\0", "<f4", [1])]}}), "['x']['y'][0]: shape [1] of float32 needs 4"),
+        (msgpack.packb({1: 2}), "map keys must be strings"),
+        (msgpack.packb({"x": msgpack.ExtType(5, b"z")}), "unsupported msgpack value"),
+        (msgpack.packb({"x": {b"__npgeneric__": True, b"data": [1], b"dtype": "<f4"}}), "scalar data must be"),
+    ],
+)
+def test_strict_decoding_names_the_field(payload, fragment):
+    with pytest.raises(codec.WireError, match="observation") as info:
+        codec.unpack_observation(payload)
+    assert fragment in str(info.value)
+
+
+def test_top_level_must_be_a_map_and_nesting_is_bounded():
+    with pytest.raises(codec.WireError, match="expected a map"):
+        codec.unpack_observation(codec.packb([1, 2, 3]))
+    deep: dict = {}
+    node = deep
+    for _ in range(codec.MAX_DEPTH + 2):
+        node["n"] = {}
+        node = node["n"]
+    with pytest.raises(codec.WireError, match="nested deeper"):
+        codec.unpack_observation(codec.packb(deep))
+    with pytest.raises(TypeError, match="cannot send"):
+        codec.packb({"x": np.array([object()])})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Key maps
+# ---------------------------------------------------------------------------------------------------------------
+
+CAMERAS = ("observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb", "observation.images.right_wrist_0_rgb")
+
+
+def mapper(name="auto", has_tokenizer=False, default_prompt=None, cameras=CAMERAS):
+    return keymap.ObservationMapper(
+        name, cameras, "observation.state", has_tokenizer=has_tokenizer, default_prompt=default_prompt
+    )
+
+
+def image(value=0):
+    return np.full((4, 4, 3), value, np.uint8)
+
+
+def test_libero_aloha_droid_and_identity_keys():
+    libero = {"observation/image": image(1), "observation/wrist_image": image(2), "observation/state": np.ones(8), "prompt": "p"}
+    out, origin = mapper(has_tokenizer=True)(libero)
+    assert set(out) == {CAMERAS[0], CAMERAS[1], "observation.state", "prompt"}
+    assert out[CAMERAS[1]][0, 0, 0] == 2 and origin["observation.state"] == "observation/state"
+
+    aloha = {"state": np.ones(14), "images": {k: image(i) for i, k in enumerate(("cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist"))}}
+    out, _ = mapper()(aloha)
+    assert [out[c][0, 0, 0] for c in CAMERAS] == [0, 2, 3]  # cam_low is dropped, as openpi does
+    assert out["observation.state"].shape == (14,)
+
+    droid = {
+        "observation/exterior_image_1_left": image(5),
+        "observation/wrist_image_left": image(6),
+        "observation/joint_position": np.arange(7, dtype=np.float64),
+        "observation/gripper_position": np.float32(0.5),
+    }
+    out, origin = mapper()(droid)
+    assert out["observation.state"].tolist() == [0, 1, 2, 3, 4, 5, 6, 0.5] and CAMERAS[2] not in out
+    assert origin["observation.state"] == "observation/joint_position + observation/gripper_position"
+
+    native = {CAMERAS[0]: image(), "observation.state": np.ones(8), "observation.language.tokens": np.arange(3)}
+    out, origin = mapper()(native)
+    assert out.keys() == native.keys() and origin == {}
+
+
+def test_two_camera_model_drops_extra_cameras_and_fixed_map_is_enforced():
+    aloha = {"state": np.ones(14), "images": {"cam_high": image(1), "cam_left_wrist": image(2), "cam_right_wrist": image(3)}}
+    out, _ = mapper(cameras=CAMERAS[:2])(aloha)
+    assert set(out) == {CAMERAS[0], CAMERAS[1], "observation.state"}
+    with pytest.raises(keymap.KeyMapError, match=r"\['observation/joint_position'\]: missing"):
+        mapper("droid")({"observation/exterior_image_1_left": image()})
+    with pytest.raises(keymap.KeyMapError, match="cannot tell which robot"):
+        mapper()({"camera": image(), "joints": np.ones(3)})
+    with pytest.raises(keymap.KeyMapError, match="numeric vector"):
+        mapper("droid")({"observation/joint_position": np.ones((2, 2)), "observation/gripper_position": 1.0})
+
+
+def test_instruction_text_or_tokens_and_default_prompt():
+    obs = {"observation/image": image(), "observation/state": np.ones(8), "prompt": "p", "observation.language.tokens": np.arange(3)}
+    out, _ = mapper(has_tokenizer=False)(obs)
+    assert "prompt" not in out and "observation.language.tokens" in out
+    out, _ = mapper(has_tokenizer=True)(obs)
+    assert out["prompt"] == "p" and "observation.language.tokens" not in out
+    bare = {"observation/image": image(), "observation/state": np.ones(8)}
+    out, origin = mapper(default_prompt="fold the towel")(bare)
+    assert out["prompt"] == "fold the towel" and origin["prompt"] == "--default-prompt"
+
+
+def test_custom_keymap_file_and_errors(tmp_path):
+    path = tmp_path / "robot.json"
+    path.write_text(json.dumps({"name": "arm", "cameras": ["rgb/front"], "state": ["q", "gripper"], "prompt": "task"}))
+    out, _ = mapper(str(path))({"rgb": {"front": image(7)}, "q": np.zeros(3), "gripper": 1, "task": "x"})
+    assert out[CAMERAS[0]][0, 0, 0] == 7 and out["observation.state"].tolist() == [0, 0, 0, 1] and out["prompt"] == "x"
+    (tmp_path / "bad.json").write_text('{"cameras": "x"}')
+    for spec, fragment in ((tmp_path / "bad.json", "expected an object"), ("nope", "neither one of")):
+        with pytest.raises(ValueError, match=fragment):
+            keymap.load_keymap(str(spec))
+
+
+def test_annotate_adds_the_wire_key():
+    message = "observation['observation.state']: expected a 1-D numeric vector of length 8"
+    assert keymap.annotate(message, {"observation.state": "observation/state"}) == (
+        "observation['observation.state'] (sent as 'observation/state'): expected a 1-D numeric vector of length 8"
+    )
+
+
+def test_signatures_merge_when_only_missing_cameras_differ():
+    a, b = (((4, 4, 3), "uint8"), None), (None, ((8, 8, 3), "uint8"))
+    assert merge_signatures(a, b) == (((4, 4, 3), "uint8"), ((8, 8, 3), "uint8"))
+    assert merge_signatures(a, (((5, 4, 3), "uint8"), None)) is None
+    assert merge_signatures(("x",), ("x", "y")) is None and merge_signatures("k", "k") == "k"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_prometheus_text_histograms_are_cumulative():
+    m = metrics.Metrics()
+    for size in (1, 3, 3, 8):
+        m.model_call(size, 0.02)
+    m.request_done(0.004)
+    m.request_failed("decode")
+    m.queued(0.0001)
+    text = m.render()
+    assert "# TYPE embodied_accel_batch_size histogram" in text and "# TYPE embodied_accel_requests_total counter" in text
+    samples = metrics.parse_metrics(text)
+    p = metrics.PREFIX
+    assert samples[f'{p}batch_size_bucket{{le="1"}}'] == 1
+    assert samples[f'{p}batch_size_bucket{{le="4"}}'] == 3
+    assert samples[f'{p}batch_size_bucket{{le="8"}}'] == 4 == samples[f'{p}batch_size_bucket{{le="+Inf"}}']
+    assert samples[f"{p}batch_size_sum"] == 15 and samples[f"{p}model_calls_total"] == 4
+    assert samples[f'{p}requests_total{{outcome="ok"}}'] == 1 and samples[f'{p}errors_total{{kind="decode"}}'] == 1
+    assert samples[f'{p}inference_seconds_bucket{{le="0.025"}}'] == 4
+    assert samples["process_resident_memory_bytes"] > 1e6
+
+
+def test_json_log_lines_carry_the_fields(caplog):
+    import logging
+
+    logger = logging.getLogger("embodied_accel.test_serve")
+    with caplog.at_level(logging.INFO, logger="embodied_accel.test_serve"):
+        metrics.log_event(logger, logging.INFO, "request_failed", conn=3, kind="decode")
+    record = caplog.records[-1]
+    assert record.getMessage() == "request_failed conn=3 kind=decode"
+    line = json.loads(metrics.JsonFormatter().format(record))
+    assert line["event"] == "request_failed" and line["conn"] == 3 and line["level"] == "INFO"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The client side imports without torch
+# ---------------------------------------------------------------------------------------------------------------
+
+TORCH_BLOCKER = textwrap.dedent(
+    """
+    import sys
+
+    class BlockTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" or name.startswith("torch."):
+                raise ImportError("torch is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, BlockTorch())
+    """
+)
+
+
+def test_client_modules_import_without_torch():
+    script = TORCH_BLOCKER + textwrap.dedent(
+        """
+        import numpy as np
+        import embodied_accel
+        from embodied_accel.serve import ActionChunkExecutor, PolicyClient, codec, keymap, loadtest, metrics
+        from embodied_accel.serve.client import ServerError, http_get
+        assert "torch" not in sys.modules, "torch was imported"
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            pass
+        else:
+            raise AssertionError("the blocker did not work")
+        executor = ActionChunkExecutor(lambda obs: {"actions": np.zeros((4, 2))}, prefetch_steps=1)
+        assert executor.step({}).shape == (2,)
+        executor.close()
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
