@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from embodied_accel import load_policy
@@ -19,11 +20,34 @@ FIXTURES = Path(__file__).parent / "fixtures"
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
 
 
+#: aten ops that cannot be inside a CUDA graph: a host sync (reading a value), data-dependent output
+#: shapes, or a host-to-device copy of Python data (torch.tensor(...) lifts a CPU tensor first).
+CAPTURE_UNSAFE = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique2", "lift_fresh"}
+
+
+class CaptureSafety(TorchDispatchMode):
+    """Records every capture-unsafe aten op the wrapped code dispatches."""
+
+    def __init__(self):
+        super().__init__()
+        self.unsafe: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        boolean_index = name in ("index", "index_put", "index_put_") and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ())
+        )
+        if name in CAPTURE_UNSAFE or boolean_index:  # a boolean index has a data-dependent shape
+            self.unsafe.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 class ReplayStandIn:
     """CUDA-graph semantics on the CPU: replay recomputes the captured output in place from the static inputs.
 
     Like a real graph, it keeps reading the tensors it was captured with, so a call that forgot to copy
-    its inputs into them (or returned the static output itself) would give wrong answers here too.
+    its inputs into them (or returned the static output itself) would give wrong answers here too. The
+    captured call is checked for ops a real capture would reject.
     """
 
     def __init__(self):
@@ -31,7 +55,10 @@ class ReplayStandIn:
 
     def capture(self, fn, static_args, static_kwargs):
         self.captures += 1
-        static_output = fn(*static_args, **static_kwargs)
+        fn(*static_args, **static_kwargs)  # warm-up, as the CUDA backend does: fills lazy caches
+        with CaptureSafety() as safety:
+            static_output = fn(*static_args, **static_kwargs)
+        assert not safety.unsafe, f"capture-unsafe ops in the captured call: {sorted(set(safety.unsafe))}"
 
         def replay():
             fresh = fn(*static_args, **static_kwargs)
@@ -82,6 +109,24 @@ def test_one_capture_per_bucket_static_inputs_and_private_outputs():
     assert all(seconds >= 0 for seconds in graphed.capture_seconds.values())
     call(raw_a, noise_a)
     assert standin.captures == 2
+
+
+def test_capture_safety_check_catches_syncs_and_host_data():
+    for bad in (lambda x: x.sum().item(), lambda x: x[x > 0], lambda x: x + torch.tensor(1.0)):
+        with CaptureSafety() as safety:
+            bad(torch.randn(4))
+        assert safety.unsafe, bad
+
+
+@pytest.mark.parametrize("preset", ["pi0-tiny", "pi05-tiny"])
+def test_whole_call_is_capture_safe(preset):
+    policy = load_policy(preset, progress=False)
+    graphed = GraphedCall(policy._whole_call, backend=ReplayStandIn())  # asserts inside capture
+    raw = raw_batch(policy, 3)
+    policy.model.ensure_buffers(raw.batch_size, len(raw.frames), raw.tokens.shape[1], None, policy.device)
+    noise = policy.make_noise(2, seed=0)
+    out = graphed(raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise, None)
+    torch.testing.assert_close(out, policy.run(raw, noise), rtol=0, atol=0)
 
 
 def test_bucket_key_separates_shapes_dtypes_and_plain_values():

@@ -31,14 +31,15 @@ _CONSTANTS: dict[tuple, torch.Tensor] = {}
 def _constant(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A cached 0-d tensor, so that per-call arithmetic with constants dispatches no extra op.
 
-    Under ``torch.compile`` a fresh constant is traced instead (it is folded into the graph).
+    Under ``torch.compile`` a fresh constant is traced instead (it is folded into the graph). Built with a
+    device-side fill, never a host-to-device copy, so it is safe inside CUDA-graph capture.
     """
     if torch.compiler.is_compiling():
-        return torch.tensor(value, dtype=dtype, device=device)
+        return torch.full((), value, dtype=dtype, device=device)
     key = (value, dtype, device)
     cached = _CONSTANTS.get(key)
     if cached is None:
-        cached = _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=device)
+        cached = _CONSTANTS[key] = torch.full((), value, dtype=dtype, device=device)
     return cached
 
 
@@ -170,7 +171,8 @@ def rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
 def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean ``may_attend[B, Sq, Sk]`` → additive ``[B, 1, Sq, Sk]`` mask in ``dtype``."""
     zero = torch.zeros((), dtype=dtype, device=may_attend.device)
-    return torch.where(may_attend[:, None], zero, torch.tensor(MASKED_SCORE, dtype=dtype, device=may_attend.device))
+    masked = torch.full((), MASKED_SCORE, dtype=dtype, device=may_attend.device)  # a fill: capture-safe
+    return torch.where(may_attend[:, None], zero, masked)
 
 
 def attention(
