@@ -153,6 +153,7 @@ class ExecutorStats:
     skipped_actions: int = 0  # actions of new chunks dropped because their time had passed during inference
     stale_chunks: int = 0  # chunks that arrived entirely in the past
     starved_steps: int = 0  # steps with no fresh action ready (waited, or held the last action)
+    failed_requests: int = 0  # inference calls that raised
     waited_s: float = 0.0  # time step() blocked on inference
     last_delay_steps: int | None = None  # steps between a request's observation and its chunk's adoption
 
@@ -168,7 +169,8 @@ class ActionChunkExecutor:
 
     ``prefetch_steps=None`` adapts: one more than the largest delay seen so far (initially half a chunk).
     If the current chunk runs out before the next one arrives, ``on_starve="wait"`` blocks until it does and
-    ``"hold"`` repeats the last action. ``infer`` is any callable ``observation -> {"actions": [H, D]}`` (or the
+    ``"hold"`` repeats the last action. A failed request is retried while the current chunk lasts; when no
+    action is left, :meth:`step` raises its error. ``infer`` is any callable ``observation -> {"actions": [H, D]}`` (or the
     array), e.g. :meth:`PolicyClient.infer` or openpi-client's ``WebsocketClientPolicy.infer``. Observations are
     passed on by reference: give each step fresh arrays. ``submit`` runs ``infer`` in the background (default: one
     worker thread); tests inject a scheduler to control when results arrive.
@@ -227,8 +229,15 @@ class ActionChunkExecutor:
         self.stats.requests += 1
         self._pending = (self._submit(lambda: self._infer(observation)), self._t)
 
+    def _exhausted(self) -> bool:
+        return self._chunk is None or self._index >= len(self._chunk)
+
     def _adopt(self, wait: bool) -> bool:
-        """Take the pending result if it is there (or wait for it); whether a chunk was adopted."""
+        """Take the pending result if it is there (or wait for it); whether a chunk was adopted.
+
+        A failed request is logged and retried while the current chunk still has actions; when the robot has
+        no action left for this tick, its error is raised.
+        """
         assert self._pending is not None
         future, observed_at = self._pending
         if not future.done():
@@ -238,7 +247,14 @@ class ActionChunkExecutor:
             futures_wait([future])
             self.stats.waited_s += time.monotonic() - start
         self._pending = None
-        result = future.result()  # raises the request's error (the next step starts a new request)
+        try:
+            result = future.result()
+        except Exception as exc:
+            self.stats.failed_requests += 1
+            if self._exhausted():
+                raise
+            logger.warning("action-chunk request failed (%s: %s); retrying with the next observation", type(exc).__name__, exc)
+            return False
         actions = np.asarray(result[self._action_key] if isinstance(result, Mapping) else result)
         if actions.ndim != 2 or len(actions) == 0:
             raise ValueError(f"expected an action chunk of shape [horizon, dim], got {actions.shape}")
@@ -260,7 +276,7 @@ class ActionChunkExecutor:
         with self._lock:
             if self._pending is not None:
                 self._adopt(wait=False)
-            while self._chunk is None or self._index >= len(self._chunk):
+            while self._exhausted():
                 if self._pending is None:
                     self._start(observation)
                 if self.on_starve == "hold" and self._last_action is not None:
