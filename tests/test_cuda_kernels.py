@@ -34,9 +34,34 @@ def randn(*shape, dtype=torch.float32):
 def test_backend_lists_fused_and_fallback_ops():
     assert cuda_ops.backend == "cuda"
     assert set(cuda_ops.fused) == {
-        "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_add_ada_rms_norm", "geglu", "prepare_rope", "rope"
+        "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_add_ada_rms_norm", "geglu", "prepare_rope", "rope",
+        "attention",
     }
-    assert "attention" in cuda_ops.fallback and "linear" in cuda_ops.fallback
+    assert "linear" in cuda_ops.fallback and "prepare_attention_mask" in cuda_ops.fallback
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,sq,sk,dim",
+    [(1, 8, 1, 51, 870, 256), (2, 8, 1, 37, 37, 64), (1, 5, 1, 3, 123, 16), (2, 4, 2, 7, 19, 32), (1, 1, 1, 5, 9, 8)],
+)
+def test_packed_mqa_attention(batch, heads, kv_heads, sq, sk, dim, dtype):
+    """pi0's suffix (51 queries over the cached prefix) and prefix shapes, odd ones, GQA and MHA fallbacks."""
+    torch.manual_seed(0)
+    q, k, v = randn(batch, heads, sq, dim, dtype=dtype), randn(batch, kv_heads, sk, dim, dtype=dtype), randn(
+        batch, kv_heads, sk, dim, dtype=dtype
+    )
+    may_attend = torch.rand(batch, sq, sk, device=DEVICE) > 0.3
+    may_attend[:, :, 0] = True
+    may_attend[0, -1] = False  # a fully masked row stays finite (uniform), as in the reference
+    mask = reference.prepare_attention_mask(may_attend, dtype)
+    out = cuda_ops.attention(q, k, v, mask, dim**-0.5)
+    expected = reference.attention(q.float(), k.float(), v.float(), mask.float(), dim**-0.5)
+    # bf16: at most about twice the error of the same-dtype reference
+    same_dtype_err = (reference.attention(q, k, v, mask, dim**-0.5).float() - expected).abs().max().item()
+    err = (out.float() - expected).abs().max().item()
+    assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
+    assert err <= max(2 * same_dtype_err, TOLERANCE[dtype]["atol"]), (err, same_dtype_err)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
