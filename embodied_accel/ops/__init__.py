@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import nn
 
 from .. import platform as platform_mod
 from . import reference
@@ -46,17 +49,36 @@ class OpSet:
     """The ops a model calls, bound to one backend: ``ops.rms_norm(...)``, ``ops.attention(...)``, ...
 
     Each op is a plain attribute (so ``torch.compile`` traces through it like a module function).
+    ``fused``/``fallback`` list which ops the backend serves and which run the reference; ``notes`` says, per op
+    (or per load-time step), what the backend does and under which conditions it still runs the reference.
     """
 
     def __init__(
-        self, backend: str, impls: dict[str, Callable], fused: tuple[str, ...] = (), fallback: tuple[str, ...] = ()
+        self,
+        backend: str,
+        impls: dict[str, Callable],
+        fused: tuple[str, ...] = (),
+        fallback: tuple[str, ...] = (),
+        notes: dict[str, str] | None = None,
+        weight_hook: Callable[[nn.Module], object] | None = None,
     ):
         unknown = sorted(set(impls) - set(OP_NAMES))
         if unknown:
             raise ValueError(f"unknown op(s) {', '.join(unknown)}; known ops: {', '.join(OP_NAMES)}")
         self.backend, self.impls, self.fused, self.fallback = backend, dict(impls), tuple(fused), tuple(fallback)
+        self.notes = dict(notes or {})
+        self._weight_hook = weight_hook
         for name, fn in impls.items():
             setattr(self, name, fn)
+
+    def prepare_weights(self, module: nn.Module) -> None:
+        """Load-time hook: called once after a model's weights are loaded, before any call.
+
+        A backend may convert parameters in place to the layouts its operators want (the npu backend casts
+        convolution kernels to its private FRACTAL_Z format); a no-op for the other backends.
+        """
+        if self._weight_hook is not None:
+            self._weight_hook(module)
 
     def __getattr__(self, name: str) -> Callable:  # only reached when no such attribute exists
         raise AttributeError(f"op layer has no op {name!r}; known ops: {', '.join(OP_NAMES)}")
@@ -69,7 +91,16 @@ def _reference_impls() -> dict[str, Callable]:
     return {name: getattr(reference, name) for name in OP_NAMES}
 
 
-def _backend_impls(name: str, plat: platform_mod.Platform) -> dict[str, Callable]:
+@dataclass(frozen=True)
+class BackendImpls:
+    """What a non-reference backend provides: its ops, notes for ``info``, and an optional load-time hook."""
+
+    impls: dict[str, Callable]
+    notes: dict[str, str] = field(default_factory=dict)
+    weight_hook: Callable[[nn.Module], object] | None = None
+
+
+def _backend_impls(name: str, plat: platform_mod.Platform) -> BackendImpls:
     """The ops a non-reference backend provides, or raise why it cannot run here."""
     if name == "cuda":
         if plat.device_type != "cuda":
@@ -80,13 +111,20 @@ def _backend_impls(name: str, plat: platform_mod.Platform) -> dict[str, Callable
             raise BackendUnavailableError("backend 'cuda' needs Triton (pip install triton, or a torch build that ships it)")
         from . import cuda
 
-        return cuda.impls()
+        return BackendImpls(cuda.impls())
     if name == "npu":
-        if plat.device_type != "npu":
+        if plat.device_type != "npu" or not plat.has_torch_npu:
             raise BackendUnavailableError(
-                f"backend 'npu' needs an Ascend NPU with torch_npu; this machine has {plat.device_type}"
+                "backend 'npu' needs an Ascend NPU with torch_npu (pip install torch-npu matching your CANN "
+                f"version); this machine has {plat.device_type} ({plat.device_name})"
             )
-        raise BackendUnavailableError("backend 'npu' (torch_npu fused operators) is not part of this release yet")
+        try:
+            from . import npu
+
+            impls, notes = npu.impls()
+        except ImportError as exc:
+            raise BackendUnavailableError(f"backend 'npu': torch_npu could not be imported ({exc})") from exc
+        return BackendImpls(impls, notes, npu.prepare_weights)
     raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {name!r}")
 
 
@@ -115,10 +153,10 @@ def get_ops(backend: str = "auto", plat: platform_mod.Platform | None = None) ->
     return _merge(backend, _backend_impls(backend, plat), reference_impls)
 
 
-def _merge(name: str, impls: dict[str, Callable], reference_impls: dict[str, Callable]) -> OpSet:
-    fused = tuple(op for op in OP_NAMES if op in impls)
-    fallback = tuple(op for op in OP_NAMES if op not in impls)
+def _merge(name: str, backend: BackendImpls, reference_impls: dict[str, Callable]) -> OpSet:
+    fused = tuple(op for op in OP_NAMES if op in backend.impls)
+    fallback = tuple(op for op in OP_NAMES if op not in backend.impls)
     if fallback:
         logger.info("backend %s: ops served by the reference: %s", name, ", ".join(fallback))
-    merged = {**reference_impls, **impls}
-    return OpSet(name, merged, fused=fused, fallback=fallback)
+    merged = {**reference_impls, **backend.impls}
+    return OpSet(name, merged, fused=fused, fallback=fallback, notes=backend.notes, weight_hook=backend.weight_hook)

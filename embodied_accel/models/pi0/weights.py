@@ -348,6 +348,7 @@ def load_checkpoint_weights(model, checkpoint_dir: str | Path, device, progress:
         progress=progress,
     )
     model.load_state_dict(state, strict=True, assign=True)
+    model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)
     model.reset_caches()
     logger.info("loaded %d tensors from %s", len(state), path)
 
@@ -378,4 +379,5 @@ def init_random_weights(model, seed: int, device) -> None:
             value = (scale * torch.randn(shape[::-1], generator=generator)).t()
         state[name] = value.to(dtype=dtype, device=device)
     model.load_state_dict(state, strict=True, assign=True)
+    model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)
     model.reset_caches()

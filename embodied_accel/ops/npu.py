@@ -1,0 +1,357 @@
+"""The ``npu`` backend: torch_npu's fused operators behind the op layer (Ascend Atlas A2/A3).
+
+Every convention of an operator is handled here, once, so every model gets it:
+
+* ``rms_norm`` → ``npu_rms_norm(x, gamma, epsilon) -> (y, rstd)``. ``gamma`` is our weight as loaded: Gemma's
+  ``1 + w`` is folded in once by the loader, so it goes to the operator unchanged (the source recipe adds
+  ``1`` at the call site because LeRobot's weights are raw ``w``; doing both would apply it twice). A bf16/fp16
+  input takes an fp32 gamma as it is (a documented pair on A2/A3).
+* ``add_rms_norm`` → ``npu_add_rms_norm(x1, x2, gamma, epsilon) -> (y, rstd, x1 + x2)``; gamma in x's dtype.
+* ``ada_rms_norm`` → ``npu_rms_norm`` with ``gamma = 1 + scale`` (precomputed by the caller), then ``+ shift``;
+  ``gated_add_ada_rms_norm`` the same after the gated residual ``residual + x * gate`` (aten ``addcmul``).
+* ``layer_norm`` → ``npu_layer_norm_eval``; ``add_layer_norm`` → ``npu_add_layer_norm(...,
+  additional_output=True) -> (y, mean, rstd, x1 + x2)`` (without the flag the sum is not written).
+* ``rope`` → ``npu_rotary_mul(x, r1, r2, rotary_mode="half")`` once on the merged ``[B, S, heads, D]`` QKV tensor
+  (the model's memory layout, BSND): ``prepare_rope`` builds ``r1``/``r2`` once per pass with cos/sin on the Q and
+  K heads and 1/0 on the V heads, in the compute dtype on the tables' device. float64 tables are refused (the
+  NPU has no float64 kernels).
+* ``attention`` → ``npu_fused_infer_attention_score`` (FIA: one operator for prefill, Q_S > 1, and decode,
+  Q_S = 1), layout BSND (Q comes from the merged QKV tensor; the output is returned as a view the model's
+  ``transpose(1, 2).reshape`` turns back into rows without a copy), ``num_key_value_heads`` for grouped K/V,
+  an explicit ``scale`` (the operator's default is 1.0) and ``pre_tokens = next_tokens = 2**31 - 1`` so the
+  band limit never cuts the mask. ``prepare_attention_mask`` inverts our boolean "may attend" mask to the
+  operator's convention, int8 ``[B, 1, Sq, Sk]`` with 1 = masked. A query row that may attend to no key (a
+  padding token) would be fully masked, which the operator does not support in its default precision mode;
+  such a row attends to every key instead: its output stays finite and nobody reads it (a padding token is
+  hidden from every valid query). The operator needs a 16-byte aligned head dim for fp16/bf16 (32-byte when
+  Q_S > 1 and B > 128): other head dims are zero-padded (exact: zeros add nothing to Q·K, and the padded V
+  columns are dropped). It has no float32 kernel, so float32 attention runs the reference.
+
+Not fused, by design: ``linear`` (aten ``mm``/``addmm`` already is the NPU's matmul), ``gelu_tanh`` and
+``geglu``: ``npu_fast_gelu`` computes ``x * sigmoid(1.702 x)``, up to ~2e-2 away from the tanh-approximated
+GELU that Gemma and SigLIP use, so aten's ``gelu(approximate="tanh")`` stays.
+
+Load-time hook (:func:`prepare_weights`): 2-D convolution kernels are cast once to the FRACTAL_Z format with
+``npu_format_cast`` when torch_npu allows internal formats (``torch.npu.config.allow_internal_format = True``;
+off by default on A2/A3, where torch_npu would convert them back on every call).
+
+Verified against a CPU stand-in of torch_npu that follows the operators' documentation
+(``tests/torch_npu_standin``), not yet on an NPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import reference
+
+logger = logging.getLogger(__name__)
+
+#: The torch_npu operator behind each op this backend serves.
+OPERATORS: dict[str, str] = {
+    "rms_norm": "npu_rms_norm",
+    "add_rms_norm": "npu_add_rms_norm",
+    "ada_rms_norm": "npu_rms_norm",
+    "gated_add_ada_rms_norm": "npu_rms_norm",
+    "layer_norm": "npu_layer_norm_eval",
+    "add_layer_norm": "npu_add_layer_norm",
+    "prepare_rope": "npu_rotary_mul",
+    "rope": "npu_rotary_mul",
+    "prepare_attention_mask": "npu_fused_infer_attention_score",
+    "attention": "npu_fused_infer_attention_score",
+}
+
+#: Ops this backend leaves to the reference on purpose, and why.
+NOT_FUSED: dict[str, str] = {
+    "linear": "aten mm/addmm is the NPU's matmul already; no torch_npu operator needed",
+    "gelu_tanh": "npu_fast_gelu is x*sigmoid(1.702x), not GELU-tanh (up to ~2e-2 apart): aten gelu(tanh) instead",
+    "geglu": "npu_fast_gelu is x*sigmoid(1.702x), not GELU-tanh (up to ~2e-2 apart): aten gelu(tanh) instead",
+}
+
+#: Conditions under which a served op still runs the reference for a call (static: dtype and shape only).
+CONDITIONS: dict[str, str] = {
+    "attention": "float16/bfloat16 only (the operator has no float32 kernel: float32 runs the reference); "
+    "head dims not 16-byte aligned are zero-padded",
+    "rope": "the reference when D is odd or >= 896, or B or heads >= 1000 (operator limits)",
+    "add_rms_norm": "the reference when x and residual differ in dtype",
+    "add_layer_norm": "the reference when x and residual differ in dtype",
+}
+
+ACL_FORMAT_FRACTAL_Z = 4  # torch_npu.Format.FRACTAL_Z: the convolution weight format
+_NO_BAND_LIMIT = 2147483647  # pre_tokens / next_tokens that never cut the mask
+_ATTENTION_DTYPES = (torch.float16, torch.bfloat16)
+_TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: npu_rms_norm's documented (self, gamma) dtype pairs on Atlas A2/A3.
+_RMS_NORM_GAMMA_DTYPES = {
+    torch.float16: (torch.float32, torch.float16),
+    torch.bfloat16: (torch.float32, torch.bfloat16),
+    torch.float32: (torch.float32,),
+}
+
+_npu: ModuleType | None = None  # torch_npu, imported by impls()
+
+
+def _torch_npu() -> ModuleType:
+    import torch_npu
+
+    return torch_npu
+
+
+# ------------------------------------------------------------------ norms
+
+
+def _as_dtype(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return t if t is None or t.dtype == dtype else t.to(dtype)
+
+
+def _rms_gamma(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return weight if weight.dtype in _RMS_NORM_GAMMA_DTYPES.get(dtype, ()) else weight.to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``npu_rms_norm``; ``weight`` is the effective scale (Gemma's ``1 + w`` already folded in at load)."""
+    return _npu.npu_rms_norm(x, _rms_gamma(weight, x.dtype), epsilon=eps)[0]
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+    """``npu_add_rms_norm``: returns ``(rms_norm(x + residual), x + residual)``."""
+    if x.dtype != residual.dtype:
+        return reference.add_rms_norm(x, residual, weight, eps)
+    normed, _rstd, total = _npu.npu_add_rms_norm(x, residual, _as_dtype(weight, x.dtype), epsilon=eps)
+    return normed, total
+
+
+def ada_rms_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
+    """``npu_rms_norm(x, 1 + scale) + shift`` (the shift added in fp32, rounded once to ``x.dtype``)."""
+    return _npu.npu_rms_norm(x, _rms_gamma(scale_plus_one, x.dtype), epsilon=eps)[0].add_(shift)
+
+
+def gated_add_ada_rms_norm(x, residual, gate, scale_plus_one, shift, eps):
+    """``s = residual + x * gate`` (aten ``addcmul``), then :func:`ada_rms_norm`; returns ``(normed, s)``."""
+    total = torch.addcmul(residual, x, gate)
+    return ada_rms_norm(total, scale_plus_one, shift, eps), total
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    """``npu_layer_norm_eval`` over the last dimension."""
+    return _npu.npu_layer_norm_eval(
+        x, [x.shape[-1]], weight=_as_dtype(weight, x.dtype), bias=_as_dtype(bias, x.dtype), eps=eps
+    )
+
+
+def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
+    """``npu_add_layer_norm(..., additional_output=True)``: returns ``(layer_norm(x + residual), x + residual)``."""
+    if x.dtype != residual.dtype:
+        return reference.add_layer_norm(x, residual, weight, bias, eps)
+    normed, _mean, _rstd, total = _npu.npu_add_layer_norm(
+        x, residual, _as_dtype(weight, x.dtype), _as_dtype(bias, x.dtype), epsilon=eps, additional_output=True
+    )
+    return normed, total
+
+
+# ------------------------------------------------------------------ rotary embedding
+
+
+@dataclass(frozen=True)
+class NpuRopeTables:
+    """``npu_rotary_mul``'s ``r1``/``r2`` for a merged ``[B, S, heads, D]`` (BSND) tensor."""
+
+    r1: torch.Tensor  # [B, S, heads, D]: cos on rotated heads, 1 on passed-through heads
+    r2: torch.Tensor  # [B, S, heads, D]: sin on rotated heads, 0 on passed-through heads (operator applies the sign)
+
+
+def _rotary_supported(batch: int, heads: int, dim: int) -> bool:
+    return dim % 2 == 0 and dim < 896 and batch < 1000 and heads < 1000
+
+
+def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int, total_heads: int):
+    """Tables for rotating the first ``rotated_heads`` of ``total_heads`` heads of a merged tensor.
+
+    ``cos``/``sin``: ``[B, S, D]`` in the half-rotation layout (``cat([f, f])``), float32/bfloat16/float16 on the
+    device (never float64: the NPU has no float64 kernels).
+    """
+    if cos.dtype not in _TABLE_DTYPES or sin.dtype != cos.dtype:
+        raise ValueError(
+            f"rotary tables must be float32, bfloat16 or float16 (one dtype), got {cos.dtype}/{sin.dtype}: "
+            "compute cos/sin in float32 on the device (the NPU has no float64 kernels)"
+        )
+    batch, seq, dim = cos.shape
+    if not _rotary_supported(batch, total_heads, dim):
+        return reference.prepare_rope(cos, sin, rotated_heads, total_heads)
+    r1 = cos.new_ones(batch, seq, total_heads, dim)
+    r2 = cos.new_zeros(batch, seq, total_heads, dim)
+    r1[:, :, :rotated_heads] = cos[:, :, None]
+    r2[:, :, :rotated_heads] = sin[:, :, None]
+    return NpuRopeTables(r1, r2)
+
+
+def rope(x: torch.Tensor, tables) -> torch.Tensor:
+    """Rotary embedding on ``x: [B, heads, S, D]`` (the model's view of a BSND tensor); returns the same view shape."""
+    if isinstance(tables, reference.RopeTables):
+        return reference.rope(x, tables)
+    rows = x.transpose(1, 2).contiguous()  # [B, S, heads, D]; no copy for the model's merged QKV
+    out = _npu.npu_rotary_mul(rows, _as_dtype(tables.r1, x.dtype), _as_dtype(tables.r2, x.dtype), rotary_mode="half")
+    return out.transpose(1, 2)
+
+
+# ------------------------------------------------------------------ attention
+
+
+@dataclass(frozen=True)
+class NpuAttentionMask:
+    """Our "may attend" mask in the operator's convention: int8 ``[B, 1, Sq, Sk]``, 1 = masked (not computed)."""
+
+    masked: torch.Tensor
+
+
+def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype):
+    """Boolean ``may_attend[B, Sq, Sk]`` → the mask :func:`attention` consumes for ``dtype``.
+
+    float16/bfloat16: :class:`NpuAttentionMask` (inverted; a row with no allowed key attends to every key, see
+    the module docstring). Other dtypes run the reference attention and get its additive mask.
+    """
+    if dtype not in _ATTENTION_DTYPES:
+        return reference.prepare_attention_mask(may_attend, dtype)
+    masked = torch.logical_not(may_attend) & may_attend.any(dim=-1, keepdim=True)
+    return NpuAttentionMask(masked[:, None].to(torch.int8))
+
+
+def _head_dim_padding(dim: int, itemsize: int, batch: int, q_len: int) -> int:
+    """Zeros to append to D: 16-byte alignment for fp16/bf16, 32-byte when Q_S > 1 and B > 128."""
+    align_bytes = 32 if (q_len > 1 and batch > 128) else 16
+    return -dim % (align_bytes // itemsize)
+
+
+def _fia_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    batch, heads, q_len, dim = q.shape
+    kv_heads = k.shape[1]
+    return (
+        q.dtype in _ATTENTION_DTYPES
+        and q.dtype == k.dtype == v.dtype
+        and k.shape == v.shape
+        and heads % kv_heads == 0
+        and heads // kv_heads <= 64
+        and heads <= 256
+        and batch <= 65536
+        and dim + _head_dim_padding(dim, q.element_size(), batch, q_len) <= 512
+    )
+
+
+def _additive(mask, dtype: torch.dtype) -> torch.Tensor | None:
+    if isinstance(mask, NpuAttentionMask):
+        device = mask.masked.device
+        masked_score = torch.tensor(reference.MASKED_SCORE, dtype=dtype, device=device)
+        return torch.where(mask.masked.bool(), masked_score, torch.zeros((), dtype=dtype, device=device))
+    return mask
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
+    """``npu_fused_infer_attention_score`` on ``q: [B, H, Sq, D]``, ``k, v: [B, Hkv, Sk, D]``; returns ``[B, H, Sq, D]``."""
+    if isinstance(mask, torch.Tensor) or not _fia_supported(q, k, v):
+        return reference.attention(q, k, v, _additive(mask, q.dtype), scale)
+    batch, heads, q_len, dim = q.shape
+    pad = _head_dim_padding(dim, q.element_size(), batch, q_len)
+    # BSND views; the operator needs contiguous tensors (Q is a slice of the merged QKV tensor: one copy)
+    rows = [t.transpose(1, 2) for t in (q, k, v)]
+    rows = [F.pad(t, (0, pad)) if pad else t.contiguous() for t in rows]
+    out, _lse = _npu.npu_fused_infer_attention_score(
+        rows[0],
+        rows[1],
+        rows[2],
+        atten_mask=None if mask is None else mask.masked,
+        num_heads=heads,
+        num_key_value_heads=k.shape[1],
+        input_layout="BSND",
+        scale=scale,
+        pre_tokens=_NO_BAND_LIMIT,
+        next_tokens=_NO_BAND_LIMIT,
+        sparse_mode=0,
+    )
+    if pad:
+        out = out[..., :dim]
+    return out.transpose(1, 2)  # [B, H, Sq, D] view of the operator's [B, Sq, H, D] output
+
+
+# ------------------------------------------------------------------ load-time hook
+
+
+def _internal_formats_allowed(torch_npu: ModuleType) -> bool:
+    """Whether torch_npu keeps private formats (``torch.npu.config.allow_internal_format``; no public getter)."""
+    get_option = getattr(getattr(torch_npu, "_C", None), "_npu_getOption", None)
+    value = get_option("ALLOW_INTERNAL_FORMAT") if get_option is not None else None
+    return value is not None and value.decode() == "enable"
+
+
+def prepare_weights(module: nn.Module) -> list[str]:
+    """Cast 2-D convolution kernels (4-D parameters; not those of grouped ``nn.Conv2d``) to FRACTAL_Z, once.
+
+    Only when torch_npu allows internal formats; otherwise torch_npu would convert them back on every call
+    and the kernels stay as loaded. Returns the names of the parameters cast.
+    """
+    torch_npu = _torch_npu()
+    if not hasattr(torch_npu, "npu_format_cast"):
+        return []
+    kernels = []
+    for prefix, mod in module.named_modules():
+        if isinstance(mod, nn.Conv2d) and mod.groups != 1:
+            continue
+        for name, param in mod.named_parameters(recurse=False):
+            if param.dim() == 4 and param.is_floating_point():
+                kernels.append((f"{prefix}.{name}" if prefix else name, param))
+    if not kernels:
+        return []
+    if not _internal_formats_allowed(torch_npu):
+        logger.info(
+            "npu: %d conv kernel(s) kept in their loaded layout: torch.npu.config.allow_internal_format is off "
+            "(set it to True before loading to cast them to FRACTAL_Z once)",
+            len(kernels),
+        )
+        return []
+    for _, param in kernels:
+        param.data = torch_npu.npu_format_cast(param.data, ACL_FORMAT_FRACTAL_Z)
+    logger.info("npu: cast %d conv kernel(s) to FRACTAL_Z", len(kernels))
+    return [name for name, _ in kernels]
+
+
+# ------------------------------------------------------------------ registry entry
+
+
+def impls() -> tuple[dict[str, object], dict[str, str]]:
+    """The ops this backend serves and notes for ``info`` (imports torch_npu).
+
+    An op whose operator this torch_npu lacks is left out (it falls back to the reference) and noted.
+    """
+    global _npu
+    _npu = _torch_npu()
+    served = {
+        "rms_norm": rms_norm,
+        "add_rms_norm": add_rms_norm,
+        "ada_rms_norm": ada_rms_norm,
+        "gated_add_ada_rms_norm": gated_add_ada_rms_norm,
+        "layer_norm": layer_norm,
+        "add_layer_norm": add_layer_norm,
+        "prepare_rope": prepare_rope,
+        "rope": rope,
+        "prepare_attention_mask": prepare_attention_mask,
+        "attention": attention,
+    }
+    notes = {op: f"{OPERATORS[op]}; {CONDITIONS[op]}" for op in CONDITIONS}
+    notes.update(NOT_FUSED)
+    version = getattr(_npu, "__version__", "?")
+    for op, operator in OPERATORS.items():
+        if not hasattr(_npu, operator):
+            served.pop(op)
+            notes[op] = f"torch_npu {version} has no {operator}"
+    if not hasattr(_npu, "npu_format_cast"):
+        notes["conv2d weights"] = f"torch_npu {version} has no npu_format_cast: kernels stay as loaded"
+    elif _internal_formats_allowed(_npu):
+        notes["conv2d weights"] = "cast once at load to FRACTAL_Z (npu_format_cast)"
+    else:
+        notes["conv2d weights"] = "kept as loaded: torch.npu.config.allow_internal_format is off"
+    return served, notes
