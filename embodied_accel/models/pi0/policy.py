@@ -14,7 +14,7 @@ import torch
 
 from ... import platform as platform_mod
 from ...ops import OpSet, get_ops
-from ...runtime import CAPTURE_MODES, capture_call
+from ...runtime import CAPTURE_MODES, capture_call, prepare_capture
 from .config import PRESETS, Pi0Config, get_preset
 from .device_processing import DeviceProcessing
 from .model import Pi0Model
@@ -268,6 +268,7 @@ def load_pi0_policy(
     compute_dtype = _resolve_dtype(dtype)
     if capture not in CAPTURE_MODES:
         raise ValueError(f"capture must be one of {', '.join(CAPTURE_MODES)}; got {capture!r}")
+    prepare_capture(capture)  # process settings the mode needs before the first device allocation
     device = torch.device(device) if device is not None else platform_mod.detect().device
     ops = get_ops(backend)
     path = Path(preset_or_checkpoint)
