@@ -381,6 +381,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     if ops.fused or ops.fallback:
         print(f"fused ops:   {', '.join(ops.fused) or 'none'}")
         print(f"fallback:    {', '.join(ops.fallback) or 'none'} (pure-PyTorch reference)")
+        for op, note in ops.notes.items():
+            print(f"  {op + ':':<24}{note}")
     else:
         print("fused ops:   none (every op is the pure-PyTorch reference)")
     print(f"cameras:     {len(io.image_keys)}: {', '.join(io.image_keys)}")
@@ -521,10 +523,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         profiled_aten_ops_per_call=profiled_aten_ops,
         load_s=load_s,
         note=args.note,
+        fused_ops=list(policy.ops.fused),
+        fallback_ops=list(policy.ops.fallback),
         **stages,
     )
     path = harness.write_result(record, args.out_dir)
     print(_bench_line(record))
+    if policy.ops.fused:
+        print(f"ops: fused {', '.join(policy.ops.fused)}; reference {', '.join(policy.ops.fallback) or 'none'}")
     if stages:
         print("stages: " + ", ".join(f"{k[6:-3]} {v:.2f} ms" for k, v in stages.items() if k.endswith("_ms")))
     print(f"wrote {path}")
