@@ -385,6 +385,13 @@ def test_conv_kernels_cast_to_fractal_z_once_at_load(ops, torch_npu, monkeypatch
 
 
 @pytest.fixture
+def no_alloc_conf(monkeypatch):
+    """PYTORCH_NPU_ALLOC_CONF unset for the test and restored (to unset) after it, whatever the test sets."""
+    monkeypatch.setenv(torchair_mode.ALLOC_CONF_VAR, "placeholder")
+    monkeypatch.delenv(torchair_mode.ALLOC_CONF_VAR)
+
+
+@pytest.fixture
 def torchair(torch_npu, monkeypatch):
     module = _standin("torchair")
     monkeypatch.setitem(sys.modules, "torchair", module)
@@ -393,8 +400,7 @@ def torchair(torch_npu, monkeypatch):
     return module
 
 
-def test_torchair_capture_compiles_the_whole_call_as_asked(ops, torchair, monkeypatch):
-    monkeypatch.delenv(torchair_mode.ALLOC_CONF_VAR, raising=False)
+def test_torchair_capture_compiles_the_whole_call_as_asked(ops, torchair, no_alloc_conf, monkeypatch):
     compile_calls = []
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_calls.append(kw) or real_compile(fn, **kw))
@@ -440,7 +446,7 @@ def test_torchair_needs_an_npu():
         capture_call(lambda: None, "torchair", cpu)
 
 
-def test_expandable_segments_are_set_unless_the_user_set_the_allocator(monkeypatch):
+def test_expandable_segments_are_set_unless_the_user_set_the_allocator(no_alloc_conf):
     environ: dict[str, str] = {}
     assert torchair_mode.configure_allocator(environ) is True
     assert environ == {"PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True"}
@@ -448,18 +454,16 @@ def test_expandable_segments_are_set_unless_the_user_set_the_allocator(monkeypat
         environ = {"PYTORCH_NPU_ALLOC_CONF": user_value}
         assert torchair_mode.configure_allocator(environ) is False
         assert environ == {"PYTORCH_NPU_ALLOC_CONF": user_value}
-    monkeypatch.delenv("PYTORCH_NPU_ALLOC_CONF", raising=False)
     prepare_capture("compile")
     assert "PYTORCH_NPU_ALLOC_CONF" not in os.environ
     prepare_capture("torchair")
     assert os.environ["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
 
 
-def test_policy_sets_the_allocator_before_the_weights_are_allocated(monkeypatch):
+def test_policy_sets_the_allocator_before_the_weights_are_allocated(no_alloc_conf, monkeypatch):
     from embodied_accel import load_policy
     from embodied_accel.models.pi0 import policy as policy_mod
 
-    monkeypatch.delenv("PYTORCH_NPU_ALLOC_CONF", raising=False)
     seen = []
     real_init = policy_mod.init_random_weights
     monkeypatch.setattr(
