@@ -128,7 +128,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, 
 
 
 def ada_rms_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
-    """``npu_rms_norm(x, 1 + scale) + shift`` (the shift added in fp32, rounded once to ``x.dtype``)."""
+    """``npu_rms_norm(x, 1 + scale) + shift``: the operator's output (``x.dtype``) plus the fp32 shift, in place."""
     return _npu.npu_rms_norm(x, _rms_gamma(scale_plus_one, x.dtype), epsilon=eps)[0].add_(shift)
 
 
