@@ -1,9 +1,10 @@
-"""How a model call is executed (never what it computes): eager, torch.compile, and later CUDA graphs / torchair.
+"""How a model call is executed (never what it computes): eager, torch.compile, whole-call CUDA graphs, torchair.
 
-A capture mode wraps a model's whole-call function once, when the policy is built. Shapes are static per
-call bucket (number of views, prompt-length bucket, batch size): ``compile`` specializes on each bucket
+A capture mode wraps a model's whole-call function once per policy (on its first use). Shapes are static
+per call bucket (number of views, prompt-length bucket, batch size): ``compile`` specializes on each bucket
 (``dynamic=False``) and traces the whole call as one graph (``fullgraph=True``: a graph break is an error,
-not a silent slow path).
+not a silent slow path); ``cudagraph`` captures one CUDA graph per bucket (:mod:`.cudagraph`); ``torchair``
+compiles through torchair's NPU backend (:mod:`.torchair`).
 """
 
 from __future__ import annotations
