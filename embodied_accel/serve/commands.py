@@ -190,7 +190,8 @@ def loadtest_record(stats: dict[str, Any], args: argparse.Namespace, *, in_proce
     for key in (
         "p99_ms", "min_ms", "max_ms", "throughput_rps", "wall_s", "clients", "requests_per_client",
         "warmup_per_client", "ok", "errors", "error_samples", "model_calls", "mean_batch_size",
-        "server_rss_before_mb", "server_rss_after_mb", "server_rss_growth_mb",
+        "server_rss_before_mb", "server_rss_after_mb", "server_rss_growth_mb", "server_rss_peak_mb",
+        "server_rss_trend_mb", "server_rss_samples",
     ):  # fmt: skip
         record[key] = stats[key]
     record.update(

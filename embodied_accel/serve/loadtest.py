@@ -2,8 +2,11 @@
 
 Every client holds one websocket connection and sends its next observation as soon as the previous answer
 arrives (a robot that never idles). After ``warmup`` untimed requests per client, the server's resident memory
-is read from ``/metrics``; then the timed requests run and the memory is read again. Latency is the client's
-round trip (pack, send, server, receive, unpack). Needs numpy, msgpack and websockets (no torch).
+is read from ``/metrics``; then the timed requests run, the memory is sampled every second, and read again at
+the end. One reading moves by tens of MB as the allocator takes and returns batch buffers, so the leak indicator
+is ``server_rss_trend_mb``: the mean of the last quarter of the samples minus the mean of the first quarter.
+Latency is the client's round trip (pack, send, server, receive, unpack). Needs numpy, msgpack and websockets
+(no torch).
 """
 
 from __future__ import annotations
@@ -61,6 +64,19 @@ async def _open(url: str, timeout_s: float) -> tuple[Any, dict]:
     return ws, metadata
 
 
+async def _sample_rss(url: str, interval_s: float, samples: list[float]) -> None:
+    """Append the server's RSS in MB every ``interval_s`` until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            rss = (await loop.run_in_executor(None, read_metrics, url)).get("process_resident_memory_bytes")
+        except (OSError, RuntimeError):
+            continue
+        if rss is not None:
+            samples.append(rss / 2**20)
+
+
 class _Client:
     """One load-test connection; reconnects after an error."""
 
@@ -106,6 +122,7 @@ async def run_loadtest_async(
     warmup: int = 2,
     observation: Mapping[str, Any] | None = None,
     timeout_s: float = 120.0,
+    rss_interval_s: float = 1.0,
 ) -> dict[str, Any]:
     """Run the load test against ``url``; returns the measured figures (see :func:`run_loadtest`)."""
     if clients < 1 or requests < 1 or warmup < 0:
@@ -120,9 +137,13 @@ async def run_loadtest_async(
     try:
         await asyncio.gather(*(c.run(warmup, False, expected) for c in pool))
         before = await loop.run_in_executor(None, read_metrics, url)
+        rss_samples: list[float] = []
+        sampler = asyncio.create_task(_sample_rss(url, rss_interval_s, rss_samples))
         start = time.perf_counter()
         await asyncio.gather(*(c.run(requests, True, expected) for c in pool))
         wall_s = time.perf_counter() - start
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
         after = await loop.run_in_executor(None, read_metrics, url)
     finally:
         await asyncio.gather(*(c.close() for c in pool), return_exceptions=True)
@@ -133,6 +154,9 @@ async def run_loadtest_async(
     batched = after.get(f"{PREFIX}batch_size_sum", 0.0) - before.get(f"{PREFIX}batch_size_sum", 0.0)
     rss_before = before.get("process_resident_memory_bytes")
     rss_after = after.get("process_resident_memory_bytes")
+
+    quarter = len(rss_samples) // 4
+    trend = float(np.mean(rss_samples[-quarter:]) - np.mean(rss_samples[:quarter])) if quarter else None
 
     def pct(q: float) -> float | None:
         return float(np.percentile(latencies_ms, q)) if latencies_ms.size else None
@@ -158,6 +182,9 @@ async def run_loadtest_async(
         "server_rss_before_mb": rss_before / 2**20 if rss_before is not None else None,
         "server_rss_after_mb": rss_after / 2**20 if rss_after is not None else None,
         "server_rss_growth_mb": (rss_after - rss_before) / 2**20 if None not in (rss_before, rss_after) else None,
+        "server_rss_peak_mb": max(rss_samples) if rss_samples else None,
+        "server_rss_trend_mb": trend,
+        "server_rss_samples": len(rss_samples),
         "metadata": metadata,
     }
 
@@ -183,7 +210,8 @@ def format_summary(stats: Mapping[str, Any]) -> str:
         f"throughput: {stats['throughput_rps']:.1f} requests/s; {stats['model_calls']} model calls"
         + (f", mean batch {stats['mean_batch_size']:.2f}" if stats["mean_batch_size"] else ""),
         f"server RSS: {mb(stats['server_rss_before_mb'])} before, {mb(stats['server_rss_after_mb'])} after "
-        f"(growth {mb(stats['server_rss_growth_mb'])})",
+        f"(growth {mb(stats['server_rss_growth_mb'])}); peak {mb(stats['server_rss_peak_mb'])}, "
+        f"trend {mb(stats['server_rss_trend_mb'])} over {stats['server_rss_samples']} samples",
     ]
     lines += [f"error:      {e}" for e in stats["error_samples"]]
     return "\n".join(lines)
