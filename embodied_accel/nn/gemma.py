@@ -95,7 +95,7 @@ class GemmaLayer(nn.Module):
         return torch.addcmul(hidden, ops.linear(x, self.down_weight), cond.post_gate)
 
     def write_kv(self, hidden, batch: int, seq: int, rope_tables, slots: AttentionSlots, cond=None) -> torch.Tensor:
-        """Input norm → fused QKV → RoPE; writes K/V into ``slots.kv_write`` and returns Q ``[B, H, S, Dh]``.
+        """Input norm → fused QKV → RoPE; writes K/V into the cache (``slots.write``) and returns Q ``[B, H, S, Dh]``.
 
         Alone, this is all a pass needs from a layer whose outputs nobody reads (the VLM's last layer
         over the prefix: the expert only reads its K/V).
@@ -109,7 +109,7 @@ class GemmaLayer(nn.Module):
         qkv = ops.linear(x, self.qkv_weight).view(batch, seq, heads + 2 * kv_heads, head_dim).transpose(1, 2)
         qkv = ops.rope(qkv, rope_tables)  # rotates the q and k heads, passes v through
         q, kv = qkv.split([heads, 2 * kv_heads], dim=1)
-        slots.kv_write.copy_(kv)
+        slots.write(kv)
         return q
 
     def norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> list[NormConditioning]:

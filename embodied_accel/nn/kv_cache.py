@@ -11,31 +11,34 @@ import torch
 class AttentionSlots:
     """Where one layer's pass writes its K/V, and the K/V it attends to (views into the cache)."""
 
-    kv_write: torch.Tensor  # [B, 2*Hkv, S_pass, Dh]: K heads then V heads
+    kv_write: torch.Tensor  # [2, B, Hkv, S_pass, Dh]: the K plane, then the V plane
     keys: torch.Tensor  # [B, Hkv, L_attend, Dh]
     values: torch.Tensor  # [B, Hkv, L_attend, Dh]
 
+    def write(self, kv: torch.Tensor) -> None:
+        """Store a pass's ``kv: [B, 2*Hkv, S_pass, Dh]`` (K heads then V heads) in one copy."""
+        self.kv_write.copy_(kv.unflatten(1, (2, -1)).transpose(0, 1))
+
 
 class StaticKVCache:
-    """K and V of every layer in one buffer ``[depth, B, 2*Hkv, max_len, Dh]``.
+    """K and V of every layer in one buffer ``[depth, 2, B, Hkv, max_len, Dh]``.
 
     Allocated once per shape and reused across calls; each pass writes its own positions and reads
-    the prefix in place, so no step ever copies the prefix.
+    the prefix in place, so no step ever copies the prefix. K and V live in separate planes, so a
+    layer's keys (and values) are one dense ``[B, Hkv, L, Dh]`` block whatever the batch size.
     """
 
     def __init__(self, depth: int, batch: int, num_kv_heads: int, max_len: int, head_dim: int, dtype, device):
         self.shape_key = (depth, batch, num_kv_heads, max_len, head_dim, dtype, torch.device(device))
-        self.num_kv_heads = num_kv_heads
-        self.buffer = torch.zeros(depth, batch, 2 * num_kv_heads, max_len, head_dim, dtype=dtype, device=device)
+        self.buffer = torch.zeros(depth, 2, batch, num_kv_heads, max_len, head_dim, dtype=dtype, device=device)
 
     def slots(self, write_start: int, write_stop: int, attend_stop: int) -> list[AttentionSlots]:
         """Per-layer views for a pass that writes ``[write_start, write_stop)`` and reads ``[0, attend_stop)``."""
-        hkv = self.num_kv_heads
         return [
             AttentionSlots(
-                kv_write=self.buffer[i, :, :, write_start:write_stop],
-                keys=self.buffer[i, :, :hkv, :attend_stop],
-                values=self.buffer[i, :, hkv:, :attend_stop],
+                kv_write=self.buffer[i, :, :, :, write_start:write_stop],
+                keys=self.buffer[i, 0, :, :, :attend_stop],
+                values=self.buffer[i, 1, :, :, :attend_stop],
             )
             for i in range(self.buffer.shape[0])
         ]
