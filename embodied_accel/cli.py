@@ -550,7 +550,7 @@ def _bench_line(r: dict[str, Any]) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     policy, _ = _load_policy(args, num_views=args.views)
-    return serve_commands.run_serve(policy, args)
+    return serve_commands.run_serve(policy, args, announce=lambda line: print(line, flush=True))
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
@@ -560,7 +560,7 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
         args, lambda: _load_policy(args, num_views=args.views)[0], observation
     )
     path = None if args.no_write else serve_commands.write_loadtest_record(record, args.out_dir)
-    serve_commands.print_loadtest(stats, path)
+    print(serve_commands.loadtest_summary(stats, path))
     return 0 if stats["errors"] == 0 else 1
 
 

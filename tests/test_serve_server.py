@@ -86,7 +86,9 @@ def test_openpi_client_metadata_actions_and_error_isolation(policy):
         assert first["server_timing"]["infer_ms"] > 0 and "prev_total_ms" not in first["server_timing"]
         second = robot.infer(obs)
         assert second["server_timing"]["prev_total_ms"] >= first["server_timing"]["infer_ms"]
-        np.testing.assert_allclose(first["actions"], expected_actions(policy, running.server, obs), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            first["actions"], expected_actions(policy, running.server, obs), rtol=1e-5, atol=1e-5
+        )
 
         # A second robot keeps getting answers while the first one sends a bad observation.
         answers, stop = [], threading.Event()
@@ -116,7 +118,12 @@ def test_openpi_client_metadata_actions_and_error_isolation(policy):
 
 def _garbage(valid: dict) -> list[tuple[str, object, str]]:
     huge = dict(valid)
-    huge["observation/image"] = {b"__ndarray__": True, b"data": b"\0" * 12, b"dtype": "|u1", b"shape": [10**6, 10**6, 3]}
+    huge["observation/image"] = {
+        b"__ndarray__": True,
+        b"data": b"\0" * 12,
+        b"dtype": "|u1",
+        b"shape": [10**6, 10**6, 3],
+    }
     complex_state = {b"__ndarray__": True, b"data": b"\0" * 8, b"dtype": "<c8", b"shape": [1]}
     wrong_dtype = dict(valid, **{"observation/state": np.array(["a", "b", "c", "d", "e", "f", "g", "h"])})
     float_pixels = dict(valid, **{"observation/image": np.full((40, 48, 3), 200.0, np.float64)})
@@ -129,7 +136,11 @@ def _garbage(valid: dict) -> list[tuple[str, object, str]]:
         ("huge declared shape", codec.packb(huge), "['observation/image']: shape [1000000, 1000000, 3] of uint8 needs"),
         ("string state", codec.packb(wrong_dtype), "(sent as 'observation/state'): expected a 1-D numeric vector"),
         ("complex dtype", codec.packb({**valid, "observation/state": complex_state}), "'<c8' is not allowed"),
-        ("0..255 float image", codec.packb(float_pixels), "(sent as 'observation/image'): float images must have values in [0, 1]"),
+        (
+            "0..255 float image",
+            codec.packb(float_pixels),
+            "(sent as 'observation/image'): float images must have values in [0, 1]",
+        ),
         ("NaN state", codec.packb(nan_state), "must be finite; NaN or inf at indices [0]"),
         ("missing state", codec.packb(missing), "['observation/state']: missing"),
         ("not a map", codec.packb([1, 2, 3]), "expected a map of observation keys"),
@@ -206,7 +217,7 @@ def test_eight_clients_are_batched_and_each_gets_its_own_actions(policy):
         assert metric(running.url, "batch_size_sum") == 24 and metric(running.url, 'batch_size_bucket{le="4"}') < calls
         sizes = {r["server_timing"]["batch_size"] for rs in results for r in rs}
         assert max(sizes) > 1
-        for obs, answers in zip(observations, results):
+        for obs, answers in zip(observations, results, strict=True):
             expected = expected_actions(policy, running.server, obs)
             for answer in answers:
                 np.testing.assert_allclose(answer["actions"], expected, rtol=1e-5, atol=1e-5)
@@ -220,8 +231,10 @@ def test_a_bad_observation_in_a_batch_fails_alone_and_shapes_are_grouped(policy)
         observations = [*good, only_base, bad]
         results = run_concurrently(running.url, observations)
         assert isinstance(results[4][0], ServerError) and "observation/state" in str(results[4][0])
-        for obs, (answer,) in zip(observations[:4], results[:4]):
-            np.testing.assert_allclose(answer["actions"], expected_actions(policy, running.server, obs), rtol=1e-5, atol=1e-5)
+        for obs, (answer,) in zip(observations[:4], results[:4], strict=True):
+            np.testing.assert_allclose(
+                answer["actions"], expected_actions(policy, running.server, obs), rtol=1e-5, atol=1e-5
+            )
         # 40x48 frames (incl. the one without a wrist camera) share a call; 64x32 frames need their own.
         assert metric(running.url, "model_calls_total") == 2
         assert sorted(r[0]["server_timing"]["batch_size"] for r in results[:4]) == [1, 3, 3, 3]
@@ -235,8 +248,10 @@ def test_pipelined_requests_are_answered_in_order(policy):
             for obs in observations:
                 ws.send(codec.packb(obs))
             answers = [codec.unpackb(ws.recv(timeout=60)) for _ in observations]
-        for obs, answer in zip(observations, answers):
-            np.testing.assert_allclose(answer["actions"], expected_actions(policy, running.server, obs), rtol=1e-5, atol=1e-5)
+        for obs, answer in zip(observations, answers, strict=True):
+            np.testing.assert_allclose(
+                answer["actions"], expected_actions(policy, running.server, obs), rtol=1e-5, atol=1e-5
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -347,7 +362,14 @@ def test_healthz_and_metrics(policy):
         for i in range(3):
             client.infer(libero_obs(40 + i))
         after = parse_metrics(http_get(running.url, "/metrics")[1])
-        for name in ("requests_total", "errors_total", "batch_size", "queue_seconds", "inference_seconds", "request_seconds"):
+        for name in (
+            "requests_total",
+            "errors_total",
+            "batch_size",
+            "queue_seconds",
+            "inference_seconds",
+            "request_seconds",
+        ):
             assert any(key.startswith(PREFIX + name) for key in after), name
         assert after[PREFIX + 'requests_total{outcome="ok"}'] - before[PREFIX + 'requests_total{outcome="ok"}'] == 3
         assert after[PREFIX + "queue_seconds_count"] == 3 and after[PREFIX + "request_seconds_count"] == 3

@@ -102,7 +102,11 @@ def test_top_level_must_be_a_map_and_nesting_is_bounded():
 # Key maps
 # ---------------------------------------------------------------------------------------------------------------
 
-CAMERAS = ("observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb", "observation.images.right_wrist_0_rgb")
+CAMERAS = (
+    "observation.images.base_0_rgb",
+    "observation.images.left_wrist_0_rgb",
+    "observation.images.right_wrist_0_rgb",
+)
 
 
 def mapper(name="auto", has_tokenizer=False, default_prompt=None, cameras=CAMERAS):
@@ -116,12 +120,20 @@ def image(value=0):
 
 
 def test_libero_aloha_droid_and_identity_keys():
-    libero = {"observation/image": image(1), "observation/wrist_image": image(2), "observation/state": np.ones(8), "prompt": "p"}
+    libero = {
+        "observation/image": image(1),
+        "observation/wrist_image": image(2),
+        "observation/state": np.ones(8),
+        "prompt": "p",
+    }
     out, origin = mapper(has_tokenizer=True)(libero)
     assert set(out) == {CAMERAS[0], CAMERAS[1], "observation.state", "prompt"}
     assert out[CAMERAS[1]][0, 0, 0] == 2 and origin["observation.state"] == "observation/state"
 
-    aloha = {"state": np.ones(14), "images": {k: image(i) for i, k in enumerate(("cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist"))}}
+    aloha = {
+        "state": np.ones(14),
+        "images": {k: image(i) for i, k in enumerate(("cam_high", "cam_low", "cam_left_wrist", "cam_right_wrist"))},
+    }
     out, _ = mapper()(aloha)
     assert [out[c][0, 0, 0] for c in CAMERAS] == [0, 2, 3]  # cam_low is dropped, as openpi does
     assert out["observation.state"].shape == (14,)
@@ -142,7 +154,10 @@ def test_libero_aloha_droid_and_identity_keys():
 
 
 def test_two_camera_model_drops_extra_cameras_and_fixed_map_is_enforced():
-    aloha = {"state": np.ones(14), "images": {"cam_high": image(1), "cam_left_wrist": image(2), "cam_right_wrist": image(3)}}
+    aloha = {
+        "state": np.ones(14),
+        "images": {"cam_high": image(1), "cam_left_wrist": image(2), "cam_right_wrist": image(3)},
+    }
     out, _ = mapper(cameras=CAMERAS[:2])(aloha)
     assert set(out) == {CAMERAS[0], CAMERAS[1], "observation.state"}
     with pytest.raises(keymap.KeyMapError, match=r"\['observation/joint_position'\]: missing"):
@@ -154,7 +169,12 @@ def test_two_camera_model_drops_extra_cameras_and_fixed_map_is_enforced():
 
 
 def test_instruction_text_or_tokens_and_default_prompt():
-    obs = {"observation/image": image(), "observation/state": np.ones(8), "prompt": "p", "observation.language.tokens": np.arange(3)}
+    obs = {
+        "observation/image": image(),
+        "observation/state": np.ones(8),
+        "prompt": "p",
+        "observation.language.tokens": np.arange(3),
+    }
     out, _ = mapper(has_tokenizer=False)(obs)
     assert "prompt" not in out and "observation.language.tokens" in out
     out, _ = mapper(has_tokenizer=True)(obs)
@@ -202,7 +222,9 @@ def test_prometheus_text_histograms_are_cumulative():
     m.request_failed("decode")
     m.queued(0.0001)
     text = m.render()
-    assert "# TYPE embodied_accel_batch_size histogram" in text and "# TYPE embodied_accel_requests_total counter" in text
+    assert (
+        "# TYPE embodied_accel_batch_size histogram" in text and "# TYPE embodied_accel_requests_total counter" in text
+    )
     samples = metrics.parse_metrics(text)
     p = metrics.PREFIX
     assert samples[f'{p}batch_size_bucket{{le="1"}}'] == 1

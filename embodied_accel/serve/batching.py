@@ -97,7 +97,8 @@ class Pi0Runner:
         raw = self.policy.processor.raw_inputs(observation)  # raises ObservationError naming the field
         present = raw.image_masks[0].tolist()
         signature = tuple(
-            (tuple(frame.shape[1:]), str(frame.dtype)) if has else None for frame, has in zip(raw.frames, present)
+            (tuple(frame.shape[1:]), str(frame.dtype)) if has else None
+            for frame, has in zip(raw.frames, present, strict=True)
         )
         return observation, signature
 
@@ -128,7 +129,8 @@ class BatchInferRunner:
 
     def signature(self, prepared: Mapping[str, Any]) -> Hashable:
         return tuple(
-            (key, tuple(np.shape(value)), getattr(value, "dtype", type(value).__name__)) for key, value in sorted(prepared.items())
+            (key, tuple(np.shape(value)), getattr(value, "dtype", type(value).__name__))
+            for key, value in sorted(prepared.items())
         )
 
     def run(self, prepared: Sequence[Any]) -> np.ndarray:
@@ -148,7 +150,7 @@ def merge_signatures(a: Hashable, b: Hashable) -> Hashable | None:
     if not (isinstance(a, tuple) and isinstance(b, tuple)) or len(a) != len(b):
         return None
     merged = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         if x is not None and y is not None and x != y:
             return None
         merged.append(x if x is not None else y)
@@ -302,7 +304,9 @@ class Batcher:
             if len(group) == 1:
                 self._fail(loop, group[0][0], exc)
                 return
-            log_event(logger, logging.WARNING, "batch_retry_single", size=len(group), error=f"{type(exc).__name__}: {exc}")
+            log_event(
+                logger, logging.WARNING, "batch_retry_single", size=len(group), error=f"{type(exc).__name__}: {exc}"
+            )
             for member in group:
                 self._run_group([member], loop, start)
             return

@@ -170,10 +170,12 @@ class ActionChunkExecutor:
     ``prefetch_steps=None`` adapts: one more than the largest delay seen so far (initially half a chunk).
     If the current chunk runs out before the next one arrives, ``on_starve="wait"`` blocks until it does and
     ``"hold"`` repeats the last action. A failed request is retried while the current chunk lasts; when no
-    action is left, :meth:`step` raises its error. ``infer`` is any callable ``observation -> {"actions": [H, D]}`` (or the
-    array), e.g. :meth:`PolicyClient.infer` or openpi-client's ``WebsocketClientPolicy.infer``. Observations are
-    passed on by reference: give each step fresh arrays. ``submit`` runs ``infer`` in the background (default: one
-    worker thread); tests inject a scheduler to control when results arrive.
+    action is left, :meth:`step` raises its error.
+
+    ``infer`` is any callable ``observation -> {"actions": [H, D]}`` (or the array), e.g.
+    :meth:`PolicyClient.infer` or openpi-client's ``WebsocketClientPolicy.infer``. Observations are passed on by
+    reference: give each step fresh arrays. ``submit`` runs ``infer`` in the background (default: one worker
+    thread); tests inject a scheduler to control when results arrive.
     """
 
     def __init__(
@@ -253,7 +255,9 @@ class ActionChunkExecutor:
             self.stats.failed_requests += 1
             if self._exhausted():
                 raise
-            logger.warning("action-chunk request failed (%s: %s); retrying with the next observation", type(exc).__name__, exc)
+            logger.warning(
+                "action-chunk request failed (%s: %s); retrying with the next observation", type(exc).__name__, exc
+            )
             return False
         actions = np.asarray(result[self._action_key] if isinstance(result, Mapping) else result)
         if actions.ndim != 2 or len(actions) == 0:

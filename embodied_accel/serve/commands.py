@@ -6,7 +6,6 @@ import argparse
 import json
 import logging
 import re
-import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,7 +63,9 @@ def add_server_options(parser: argparse.ArgumentParser, positive_int: Callable[[
         )
         group.add_argument("--default-prompt", help="instruction for requests that carry none")
         group.add_argument("--log-json", action="store_true", help="log one JSON object per line")
-    group.add_argument("--max-batch", type=positive_int, default=ServeConfig.max_batch, help="requests per model call (default: 8)")
+    group.add_argument(
+        "--max-batch", type=positive_int, default=ServeConfig.max_batch, help="requests per model call (default: 8)"
+    )
     group.add_argument(
         "--batch-wait-ms",
         type=_non_negative_float,
@@ -85,8 +86,12 @@ def add_loadtest_options(
     group.add_argument("--url", help="server to test, e.g. ws://host:8000 (default: start one on loopback in-process)")
     group.add_argument("--clients", type=positive_int, default=16, help="concurrent connections (default: 16)")
     group.add_argument("--requests", type=positive_int, default=200, help="timed requests per client (default: 200)")
-    group.add_argument("--warmup", type=non_negative_int, default=2, help="untimed requests per client first (default: 2)")
-    group.add_argument("--timeout-s", type=_positive_float, default=120.0, help="per-request client timeout (default: 120)")
+    group.add_argument(
+        "--warmup", type=non_negative_int, default=2, help="untimed requests per client first (default: 2)"
+    )
+    group.add_argument(
+        "--timeout-s", type=_positive_float, default=120.0, help="per-request client timeout (default: 120)"
+    )
     group.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
     group.add_argument("--no-write", action="store_true", help="print only, write no result file")
     group.add_argument("--note", help="free text stored in the result file")
@@ -113,8 +118,8 @@ def use_json_logs() -> None:
         handler.setFormatter(JsonFormatter())
 
 
-def run_serve(policy: Any, args: argparse.Namespace) -> int:
-    """Serve until SIGINT / SIGTERM; returns the exit code."""
+def run_serve(policy: Any, args: argparse.Namespace, announce: Callable[[str], None]) -> int:
+    """Serve until SIGINT / SIGTERM; ``announce`` gets the listening line and the final "stopped"."""
     import asyncio
 
     from .server import PolicyServer
@@ -122,15 +127,16 @@ def run_serve(policy: Any, args: argparse.Namespace) -> int:
     if args.log_json:
         use_json_logs()
     server = PolicyServer(policy, serve_config(args))
+    name = getattr(getattr(policy, "config", None), "name", type(policy).__name__)
 
     def ready() -> None:
-        print(f"serving {policy.config.name} on {server.url} (keymap {server.mapper.name}); Ctrl-C stops", flush=True)
+        announce(f"serving {name} on {server.url} (keymap {server.mapper.name}); Ctrl-C stops")
 
     try:
         asyncio.run(server.run(handle_signals=True, ready=ready))
     except OSError as exc:
         raise ValueError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
-    print("stopped", flush=True)
+    announce("stopped")
     return 0
 
 
@@ -231,20 +237,17 @@ def write_loadtest_record(record: dict[str, Any], out_dir: Path) -> Path:
     return path
 
 
-def print_loadtest(stats: dict[str, Any], path: Path | None) -> None:
+def loadtest_summary(stats: dict[str, Any], path: Path | None) -> str:
     from .loadtest import format_summary
 
-    print(format_summary(stats))
-    if path is not None:
-        print(f"wrote {path}")
-    sys.stdout.flush()
+    return format_summary(stats) + (f"\nwrote {path}" if path is not None else "")
 
 
 __all__ = [
     "add_loadtest_options",
     "add_server_options",
     "loadtest_record",
-    "print_loadtest",
+    "loadtest_summary",
     "run_loadtest_command",
     "run_serve",
     "serve_config",

@@ -90,9 +90,11 @@ def load_keymap(spec: str | Path) -> KeyMap | str:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"--keymap {path}: not a readable JSON file ({exc})") from None
-    if not isinstance(data, dict) or not {"cameras", "state"} <= set(data) or not set(data) <= {
-        "name", "cameras", "state", "prompt"
-    }:
+    if (
+        not isinstance(data, dict)
+        or not {"cameras", "state"} <= set(data)
+        or not set(data) <= {"name", "cameras", "state", "prompt"}
+    ):
         raise ValueError(f"--keymap {path}: expected an object with 'cameras' and 'state' (and 'name', 'prompt')")
     cameras, state = data["cameras"], data["state"]
     if isinstance(state, str):
@@ -171,7 +173,9 @@ class ObservationMapper:
     def _mapped(self, flat: Mapping[str, Any], keymap: KeyMap) -> tuple[dict[str, Any], dict[str, str]]:
         out: dict[str, Any] = {}
         origin: dict[str, str] = {}
-        for slot, wire in zip(self.image_keys, keymap.cameras):  # cameras past the model's slots are dropped
+        for slot, wire in zip(
+            self.image_keys, keymap.cameras, strict=False
+        ):  # cameras past the model's slots are dropped
             if wire in flat:
                 out[slot], origin[slot] = flat[wire], wire
         parts = []
@@ -185,7 +189,7 @@ class ObservationMapper:
         if len(parts) == 1:
             out[self.state_key] = parts[0]  # the processor checks it (and names the wire key via ``origin``)
         else:
-            out[self.state_key] = np.concatenate([_state_part(p, w) for p, w in zip(parts, keymap.state)])
+            out[self.state_key] = np.concatenate([_state_part(p, w) for p, w in zip(parts, keymap.state, strict=True)])
         origin[self.state_key] = " + ".join(keymap.state)
         if keymap.prompt in flat:
             out["prompt"], origin["prompt"] = flat[keymap.prompt], keymap.prompt
@@ -212,8 +216,9 @@ class ObservationMapper:
 def _state_part(value: Any, wire: str) -> np.ndarray:
     arr = np.asarray(value)
     if arr.ndim > 1 or arr.dtype.kind not in "biuf":
-        raise KeyMapError(f"observation[{wire!r}]: expected a numeric vector or scalar, got shape {arr.shape} "
-                          f"dtype {arr.dtype}")
+        raise KeyMapError(
+            f"observation[{wire!r}]: expected a numeric vector or scalar, got shape {arr.shape} dtype {arr.dtype}"
+        )
     return np.atleast_1d(arr).astype(np.float32)
 
 

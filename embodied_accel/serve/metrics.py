@@ -42,7 +42,7 @@ class Histogram:
 
     def lines(self, name: str) -> Iterable[str]:
         cumulative = 0
-        for bound, n in zip(self.buckets, self.counts):
+        for bound, n in zip(self.buckets, self.counts, strict=False):  # counts[-1]: above every bound
             cumulative += n
             yield f'{name}_bucket{{le="{_number(bound)}"}} {cumulative}'
         yield f'{name}_bucket{{le="+Inf"}} {self.count}'
@@ -160,13 +160,24 @@ class Metrics:
             )
             metric("connections", "gauge", "Open websocket connections.", [f"connections {self.connections_open}"])
             metric(
-                "connections_total", "counter", "Websocket connections accepted.", [f"connections_total {self.connections_total}"]
+                "connections_total",
+                "counter",
+                "Websocket connections accepted.",
+                [f"connections_total {self.connections_total}"],
             )
-            metric("inflight_requests", "gauge", "Requests received and not yet answered.", [f"inflight_requests {self.inflight}"])
+            metric(
+                "inflight_requests",
+                "gauge",
+                "Requests received and not yet answered.",
+                [f"inflight_requests {self.inflight}"],
+            )
             metric("queue_depth", "gauge", "Requests waiting for a batch.", [f"queue_depth {self.queue_depth}"])
         rss = resident_memory_bytes()
-        lines = ["# HELP process_start_time_seconds Start time of the server (Unix time).",
-                 "# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {self.started:.3f}"]
+        lines = [
+            "# HELP process_start_time_seconds Start time of the server (Unix time).",
+            "# TYPE process_start_time_seconds gauge",
+            f"process_start_time_seconds {self.started:.3f}",
+        ]
         if rss is not None:
             lines += [
                 "# HELP process_resident_memory_bytes Resident memory of the server process.",

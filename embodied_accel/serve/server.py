@@ -75,7 +75,9 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
     if model_config is not None:
         meta.update(model=model_config.name, family=model_config.family, action_horizon=model_config.action_horizon)
     if io is not None:
-        meta.update(cameras=list(io.image_keys), state_key=io.state_key, state_dim=io.state_dim, action_dim=io.action_dim)
+        meta.update(
+            cameras=list(io.image_keys), state_key=io.state_key, state_dim=io.state_dim, action_dim=io.action_dim
+        )
     steps = config.num_steps or getattr(model_config, "num_steps", None)
     if steps is not None:
         meta["num_steps"] = steps
@@ -222,7 +224,9 @@ class PolicyServer:
         try:
             await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_s)
         except TimeoutError:
-            log_event(logger, logging.WARNING, "drain_timeout", inflight=self._inflight, timeout_s=self.config.drain_timeout_s)
+            log_event(
+                logger, logging.WARNING, "drain_timeout", inflight=self._inflight, timeout_s=self.config.drain_timeout_s
+            )
         connections = list(self._connections)
         if connections:
             await asyncio.gather(
@@ -284,7 +288,13 @@ class PolicyServer:
             self._connections.discard(ws)
             self.metrics.connection(False)
             log_event(
-                logger, logging.INFO, "connection_closed", conn=conn.id, peer=conn.peer, code=ws.close_code, reason=ws.close_reason
+                logger,
+                logging.INFO,
+                "connection_closed",
+                conn=conn.id,
+                peer=conn.peer,
+                code=ws.close_code,
+                reason=ws.close_reason,
             )
 
     async def _read(self, ws: ServerConnection, conn: _Connection, replies: asyncio.Queue) -> None:
@@ -295,7 +305,9 @@ class PolicyServer:
             except ConnectionClosedError as exc:
                 if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
                     self.metrics.request_failed("oversized")
-                    log_event(logger, logging.WARNING, "request_failed", conn=conn.id, kind="oversized", error=exc.sent.reason)
+                    log_event(
+                        logger, logging.WARNING, "request_failed", conn=conn.id, kind="oversized", error=exc.sent.reason
+                    )
                 await replies.put(_EOF)
                 return
             except ConnectionClosed:
