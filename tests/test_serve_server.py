@@ -208,7 +208,7 @@ def run_concurrently(url: str, observations: list[dict], repeats: int = 1) -> li
 
 
 def test_eight_clients_are_batched_and_each_gets_its_own_actions(policy):
-    with start(policy, max_batch=8, batch_wait_ms=200) as running:
+    with start(policy, max_batch=8, batch_wait_ms=1000) as running:
         observations = [libero_obs(10 + i) for i in range(8)]
         results = run_concurrently(running.url, observations, repeats=3)
         calls = metric(running.url, "model_calls_total")
@@ -224,7 +224,7 @@ def test_eight_clients_are_batched_and_each_gets_its_own_actions(policy):
 
 
 def test_a_bad_observation_in_a_batch_fails_alone_and_shapes_are_grouped(policy):
-    with start(policy, max_batch=8, batch_wait_ms=300) as running:
+    with start(policy, max_batch=8, batch_wait_ms=2000) as running:
         good = [libero_obs(20), libero_obs(21, size=(40, 48)), libero_obs(22, size=(64, 32))]
         only_base = {k: v for k, v in libero_obs(23).items() if k != "observation/wrist_image"}
         bad = dict(libero_obs(24), **{"observation/state": np.ones(3, np.float32)})
@@ -282,7 +282,7 @@ def start_fake(policy: SlowPolicy, **config) -> ServerThread:
 
 def test_failed_batch_is_retried_one_by_one(policy):
     fake = SlowPolicy()
-    with start_fake(fake, max_batch=8, batch_wait_ms=300) as running:
+    with start_fake(fake, max_batch=8, batch_wait_ms=2000) as running:
         # Same keys and shapes: one group, so the batched call fails and each request is retried alone.
         observations = [{"value": np.float32(i), "bad": np.bool_(i == 4)} for i in range(5)]
         results = run_concurrently(running.url, observations)
@@ -294,11 +294,11 @@ def test_failed_batch_is_retried_one_by_one(policy):
 
 def test_request_timeout(policy):
     fake = SlowPolicy()
-    with start_fake(fake, request_timeout_s=0.2) as running:
+    with start_fake(fake, request_timeout_s=0.5) as running:
         client = PolicyClient(running.url)
-        with pytest.raises(ServerError, match="timed out after 0.2 s"):
-            client.infer({"value": np.float32(1), "sleep": 0.6})
-        time.sleep(0.5)  # the abandoned call still holds the inference thread until it returns
+        with pytest.raises(ServerError, match="timed out after 0.5 s"):
+            client.infer({"value": np.float32(1), "sleep": 1.2})
+        time.sleep(0.9)  # the abandoned call still holds the inference thread until it returns
         client.reconnect()
         assert np.all(client.infer({"value": np.float32(2)})["actions"] == 2)
         assert metric(running.url, 'errors_total{kind="timeout"}') == 1
