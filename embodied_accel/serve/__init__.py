@@ -4,8 +4,9 @@
     from embodied_accel.serve.client import PolicyClient       # robot side: numpy, msgpack, websockets only
 
 Modules: :mod:`.codec` (wire format), :mod:`.keymap` (openpi LIBERO / ALOHA / DROID keys → model keys),
-:mod:`.metrics` (Prometheus text), :mod:`.batching` (request queue, one inference thread), :mod:`.server`,
-:mod:`.client` (client helper and asynchronous action-chunk executor), :mod:`.loadtest`.
+:mod:`.metrics` (Prometheus text, JSON log lines), :mod:`.batching` (request queue, one inference thread),
+:mod:`.config` and :mod:`.server`, :mod:`.client` (client helper and asynchronous action-chunk executor),
+:mod:`.loadtest`, :mod:`.commands` (the ``serve`` and ``loadtest`` commands).
 
 Importing this package imports nothing heavy; the names below load their module on first use.
 """
