@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 3's GPU work in a few device calls (the device tool runs this from the repo root; results go to $OUT).
+#
+#   tools/fetch_gpu_wheels.sh            # here, once: pure-Python wheels the GPU machine may lack (pytest)
+#   run: bash tools/gpu_session.sh tests       carry: [".gpu_wheels"]   # kernels, cudagraph, device processing on GPU
+#   run: bash tools/gpu_session.sh bench pi0   carry: [".gpu_wheels"]   # the bench matrix, one model per call
+#   run: bash tools/gpu_session.sh bench pi05
+#   run: bash tools/gpu_session.sh profile pi0 cudagraph
+#
+# The GPU image has torch, triton, numpy, safetensors; nothing can be downloaded there.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+PY=${PYTHON:-python3}
+
+for module in pytest tqdm; do
+    if ! "$PY" -c "import $module" 2>/dev/null && [ -d .gpu_wheels ]; then
+        "$PY" -m pip install --quiet --no-index --find-links .gpu_wheels "$module" 2>&1 | tail -2
+    fi
+done
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv >"$OUT/gpu.txt" 2>&1
+"$PY" -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))" >>"$OUT/gpu.txt" 2>&1
+
+case "${1:-tests}" in
+tests)
+    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernels.py tests/test_cudagraph.py \
+        tests/test_device_processing.py tests/test_runtime.py tests/test_pi0_parity.py 2>&1 | tail -40 | tee "$OUT/tests.txt"
+    ;;
+bench)
+    model=${2:-pi0}
+    shift 2 || true
+    "$PY" tools/gpu_bench.py --model "$model" --out-dir "$OUT/results" "$@" 2>&1 | grep -v "^INFO" | tee "$OUT/bench_$model.txt"
+    ;;
+profile)
+    model=${2:-pi0}
+    capture=${3:-cudagraph}
+    "$PY" -m embodied_accel.cli profile --model "$model" --dtype bfloat16 --capture "$capture" --views 2 \
+        --out-dir "$OUT/profiles" 2>&1 | tee "$OUT/profile_${model}_${capture//+/_}.txt"
+    ;;
+*)
+    echo "usage: $0 tests | bench MODEL [gpu_bench args] | profile MODEL CAPTURE" >&2
+    exit 2
+    ;;
+esac
