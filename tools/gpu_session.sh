@@ -31,12 +31,14 @@ bench)
     model=${2:-pi0}
     shift 2 || true
     "$PY" tools/gpu_bench.py --model "$model" --out-dir "$OUT/results" "$@" 2>&1 | grep -v "^INFO" | tee "$OUT/bench_$model.txt"
+    tar czf "$OUT/results_$model.tgz" -C "$OUT" results && rm -rf "$OUT/results"  # at most 8 files come back
     ;;
 profile)
     model=${2:-pi0}
     capture=${3:-cudagraph}
     "$PY" -m embodied_accel.cli profile --model "$model" --dtype bfloat16 --capture "$capture" --views 2 \
         --out-dir "$OUT/profiles" 2>&1 | tee "$OUT/profile_${model}_${capture//+/_}.txt"
+    tar czf "$OUT/profile_${model}_${capture//+/_}.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"
     ;;
 *)
     echo "usage: $0 tests | bench MODEL [gpu_bench args] | profile MODEL CAPTURE" >&2
