@@ -35,9 +35,9 @@ def test_backend_lists_fused_and_fallback_ops():
     assert cuda_ops.backend == "cuda"
     assert set(cuda_ops.fused) == {
         "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_add_ada_rms_norm", "geglu", "prepare_rope", "rope",
-        "attention",
+        "prepare_attention_mask", "attention",
     }
-    assert "linear" in cuda_ops.fallback and "prepare_attention_mask" in cuda_ops.fallback
+    assert "linear" in cuda_ops.fallback
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -55,12 +55,18 @@ def test_packed_mqa_attention(batch, heads, kv_heads, sq, sk, dim, dtype):
     may_attend[:, :, 0] = True
     may_attend[0, -1] = False  # a fully masked row stays finite (uniform), as in the reference
     mask = reference.prepare_attention_mask(may_attend, dtype)
-    out = cuda_ops.attention(q, k, v, mask, dim**-0.5)
+    cuda_mask = cuda_ops.prepare_attention_mask(may_attend, dtype)
+    out = cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5)
+    assert torch.equal(cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5), out)  # the packed mask, reused
+    assert len(cuda_mask._rows) == (1 if kv_heads == 1 and heads > 1 else 0)
     expected = reference.attention(q.float(), k.float(), v.float(), mask.float(), dim**-0.5)
     # bf16: at most about twice the error of the same-dtype reference
     same_dtype_err = (reference.attention(q, k, v, mask, dim**-0.5).float() - expected).abs().max().item()
     err = (out.float() - expected).abs().max().item()
     assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
+    rows = out.transpose(1, 2).reshape(batch * sq, heads * dim)  # what the model does next
+    if kv_heads == 1 and heads > 1:
+        assert rows.data_ptr() == out.data_ptr()  # a view: the (query, head) packing needs no copy back
     assert err <= max(2 * same_dtype_err, TOLERANCE[dtype]["atol"]), (err, same_dtype_err)
 
 
