@@ -35,7 +35,7 @@ def test_backend_lists_fused_and_fallback_ops():
     assert cuda_ops.backend == "cuda"
     assert set(cuda_ops.fused) == {
         "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_add_ada_rms_norm", "geglu", "prepare_rope", "rope",
-        "prepare_attention_mask", "attention",
+        "rope_store_kv", "prepare_attention_mask", "attention",
     }
     assert "linear" in cuda_ops.fallback
 
@@ -116,6 +116,32 @@ def test_rope_on_merged_qkv_views(batch, heads, kv_heads, seq, dim, dtype):
     assert torch.equal(out[:, heads + kv_heads :], qkv[:, heads + kv_heads :])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch,heads,kv_heads,seq,dim", [(1, 8, 1, 51, 256), (2, 5, 1, 13, 64), (2, 4, 2, 3, 16)])
+def test_rope_store_kv_writes_the_cache_planes_and_returns_q(batch, heads, kv_heads, seq, dim, dtype):
+    from embodied_accel.nn.kv_cache import StaticKVCache
+
+    total = heads + 2 * kv_heads
+    qkv = randn(batch, seq, total, dim, dtype=dtype).transpose(1, 2)
+    angles = torch.rand(batch, seq, dim // 2, device=DEVICE) * 100
+    cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
+    ours = StaticKVCache(1, batch, kv_heads, seq + 4, dim, dtype, DEVICE)
+    ref = StaticKVCache(1, batch, kv_heads, seq + 4, dim, torch.float32, DEVICE)
+    q = cuda_ops.rope_store_kv(qkv, cuda_ops.prepare_rope(cos, sin, heads + kv_heads, total), ours.slots(2, 2 + seq, 2 + seq)[0].kv_write)
+    ref_tables = reference.prepare_rope(cos.float(), sin.float(), heads + kv_heads, total)
+    ref_q = reference.rope_store_kv(qkv.float(), ref_tables, ref.slots(2, 2 + seq, 2 + seq)[0].kv_write)
+    expected_q = reference.rope(qkv.float(), ref_tables)[:, :heads]
+    torch.testing.assert_close(q.float(), expected_q, **TOLERANCE[dtype])
+    assert q.shape == (batch, heads, seq, dim) and q.transpose(1, 2).is_contiguous()  # [B, S, H, D] memory
+    rotated = reference.rope(qkv.float(), ref_tables)
+    k_plane, v_plane = ours.buffer[0, 0], ours.buffer[0, 1]
+    torch.testing.assert_close(k_plane[:, :, 2 : 2 + seq].float(), rotated[:, heads : heads + kv_heads], **TOLERANCE[dtype])
+    assert torch.equal(v_plane[:, :, 2 : 2 + seq], qkv[:, heads + kv_heads :])  # V passes through exactly
+    assert not ours.buffer[..., :2, :].any() and not ours.buffer[..., 2 + seq :, :].any()  # only its slots
+    torch.testing.assert_close(ref_q, expected_q, rtol=0, atol=0)  # the reference op: same Q, same planes
+    torch.testing.assert_close(ours.buffer.float(), ref.buffer, **TOLERANCE[dtype])
+
+
 def test_custom_ops_have_working_fake_implementations():
     from embodied_accel.ops.cuda import kernels
 
@@ -126,6 +152,8 @@ def test_custom_ops_have_working_fake_implementations():
     torch.library.opcheck(
         kernels.gated_add_ada_rms_norm, (x, r, w, w, w, 1e-6), test_utils=("test_schema", "test_faketensor")
     )
+    qkv, table, kv_write = randn(1, 10, 3, 16), randn(1, 3, 16), torch.zeros(2, 1, 1, 3, 16, device=DEVICE)
+    torch.library.opcheck(kernels.rope_store_kv, (qkv, table, table, kv_write), test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(kernels.geglu, (x,), test_utils=("test_schema", "test_faketensor"))
     q = randn(1, 3, 5, 16)
     torch.library.opcheck(kernels.rope, (q, randn(1, 5, 16), randn(1, 5, 16), 2), test_utils=("test_schema", "test_faketensor"))

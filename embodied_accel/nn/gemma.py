@@ -95,7 +95,7 @@ class GemmaLayer(nn.Module):
         return torch.addcmul(hidden, ops.linear(x, self.down_weight), cond.post_gate)
 
     def write_kv(self, hidden, batch: int, seq: int, rope_tables, slots: AttentionSlots, cond=None) -> torch.Tensor:
-        """Input norm → fused QKV → RoPE; writes K/V into the cache (``slots.write``) and returns Q ``[B, H, S, Dh]``.
+        """Input norm → fused QKV → RoPE; writes K/V into the cache slot and returns Q ``[B, H, S, Dh]``.
 
         Alone, this is all a pass needs from a layer whose outputs nobody reads (the VLM's last layer
         over the prefix: the expert only reads its K/V).
@@ -107,10 +107,7 @@ class GemmaLayer(nn.Module):
         else:
             x = ops.ada_rms_norm(hidden, cond.input_scale_plus_one, cond.input_shift, cfg.eps)
         qkv = ops.linear(x, self.qkv_weight).view(batch, seq, heads + 2 * kv_heads, head_dim).transpose(1, 2)
-        qkv = ops.rope(qkv, rope_tables)  # rotates the q and k heads, passes v through
-        q, kv = qkv.split([heads, 2 * kv_heads], dim=1)
-        slots.write(kv)
-        return q
+        return ops.rope_store_kv(qkv, rope_tables, slots.kv_write)  # rotates Q and K, stores K and V
 
     def norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> list[NormConditioning]:
         """adaRMS modulation for a stack of conditioning vectors ``cond: [steps, D]`` (one per step)."""

@@ -15,10 +15,6 @@ class AttentionSlots:
     keys: torch.Tensor  # [B, Hkv, L_attend, Dh]
     values: torch.Tensor  # [B, Hkv, L_attend, Dh]
 
-    def write(self, kv: torch.Tensor) -> None:
-        """Store a pass's ``kv: [B, 2*Hkv, S_pass, Dh]`` (K heads then V heads) in one copy."""
-        self.kv_write.copy_(kv.unflatten(1, (2, -1)).transpose(0, 1))
-
 
 class StaticKVCache:
     """K and V of every layer in one buffer ``[depth, 2, B, Hkv, max_len, Dh]``.

@@ -33,6 +33,7 @@ OP_NAMES: tuple[str, ...] = (
     "geglu",
     "prepare_rope",
     "rope",
+    "rope_store_kv",
     "prepare_attention_mask",
     "attention",
 )

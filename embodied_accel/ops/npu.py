@@ -63,6 +63,7 @@ OPERATORS: dict[str, str] = {
     "add_layer_norm": "npu_add_layer_norm",
     "prepare_rope": "npu_rotary_mul",
     "rope": "npu_rotary_mul",
+    "rope_store_kv": "npu_rotary_mul",
     "prepare_attention_mask": "npu_fused_infer_attention_score",
     "attention": "npu_fused_infer_attention_score",
 }
@@ -198,6 +199,11 @@ def rope(x: torch.Tensor, tables) -> torch.Tensor:
     rows = x.transpose(1, 2).contiguous()  # [B, S, heads, D]; no copy for the model's merged QKV
     out = _npu.npu_rotary_mul(rows, _as_dtype(tables.r1, x.dtype), _as_dtype(tables.r2, x.dtype), rotary_mode="half")
     return out.transpose(1, 2)
+
+
+def rope_store_kv(qkv: torch.Tensor, tables, kv_write: torch.Tensor) -> torch.Tensor:
+    """:func:`rope` on the merged QKV, then its K/V heads copied into the cache slot; returns Q."""
+    return reference.split_store_kv(rope(qkv, tables), kv_write)
 
 
 # ------------------------------------------------------------------ attention
@@ -338,6 +344,7 @@ def impls() -> tuple[dict[str, object], dict[str, str]]:
         "add_layer_norm": add_layer_norm,
         "prepare_rope": prepare_rope,
         "rope": rope,
+        "rope_store_kv": rope_store_kv,
         "prepare_attention_mask": prepare_attention_mask,
         "attention": attention,
     }

@@ -168,6 +168,21 @@ def rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
     return torch.addcmul(x * tables.cos, rotated, tables.sin_signed)
 
 
+def split_store_kv(rotated: torch.Tensor, kv_write: torch.Tensor) -> torch.Tensor:
+    """Store the K/V heads of a rotated merged ``[B, H + 2*Hkv, S, D]`` tensor in a cache slot
+    ``kv_write: [2, B, Hkv, S, D]`` (the K plane, the V plane) with one copy; returns Q ``[B, H, S, D]``."""
+    heads = rotated.shape[1] - 2 * kv_write.shape[2]
+    q, kv = rotated.split([heads, rotated.shape[1] - heads], dim=1)
+    kv_write.copy_(kv.unflatten(1, (2, -1)).transpose(0, 1))
+    return q
+
+
+def rope_store_kv(qkv: torch.Tensor, tables: RopeTables, kv_write: torch.Tensor) -> torch.Tensor:
+    """RoPE on a merged ``qkv: [B, H + 2*Hkv, S, D]`` whose K/V heads go to the cache slot ``kv_write``
+    (see :func:`split_store_kv`); returns Q ``[B, H, S, D]``. A backend may fuse the store into the rotation."""
+    return split_store_kv(rope(qkv, tables), kv_write)
+
+
 def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Boolean ``may_attend[B, Sq, Sk]`` → additive ``[B, 1, Sq, Sk]`` mask in ``dtype``."""
     zero = torch.zeros((), dtype=dtype, device=may_attend.device)

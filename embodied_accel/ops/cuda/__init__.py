@@ -76,6 +76,12 @@ def impls() -> dict[str, Callable]:
     def rope(x, tables):
         return kernels.rope(x, tables.cos, tables.sin, tables.rotated_heads)
 
+    def rope_store_kv(qkv, tables, kv_write):
+        """Q comes back as a ``[B, H, S, D]`` view of ``[B, S, H, D]`` memory (what packed attention reads)."""
+        if kv_write.stride(-1) != 1 or tables.rotated_heads != qkv.shape[1] - kv_write.shape[2]:
+            return reference.split_store_kv(rope(qkv, tables), kv_write)
+        return kernels.rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
+
     return {
         "rms_norm": kernels.rms_norm,
         "add_rms_norm": kernels.add_rms_norm,
@@ -84,6 +90,7 @@ def impls() -> dict[str, Callable]:
         "geglu": kernels.geglu,
         "prepare_rope": prepare_rope,
         "rope": rope,
+        "rope_store_kv": rope_store_kv,
         "prepare_attention_mask": prepare_attention_mask,
         "attention": packed_mqa_attention,
     }

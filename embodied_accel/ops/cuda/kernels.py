@@ -163,6 +163,68 @@ def _rope_kernel(
     tl.store(out_row + cols + HALF, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _rope_store_kv_kernel(
+    x_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr,
+    sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, sq_b, sq_s, sq_h, skv_p, skv_b, skv_h, skv_s,
+    n_heads, seq, q_heads, kv_heads, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)  # one program per (b, h, s) row of the merged tensor
+    s = pid % seq
+    h = (pid // seq) % n_heads
+    b = pid // (seq * n_heads)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < HALF
+    x_row = x_ptr + b * sx_b + h * sx_h + s * sx_s
+    x1 = tl.load(x_row + cols * sx_d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (cols + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
+    if h < q_heads + kv_heads:  # Q and K heads rotate, V heads pass through
+        c_row, s_row = cos_ptr + b * sc_b + s * sc_s, sin_ptr + b * sc_b + s * sc_s
+        c1 = tl.load(c_row + cols, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(c_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(s_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
+        y1 = x1 * c1 - x2 * s1
+        y2 = x2 * c2 + x1 * s2
+    else:
+        y1, y2 = x1, x2
+    if h < q_heads:  # Q rows: [B, S, H, D] memory, so packed attention reads them without a copy
+        out_row = q_ptr + b * sq_b + s * sq_s + h * sq_h
+        tl.store(out_row + cols, y1.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_row + cols + HALF, y2.to(q_ptr.dtype.element_ty), mask=mask)
+    else:  # K and V rows go straight into the cache slot's K or V plane
+        kv = h - q_heads
+        out_row = kv_ptr + (kv // kv_heads) * skv_p + b * skv_b + (kv % kv_heads) * skv_h + s * skv_s
+        tl.store(out_row + cols, y1.to(kv_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_row + cols + HALF, y2.to(kv_ptr.dtype.element_ty), mask=mask)
+
+
+@torch.library.custom_op("embodied_accel::rope_store_kv", mutates_args=("kv_write",))
+def rope_store_kv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_write: torch.Tensor) -> torch.Tensor:
+    """``x: [B, H + 2*Hkv, S, D]`` (any strides), ``cos/sin: [B, S, D]``, ``kv_write: [2, B, Hkv, S, D]`` (unit
+    stride on D). Rotates Q and K, writes K and V into ``kv_write``; returns Q as ``[B, S, H, D]`` (contiguous)."""
+    batch, heads, seq, dim = x.shape
+    kv_heads = kv_write.shape[2]
+    q_heads = heads - 2 * kv_heads
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q = torch.empty(batch, seq, q_heads, dim, dtype=x.dtype, device=x.device)
+    half = dim // 2
+    _rope_store_kv_kernel[(batch * heads * seq,)](
+        x, cos, sin, q, kv_write,
+        x.stride(0), x.stride(1), x.stride(2), x.stride(3), cos.stride(0), cos.stride(1),
+        q.stride(0), q.stride(1), q.stride(2),
+        kv_write.stride(0), kv_write.stride(1), kv_write.stride(2), kv_write.stride(3),
+        heads, seq, q_heads, kv_heads, HALF=half, BLOCK=triton.next_power_of_2(half),
+    )
+    return q
+
+
+@rope_store_kv.register_fake
+def _(x, cos, sin, kv_write):
+    batch, heads, seq, dim = x.shape
+    return x.new_empty(batch, seq, heads - 2 * kv_write.shape[2], dim)
+
+
 @torch.library.custom_op("embodied_accel::rope", mutates_args=())
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int) -> torch.Tensor:
     """``x: [B, heads, S, D]`` (any strides), ``cos/sin: [B, S, D]``; rotates the first ``rotated_heads``."""
