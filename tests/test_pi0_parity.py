@@ -94,13 +94,19 @@ def test_repeated_calls_are_deterministic_and_reuse_the_cache(family, preset):
     directory, io, _ = fixture(family)
     policy = load_policy(str(directory), preset=preset, progress=False)
     first = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
-    (cache,) = [c.buffer for c in policy.model._kv_caches.values()]
+    cache = policy.model._kv_cache.buffer
     second = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
-    assert [c.buffer for c in policy.model._kv_caches.values()] == [cache]  # preallocated once, reused
+    assert policy.model._kv_cache.buffer is cache  # preallocated once, reused
     assert torch.equal(first, second)
-    # another shape bucket gets its own cache; the first stays (a captured graph may still read it)
-    policy.model.sample_actions(*model_args(io, family, slice(0, 1)), noise=io["noise"][:1])
-    assert len(policy.model._kv_caches) == 2 and any(c.buffer is cache for c in policy.model._kv_caches.values())
+    # a smaller bucket uses the cache's leading rows: no new allocation, same answer as its batch row
+    single = policy.model.sample_actions(*model_args(io, family, slice(0, 1)), noise=io["noise"][:1])
+    assert policy.model._kv_cache.buffer is cache and not policy.model._outgrown_kv_caches
+    torch.testing.assert_close(single[0], first[0], rtol=1e-5, atol=1e-5)
+    # a larger bucket grows the cache; the outgrown one is kept (a captured graph may still read it)
+    images, masks, tokens, token_masks, state = model_args(io, family)
+    doubled = [torch.cat([t, t]) if t is not None else None for t in (images, masks, tokens, token_masks, state)]
+    policy.model.sample_actions(*doubled, noise=torch.cat([io["noise"], io["noise"]]))
+    assert policy.model._kv_cache.buffer.shape[2] == 4 and policy.model._outgrown_kv_caches[0].buffer is cache
 
 
 @pytest.mark.parametrize("family,preset", CASES)

@@ -85,8 +85,15 @@ class Pi0Runner:
     so a batched answer equals the single-request one.
     """
 
-    def __init__(self, policy: Any, noise_seed: int | None = None, num_steps: int | None = None) -> None:
+    def __init__(
+        self, policy: Any, noise_seed: int | None = None, num_steps: int | None = None, max_batch: int | None = None
+    ) -> None:
         self.policy, self.noise_seed, self.num_steps = policy, noise_seed, num_steps
+        if max_batch is not None:  # the largest bucket's buffers up front: every smaller batch reuses them
+            config = policy.config
+            policy.model.ensure_buffers(
+                max_batch, len(policy.io.image_keys), config.max_token_len, num_steps, policy.device
+            )
 
     @staticmethod
     def supports(policy: Any) -> bool:
@@ -157,9 +164,11 @@ def merge_signatures(a: Hashable, b: Hashable) -> Hashable | None:
     return tuple(merged)
 
 
-def make_runner(policy: Any, noise_seed: int | None = None, num_steps: int | None = None) -> Runner:
+def make_runner(
+    policy: Any, noise_seed: int | None = None, num_steps: int | None = None, max_batch: int | None = None
+) -> Runner:
     if Pi0Runner.supports(policy):
-        return Pi0Runner(policy, noise_seed, num_steps)
+        return Pi0Runner(policy, noise_seed, num_steps, max_batch)
     return BatchInferRunner(policy, noise_seed, num_steps)
 
 

@@ -118,7 +118,7 @@ class PolicyServer:
         self.policy = policy
         self.config = config or ServeConfig()
         self.metrics = Metrics()
-        self.runner = make_runner(policy, self.config.noise_seed, self.config.num_steps)
+        self.runner = make_runner(policy, self.config.noise_seed, self.config.num_steps, self.config.max_batch)
         io = getattr(policy, "io", None)
         processor = getattr(policy, "processor", None)
         self.mapper = ObservationMapper(

@@ -86,8 +86,10 @@ class Pi0Model(nn.Module):
             self.time_mlp_out_weight = nn.Parameter(torch.empty(de, de))
             self.time_mlp_out_bias = nn.Parameter(torch.empty(de))
 
-        # Per-bucket buffers, kept for the model's lifetime: a captured CUDA graph reads them by address.
-        self._kv_caches: dict[tuple, StaticKVCache] = {}
+        # One KV cache sized for the largest bucket seen (smaller buckets use its leading rows); a cache
+        # outgrown by a larger bucket is kept, since a captured CUDA graph may still read it by address.
+        self._kv_cache: StaticKVCache | None = None
+        self._outgrown_kv_caches: list[StaticKVCache] = []
         self._schedule_cache: dict[tuple[int, torch.device], object] = {}
         self._rope_cache: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -95,7 +97,8 @@ class Pi0Model(nn.Module):
 
     def reset_caches(self) -> None:
         """Forget everything derived from the weights (call after changing them)."""
-        self._kv_caches.clear()
+        self._kv_cache = None
+        self._outgrown_kv_caches.clear()
         self._schedule_cache.clear()
         self._rope_cache.clear()
 
@@ -145,11 +148,12 @@ class Pi0Model(nn.Module):
         self._schedule(cfg.num_steps if num_steps is None else num_steps, device)
 
     def _cache(self, batch: int, length: int, device: torch.device) -> StaticKVCache:
-        cfg = self.config.vlm
-        key = (batch, length, torch.device(device))
-        cache = self._kv_caches.get(key)
-        if cache is None:
-            cache = self._kv_caches[key] = StaticKVCache(
+        cfg, cache = self.config.vlm, self._kv_cache
+        if cache is None or not cache.fits(batch, length) or cache.buffer.device != torch.device(device):
+            if cache is not None:
+                self._outgrown_kv_caches.append(cache)
+                batch, length = max(batch, cache.batch), max(length, cache.max_len)
+            cache = self._kv_cache = StaticKVCache(
                 cfg.depth, batch, cfg.num_kv_heads, length, cfg.head_dim, self.compute_dtype, device
             )
         return cache
@@ -220,7 +224,7 @@ class Pi0Model(nn.Module):
             prefix_len,
             self._rope_tables(positions, total_len),
             ops.prepare_attention_mask(may_attend, dtype),
-            cache.slots(0, prefix_len, prefix_len),
+            cache.slots(0, prefix_len, prefix_len, batch),
             kv_only=True,
         )
         num_valid = prefix_valid.sum(dim=1, keepdim=True)  # [B, 1]
@@ -235,7 +239,7 @@ class Pi0Model(nn.Module):
                 1,
                 self._rope_tables(num_valid, total_len),
                 ops.prepare_attention_mask(F.pad(prefix_valid, (0, 1), value=True)[:, None, :], dtype),
-                cache.slots(prefix_len, prefix_len + 1, prefix_len + 1),
+                cache.slots(prefix_len, prefix_len + 1, prefix_len + 1, batch),
                 kv_only=True,
             )
 
@@ -246,7 +250,7 @@ class Pi0Model(nn.Module):
         return PrefixContext(
             rope_tables=self._rope_tables(action_positions, total_len),
             attention_mask=ops.prepare_attention_mask(action_may_attend.expand(batch, horizon, -1), dtype),
-            slots=cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon),
+            slots=cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon, batch),
         )
 
     @torch.no_grad()
