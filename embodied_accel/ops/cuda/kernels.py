@@ -134,22 +134,15 @@ def _(gate_up):
 
 
 @triton.jit
-def _rope_kernel(
-    x_ptr, cos_ptr, sin_ptr, out_ptr,
-    sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, so_b, so_h, so_s,
-    n_heads, seq, rotated_heads, HALF: tl.constexpr, BLOCK: tl.constexpr,
-):
-    pid = tl.program_id(0)  # one program per (b, h, s) row
-    s = pid % seq
-    h = (pid // seq) % n_heads
-    b = pid // (seq * n_heads)
+def _rotated_row(x_ptr, cos_ptr, sin_ptr, b, h, s, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, rotate,
+                 HALF: tl.constexpr, BLOCK: tl.constexpr):
+    """Both halves of row ``(b, h, s)`` in fp32: rotated (``x * cos + rotate_half(x) * sin``) if ``rotate``."""
     cols = tl.arange(0, BLOCK)
     mask = cols < HALF
     x_row = x_ptr + b * sx_b + h * sx_h + s * sx_s
     x1 = tl.load(x_row + cols * sx_d, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(x_row + (cols + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
-    out_row = out_ptr + b * so_b + h * so_h + s * so_s
-    if h < rotated_heads:
+    if rotate:
         c_row, s_row = cos_ptr + b * sc_b + s * sc_s, sin_ptr + b * sc_b + s * sc_s
         c1 = tl.load(c_row + cols, mask=mask, other=0.0).to(tl.float32)
         c2 = tl.load(c_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
@@ -159,6 +152,23 @@ def _rope_kernel(
         y2 = x2 * c2 + x1 * s2
     else:
         y1, y2 = x1, x2
+    return y1, y2, cols, mask
+
+
+@triton.jit
+def _rope_kernel(
+    x_ptr, cos_ptr, sin_ptr, out_ptr,
+    sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, so_b, so_h, so_s,
+    n_heads, seq, rotated_heads, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)  # one program per (b, h, s) row
+    s = pid % seq
+    h = (pid // seq) % n_heads
+    b = pid // (seq * n_heads)
+    y1, y2, cols, mask = _rotated_row(
+        x_ptr, cos_ptr, sin_ptr, b, h, s, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, h < rotated_heads, HALF, BLOCK
+    )
+    out_row = out_ptr + b * so_b + h * so_h + s * so_s
     tl.store(out_row + cols, y1.to(out_ptr.dtype.element_ty), mask=mask)
     tl.store(out_row + cols + HALF, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -173,21 +183,9 @@ def _rope_store_kv_kernel(
     s = pid % seq
     h = (pid // seq) % n_heads
     b = pid // (seq * n_heads)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < HALF
-    x_row = x_ptr + b * sx_b + h * sx_h + s * sx_s
-    x1 = tl.load(x_row + cols * sx_d, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + (cols + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
-    if h < q_heads + kv_heads:  # Q and K heads rotate, V heads pass through
-        c_row, s_row = cos_ptr + b * sc_b + s * sc_s, sin_ptr + b * sc_b + s * sc_s
-        c1 = tl.load(c_row + cols, mask=mask, other=0.0).to(tl.float32)
-        c2 = tl.load(c_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
-        s1 = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(s_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
-        y1 = x1 * c1 - x2 * s1
-        y2 = x2 * c2 + x1 * s2
-    else:
-        y1, y2 = x1, x2
+    y1, y2, cols, mask = _rotated_row(  # Q and K heads rotate, V heads pass through
+        x_ptr, cos_ptr, sin_ptr, b, h, s, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, h < q_heads + kv_heads, HALF, BLOCK
+    )
     if h < q_heads:  # Q rows: [B, S, H, D] memory, so packed attention reads them without a copy
         out_row = q_ptr + b * sq_b + s * sq_s + h * sq_h
         tl.store(out_row + cols, y1.to(q_ptr.dtype.element_ty), mask=mask)
