@@ -471,10 +471,8 @@ def test_policy_sets_the_allocator_before_the_weights_are_allocated(no_alloc_con
         "init_random_weights",
         lambda *a, **kw: seen.append(os.environ.get("PYTORCH_NPU_ALLOC_CONF")) or real_init(*a, **kw),
     )
-    try:
-        load_policy("pi0-tiny", capture="torchair", progress=False)
-    except CaptureUnavailableError:
-        pass  # no NPU here; what matters is the order
+    monkeypatch.setattr(policy_mod, "check_capture", lambda mode: None)  # no NPU here: only the order matters
+    load_policy("pi0-tiny", capture="torchair", progress=False)
     assert seen == ["expandable_segments:True"]
 
 

@@ -52,5 +52,8 @@ def test_capture_modes_that_cannot_run_raise():
         capture_call(lambda: None, "jit", cpu)
     with pytest.raises(ValueError, match="capture must be one of"):
         load_policy("pi0-tiny", capture="jit", progress=False)
+    if not torch.cuda.is_available():  # fails at load, before any weight is read, not at the first call
+        with pytest.raises(CaptureUnavailableError, match="needs an NVIDIA GPU"):
+            load_policy("pi0-tiny", capture="cudagraph", progress=False)
     fn = lambda: 1  # noqa: E731
     assert capture_call(fn, "eager", cpu) is fn

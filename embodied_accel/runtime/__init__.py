@@ -35,6 +35,22 @@ def prepare_capture(mode: str) -> None:
         configure_allocator()
 
 
+def check_capture(mode: str, plat: platform_mod.Platform | None = None) -> platform_mod.Platform:
+    """Raise unless ``mode`` can run on this machine (``ValueError`` for an unknown mode,
+    :class:`CaptureUnavailableError` for a missing device); returns the platform. Cheap: nothing is built."""
+    if mode not in CAPTURE_MODES:
+        raise ValueError(f"capture must be one of {', '.join(CAPTURE_MODES)}; got {mode!r}")
+    plat = plat or platform_mod.detect()
+    needs = {
+        "cudagraph": ("cuda", "an NVIDIA GPU"),
+        "compile+cudagraph": ("cuda", "an NVIDIA GPU"),
+        "torchair": ("npu", "an Ascend NPU with torch_npu"),
+    }.get(mode)
+    if needs is not None and plat.device_type != needs[0]:
+        raise CaptureUnavailableError(f"capture {mode!r} needs {needs[1]}; this machine has {plat.device_type}")
+    return plat
+
+
 def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = None) -> Callable:
     """Wrap ``fn`` (a model's whole call) for ``mode``.
 
@@ -44,9 +60,7 @@ def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = N
     the compiled call (inductor's fused kernels, our graph). Both need an NVIDIA GPU and ``torchair`` an
     Ascend NPU; they raise :class:`CaptureUnavailableError` elsewhere.
     """
-    if mode not in CAPTURE_MODES:
-        raise ValueError(f"capture must be one of {', '.join(CAPTURE_MODES)}; got {mode!r}")
-    plat = plat or platform_mod.detect()
+    plat = check_capture(mode, plat)
     if mode == "eager":
         return fn
     if mode == "compile":
@@ -54,9 +68,6 @@ def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = N
 
         logger.info("capture compile: torch.compile(fullgraph=True, dynamic=False) on %s", plat.device_type)
         return torch.compile(fn, fullgraph=True, dynamic=False)
-    needs = {"torchair": ("npu", "an Ascend NPU with torch_npu")}.get(mode, ("cuda", "an NVIDIA GPU"))
-    if plat.device_type != needs[0]:
-        raise CaptureUnavailableError(f"capture {mode!r} needs {needs[1]}; this machine has {plat.device_type}")
     if mode == "torchair":
         from .torchair import torchair_call
 

@@ -14,7 +14,7 @@ import torch
 
 from ... import platform as platform_mod
 from ...ops import OpSet, get_ops
-from ...runtime import CAPTURE_MODES, capture_call, prepare_capture
+from ...runtime import capture_call, check_capture, prepare_capture
 from .config import PRESETS, Pi0Config, get_preset
 from .device_processing import DeviceProcessing
 from .model import Pi0Model
@@ -266,8 +266,7 @@ def load_pi0_policy(
 ) -> Pi0Policy:
     """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir."""
     compute_dtype = _resolve_dtype(dtype)
-    if capture not in CAPTURE_MODES:
-        raise ValueError(f"capture must be one of {', '.join(CAPTURE_MODES)}; got {capture!r}")
+    check_capture(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
     prepare_capture(capture)  # process settings the mode needs before the first device allocation
     device = torch.device(device) if device is not None else platform_mod.detect().device
     ops = get_ops(backend)
