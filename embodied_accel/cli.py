@@ -480,21 +480,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         lambda: policy.infer_batch(observations, num_steps=args.num_steps),
         warmup=1, runs=max(args.runs // 4, 1), synchronize=plat.synchronize, progress=False,
     )
-    graphed = policy.captured_calls.get("whole")
-    capture_s = round(sum(graphed.capture_seconds.values()), 3) if hasattr(graphed, "capture_seconds") else None
 
     stages: dict[str, Any] = {}
-    stage_fns: Callable | None = getattr(policy, "stage_fns", None)
     if policy.capture != "eager" and not args.no_stages:
         logger.warning("bench: the per-stage split runs eager stages; skipped for capture %s", policy.capture)
-    elif stage_fns is not None and not args.no_stages:
-        inputs = policy.prepare(observations)
-        for name, fn in stage_fns(inputs, num_steps=args.num_steps).items():
-            stage_times = harness.time_calls(
-                fn, warmup=args.warmup, runs=args.runs, synchronize=plat.synchronize, progress=progress, desc=name
-            )
-            stages[f"stage_{name}_ms"] = harness.summarize(stage_times)["mean_ms"]
-            stages[f"stage_{name}_aten_ops"] = harness.count_aten_ops(fn)[1]
+    elif not args.no_stages:
+        stages = stage_split(policy, observations, args.num_steps, args.warmup, args.runs, plat, progress)
 
     record = harness.result_record(
         model=policy.config.family,
@@ -516,7 +507,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         num_parameters=policy.num_parameters(),
         warmup=args.warmup,
         first_call_ms=first_call_ms,
-        capture_s=capture_s,
+        capture_s=policy.capture_seconds,
         end_to_end_p50_ms=harness.summarize(end_to_end)["p50_ms"],
         measured_call="observation bytes uploaded -> device pre-processing + model + un-normalization -> actions on host",
         aten_ops_method=aten_ops_method,
@@ -535,6 +526,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("stages: " + ", ".join(f"{k[6:-3]} {v:.2f} ms" for k, v in stages.items() if k.endswith("_ms")))
     print(f"wrote {path}")
     return 0
+
+
+def stage_split(policy, observations, num_steps, warmup: int, runs: int, plat, progress: bool) -> dict[str, Any]:
+    """Mean time and aten ops of each stage (vision, prefix, denoising loop), run eagerly apart."""
+    from .bench import harness
+
+    stages: dict[str, Any] = {}
+    for name, fn in policy.stage_fns(policy.prepare(observations), num_steps=num_steps).items():
+        stage_times = harness.time_calls(
+            fn, warmup=warmup, runs=runs, synchronize=plat.synchronize, progress=progress, desc=name
+        )
+        stages[f"stage_{name}_ms"] = harness.summarize(stage_times)["mean_ms"]
+        stages[f"stage_{name}_aten_ops"] = harness.count_aten_ops(fn)[1]
+    return stages
 
 
 def _bench_line(r: dict[str, Any]) -> str:

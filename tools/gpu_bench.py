@@ -23,7 +23,14 @@ import torch
 
 from embodied_accel import load_policy
 from embodied_accel.bench import harness
-from embodied_accel.cli import SAMPLE_OBSERVATION, _call_from_bytes, fill_camera_slots, load_observation, select_instruction
+from embodied_accel.cli import (
+    SAMPLE_OBSERVATION,
+    _call_from_bytes,
+    fill_camera_slots,
+    load_observation,
+    select_instruction,
+    stage_split,
+)
 from embodied_accel.platform import detect
 
 logger = logging.getLogger("gpu_bench")
@@ -81,20 +88,14 @@ def main(argv: list[str] | None = None) -> int:
             diff = None if reference is None else float((out - reference).abs().max())
             stages = {}
             if capture == "eager":
-                inputs = policy.prepare(observations)
-                for name, fn in policy.stage_fns(inputs).items():
-                    stage_times = harness.time_calls(fn, warmup=3, runs=max(args.runs // 2, 10),
-                                                     synchronize=plat.synchronize, progress=False)
-                    stages[f"stage_{name}_ms"] = harness.summarize(stage_times)["mean_ms"]
-            graphed = policy.captured_calls.get("whole")
-            capture_s = sum(graphed.capture_seconds.values()) if hasattr(graphed, "capture_seconds") else None
+                stages = stage_split(policy, observations, None, 3, max(args.runs // 2, 10), plat, False)
             record = harness.result_record(
                 model=policy.config.family, preset=policy.config.name, backend=policy.backend, capture=capture,
                 dtype=dtype, batch=batch, views=measured_views, steps=policy.config.num_steps, times=times,
                 aten_ops_per_call=None, peak_mem_mb=peak_mem_mb, kernel_launches_per_call=kernels,
                 device_busy_fraction=busy, plat=plat, source=policy.source, random_weights=True,
                 num_parameters=policy.num_parameters(), warmup=args.warmup, first_call_ms=first * 1e3,
-                capture_s=capture_s, load_s=load_s, max_abs_diff_vs_eager=diff,
+                capture_s=policy.capture_seconds, load_s=load_s, max_abs_diff_vs_eager=diff,
                 measured_call="observation bytes uploaded -> device pre-processing + model + un-normalization -> "
                 "actions on host", note=args.note, **stages,
             )

@@ -65,6 +65,12 @@ class Pi0Policy:
         return self._captured[name]
 
     @property
+    def capture_seconds(self) -> float | None:
+        """Seconds spent capturing CUDA graphs of the whole call (all buckets so far); None in other modes."""
+        graphed = self._captured.get("whole")
+        return sum(graphed.capture_seconds.values()) if hasattr(graphed, "capture_seconds") else None
+
+    @property
     def captured_calls(self) -> dict[str, Callable]:
         """The captured wrappers built so far (e.g. a :class:`~embodied_accel.runtime.cudagraph.GraphedCall`)."""
         return dict(self._captured)
