@@ -42,6 +42,31 @@ class NormConditioning:
     post_gate: torch.Tensor
 
 
+@dataclass(frozen=True)
+class PendingGatedResidual:
+    """pi0.5's end-of-layer residual ``base + delta * gate``, not yet added.
+
+    The next consumer is always an adaRMS norm (the next layer's input norm, or the tower's final norm), so
+    the addition is left to it: ``gated_add_ada_rms_norm`` adds and normalizes in one kernel on the cuda
+    backend, one launch fewer per layer and step. The reference computes exactly what an immediate
+    ``addcmul`` would.
+    """
+
+    base: torch.Tensor  # [B*S, D]
+    delta: torch.Tensor  # [B*S, D]: the MLP's down projection
+    gate: torch.Tensor  # [D]
+
+    def resolve(self) -> torch.Tensor:
+        return torch.addcmul(self.base, self.delta, self.gate)
+
+
+def _ada_norm_of(ops: OpSet, hidden, scale_plus_one, shift, eps) -> tuple[torch.Tensor, torch.Tensor]:
+    """adaRMS of ``hidden`` (a tensor, or a pending gated residual added on the way); returns ``(normed, hidden)``."""
+    if isinstance(hidden, PendingGatedResidual):
+        return ops.gated_add_ada_rms_norm(hidden.delta, hidden.base, hidden.gate, scale_plus_one, shift, eps)
+    return ops.ada_rms_norm(hidden, scale_plus_one, shift, eps), hidden
+
+
 class GemmaLayer(nn.Module):
     """One decoder layer: (ada)RMSNorm → fused QKV → RoPE → attention over a static cache → o_proj
     → (gated) residual → (ada)RMSNorm → GeGLU MLP → (gated) residual."""
@@ -67,17 +92,18 @@ class GemmaLayer(nn.Module):
 
     def forward(
         self,
-        hidden: torch.Tensor,  # [B*S, D]
+        hidden: torch.Tensor | PendingGatedResidual,  # [B*S, D]
         batch: int,
         seq: int,
         rope_tables,
         attention_mask: torch.Tensor,
         slots: AttentionSlots,
         cond: NormConditioning | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | PendingGatedResidual:
+        """The layer's output; with adaptive norms (``cond``) its final gated residual is left pending."""
         ops, cfg = self.ops, self.cfg
         heads, head_dim = cfg.num_heads, cfg.head_dim
-        q = self.write_kv(hidden, batch, seq, rope_tables, slots, cond)
+        q, hidden = self.write_kv(hidden, batch, seq, rope_tables, slots, cond)
         attn = ops.attention(q, slots.keys, slots.values, attention_mask, head_dim**-0.5)  # [B, H, S, Dh]
         attn = attn.transpose(1, 2).reshape(batch * seq, heads * head_dim)
 
@@ -92,10 +118,11 @@ class GemmaLayer(nn.Module):
         x = ops.geglu(ops.linear(x, self.gate_up_weight))
         if cond is None:
             return ops.linear(x, self.down_weight, residual=hidden)
-        return torch.addcmul(hidden, ops.linear(x, self.down_weight), cond.post_gate)
+        return PendingGatedResidual(hidden, ops.linear(x, self.down_weight), cond.post_gate)
 
-    def write_kv(self, hidden, batch: int, seq: int, rope_tables, slots: AttentionSlots, cond=None) -> torch.Tensor:
-        """Input norm → fused QKV → RoPE; writes K/V into the cache slot and returns Q ``[B, H, S, Dh]``.
+    def write_kv(self, hidden, batch: int, seq: int, rope_tables, slots: AttentionSlots, cond=None):
+        """Input norm → fused QKV → RoPE; writes K/V into the cache slot and returns Q ``[B, H, S, Dh]`` and
+        the layer's input as a tensor (a pending residual is added by the input norm).
 
         Alone, this is all a pass needs from a layer whose outputs nobody reads (the VLM's last layer
         over the prefix: the expert only reads its K/V).
@@ -105,9 +132,9 @@ class GemmaLayer(nn.Module):
         if cond is None:
             x = ops.rms_norm(hidden, self.input_norm_weight, cfg.eps)
         else:
-            x = ops.ada_rms_norm(hidden, cond.input_scale_plus_one, cond.input_shift, cfg.eps)
+            x, hidden = _ada_norm_of(ops, hidden, cond.input_scale_plus_one, cond.input_shift, cfg.eps)
         qkv = ops.linear(x, self.qkv_weight).view(batch, seq, heads + 2 * kv_heads, head_dim).transpose(1, 2)
-        return ops.rope_store_kv(qkv, rope_tables, slots.kv_write)  # rotates Q and K, stores K and V
+        return ops.rope_store_kv(qkv, rope_tables, slots.kv_write), hidden  # rotates Q and K, stores K and V
 
     def norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> list[NormConditioning]:
         """adaRMS modulation for a stack of conditioning vectors ``cond: [steps, D]`` (one per step)."""
@@ -152,8 +179,8 @@ class GemmaTower(nn.Module):
         slots: list[AttentionSlots],
         conds: list[NormConditioning] | None = None,
         kv_only: bool = False,
-    ) -> torch.Tensor | None:
-        """Run every layer (no final norm: see :meth:`final_norm`).
+    ) -> torch.Tensor | PendingGatedResidual | None:
+        """Run every layer (no final norm: see :meth:`final_norm`, which takes the output as it comes).
 
         ``kv_only``: the caller wants only the K/V written to the cache (a prefix pass); the last
         layer then stops after writing them and nothing is returned. Same cache contents, one layer's
@@ -168,11 +195,14 @@ class GemmaTower(nn.Module):
             hidden = layer(hidden, batch, seq, rope_tables, attention_mask, slots[i], cond)
         return hidden
 
-    def final_norm(self, hidden: torch.Tensor, final_cond: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def final_norm(self, hidden, final_cond: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The final (ada)RMSNorm of :meth:`forward`'s output (a pending gated residual is added first)."""
         if final_cond is None:
+            if isinstance(hidden, PendingGatedResidual):
+                hidden = hidden.resolve()
             return self.ops.rms_norm(hidden, self.final_norm_weight, self.cfg.eps)
         scale_plus_one, shift = final_cond
-        return self.ops.ada_rms_norm(hidden, scale_plus_one, shift, self.cfg.eps)
+        return _ada_norm_of(self.ops, hidden, scale_plus_one, shift, self.cfg.eps)[0]
 
     def final_norm_conditioning(self, cond: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Final adaRMS modulation per step; its gate is unused (the final norm has no residual)."""
