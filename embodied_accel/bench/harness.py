@@ -189,6 +189,18 @@ def busy_fraction(intervals: Sequence[tuple[float, float]], start: float, end: f
     return covered / (end - start)
 
 
+def gpu_kernel_events(events) -> list:
+    """The GPU kernels among profiler events: device-side events that are not copies or memsets, nor the
+    GPU-side image of one of our ``record_function`` annotations (named ``embodied_accel.<...>``)."""
+    from torch.autograd import DeviceType
+
+    return [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset", "embodied_accel."))
+    ]
+
+
 def device_activity(
     fn: Callable[[], object], plat: platform_mod.Platform | None = None
 ) -> tuple[int | None, float | None]:
@@ -212,11 +224,7 @@ def device_activity(
         plat.synchronize()
     events = prof.events()
     window = next(e for e in events if e.name == marker and e.device_type == DeviceType.CPU)
-    kernels = [  # GPU kernels only: not copies, not the GPU-side copy of the marker annotation
-        e
-        for e in events
-        if e.device_type == DeviceType.CUDA and e.name != marker and not e.name.startswith(("Memcpy", "Memset"))
-    ]
+    kernels = gpu_kernel_events(events)
     intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
     return len(kernels), busy_fraction(intervals, window.time_range.start, window.time_range.end)
 
@@ -292,9 +300,12 @@ def _slug(value: Any) -> str:
 
 
 def result_filename(record: dict[str, Any]) -> str:
-    """``{date}_{model}_{preset}_{backend}_{capture}_{dtype}_b{batch}_v{views}_{device}.json``."""
+    """``{date}_{model}_{preset}_{backend}_{capture}_{dtype}_b{batch}_v{views}_{device}.json``; the backend reads
+    ``cuda-triton-attention`` for a record with ``cuda_attention: triton``."""
     date = datetime.fromisoformat(record["date"]).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     parts = [record[k] for k in ("model", "preset", "backend", "capture", "dtype")]
+    if record.get("cuda_attention") == "triton":
+        parts[2] += "-triton-attention"
     device = _slug(record["device"])[:48].rstrip("-.")
     return "_".join([date, *map(_slug, parts), f"b{record['batch']}", f"v{record['views']}", device]) + ".json"
 

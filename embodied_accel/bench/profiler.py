@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import platform as platform_mod
-from .harness import busy_fraction
+from .harness import busy_fraction, gpu_kernel_events
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,7 @@ def _device_work(events, device_type: str):
     from torch.autograd import DeviceType
 
     if device_type == "cuda":
-        kernels = [
-            e for e in events
-            if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset", "embodied_accel."))
-        ]
+        kernels = gpu_kernel_events(events)
         intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
         return intervals, [(e.name, e.time_range.end - e.time_range.start) for e in kernels], len(kernels)
     aten = [e for e in events if e.device_type == DeviceType.CPU and e.name.startswith("aten::")]
@@ -114,7 +111,6 @@ def profile_calls(
     top: int = 10,
 ) -> ProfileSummary:
     """Profile ``calls`` calls of ``fn`` (after ``warmup`` unprofiled ones) and summarize them."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     plat = plat or platform_mod.detect()
@@ -131,7 +127,13 @@ def profile_calls(
     if trace_path is not None:
         Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace_path))
-    events = prof.events()
+    return summarize(prof.events(), marker, calls, plat, top)
+
+
+def summarize(events, marker: str, calls: int, plat: platform_mod.Platform, top: int = 10) -> ProfileSummary:
+    """The summary of profiler ``events`` in which each of ``calls`` calls ran inside a ``marker`` window."""
+    from torch.autograd import DeviceType
+
     windows = [e for e in events if e.name == marker and e.device_type == DeviceType.CPU]
     wall_us = sum(w.time_range.end - w.time_range.start for w in windows)
     intervals, timed, launches = _device_work(events, plat.device_type)
