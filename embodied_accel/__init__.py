@@ -16,7 +16,8 @@ def load_policy(preset_or_checkpoint: str, **kwargs):
 
     Keyword arguments: ``backend`` (auto|reference|cuda|npu), ``dtype`` (float32|bfloat16), ``device``,
     ``seed`` (random-weight presets), ``preset`` (architecture of a small custom checkpoint),
-    ``tokenizer`` (SentencePiece file), ``num_views``, ``capture`` (eager|compile|cudagraph|torchair), ``progress``.
+    ``tokenizer`` (SentencePiece file), ``num_views``, ``capture`` (eager|compile|cudagraph|torchair), ``progress``,
+    ``cuda_attention`` (sdpa|triton: the cuda backend's attention kernel).
     """
     from .models.pi0.policy import load_pi0_policy
 

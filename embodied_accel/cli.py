@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .models.pi0.config import PRESETS
-from .ops import BACKEND_NAMES, BackendUnavailableError
+from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
 
@@ -92,6 +92,12 @@ def _policy_options() -> argparse.ArgumentParser:
         help="with --checkpoint: the architecture of a small custom checkpoint (e.g. pi0-tiny)",
     )
     group.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="op backend (default: auto)")
+    group.add_argument(
+        "--cuda-attention",
+        choices=CUDA_ATTENTION_KERNELS,
+        default="sdpa",
+        help="the cuda backend's attention kernel: sdpa (packed multi-query SDPA) or triton (default: sdpa)",
+    )
     group.add_argument(
         "--capture", choices=CAPTURE_MODES, default="eager", help="how the call is executed (default: eager)"
     )
@@ -257,6 +263,7 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
         num_views=num_views,
         capture=args.capture,
         progress=_progress(args),
+        cuda_attention=args.cuda_attention,
     )
     logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
     return policy, time.perf_counter() - start
@@ -289,6 +296,14 @@ def select_instruction(policy, observation: Mapping[str, Any]) -> tuple[dict[str
     if text_keys:
         return obs, f"text {obs[text_keys[0]]!r}"
     return obs, "none given"
+
+
+def _backend_label(policy) -> str:
+    """``cuda (attention triton)``: the backend and the options it was built with."""
+    settings = policy.ops.settings
+    if "cuda_attention" in settings:
+        return f"{policy.backend} (attention {settings['cuda_attention']})"
+    return policy.backend
 
 
 def _dtype_name(policy) -> str:
@@ -334,7 +349,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if policy.random_weights:
         print(_random_weights_notice(policy))
     print(f"policy:      {_source_line(policy)}")
-    print(f"runtime:     backend {policy.backend}, capture {policy.capture}, dtype {_dtype_name(policy)}, device {policy.device}")
+    print(f"runtime:     backend {_backend_label(policy)}, capture {policy.capture}, dtype {_dtype_name(policy)}, "
+          f"device {policy.device}")  # fmt: skip
     print(f"observation: {args.observation or 'bundled sample'} (instruction: {instruction})")
     print(f"noise:       {f'file {args.noise}' if noise is not None else f'seed {seed}'}, {steps} denoising steps")
     print(f"actions:     shape {tuple(actions.shape)} {actions.dtype}")
@@ -377,7 +393,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"model:       {_source_line(policy)}")
     print(f"weights:     {'RANDOM (seeded), not trained' if policy.random_weights else 'loaded from the checkpoint'}")
     print(f"parameters:  {_human_count(n)} ({n:,})")
-    print(f"runtime:     backend {policy.backend}, capture {policy.capture}, dtype {_dtype_name(policy)}, device {policy.device}")
+    print(f"runtime:     backend {_backend_label(policy)}, capture {policy.capture}, dtype {_dtype_name(policy)}, "
+          f"device {policy.device}")  # fmt: skip
     if ops.fused or ops.fallback:
         print(f"fused ops:   {', '.join(ops.fused) or 'none'}")
         print(f"fallback:    {', '.join(ops.fallback) or 'none'} (pure-PyTorch reference)")
@@ -435,7 +452,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     policy, _, observations = _measured_call_inputs(args)
     call, views = _call_from_bytes(policy, observations, args.num_steps)
-    name = f"{policy.config.name}_{policy.backend}_{policy.capture}_{_dtype_name(policy)}_b{args.batch}_v{views}"
+    backend = policy.backend + ("-triton-attention" if policy.ops.settings.get("cuda_attention") == "triton" else "")
+    name = f"{policy.config.name}_{backend}_{policy.capture}_{_dtype_name(policy)}_b{args.batch}_v{views}"
     out_dir = args.out_dir / name
     summary = profiler.profile_calls(
         call,
@@ -516,6 +534,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         note=args.note,
         fused_ops=list(policy.ops.fused),
         fallback_ops=list(policy.ops.fallback),
+        cuda_attention=policy.ops.settings.get("cuda_attention"),
         **stages,
     )
     path = harness.write_result(record, args.out_dir)
@@ -544,13 +563,19 @@ def stage_split(policy, observations, num_steps, warmup: int, runs: int, plat, p
 
 def _bench_line(r: dict[str, Any]) -> str:
     line = (
-        f"{r['model']}/{r['preset']} {r['backend']} {r['capture']} {r['dtype']} b{r['batch']} v{r['views']} "
+        f"{r['model']}/{r['preset']} {r['backend']}{_attention_suffix(r)} {r['capture']} {r['dtype']} b{r['batch']} "
+        f"v{r['views']} "
         f"{r['steps']} steps on {r['device']}: mean {r['mean_ms']:.2f} ms, p50 {r['p50_ms']:.2f}, "
         f"p90 {r['p90_ms']:.2f} over {r['runs']} runs; {r['aten_ops_per_call']} aten ops/call"
     )
     if r["kernel_launches_per_call"] is not None:
         line += f", {r['kernel_launches_per_call']} kernels/call, device busy {r['device_busy_fraction']:.0%}"
     return line + f"; peak {r['peak_mem_mb']:.0f} MB"
+
+
+def _attention_suffix(record: dict[str, Any]) -> str:
+    attention = record.get("cuda_attention")
+    return f" (attention {attention})" if attention else ""
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

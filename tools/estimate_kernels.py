@@ -4,8 +4,10 @@ A GPU kernel launch corresponds to one non-view aten op (or one of our custom op
 are too slow to run here for each backend, so this counts the non-view ops of one call of the tiny
 presets at two depths, takes the per-layer difference, and extrapolates to the real depths (SigLIP 27,
 Gemma 18), with the real prompt length (48 tokens), 2 views, batch 1, 10 steps. The cuda backend's
-Triton kernels run under ``TRITON_INTERPRET=1``. Views (view, transpose, slice, ...) launch nothing and
-are not counted; the counts are what an eager call (or a CUDA graph of it) launches.
+Triton kernels run under ``TRITON_INTERPRET=1``; it is counted with each of its attention kernels (packed SDPA,
+the Triton kernel, which launches a second, combining kernel when it splits the keys of a small grid). Views
+(view, transpose, slice, ...) launch nothing and are not counted; the counts are what an eager call (or a
+CUDA graph of it) launches.
 
     python tools/estimate_kernels.py [--out bench/results]
 """
@@ -30,6 +32,7 @@ from embodied_accel.models.pi0.config import get_preset  # noqa: E402
 from embodied_accel.models.pi0.model import Pi0Model  # noqa: E402
 from embodied_accel.models.pi0.weights import init_random_weights  # noqa: E402
 from embodied_accel.ops import get_ops  # noqa: E402
+from embodied_accel.ops.cuda import attention as cuda_attention_kernel  # noqa: E402
 from embodied_accel.platform import Platform  # noqa: E402
 
 NO_LAUNCH = {
@@ -46,12 +49,16 @@ class LaunchCount(TorchDispatchMode):
         self.launches = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ not in NO_LAUNCH:
+        if func is torch.ops.embodied_accel.mqa_attention.default:
+            self.launches += cuda_attention_kernel.kernel_launches(*args, **(kwargs or {}))
+        elif func.overloadpacket.__name__ not in NO_LAUNCH:
             self.launches += 1
         return func(*args, **(kwargs or {}))
 
 
-def launches(preset: str, backend: str, vision_depth: int, gemma_depth: int, views=2, tokens=48) -> int:
+def launches(
+    preset: str, backend: str, vision_depth: int, gemma_depth: int, views=2, tokens=48, cuda_attention="sdpa"
+) -> int:
     cfg = get_preset(preset)
     cfg = dataclasses.replace(
         cfg,
@@ -60,7 +67,8 @@ def launches(preset: str, backend: str, vision_depth: int, gemma_depth: int, vie
         expert=dataclasses.replace(cfg.expert, depth=gemma_depth),
     )
     with torch.device("meta"):
-        model = Pi0Model(cfg, get_ops(backend, Platform("cuda", "estimate", True, False)))
+        ops = get_ops(backend, Platform("cuda", "estimate", True, False), cuda_attention=cuda_attention)
+        model = Pi0Model(cfg, ops)
     init_random_weights(model, 0, "cpu")
     model.eval()
     args = (
@@ -81,14 +89,17 @@ def main() -> None:
     torch.set_num_threads(2)
     rows = []
     for family, preset in (("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")):
-        for backend in ("reference", "cuda"):
-            base = launches(preset, backend, 2, 2)
-            per_gemma = launches(preset, backend, 2, 3) - base
-            per_vision = launches(preset, backend, 3, 2) - base
+        for backend, attention in (("reference", "sdpa"), ("cuda", "sdpa"), ("cuda", "triton")):
+            base = launches(preset, backend, 2, 2, cuda_attention=attention)
+            per_gemma = launches(preset, backend, 2, 3, cuda_attention=attention) - base
+            per_vision = launches(preset, backend, 3, 2, cuda_attention=attention) - base
             full = base + (FULL_GEMMA_DEPTH - 2) * per_gemma + (FULL_VISION_DEPTH - 2) * per_vision
-            rows.append(dict(model=family, backend=backend, per_gemma_layer=per_gemma, per_siglip_layer=per_vision,
-                             full_size_launches_per_call=full))
-            print(f"{family:5s} {backend:9s}: {per_gemma} per Gemma layer (prefix, state, 10 steps), "
+            label = backend if backend == "reference" else f"{backend}/{attention}"
+            rows.append(dict(model=family, backend=backend,
+                             cuda_attention=None if backend == "reference" else attention,
+                             per_gemma_layer=per_gemma, per_siglip_layer=per_vision,
+                             full_size_launches_per_call=full))  # fmt: skip
+            print(f"{family:5s} {label:11s}: {per_gemma} per Gemma layer (prefix, state, 10 steps), "
                   f"{per_vision} per SigLIP layer; full size ≈ {full} kernel launches per call")
     if args.out:
         stamp = harness.environment_stamp()

@@ -2,13 +2,18 @@
 
     PYTHONPATH=. python tools/gpu_bench.py --model pi0 --out-dir bench/results
 
-For each capture mode the full-size preset (seeded random weights; latency does not depend on the values) is
-loaded once in bf16 with three camera slots, and the shape buckets are driven through it: 1/2/3 views (the
-other slots absent, so the call skips them) × batch 1/8. ``compile`` and ``compile+cudagraph`` compile once
-per bucket (minutes at full size), so by default they run only the headline bucket (2 views, batch 1).
+For each capture mode and each attention kernel of the cuda backend (``--attention``: packed SDPA and the
+Triton kernel, both by default) the full-size preset (seeded random weights; latency does not depend on the
+values) is loaded once in bf16 with three camera slots, and the shape buckets are driven through it: 1/2/3
+views (the other slots absent, so the call skips them) × batch 1/8. ``compile`` and ``compile+cudagraph``
+compile once per bucket (minutes at full size), so by default they run only the headline bucket (2 views,
+batch 1). Eager runs also time the stages apart (vision, prefix pass, denoising loop), which shows where the
+attention kernels differ: the prefix pass (prefix-LM mask, Sq = Sk) or the suffix (50 queries over the cache).
 
-Every bucket writes one result file in the shared flat format (``embodied-accel bench``'s), with the
-captured call's max abs difference from the eager call on the same inputs and noise (``max_abs_diff_vs_eager``).
+Every bucket writes one result file in the shared flat format (``embodied-accel bench``'s) with
+``cuda_attention``, the captured call's max abs difference from the eager call of the same attention kernel
+on the same inputs and noise (``max_abs_diff_vs_eager``), and from the eager sdpa call
+(``max_abs_diff_vs_eager_sdpa``: how far the two kernels' actions are apart).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from embodied_accel.cli import (
     select_instruction,
     stage_split,
 )
+from embodied_accel.ops import CUDA_ATTENTION_KERNELS
 from embodied_accel.platform import detect
 
 logger = logging.getLogger("gpu_bench")
@@ -49,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["pi0", "pi05", "pi0-tiny", "pi05-tiny"], default="pi0")
     parser.add_argument("--captures", nargs="+", default=["eager", "cudagraph", "compile", "compile+cudagraph"])
+    parser.add_argument("--attention", nargs="+", choices=CUDA_ATTENTION_KERNELS, default=list(CUDA_ATTENTION_KERNELS),
+                        help="the cuda backend's attention kernels to measure (default: all)")  # fmt: skip
     parser.add_argument("--all-buckets-for-compile", action="store_true")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
@@ -62,52 +70,66 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_bench: needs an NVIDIA GPU; this machine has {plat.device_type}", file=sys.stderr)
         return 2
 
-    eager_reference: dict[tuple[int, int], torch.Tensor] = {}
+    # the cuda backend's attention choices; elsewhere (--allow-cpu) the backend is the reference and has none
+    attentions = args.attention if plat.device_type == "cuda" else ["sdpa"]
+    eager_reference: dict[tuple[str, int, int], torch.Tensor] = {}
     for capture in args.captures:
-        start = time.perf_counter()
-        dtype = "bfloat16" if plat.device_type == "cuda" else "float32"
-        policy = load_policy(args.model, dtype=dtype, num_views=3, capture=capture, progress=False)
-        load_s = time.perf_counter() - start
-        compiles = capture.startswith("compile")
-        buckets = HEADLINE if compiles and not args.all_buckets_for_compile else ALL_BUCKETS
-        for views, batch in buckets:
-            observations = observations_for(policy, views, batch)
-            call, measured_views = _call_from_bytes(policy, observations, None)
-            raw = policy.prepare_raw(observations)
-            noise = policy.make_noise(batch, seed=0)
-            plat.reset_peak_memory()
-            first = harness.time_calls(call, warmup=0, runs=1, synchronize=plat.synchronize, progress=False)[0]
-            times = harness.time_calls(call, warmup=args.warmup, runs=args.runs, synchronize=plat.synchronize,
-                                       progress=False)
-            peak_mem_mb = plat.peak_memory_mb()
-            kernels, busy = harness.device_activity(call, plat)
-            out = policy.run(raw, noise).float().cpu()
-            if capture == "eager":
-                eager_reference[(views, batch)] = out
-            reference = eager_reference.get((views, batch))
-            diff = None if reference is None else float((out - reference).abs().max())
-            stages = {}
-            if capture == "eager":
-                stages = stage_split(policy, observations, None, 3, max(args.runs // 2, 10), plat, False)
-            record = harness.result_record(
-                model=policy.config.family, preset=policy.config.name, backend=policy.backend, capture=capture,
-                dtype=dtype, batch=batch, views=measured_views, steps=policy.config.num_steps, times=times,
-                aten_ops_per_call=None, peak_mem_mb=peak_mem_mb, kernel_launches_per_call=kernels,
-                device_busy_fraction=busy, plat=plat, source=policy.source, random_weights=True,
-                num_parameters=policy.num_parameters(), warmup=args.warmup, first_call_ms=first * 1e3,
-                capture_s=policy.capture_seconds, load_s=load_s, max_abs_diff_vs_eager=diff,
-                measured_call="observation bytes uploaded -> device pre-processing + model + un-normalization -> "
-                "actions on host", note=args.note, **stages,
-            )
-            path = harness.write_result(record, args.out_dir)
-            print(f"{args.model} {capture:18s} v{measured_views} b{batch}: p50 {record['p50_ms']:.2f} ms, mean "
-                  f"{record['mean_ms']:.2f}, first {first * 1e3:.0f} ms, kernels {kernels}, busy "
-                  f"{busy if busy is None else round(busy, 3)}, diff vs eager {diff}, {stages or ''} -> {path.name}",
-                  flush=True)
-        del policy
-        gc.collect()
-        torch.cuda.empty_cache()
+        for attention in attentions:
+            measure_capture(args, plat, capture, attention, eager_reference)
     return 0
+
+
+def measure_capture(args, plat, capture: str, attention: str, eager_reference: dict) -> None:
+    """Load the model for one capture mode and attention kernel, and measure its buckets."""
+    start = time.perf_counter()
+    dtype = "bfloat16" if plat.device_type == "cuda" else "float32"
+    policy = load_policy(
+        args.model, dtype=dtype, num_views=3, capture=capture, progress=False, cuda_attention=attention
+    )
+    load_s = time.perf_counter() - start
+    cuda_attention = policy.ops.settings.get("cuda_attention")
+    compiles = capture.startswith("compile")
+    buckets = HEADLINE if compiles and not args.all_buckets_for_compile else ALL_BUCKETS
+    for views, batch in buckets:
+        observations = observations_for(policy, views, batch)
+        call, measured_views = _call_from_bytes(policy, observations, None)
+        raw = policy.prepare_raw(observations)
+        noise = policy.make_noise(batch, seed=0)
+        plat.reset_peak_memory()
+        first = harness.time_calls(call, warmup=0, runs=1, synchronize=plat.synchronize, progress=False)[0]
+        times = harness.time_calls(call, warmup=args.warmup, runs=args.runs, synchronize=plat.synchronize,
+                                   progress=False)  # fmt: skip
+        peak_mem_mb = plat.peak_memory_mb()
+        kernels, busy = harness.device_activity(call, plat)
+        out = policy.run(raw, noise).float().cpu()
+        if capture == "eager":
+            eager_reference[(attention, views, batch)] = out
+        diffs = {}
+        for key, kernel in (("max_abs_diff_vs_eager", attention), ("max_abs_diff_vs_eager_sdpa", "sdpa")):
+            reference = eager_reference.get((kernel, views, batch))
+            diffs[key] = None if reference is None else float((out - reference).abs().max())
+        stages = {}
+        if capture == "eager":
+            stages = stage_split(policy, observations, None, 3, max(args.runs // 2, 10), plat, False)
+        record = harness.result_record(
+            model=policy.config.family, preset=policy.config.name, backend=policy.backend, capture=capture,
+            dtype=dtype, batch=batch, views=measured_views, steps=policy.config.num_steps, times=times,
+            aten_ops_per_call=None, peak_mem_mb=peak_mem_mb, kernel_launches_per_call=kernels,
+            device_busy_fraction=busy, plat=plat, source=policy.source, random_weights=True,
+            num_parameters=policy.num_parameters(), warmup=args.warmup, first_call_ms=first * 1e3,
+            capture_s=policy.capture_seconds, load_s=load_s, cuda_attention=cuda_attention, **diffs,
+            measured_call="observation bytes uploaded -> device pre-processing + model + un-normalization -> "
+            "actions on host", note=args.note, **stages,
+        )  # fmt: skip
+        path = harness.write_result(record, args.out_dir)
+        print(f"{args.model} {capture:18s} {cuda_attention or 'reference':6s} v{measured_views} b{batch}: p50 "
+              f"{record['p50_ms']:.2f} ms, mean {record['mean_ms']:.2f}, first {first * 1e3:.0f} ms, "
+              f"kernels {kernels}, busy {busy if busy is None else round(busy, 3)}, "
+              f"diff vs eager {diffs['max_abs_diff_vs_eager']}, vs eager sdpa {diffs['max_abs_diff_vs_eager_sdpa']}, {stages or ''} -> {path.name}", flush=True)
+    del policy
+    gc.collect()
+    if plat.device_type == "cuda":
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

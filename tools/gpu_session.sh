@@ -4,8 +4,10 @@
 #   tools/fetch_gpu_wheels.sh            # here, once: pure-Python wheels the GPU machine may lack (pytest)
 #   run: bash tools/gpu_session.sh tests       carry: [".gpu_wheels"]   # kernels, cudagraph, device processing on GPU
 #   run: bash tools/gpu_session.sh bench pi0   carry: [".gpu_wheels"]   # the bench matrix, one model per call
+#   run: bash tools/gpu_session.sh bench pi0 --attention triton --captures cudagraph   # one axis of it
 #   run: bash tools/gpu_session.sh bench pi05
-#   run: bash tools/gpu_session.sh profile pi0 cudagraph
+#   run: bash tools/gpu_session.sh profile pi0 cudagraph            # packed-SDPA attention
+#   run: bash tools/gpu_session.sh profile pi0 cudagraph triton     # the Triton attention kernel
 #
 # The GPU image has torch, triton, numpy, safetensors; nothing can be downloaded there.
 set -uo pipefail
@@ -24,7 +26,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 
 case "${1:-tests}" in
 tests)
-    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernels.py tests/test_cudagraph.py \
+    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_kernels.py tests/test_cuda_attention.py tests/test_cudagraph.py \
         tests/test_device_processing.py tests/test_runtime.py tests/test_pi0_parity.py 2>&1 | tail -40 | tee "$OUT/tests.txt"
     ;;
 bench)
@@ -36,12 +38,14 @@ bench)
 profile)
     model=${2:-pi0}
     capture=${3:-cudagraph}
+    attention=${4:-sdpa}
+    tag="${model}_${capture//+/_}_${attention}"
     "$PY" -m embodied_accel.cli profile --model "$model" --dtype bfloat16 --capture "$capture" --views 2 \
-        --out-dir "$OUT/profiles" 2>&1 | tee "$OUT/profile_${model}_${capture//+/_}.txt"
-    tar czf "$OUT/profile_${model}_${capture//+/_}.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"
+        --cuda-attention "$attention" --out-dir "$OUT/profiles" 2>&1 | tee "$OUT/profile_${tag}.txt"
+    tar czf "$OUT/profile_${tag}.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"
     ;;
 *)
-    echo "usage: $0 tests | bench MODEL [gpu_bench args] | profile MODEL CAPTURE" >&2
+    echo "usage: $0 tests | bench MODEL [gpu_bench args] | profile MODEL CAPTURE [sdpa|triton]" >&2
     exit 2
     ;;
 esac

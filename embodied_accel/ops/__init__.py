@@ -5,6 +5,7 @@ Ops a backend does not implement fall back to the reference, and the OpSet recor
 
 >>> ops = get_ops("reference")
 >>> ops.rms_norm(x, weight, eps)
+>>> ops = get_ops("cuda", cuda_attention="triton")  # the Triton attention kernel instead of packed SDPA
 """
 
 from __future__ import annotations
@@ -41,6 +42,10 @@ OP_NAMES: tuple[str, ...] = (
 #: Backends that exist or are planned; ``auto`` picks the best available one.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "reference", "cuda", "npu")
 
+#: The kernels that can serve the cuda backend's masked attention: PyTorch SDPA with the query heads packed
+#: into rows of one head (the default), or the Triton flash-attention kernel of ``ops/cuda/attention.py``.
+CUDA_ATTENTION_KERNELS: tuple[str, ...] = ("sdpa", "triton")
+
 
 class BackendUnavailableError(RuntimeError):
     """An explicitly requested backend cannot run on this machine."""
@@ -51,7 +56,8 @@ class OpSet:
 
     Each op is a plain attribute (so ``torch.compile`` traces through it like a module function).
     ``fused``/``fallback`` list which ops the backend serves and which run the reference; ``notes`` says, per op
-    (or per load-time step), what the backend does and under which conditions it still runs the reference.
+    (or per load-time step), what the backend does and under which conditions it still runs the reference;
+    ``settings`` holds the backend options it was built with (e.g. ``{"cuda_attention": "triton"}``).
     """
 
     def __init__(
@@ -62,12 +68,14 @@ class OpSet:
         fallback: tuple[str, ...] = (),
         notes: dict[str, str] | None = None,
         weight_hook: Callable[[nn.Module], object] | None = None,
+        settings: dict[str, str] | None = None,
     ):
         unknown = sorted(set(impls) - set(OP_NAMES))
         if unknown:
             raise ValueError(f"unknown op(s) {', '.join(unknown)}; known ops: {', '.join(OP_NAMES)}")
         self.backend, self.impls, self.fused, self.fallback = backend, dict(impls), tuple(fused), tuple(fallback)
         self.notes = dict(notes or {})
+        self.settings = dict(settings or {})
         self._weight_hook = weight_hook
         for name, fn in impls.items():
             setattr(self, name, fn)
@@ -94,14 +102,16 @@ def _reference_impls() -> dict[str, Callable]:
 
 @dataclass(frozen=True)
 class BackendImpls:
-    """What a non-reference backend provides: its ops, notes for ``info``, and an optional load-time hook."""
+    """What a non-reference backend provides: its ops, notes for ``info``, an optional load-time hook, and the
+    options it was built with."""
 
     impls: dict[str, Callable]
     notes: dict[str, str] = field(default_factory=dict)
     weight_hook: Callable[[nn.Module], object] | None = None
+    settings: dict[str, str] = field(default_factory=dict)
 
 
-def _backend_impls(name: str, plat: platform_mod.Platform) -> BackendImpls:
+def _backend_impls(name: str, plat: platform_mod.Platform, cuda_attention: str = "sdpa") -> BackendImpls:
     """The ops a non-reference backend provides, or raise why it cannot run here."""
     if name == "cuda":
         if plat.device_type != "cuda":
@@ -112,7 +122,8 @@ def _backend_impls(name: str, plat: platform_mod.Platform) -> BackendImpls:
             raise BackendUnavailableError("backend 'cuda' needs Triton (pip install triton, or a torch build that ships it)")
         from . import cuda
 
-        return BackendImpls(cuda.impls())
+        impls, notes = cuda.impls(attention=cuda_attention)
+        return BackendImpls(impls, notes, settings={"cuda_attention": cuda_attention})
     if name == "npu":
         if plat.device_type != "npu" or not plat.has_torch_npu:
             raise BackendUnavailableError(
@@ -129,29 +140,46 @@ def _backend_impls(name: str, plat: platform_mod.Platform) -> BackendImpls:
     raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {name!r}")
 
 
-def get_ops(backend: str = "auto", plat: platform_mod.Platform | None = None) -> OpSet:
+def get_ops(
+    backend: str = "auto", plat: platform_mod.Platform | None = None, cuda_attention: str = "sdpa"
+) -> OpSet:
     """Resolve a backend name to an :class:`OpSet`.
 
     ``reference`` always works. An explicit ``cuda``/``npu`` that cannot run raises
     :class:`BackendUnavailableError`. ``auto`` tries the device's own backend, falls back to the
     reference when it is unavailable, and logs what it chose.
+
+    ``cuda_attention`` picks the cuda backend's attention kernel (one of :data:`CUDA_ATTENTION_KERNELS`):
+    ``sdpa`` (packed multi-query SDPA) or ``triton`` (``ops/cuda/attention.py``). A value other than the default
+    with an explicit non-cuda backend raises; with ``auto`` on a machine without the cuda backend it is logged
+    as unused.
     """
     if backend not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {backend!r}")
+    if cuda_attention not in CUDA_ATTENTION_KERNELS:
+        raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {cuda_attention!r}")
+    if backend in ("reference", "npu") and cuda_attention != "sdpa":
+        raise ValueError(f"cuda_attention={cuda_attention!r} applies to backend 'cuda' (or 'auto' on an NVIDIA GPU); "
+                         f"backend is {backend!r}")  # fmt: skip
     plat = plat or platform_mod.detect()
     reference_impls = _reference_impls()
     if backend == "reference":
         return OpSet("reference", reference_impls, fused=(), fallback=())
     if backend == "auto":
         candidate = plat.device_type if plat.device_type in ("cuda", "npu") else None
+        chosen = None
         if candidate is not None:
             try:
-                return _merge(candidate, _backend_impls(candidate, plat), reference_impls)
+                chosen = _merge(candidate, _backend_impls(candidate, plat, cuda_attention), reference_impls)
             except BackendUnavailableError as exc:
                 logger.info("backend auto: %s backend unavailable (%s); using reference", candidate, exc)
-        logger.info("backend auto: chose 'reference' on %s (%s)", plat.device_type, plat.device_name)
-        return OpSet("reference", reference_impls)
-    return _merge(backend, _backend_impls(backend, plat), reference_impls)
+        if chosen is None:
+            logger.info("backend auto: chose 'reference' on %s (%s)", plat.device_type, plat.device_name)
+            chosen = OpSet("reference", reference_impls)
+        if chosen.backend != "cuda" and cuda_attention != "sdpa":
+            logger.warning("backend auto: chose %r, so cuda_attention=%r is unused", chosen.backend, cuda_attention)
+        return chosen
+    return _merge(backend, _backend_impls(backend, plat, cuda_attention), reference_impls)
 
 
 def _merge(name: str, backend: BackendImpls, reference_impls: dict[str, Callable]) -> OpSet:
@@ -160,4 +188,7 @@ def _merge(name: str, backend: BackendImpls, reference_impls: dict[str, Callable
     if fallback:
         logger.info("backend %s: ops served by the reference: %s", name, ", ".join(fallback))
     merged = {**reference_impls, **backend.impls}
-    return OpSet(name, merged, fused=fused, fallback=fallback, notes=backend.notes, weight_hook=backend.weight_hook)
+    return OpSet(
+        name, merged, fused=fused, fallback=fallback, notes=backend.notes, weight_hook=backend.weight_hook,
+        settings=backend.settings,
+    )  # fmt: skip

@@ -269,13 +269,18 @@ def load_pi0_policy(
     num_views: int | None = None,
     capture: str = "eager",
     progress: bool = True,
+    cuda_attention: str = "sdpa",
 ) -> Pi0Policy:
-    """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir."""
+    """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir.
+
+    ``cuda_attention`` picks the cuda backend's attention kernel: ``sdpa`` (packed multi-query SDPA) or
+    ``triton`` (the Triton flash-attention kernel); see :func:`embodied_accel.ops.get_ops`.
+    """
     compute_dtype = _resolve_dtype(dtype)
     check_capture(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
     prepare_capture(capture)  # process settings the mode needs before the first device allocation
     device = torch.device(device) if device is not None else platform_mod.detect().device
-    ops = get_ops(backend)
+    ops = get_ops(backend, cuda_attention=cuda_attention)
     path = Path(preset_or_checkpoint)
     is_checkpoint = path.is_dir()
     if is_checkpoint:

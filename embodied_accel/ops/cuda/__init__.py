@@ -1,7 +1,9 @@
 """The ``cuda`` backend: Triton kernels for the ops where fusion pays; the rest fall back to the reference.
 
-Attention runs on PyTorch's SDPA with multi-query heads packed into one (see :func:`packed_mqa_attention`);
-projections stay on cuBLAS through the reference ``linear`` (bias and residual in the GEMM epilogue).
+Masked attention runs on one of two kernels, chosen when the backend is built (``impls(attention=...)``,
+``get_ops(..., cuda_attention=...)``): PyTorch's SDPA with the multi-query heads packed into one
+(:func:`packed_mqa_attention`, the default) or the Triton flash-attention kernel of :mod:`.attention`.
+Projections stay on cuBLAS through the reference ``linear`` (bias and residual in the GEMM epilogue).
 """
 
 from __future__ import annotations
@@ -12,30 +14,51 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .. import reference
+from .. import CUDA_ATTENTION_KERNELS, reference
 
 
 @dataclass
 class CudaAttentionMask:
-    """The additive mask ``[B, 1, Sq, Sk]`` and, built on first use and reused by every layer (and step) that
-    reads the same mask, its rows repeated per query head for :func:`packed_mqa_attention`."""
+    """One pass's boolean ``may_attend [B, Sq, Sk]`` (what the Triton kernel reads) and what SDPA needs from it,
+    each built once and reused by every layer (and step) that reads the same mask: the additive mask
+    ``[B, 1, Sq, Sk]`` (built by the sdpa choice's ``prepare_attention_mask``, or on first use) and its rows
+    repeated per query head for :func:`packed_mqa_attention` (on first use)."""
 
-    additive: torch.Tensor
+    may_attend: torch.Tensor
+    dtype: torch.dtype
+    _additive: torch.Tensor | None = None
     _rows: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def additive(self) -> torch.Tensor:
+        """``[B, 1, Sq, Sk]`` in ``dtype``: 0 where a query may attend, ``MASKED_SCORE`` elsewhere."""
+        additive = self._additive
+        if additive is None:
+            additive = reference.prepare_attention_mask(self.may_attend, self.dtype)
+            if not torch.compiler.is_compiling():  # under torch.compile the graph dedups it instead
+                self._additive = additive
+        return additive
 
     def rows(self, heads: int) -> torch.Tensor:
         """``[B, 1, Sq * heads, Sk]``, row ``s * heads + h`` = query ``s`` of head ``h``."""
         packed = self._rows.get(heads)
         if packed is None:
-            batch, _, seq, keys = self.additive.shape
-            packed = self.additive[:, 0, :, None, :].expand(batch, seq, heads, keys).reshape(batch, 1, seq * heads, keys)
+            additive = self.additive
+            batch, _, seq, keys = additive.shape
+            packed = additive[:, 0, :, None, :].expand(batch, seq, heads, keys).reshape(batch, 1, seq * heads, keys)
             if not torch.compiler.is_compiling():  # under torch.compile the graph dedups it instead
                 self._rows[heads] = packed
         return packed
 
 
 def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> CudaAttentionMask:
-    return CudaAttentionMask(reference.prepare_attention_mask(may_attend, dtype))
+    """For the sdpa choice: the additive mask is built here, once per pass."""
+    return CudaAttentionMask(may_attend, dtype, reference.prepare_attention_mask(may_attend, dtype))
+
+
+def prepare_boolean_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> CudaAttentionMask:
+    """For the triton choice: the kernel reads ``may_attend`` itself; nothing is built."""
+    return CudaAttentionMask(may_attend, dtype)
 
 
 def packed_mqa_attention(q, k, v, mask: CudaAttentionMask | None, scale: float) -> torch.Tensor:
@@ -66,8 +89,22 @@ class CudaRopeTables:
     rotated_heads: int
 
 
-def impls() -> dict[str, Callable]:
-    """The ops this backend serves (imports Triton)."""
+ATTENTION_NOTES = {
+    "sdpa": "PyTorch SDPA with the MQA query heads packed as rows of one head (fused mask-capable kernels: "
+    "memory-efficient, cuDNN), mask rows built once per pass; other head layouts and unmasked calls on the "
+    "reference SDPA",
+    "triton": "Triton flash attention (ops/cuda/attention.py): one program per block of (query, head) rows of a "
+    "K/V group, boolean mask read per tile, keys split over programs when the grid is small; unmasked calls "
+    "(SigLIP) on the reference SDPA",
+}
+
+
+def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]:
+    """The ops this backend serves (imports Triton) and notes for ``info``; ``attention`` is one of
+    :data:`~embodied_accel.ops.CUDA_ATTENTION_KERNELS`."""
+    if attention not in CUDA_ATTENTION_KERNELS:
+        raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
+    from . import attention as attention_kernel
     from . import kernels
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
@@ -82,7 +119,18 @@ def impls() -> dict[str, Callable]:
             return reference.split_store_kv(rope(qkv, tables), kv_write)
         return kernels.rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
 
-    return {
+    def triton_attention(q, k, v, mask: CudaAttentionMask | None, scale: float) -> torch.Tensor:
+        """Masked attention on the Triton kernel (:func:`.attention.mqa_attention`): any ``H % Hkv == 0`` layout,
+        the boolean mask read per tile, the output a ``[B, H, Sq, D]`` view of ``[B, Sq, H, D]`` memory.
+
+        Unmasked attention (SigLIP's) stays on SDPA, whose flash kernel serves it: the two choices differ only
+        on the Gemma passes (prefix-LM mask; suffix over the cached prefix).
+        """
+        if mask is None:
+            return reference.attention(q, k, v, None, scale)
+        return attention_kernel.mqa_attention(q, k, v, mask.may_attend, scale)
+
+    ops = {
         "rms_norm": kernels.rms_norm,
         "add_rms_norm": kernels.add_rms_norm,
         "ada_rms_norm": kernels.ada_rms_norm,
@@ -91,6 +139,7 @@ def impls() -> dict[str, Callable]:
         "prepare_rope": prepare_rope,
         "rope": rope,
         "rope_store_kv": rope_store_kv,
-        "prepare_attention_mask": prepare_attention_mask,
-        "attention": packed_mqa_attention,
+        "prepare_attention_mask": prepare_attention_mask if attention == "sdpa" else prepare_boolean_attention_mask,
+        "attention": packed_mqa_attention if attention == "sdpa" else triton_attention,
     }
+    return ops, {"attention": ATTENTION_NOTES[attention]}
