@@ -13,8 +13,8 @@ cubin for the architecture, and the tool checks what would otherwise only fail o
 * ``ptxas -v``: registers per thread and bytes spilled to local memory (reported; spills are flagged).
 
 The launches come from real calls of pi0 and pi0.5 at full width (SigLIP-So400m, Gemma-2B and Gemma-300M
-layers, depth 1, a small vocabulary) on the CPU through the cuda backend, at batch 1 and 8, with 2 views and
-the real prompt bucket, in bf16 and fp32. Kernel outputs are never written (nothing runs), so the numbers
+layers, depth 1, a small vocabulary) on the CPU through the cuda backend, with each of its attention kernels
+(packed SDPA, Triton), at batch 1 and 8, with 2 views and the real prompt bucket, in bf16 and fp32. Kernel outputs are never written (nothing runs), so the numbers
 the model computes are meaningless; only the launches matter.
 
     python tools/check_triton_compile.py [--arch 90 --arch 89 --arch 80] [--out bench/results]
@@ -32,6 +32,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # the real compiler, before any @trito
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import itertools  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
@@ -164,6 +165,13 @@ def ptxas_usage(ptx: str, arch: int) -> tuple[int | None, int | None]:
     return (int(registers.group(1)) if registers else None, int(spills.group(1)) if spills else None)
 
 
+def assume_device(arch: int) -> None:
+    """Launch decisions that read the device (tile stages that must fit its shared memory) follow ``arch``."""
+    from embodied_accel.ops.cuda import attention
+
+    attention.INTERPRETER_SHARED_BYTES = MAX_SHARED_BYTES[arch]
+
+
 def jit_kernels() -> list[JITFunction]:
     """Every ``@triton.jit`` function of the cuda backend's kernel modules."""
     import importlib
@@ -179,15 +187,16 @@ def jit_kernels() -> list[JITFunction]:
 
 
 def model_launches(dtype: torch.dtype, batch: int, views: int = 2, tokens: int = 48) -> None:
-    """One call of pi0 and of pi0.5 at full width (depth 1) through the cuda backend, on the CPU."""
+    """One call of pi0 and of pi0.5 at full width (depth 1) through the cuda backend, on the CPU, with each of
+    the backend's attention kernels."""
     from embodied_accel.models.pi0.config import get_preset
     from embodied_accel.models.pi0.model import Pi0Model
     from embodied_accel.models.pi0.weights import init_random_weights
-    from embodied_accel.ops import get_ops
+    from embodied_accel.ops import CUDA_ATTENTION_KERNELS, get_ops
     from embodied_accel.platform import Platform
 
-    ops = get_ops("cuda", Platform("cuda", "compile-only", True, False))
-    for preset in ("pi0", "pi05"):
+    for preset, attention in itertools.product(("pi0", "pi05"), CUDA_ATTENTION_KERNELS):
+        ops = get_ops("cuda", Platform("cuda", "compile-only", True, False), cuda_attention=attention)
         cfg = get_preset(preset)
         cfg = dataclasses.replace(
             cfg, vocab_size=1024,
@@ -242,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             driver.set_active(CompileOnlyDriver(GPUTarget("cuda", arch, 32)))
             for kernel in kernels:
                 kernel.device_caches.clear()  # the binder holds the target it was built for
+            assume_device(arch)
             for dtype in dtypes:
                 for batch in batches:
                     model_launches(dtype, batch)
