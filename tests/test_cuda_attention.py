@@ -6,7 +6,6 @@ Triton interpreter (``TRITON_INTERPRET=1``, set before the kernels are imported)
 the device.
 """
 
-import importlib.util
 import json
 import logging
 import os
@@ -17,19 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install triton)")
+from triton_setup import DEVICE, GPU, ON_GPU, TOLERANCE, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the @triton.jit definitions
+pytestmark = requires_triton
 
 from embodied_accel import cli  # noqa: E402
 from embodied_accel import platform as platform_mod  # noqa: E402
 from embodied_accel.ops import OP_NAMES, OpSet, get_ops, reference  # noqa: E402
 
-DEVICE = "cuda" if ON_GPU else "cpu"
-TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
-GPU = platform_mod.Platform("cuda", "test gpu", has_triton=True, has_torch_npu=False)
 FIXTURES = Path(__file__).parent / "fixtures"
 triton_ops = get_ops("cuda", GPU, cuda_attention="triton")
 

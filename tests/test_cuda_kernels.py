@@ -4,24 +4,15 @@ On a machine without a GPU they run under the Triton interpreter (``TRITON_INTER
 kernels are imported); on a GPU the same tests run on the device.
 """
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install triton)")
+from triton_setup import DEVICE, GPU, TOLERANCE, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
 
-ON_GPU = torch.cuda.is_available()
-if not ON_GPU:
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the @triton.jit definitions
+pytestmark = requires_triton
 
-from embodied_accel import platform as platform_mod  # noqa: E402
 from embodied_accel.ops import get_ops, reference  # noqa: E402
 
-DEVICE = "cuda" if ON_GPU else "cpu"
-TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
-GPU = platform_mod.Platform("cuda", "test gpu", has_triton=True, has_torch_npu=False)
 cuda_ops = get_ops("cuda", GPU)
 # (rows, width): real model shapes (pi0 suffix rows x expert width, prefix x VLM width) and odd ones
 NORM_SHAPES = [(50, 1024), (5, 123), (1, 7), (3, 2048)]
