@@ -12,16 +12,18 @@ __version__ = "0.1.0"
 
 
 def load_policy(preset_or_checkpoint: str, **kwargs):
-    """Load a policy from a preset name or a checkpoint directory; see :func:`models.pi0.policy.load_pi0_policy`.
+    """Load a policy from a preset name or a checkpoint directory of any model family (recognized from the name
+    or the directory; see :mod:`embodied_accel.policies`). For pi0 / pi0.5 see
+    :func:`models.pi0.policy.load_pi0_policy`.
 
     Keyword arguments: ``backend`` (auto|reference|cuda|npu), ``dtype`` (float32|bfloat16), ``device``,
     ``seed`` (random-weight presets), ``preset`` (architecture of a small custom checkpoint),
     ``tokenizer`` (SentencePiece file), ``num_views``, ``capture`` (eager|compile|cudagraph|torchair), ``progress``,
     ``cuda_attention`` (sdpa|triton: the cuda backend's attention kernel).
     """
-    from .models.pi0.policy import load_pi0_policy
+    from .policies import load_policy as load_any
 
-    return load_pi0_policy(preset_or_checkpoint, **kwargs)
+    return load_any(preset_or_checkpoint, **kwargs)
 
 
 __all__ = ["__version__", "load_policy"]

@@ -14,6 +14,7 @@ import torch
 
 from ... import platform as platform_mod
 from ...ops import OpSet, get_ops
+from ...policies import PolicyFamily
 from ...runtime import capture_call, check_capture, prepare_capture
 from .config import PRESETS, Pi0Config, get_preset
 from .device_processing import DeviceProcessing
@@ -335,3 +336,16 @@ def _with_views(io: IOSpec, num_views: int, is_checkpoint: bool) -> IOSpec:
             raise ValueError(f"num_views: at most {len(pool)} cameras are supported, got {num_views}")
         keys = pool[:num_views]
     return dataclasses.replace(io, image_keys=keys)
+
+
+def _is_lerobot_pi0_checkpoint(path: Path, config: dict[str, Any] | None) -> bool:
+    return config is not None and config.get("type") in ("pi0", "pi05")
+
+
+FAMILY = PolicyFamily(
+    name="pi0",
+    presets=tuple(PRESETS),
+    recognizes=_is_lerobot_pi0_checkpoint,
+    load=load_pi0_policy,
+    describe_checkpoint='a LeRobot pi0 / pi0.5 directory (config.json with "type": "pi0" or "pi05", model.safetensors)',
+)
