@@ -431,27 +431,11 @@ def _measured_call_inputs(args: argparse.Namespace):
     return policy, load_s, [observation] * args.batch
 
 
-def _call_from_bytes(policy, observations, num_steps):
-    """The measured call: observation bytes (validated and packed on the host once) uploaded, the whole
-    captured call (device pre-processing, model, action un-normalization), actions copied back to the host."""
-    raw = policy.processor.raw_inputs(observations)
-    if raw is None:
-        raise CLIError("observation: camera sizes differ between batch rows")
-    from .models.pi0.policy import compact_raw_inputs
-
-    raw = compact_raw_inputs(raw, policy.token_bucket)
-
-    def call() -> object:
-        return policy.run(raw.to(policy.device), num_steps=num_steps).to("cpu")
-
-    return call, len(raw.frames)
-
-
 def cmd_profile(args: argparse.Namespace) -> int:
     from .bench import profiler
 
     policy, _, observations = _measured_call_inputs(args)
-    call, views = _call_from_bytes(policy, observations, args.num_steps)
+    call, views = policy.measured_call(observations, args.num_steps)
     backend = policy.backend + ("-triton-attention" if policy.ops.settings.get("cuda_attention") == "triton" else "")
     name = f"{policy.config.name}_{backend}_{policy.capture}_{_dtype_name(policy)}_b{args.batch}_v{views}"
     out_dir = args.out_dir / name
@@ -476,7 +460,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plat = platform_mod.detect()
     steps = args.num_steps or policy.config.num_steps
     progress = _progress(args)
-    call, views = _call_from_bytes(policy, observations, args.num_steps)
+    call, views = policy.measured_call(observations, args.num_steps)
 
     plat.reset_peak_memory()
     first_call_ms = None
@@ -517,6 +501,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         times=times,
         aten_ops_per_call=aten_ops,
         peak_mem_mb=peak_mem_mb,
+        peak_mem_kind=plat.peak_memory_kind,
         kernel_launches_per_call=kernel_launches,
         device_busy_fraction=busy,
         plat=plat,

@@ -1,8 +1,8 @@
 """Strict checkpoint loading: key mapping, load-time fusions, and every kind of mismatch."""
 
 import json
-from pathlib import Path
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,8 +119,8 @@ def test_fused_gemma_layer_equals_an_unfused_gemma_layer():
     cache = StaticKVCache(1, b, 1, s, hd, torch.float32, "cpu")
     with torch.inference_mode():
             ours = model.vlm.layers[0](
-            h.reshape(b * s, d), b, s, model._rope_tables(positions, s),
-            model.ops.prepare_attention_mask(may, torch.float32), cache.slots(0, s, s)[0],
+            h.reshape(b * s, d), b, s, model.rope_tables(positions, *model.rotary_table(s, "cpu")),
+            model.ops.prepare_attention_mask(may, torch.float32, heads), cache.slots(0, s, s)[0],
         ).view(b, s, d)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(cache.buffer[0, 1].transpose(1, 2).reshape(b, s, hd), v.transpose(1, 2).reshape(b, s, hd))

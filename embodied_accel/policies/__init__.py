@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 #: The modules that define a ``FAMILY`` (a :class:`PolicyFamily`), in the order checkpoints are matched.
-FAMILY_MODULES: tuple[str, ...] = ("embodied_accel.models.pi0.policy",)
+FAMILY_MODULES: tuple[str, ...] = ("embodied_accel.policies.pi0",)
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,9 @@ def family_of(source: str | Path) -> PolicyFamily:
         if family.recognizes(path, config):
             return family
     found = sorted(p.name for p in path.iterdir())[:12]
-    expected = "; ".join(f"{family.name}: {family.describe_checkpoint}" for family in known if family.describe_checkpoint)
+    expected = "; ".join(
+        f"{family.name}: {family.describe_checkpoint}" for family in known if family.describe_checkpoint
+    )
     raise ValueError(
         f"{path}: not a checkpoint of a known model family (found {', '.join(found) or 'an empty directory'}); "
         f"expected {expected}"

@@ -76,12 +76,13 @@ class Runner(Protocol):
 
 
 class Pi0Runner:
-    """A :class:`~embodied_accel.models.pi0.policy.Pi0Policy`: checked one by one, called in batches.
+    """A policy with the validated-rows interface (:class:`~embodied_accel.policies.pi0.Pi0Policy`): each
+    observation checked once when it arrives, the group called in one batch.
 
-    ``prepare`` runs the processor's checks on one observation (``processor.raw_inputs``: the same checks and
-    error messages as ``infer_batch``, no image processing); its signature is the frame shape and dtype of each
-    camera it sends, so that a group packs into one device-path call. ``run`` is one ``policy.infer_batch``.
-    With ``noise_seed`` every row starts from the noise of a single ``policy.infer(obs, seed=noise_seed)``,
+    ``prepare`` is the policy's ``validate`` (the same checks and error messages as ``infer_batch``, no image
+    processing); its signature is the frame shape and dtype of each camera the row sends, so that a group packs
+    into one device-path call. ``run`` is one ``policy.run_validated`` on the rows as validated (nothing is checked
+    twice). With ``noise_seed`` every row starts from the noise of a single ``policy.infer(obs, seed=noise_seed)``,
     so a batched answer equals the single-request one.
     """
 
@@ -90,35 +91,24 @@ class Pi0Runner:
     ) -> None:
         self.policy, self.noise_seed, self.num_steps = policy, noise_seed, num_steps
         if max_batch is not None:  # the largest bucket's buffers up front: every smaller batch reuses them
-            config = policy.config
-            policy.model.ensure_buffers(
-                max_batch, len(policy.io.image_keys), config.max_token_len, num_steps, policy.device
-            )
+            policy.reserve(max_batch, num_steps)
 
     @staticmethod
     def supports(policy: Any) -> bool:
-        processor = getattr(policy, "processor", None)
-        return all(hasattr(policy, name) for name in ("infer_batch", "make_noise")) and hasattr(processor, "raw_inputs")
+        return all(hasattr(policy, name) for name in ("validate", "run_validated", "make_noise", "reserve"))
 
-    def prepare(self, observation: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple]:
-        raw = self.policy.processor.raw_inputs(observation)  # raises ObservationError naming the field
-        present = raw.image_masks[0].tolist()
-        signature = tuple(
-            (tuple(frame.shape[1:]), str(frame.dtype)) if has else None
-            for frame, has in zip(raw.frames, present, strict=True)
-        )
-        return observation, signature
+    def prepare(self, observation: Mapping[str, Any]) -> Any:
+        return self.policy.validate(observation)  # raises ObservationError naming the field
 
-    def signature(self, prepared: tuple[Mapping[str, Any], tuple]) -> tuple:
-        return prepared[1]
+    def signature(self, prepared: Any) -> tuple:
+        return prepared.signature
 
-    def run(self, prepared: Sequence[tuple[Mapping[str, Any], tuple]]) -> np.ndarray:
+    def run(self, prepared: Sequence[Any]) -> np.ndarray:
         batch = len(prepared)
         noise = None
         if self.noise_seed is not None:
             noise = self.policy.make_noise(1, seed=self.noise_seed).repeat(batch, 1, 1)  # [B, horizon, max_action_dim]
-        result = self.policy.infer_batch([obs for obs, _ in prepared], noise=noise, num_steps=self.num_steps)
-        return np.asarray(result["actions"])
+        return np.asarray(self.policy.run_validated(prepared, noise=noise, num_steps=self.num_steps))
 
 
 class BatchInferRunner:

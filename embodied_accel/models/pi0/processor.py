@@ -382,6 +382,45 @@ def _int_vector(value: Any, field_name: str, what: str, allow_bool: bool = False
     return arr
 
 
+def _compaction(image_masks: torch.Tensor, token_masks: torch.Tensor, token_bucket: int) -> tuple[list[int], int]:
+    """Camera slots some row has (all of them if none has any) and the bucketed prompt length."""
+    present = image_masks.any(dim=0).tolist()  # [N]
+    slots = [i for i, has in enumerate(present) if has] or list(range(len(present)))
+    used = token_masks.any(dim=0).nonzero()
+    longest = int(used.max()) + 1 if used.numel() else 1
+    return slots, min(token_masks.shape[1], -(-longest // token_bucket) * token_bucket)
+
+
+def compact_inputs(inputs: ModelInputs, token_bucket: int) -> ModelInputs:
+    """Drop the camera slots missing from every row and the prompt padding past the longest prompt.
+
+    The prompt length is rounded up to a multiple of ``token_bucket`` (capped at the padded length), so
+    calls fall into a few shape buckets. This is exact: a masked token is hidden from every query and
+    does not advance the positions of the tokens after it, so removing it changes no valid output, and
+    a robot whose observation lacks a camera pays nothing for that camera.
+    """
+    slots, length = _compaction(inputs.image_masks, inputs.token_masks, token_bucket)
+    return ModelInputs(
+        images=inputs.images[:, slots] if len(slots) < inputs.images.shape[1] else inputs.images,
+        image_masks=inputs.image_masks[:, slots],
+        tokens=inputs.tokens[:, :length],
+        token_masks=inputs.token_masks[:, :length],
+        state=inputs.state,
+    )
+
+
+def compact_raw_inputs(raw: RawInputs, token_bucket: int) -> RawInputs:
+    """:func:`compact_inputs` for the device path's raw inputs (same slots, same prompt length)."""
+    slots, length = _compaction(raw.image_masks, raw.token_masks, token_bucket)
+    return RawInputs(
+        frames=tuple(raw.frames[i] for i in slots),
+        image_masks=raw.image_masks[:, slots],
+        tokens=raw.tokens[:, :length],
+        token_masks=raw.token_masks[:, :length],
+        state=raw.state,
+    )
+
+
 __all__ = [
     "IOSpec",
     "ModelInputs",
@@ -390,4 +429,6 @@ __all__ = [
     "RawInputs",
     "Tokenizer",
     "ValidatedObservation",
+    "compact_inputs",
+    "compact_raw_inputs",
 ]

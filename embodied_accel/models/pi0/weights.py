@@ -368,7 +368,6 @@ def load_checkpoint_weights(model, checkpoint_dir: str | Path, device, progress:
     )
     model.load_state_dict(state, strict=True, assign=True)
     model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)
-    model.reset_caches()
     logger.info("loaded %d tensors from %s", len(state), path)
 
 
@@ -399,4 +398,3 @@ def init_random_weights(model, seed: int, device) -> None:
         state[name] = value.to(dtype=dtype, device=device)
     model.load_state_dict(state, strict=True, assign=True)
     model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)
-    model.reset_caches()
