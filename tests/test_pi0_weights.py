@@ -1,8 +1,8 @@
 """Strict checkpoint loading: key mapping, load-time fusions, and every kind of mismatch."""
 
 import json
-from pathlib import Path
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -78,7 +78,9 @@ def test_load_time_fusions_equal_the_unfused_layout():
     for fused, separate in ((fused_q, F.linear(x, q)), (fused_k, F.linear(x, k)), (fused_v, F.linear(x, v))):
         torch.testing.assert_close(fused, separate, rtol=1e-6, atol=1e-6)
     fused_mlp = model.ops.geglu(x @ layer.gate_up_weight)
-    torch.testing.assert_close(fused_mlp, F.gelu(F.linear(x, gate), approximate="tanh") * F.linear(x, up), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        fused_mlp, F.gelu(F.linear(x, gate), approximate="tanh") * F.linear(x, up), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_fused_gemma_layer_equals_an_unfused_gemma_layer():
@@ -86,7 +88,7 @@ def test_fused_gemma_layer_equals_an_unfused_gemma_layer():
     torch.manual_seed(0)
     model = loaded("pi0-tiny", PI0)
     src = load_file(PI0 / "model.safetensors")
-    p = lambda name: src[f"{VLM}.layers.0.{name}"]  # noqa: E731
+    p = lambda name: src[f"{VLM}.layers.0.{name}"]
     b, s, d, heads, hd = 2, 9, 64, 8, 16
     h = torch.randn(b, s, d)
     valid = torch.ones(b, s, dtype=torch.bool)
@@ -113,17 +115,26 @@ def test_fused_gemma_layer_equals_an_unfused_gemma_layer():
     attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, heads * hd)
     h1 = h + F.linear(attn, p("self_attn.o_proj.weight"))
     x = norm(h1, p("post_attention_layernorm.weight"))
-    mlp = F.linear(F.gelu(F.linear(x, p("mlp.gate_proj.weight")), approximate="tanh") * F.linear(x, p("mlp.up_proj.weight")), p("mlp.down_proj.weight"))
+    mlp = F.linear(
+        F.gelu(F.linear(x, p("mlp.gate_proj.weight")), approximate="tanh") * F.linear(x, p("mlp.up_proj.weight")),
+        p("mlp.down_proj.weight"),
+    )
     expected = h1 + mlp
 
     cache = StaticKVCache(1, b, 1, s, hd, torch.float32, "cpu")
     with torch.inference_mode():
-            ours = model.vlm.layers[0](
-            h.reshape(b * s, d), b, s, model._rope_tables(positions, s),
-            model.ops.prepare_attention_mask(may, torch.float32), cache.slots(0, s, s)[0],
+        ours = model.vlm.layers[0](
+            h.reshape(b * s, d),
+            b,
+            s,
+            model._rope_tables(positions, s),
+            model.ops.prepare_attention_mask(may, torch.float32),
+            cache.slots(0, s, s)[0],
         ).view(b, s, d)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cache.buffer[0, 1].transpose(1, 2).reshape(b, s, hd), v.transpose(1, 2).reshape(b, s, hd))
+    torch.testing.assert_close(
+        cache.buffer[0, 1].transpose(1, 2).reshape(b, s, hd), v.transpose(1, 2).reshape(b, s, hd)
+    )
 
 
 def test_lm_head_is_never_read(monkeypatch):
@@ -174,7 +185,10 @@ def test_bf16_keeps_vision_norms_and_heads_in_fp32():
 def test_missing_tensor_is_listed(tmp_path):
     key = "model.paligemma_with_expert.gemma_expert.model.layers.1.mlp.up_proj.weight"
     ckpt = copy_checkpoint(tmp_path, edit=lambda t: t.pop(key))
-    with pytest.raises(CheckpointError, match=r"1 missing tensor\(s\):\n  paligemma_with_expert\.gemma_expert\.model\.layers\.1\.mlp\.up_proj\.weight"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"1 missing tensor\(s\):\n  paligemma_with_expert\.gemma_expert\.model\.layers\.1\.mlp\.up_proj\.weight",
+    ):
         loaded("pi0-tiny", ckpt)
 
 
@@ -224,3 +238,70 @@ def test_missing_files(tmp_path):
     (ckpt / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no model.safetensors"):
         loaded("pi0-tiny", ckpt)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Damaged or stand-in weight files: a CheckpointError naming the file, never a MemoryError
+# ---------------------------------------------------------------------------------------------------------------
+
+LFS_POINTER = (
+    "version https://git-lfs.github.com/spec/v1\n"
+    "oid sha256:4d7a0f5c3c1a4b7e9b1f0e0d6c5b4a3928171605f4e3d2c1b0a9f8e7d6c5b4a3\n"
+    "size 14046573120\n"
+)
+
+
+def safetensors_bytes(header: dict, data: bytes) -> bytes:
+    encoded = json.dumps(header).encode()
+    return len(encoded).to_bytes(8, "little") + encoded + data
+
+
+def test_git_lfs_pointer_is_named_with_the_fix(tmp_path):
+    ckpt = copy_checkpoint(tmp_path)
+    (ckpt / "model.safetensors").write_text(LFS_POINTER)
+    with pytest.raises(CheckpointError) as err:
+        weights_mod.SafetensorsReader(ckpt / "model.safetensors")
+    message = str(err.value)
+    assert str(ckpt / "model.safetensors") in message
+    assert "git-lfs pointer" in message and f"git lfs pull` in {ckpt.resolve()}" in message
+    assert "13.08 GiB" in message  # the size the pointer names
+
+
+def test_random_bytes_are_rejected_before_anything_is_allocated(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(
+        torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0)).byte().numpy().tobytes()
+    )
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a safetensors file, or a truncated one: .*"
+                       r"header of \d+ bytes, but the file is 4096 bytes long"):  # fmt: skip
+        weights_mod.SafetensorsReader(path)
+
+
+@pytest.mark.parametrize(
+    "header, data, fragment",
+    [
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, "data ends at byte 16"),
+        ({"w": {"dtype": "F32", "shape": [1 << 40], "data_offsets": [0, 1 << 42]}}, b"\0" * 8, "data ends at byte"),
+        ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 16]}}, b"\0" * 16, "F32 [3] needs 12 bytes"),
+        ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [8, 4]}}, b"\0" * 16, "0 <= begin <= end"),
+        ({"w": {"dtype": "Q4", "shape": [4], "data_offsets": [0, 4]}}, b"\0" * 4, "unknown dtype 'Q4'"),
+        ({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, b"\0" * 4, "non-negative integers"),
+        ({"w": [1, 2]}, b"", "expected {dtype, shape, data_offsets}"),
+    ],
+)
+def test_header_entries_are_checked_against_the_file(tmp_path, header, data, fragment):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(safetensors_bytes(header, data))
+    with pytest.raises(CheckpointError, match="model.safetensors: tensor 'w'") as err:
+        weights_mod.SafetensorsReader(path)
+    assert fragment in str(err.value)
+
+
+def test_header_must_be_a_json_object(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"\x04\0\0\0\0\0\0\0[1] ")
+    with pytest.raises(CheckpointError, match="model.safetensors: not a safetensors file .*not a JSON object"):
+        weights_mod.SafetensorsReader(path)
+    path.write_bytes(b"\x04\0\0\0\0\0\0\0{nop")
+    with pytest.raises(CheckpointError, match="model.safetensors: not a safetensors file .*not JSON"):
+        weights_mod.SafetensorsReader(path)
