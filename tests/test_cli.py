@@ -131,7 +131,7 @@ def test_run_default_prints_random_weights_notice_and_shape(capsys):
     assert "pi0-tiny" in out and "backend reference" in out and "dtype float32" in out
     assert "shape (50, 7)" in out
     assert "first action" in out and "latency:" in out
-    assert "text 'pick up the red block' unused (no tokenizer)" in out
+    assert "(instruction: text 'pick up the red block'" in out  # the bundled tiny tokenizer
 
 
 @needs_policy
@@ -172,7 +172,7 @@ def test_noise_file_is_honored(capsys, tmp_path):
     assert code == 0, err
     assert "noise:       file" in out
     policy = load_policy("pi0-tiny", progress=False)
-    observation, _ = cli.select_instruction(policy, load_sample())
+    observation, _ = cli.select_instruction(policy, cli.load_observation(cli.SAMPLE_OBSERVATION))
     expected = policy.infer(observation, noise=noise, num_steps=2)["actions"]
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), expected)
 

@@ -17,12 +17,12 @@ from ...errors import ObservationError
 from ...ops import OpSet, get_ops
 from ...policies import PolicyFamily
 from ...runtime import capture_call, check_capture, prepare_capture
-from .config import PRESETS, Pi0Config, get_preset
+from .config import PRESETS, Pi0Config, get_preset, report_memory_need
 from .device_processing import DeviceProcessing
 from .io_spec import IOSpec, load_io_spec
 from .model import Pi0Model
 from .processor import ModelInputs, Pi0Processor, RawInputs
-from .tokenizer import Tokenizer
+from .tokenizer import find_tokenizer
 from .weights import config_from_checkpoint, init_random_weights, load_checkpoint_weights
 
 logger = logging.getLogger(__name__)
@@ -292,19 +292,19 @@ def load_pi0_policy(
     if is_checkpoint:
         config = config_from_checkpoint(path, preset)
         io = load_io_spec(path, config.family)
-        tok = Tokenizer.from_file(tokenizer) if tokenizer else Tokenizer.from_checkpoint(path)
     elif preset_or_checkpoint in PRESETS:
         if preset is not None:
             raise ValueError("preset: only used with a checkpoint directory; pass the preset name directly")
         config = get_preset(preset_or_checkpoint)
         io = IOSpec.identity(PRESET_IMAGE_KEYS[:PRESET_VIEWS], PRESET_STATE_DIM, PRESET_ACTION_DIM)
-        tok = Tokenizer.from_file(tokenizer) if tokenizer else None
     else:
         raise ValueError(
             f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a preset; presets: {', '.join(PRESETS)}"
         )
     if num_views is not None:
         io = _with_views(io, num_views, is_checkpoint)
+    tok = find_tokenizer(config, explicit=tokenizer or None, checkpoint_dir=path if is_checkpoint else None)
+    report_memory_need(config, compute_dtype, device)  # INFO; a warning when the weights exceed free host memory
 
     with torch.device("meta"):
         model = Pi0Model(config, ops, compute_dtype)
