@@ -205,15 +205,6 @@ def test_misshapen_tensor_is_listed(tmp_path):
         loaded("pi0-tiny", ckpt)
 
 
-def test_full_size_architecture_from_config_does_not_fit_a_tiny_checkpoint():
-    config = config_from_checkpoint(PI0)  # LeRobot's variant names: gemma_2b / gemma_300m
-    assert config.vlm.width == 2048 and config.expert.width == 1024 and config.vision.width == 1152
-    with torch.device("meta"):
-        model = Pi0Model(config, get_ops("reference"))
-    with pytest.raises(CheckpointError, match="wrong shape"):
-        load_checkpoint_weights(model, PI0, "cpu", progress=False)
-
-
 def test_wrong_family_is_rejected(tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint is a pi0 policy but preset 'pi05-tiny' is pi05"):
         config_from_checkpoint(PI0, "pi05-tiny")
@@ -225,10 +216,18 @@ def test_wrong_family_is_rejected(tmp_path):
         config_from_checkpoint(ckpt)
 
 
-def test_pi05_weights_into_pi0_model_fail_loudly():
+def test_pi05_weights_into_pi0_model_fail_loudly_with_a_summary_first():
     with pytest.raises(CheckpointError, match="missing tensor") as err:
         loaded("pi0-tiny", PI05)
-    assert "unexpected tensor" in str(err.value) and "time_mlp_in.weight" in str(err.value)
+    message = str(err.value)
+    assert "unexpected tensor" in message and "time_mlp_in.weight" in message
+    first_lines = message.splitlines()[:3]
+    assert first_lines[0] == f"{PI05 / 'model.safetensors'} does not match pi0-tiny:"
+    assert first_lines[1] == (
+        "  - the checkpoint is pi0.5 (adaRMS norm weights, no state projection) but 'pi0-tiny' is pi0 "
+        "(plain RMSNorm weights, a state projection)"
+    )
+    assert "preset 'pi05-tiny': pass --preset pi05-tiny" in first_lines[2]
 
 
 def test_missing_files(tmp_path):
@@ -305,3 +304,127 @@ def test_header_must_be_a_json_object(tmp_path):
     path.write_bytes(b"\x04\0\0\0\0\0\0\0{nop")
     with pytest.raises(CheckpointError, match="model.safetensors: not a safetensors file .*not JSON"):
         weights_mod.SafetensorsReader(path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The architecture read from the checkpoint; a wrong preset explained before the tensor list
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def network(config):
+    return (config.family, config.vision, config.vlm, config.expert, config.vocab_size)
+
+
+@pytest.mark.parametrize("preset,directory", [("pi0-tiny", PI0), ("pi05-tiny", PI05)])
+def test_architecture_is_read_from_the_tensors_without_a_preset(preset, directory):
+    config = config_from_checkpoint(directory)  # config.json names gemma_2b / gemma_300m: the tensors decide
+    assert network(config) == network(get_preset(preset))
+    assert config.name == preset and config.bundled_tokenizer is None
+    assert config.max_token_len == get_preset(preset).max_token_len  # from config.json's tokenizer_max_length
+
+
+def test_a_wrong_preset_is_summarized_before_a_capped_tensor_list():
+    with pytest.raises(CheckpointError) as err:
+        config_from_checkpoint(PI0, "pi0")
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{PI0 / 'model.safetensors'} does not match pi0:"
+    summary = lines[1 : lines.index(next(line for line in lines[1:] if not line.startswith("  - ")))]
+    assert "  - VLM width: 64 in the checkpoint, 2048 in preset 'pi0'" in summary
+    assert "  - vision depth: 2 in the checkpoint, 27 in preset 'pi0'" in summary
+    assert summary[-1] == (
+        "  - the checkpoint has the architecture of preset 'pi0-tiny': pass --preset pi0-tiny (preset='pi0-tiny'), "
+        "or load it without a preset to read the architecture from the checkpoint"
+    )
+    assert any(line.startswith("  ... and ") and line.endswith(" more") for line in lines)
+    assert len(lines) < 100  # not one line per tensor (the full-size preset expects ~800 of another shape)
+
+
+def test_a_full_size_model_loaded_from_a_reduced_checkpoint_is_summarized():
+    with torch.device("meta"):
+        model = Pi0Model(get_preset("pi0"), get_ops("reference"))
+    with pytest.raises(CheckpointError, match="wrong shape") as err:
+        load_checkpoint_weights(model, PI0, "cpu", progress=False)
+    lines = str(err.value).splitlines()
+    assert "  - action expert width: 32 in the checkpoint, 1024 in 'pi0'" in lines
+    assert any("pass --preset pi0-tiny" in line for line in lines[:20])
+    assert len(lines) < 100
+
+
+def test_config_json_that_contradicts_the_tensors_is_rejected(tmp_path):
+    ckpt = copy_checkpoint(tmp_path, src=PI05)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "type": "pi0"}))
+    with pytest.raises(CheckpointError, match=r"config.json says 'type': 'pi0', but model.safetensors is pi0.5"):
+        config_from_checkpoint(ckpt)
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "image_resolution": [448, 448]}))
+    with pytest.raises(CheckpointError, match="vision image size: 224 in the checkpoint, 448 in config.json"):
+        config_from_checkpoint(ckpt)
+
+
+def write_checkpoint_for(config, tmp_path, template=PI0):
+    """A LeRobot-layout checkpoint of ``config`` with random tensors (every key and shape the rules name)."""
+    ckpt = tmp_path / "custom"
+    shutil.copytree(template, ckpt)
+    generator = torch.Generator().manual_seed(0)
+    tensors = {
+        f"model.{key}": 0.1 * torch.randn(shape, generator=generator)
+        for rule in weight_rules(config)
+        for key, shape in zip(rule.sources, rule.source_shapes, strict=True)
+    }
+    save_file(tensors, ckpt / "model.safetensors")
+    return ckpt
+
+
+def test_a_checkpoint_no_preset_describes_loads_with_assumed_heads(tmp_path, caplog):
+    from embodied_accel import load_policy
+    from embodied_accel.models.pi0.config import with_overrides
+    from embodied_accel.nn.gemma import GemmaConfig
+    from embodied_accel.nn.siglip import SiglipConfig
+
+    custom = with_overrides(
+        get_preset("pi0-tiny"),
+        vision=SiglipConfig(width=32, depth=1, num_heads=16, mlp_dim=48, patch_size=16, image_size=224),
+        vlm=GemmaConfig(width=48, depth=3, mlp_dim=96, num_heads=8, num_kv_heads=2, head_dim=8),
+        expert=GemmaConfig(width=24, depth=3, mlp_dim=40, num_heads=8, num_kv_heads=2, head_dim=8),
+        vocab_size=600,
+    )
+    ckpt = write_checkpoint_for(custom, tmp_path)
+    with caplog.at_level("WARNING", logger="embodied_accel"):
+        config = config_from_checkpoint(ckpt)
+    assert network(config) == network(custom) and config.name == "pi0-custom"
+    assert "assumed 16 vision heads (head_dim 2), 8 query / 2 KV heads of 8" in caplog.text
+    policy = load_policy(str(ckpt), backend="reference", progress=False)
+    observation = {
+        "observation.images.base_0_rgb": torch.zeros(3, 64, 64).numpy(),
+        "observation.state": torch.zeros(8).numpy(),
+        "observation.language.tokens": [2, 599, 17],
+    }
+    actions = policy.infer(observation, seed=0, num_steps=1)["actions"]
+    assert actions.shape == (50, 7) and torch.isfinite(torch.as_tensor(actions)).all()
+
+
+@pytest.mark.parametrize("family,directory", [("pi0", PI0), ("pi05", PI05)])
+def test_fixtures_load_without_a_preset_and_match_lerobot(family, directory):
+    """tests/test_pi0_parity.py's comparison, through the public API with no preset."""
+    from embodied_accel import load_policy
+
+    io = load_file(directory / "io.safetensors")
+    policy = load_policy(str(directory), backend="reference", progress=False)
+    assert policy.config.name == f"{family}-tiny"
+    state = io["state"] if family == "pi0" else None
+    actions = policy.model.sample_actions(
+        io["images"], io["image_masks"], io["tokens"], io["token_masks"], state, noise=io["noise"]
+    )
+    assert (actions - io["actions_model"]).abs().max().item() <= 1e-4
+    observations = [
+        {
+            "observation.images.base_0_rgb": io["image_raw.base_0_rgb"][b].numpy(),
+            "observation.images.left_wrist_0_rgb": io["image_raw.left_wrist_0_rgb"][b].numpy(),
+            "observation.state": io["state_raw"][b].numpy(),
+            "observation.language.tokens": io["tokens"][b][io["token_masks"][b]].numpy(),
+        }
+        for b in range(2)
+    ]
+    out = policy.infer_batch(observations, noise=io["noise"])["actions"]
+    expected = io["actions"].numpy()
+    assert abs(out - expected).max() <= 1e-4 * max(1.0, abs(expected).max())
