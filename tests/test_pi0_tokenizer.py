@@ -105,7 +105,7 @@ def test_checkpoint_finds_paligemma_in_the_hugging_face_cache(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="embodied_accel"):
         tokenizer = find_tokenizer(config, checkpoint_dir=FIXTURES / "pi0_tiny", environ={"HF_HUB_CACHE": str(cache)})
     assert tokenizer is not None and tokenizer.source == str(expected)
-    assert f"tokenizer {expected} (found in the Hugging Face cache)" in caplog.text
+    assert f"tokenizer {expected} (found in the Hugging Face cache), 512 pieces" in caplog.text
     # $HF_HOME/hub is the same cache when HF_HUB_CACHE is not set.
     found = find_tokenizer(config, checkpoint_dir=FIXTURES / "pi0_tiny", environ={"HF_HOME": str(tmp_path)})
     assert found is not None and found.source == str(expected)

@@ -229,7 +229,7 @@ def find_tokenizer(
     """
     search = search_tokenizer(config, explicit=explicit, checkpoint_dir=checkpoint_dir, environ=environ)
     if search.tokenizer is not None:
-        logger.info("%s: tokenizer %s (%d pieces)", config.name, search.searched[-1], search.tokenizer.vocab_size)
+        logger.info("%s: tokenizer %s, %d pieces", config.name, search.searched[-1], search.tokenizer.vocab_size)
     else:
         logger.warning(
             "%s: no tokenizer found, so text instructions cannot be tokenized (token ids still work); searched: %s. "
