@@ -311,7 +311,8 @@ class _RandomWeightsWarningFilter(logging.Filter):
 
 @contextlib.contextmanager
 def _without_random_weights_warning() -> Iterator[None]:
-    """The random-weights notice once: the command's own line, not the library's warning of the same fact too."""
+    """For a command that prints :func:`_random_weights_notice` itself: the notice once, not also the library's
+    warning of the same fact while the policy loads."""
     handlers = list(logging.getLogger().handlers)
     drop = _RandomWeightsWarningFilter()
     for handler in handlers:
@@ -323,28 +324,25 @@ def _without_random_weights_warning() -> Iterator[None]:
             handler.removeFilter(drop)
 
 
-def _load_policy(args: argparse.Namespace, num_views: int | None = None, prints_random_weights_notice: bool = False):
-    """The policy the arguments name and its load time. ``prints_random_weights_notice``: the command prints
-    :func:`_random_weights_notice` itself, so the library's warning of the same fact is not shown as well."""
+def _load_policy(args: argparse.Namespace, num_views: int | None = None):
+    """The policy the arguments name and its load time."""
     from . import load_policy
 
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
     if args.preset is not None and args.checkpoint is None:
         raise CLIError("--preset names the architecture of a --checkpoint; for a preset use --model")
     start = time.perf_counter()
-    quiet = _without_random_weights_warning() if prints_random_weights_notice else contextlib.nullcontext()
-    with quiet:
-        policy = load_policy(
-            source,
-            backend=args.backend,
-            dtype=args.dtype,
-            preset=args.preset,
-            tokenizer=str(args.tokenizer) if args.tokenizer is not None else None,
-            num_views=num_views,
-            capture=args.capture,
-            progress=_progress(args),
-            cuda_attention=args.cuda_attention,
-        )
+    policy = load_policy(
+        source,
+        backend=args.backend,
+        dtype=args.dtype,
+        preset=args.preset,
+        tokenizer=str(args.tokenizer) if args.tokenizer is not None else None,
+        num_views=num_views,
+        capture=args.capture,
+        progress=_progress(args),
+        cuda_attention=args.cuda_attention,
+    )
     logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
     return policy, time.perf_counter() - start
 
@@ -471,7 +469,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     noise = load_noise(args.noise) if args.noise is not None else None
     if args.output is not None and args.output.suffix.lower() not in OUTPUT_SUFFIXES:
         raise CLIError(f"--output {args.output}: expected a .npy or .json file name")
-    policy, _ = _load_policy(args, prints_random_weights_notice=True)
+    with _without_random_weights_warning():  # this command prints its own notice
+        policy, _ = _load_policy(args)
     observation, instruction = select_instruction(policy, observation, _observation_source(args))
     seed = None if noise is not None else args.seed
     _announce_first_call(args, policy)
@@ -518,7 +517,8 @@ def _action_summary(actions: np.ndarray) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    policy, load_s = _load_policy(args, num_views=args.views, prints_random_weights_notice=True)
+    with _without_random_weights_warning():  # this command prints its own notice
+        policy, load_s = _load_policy(args, num_views=args.views)
     cfg, io, ops = policy.config, policy.io, policy.ops
     n = policy.num_parameters()
     if policy.random_weights:
