@@ -17,6 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: The logger every family warns on when it builds a policy with seeded random weights (a command that prints its
+#: own notice silences it).
+RANDOM_WEIGHTS_LOGGER = "embodied_accel.policies.random_weights"
+
 #: The modules that define a ``FAMILY`` (a :class:`PolicyFamily`), in the order checkpoints are matched.
 FAMILY_MODULES: tuple[str, ...] = ("embodied_accel.policies.pi0",)
 
@@ -83,4 +87,12 @@ def load_policy(source: str | Path, **options: Any):
     return family_of(source).load(str(source), **options)
 
 
-__all__ = ["FAMILY_MODULES", "PolicyFamily", "families", "family_of", "load_policy", "preset_names"]
+__all__ = [
+    "FAMILY_MODULES",
+    "RANDOM_WEIGHTS_LOGGER",
+    "PolicyFamily",
+    "families",
+    "family_of",
+    "load_policy",
+    "preset_names",
+]

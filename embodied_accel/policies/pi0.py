@@ -20,7 +20,7 @@ import torch
 
 from .. import platform as platform_mod
 from ..errors import ObservationError
-from ..models.pi0.config import PRESETS, Pi0Config, get_preset
+from ..models.pi0.config import PRESETS, Pi0Config, get_preset, report_memory_need
 from ..models.pi0.device_processing import DeviceProcessing
 from ..models.pi0.io_spec import IOSpec, load_io_spec
 from ..models.pi0.model import Pi0Buffers, Pi0Model
@@ -32,7 +32,7 @@ from ..models.pi0.processor import (
     compact_inputs,
     compact_raw_inputs,
 )
-from ..models.pi0.tokenizer import Tokenizer
+from ..models.pi0.tokenizer import locate_tokenizer
 from ..models.pi0.weights import (
     config_from_checkpoint,
     init_random_weights,
@@ -43,7 +43,7 @@ from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
 from ..runtime.cudagraph import GraphBackend
 from ..runtime.executor import BucketedCall
-from . import PolicyFamily
+from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
 
 logger = logging.getLogger(__name__)
 
@@ -347,19 +347,19 @@ def load_pi0_policy(
     if is_checkpoint:
         config = config_from_checkpoint(path, preset)
         io = load_io_spec(path, config.family)
-        tok = Tokenizer.from_file(tokenizer) if tokenizer else Tokenizer.from_checkpoint(path)
     elif preset_or_checkpoint in PRESETS:
         if preset is not None:
             raise ValueError("preset: only used with a checkpoint directory; pass the preset name directly")
         config = get_preset(preset_or_checkpoint)
         io = IOSpec.identity(PRESET_IMAGE_KEYS[:PRESET_VIEWS], PRESET_STATE_DIM, PRESET_ACTION_DIM)
-        tok = Tokenizer.from_file(tokenizer) if tokenizer else None
     else:
         raise ValueError(
             f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a preset; presets: {', '.join(PRESETS)}"
         )
     if num_views is not None:
         io = _with_views(io, num_views, is_checkpoint)
+    search = locate_tokenizer(config, explicit=tokenizer or None, checkpoint_dir=path if is_checkpoint else None)
+    report_memory_need(config, compute_dtype, device)  # INFO; a warning when the weights exceed free host memory
 
     with torch.device("meta"):
         model = Pi0Model(config, ops, compute_dtype)
@@ -367,9 +367,11 @@ def load_pi0_policy(
         load_checkpoint_weights(model, path, device, progress=progress)
     else:
         init_random_weights(model, seed, device)
-        logger.info("%s: seeded random weights (seed %d), not a trained policy", config.name, seed)
+        logging.getLogger(RANDOM_WEIGHTS_LOGGER).warning(
+            "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
+        )
     model.eval().requires_grad_(False)  # inference weights hold no autograd state
-    processor = Pi0Processor(config, io, tok)
+    processor = Pi0Processor(config, io, search.tokenizer, tokenizer_searched=search.describe_searched())
     return Pi0Policy(
         model,
         processor,

@@ -115,7 +115,11 @@ class ValidatedObservation:
 class Pi0Processor:
     """Robot observation dicts → :class:`ModelInputs` / :class:`RawInputs`; model actions → robot actions (numpy)."""
 
-    def __init__(self, config: Pi0Config, io: IOSpec, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self, config: Pi0Config, io: IOSpec, tokenizer: Tokenizer | None = None, *, tokenizer_searched: str = ""
+    ) -> None:
+        """``tokenizer_searched``: where the tokenizer was looked for when there is none (named in the error a text
+        instruction then gets)."""
         if io.state_dim > config.max_state_dim:
             raise ValueError(f"{config.name}: state_dim {io.state_dim} exceeds max_state_dim {config.max_state_dim}")
         if io.action_dim > config.max_action_dim:
@@ -125,6 +129,7 @@ class Pi0Processor:
         self.config = config
         self.io = io
         self.tokenizer = tokenizer
+        self.tokenizer_searched = tokenizer_searched
         self.known_keys = frozenset((*io.image_keys, io.state_key, TASK_KEY, PROMPT_KEY, TOKENS_KEY, TOKEN_MASK_KEY))
         self._reported_unknown_keys: set[str] = set()
 
@@ -329,9 +334,11 @@ class Pi0Processor:
         if not isinstance(task, str):
             raise ObservationError(f"{field_name}: expected the instruction as a str, got {type(task).__name__}")
         if self.tokenizer is None:
+            searched = f" (searched: {self.tokenizer_searched})" if self.tokenizer_searched else ""
             raise ObservationError(
-                f"{field_name}: text instructions need the PaliGemma tokenizer; pass token ids in {TOKENS_KEY!r} "
-                f"or provide the tokenizer file ({TOKENIZER_FILE} in the checkpoint directory or --tokenizer)"
+                f"{field_name}: text instructions need the PaliGemma tokenizer and none was found{searched}; pass "
+                f"token ids in {TOKENS_KEY!r} or provide the tokenizer file ({TOKENIZER_FILE} in the checkpoint "
+                "directory, tokenizer= / --tokenizer, or the Hugging Face cache of google/paligemma-3b-pt-224)"
             )
         text = format_prompt(self.config.family, task, normalized_state)
         ids = np.asarray(self.tokenizer.encode(text), dtype=np.int64)
