@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from .text import list_keys
+
 TOKENS_KEY = "observation.language.tokens"
 TOKEN_MASK_KEY = "observation.language.attention_mask"
 TEXT_KEYS = ("task", "prompt")
@@ -130,12 +132,14 @@ class ObservationMapper:
         *,
         has_tokenizer: bool,
         default_prompt: str | None = None,
+        default_token_ids: Sequence[int] | None = None,
     ) -> None:
         if isinstance(keymap, str) and keymap not in ("auto", "identity"):
             keymap = load_keymap(keymap)
         self.keymap = keymap
         self.image_keys, self.state_key = tuple(image_keys), state_key
         self.has_tokenizer, self.default_prompt = has_tokenizer, default_prompt
+        self.default_token_ids = None if default_token_ids is None else np.asarray(default_token_ids, np.int64)
 
     @property
     def name(self) -> str:
@@ -157,7 +161,7 @@ class ObservationMapper:
                 return keymap
         known = "; ".join(km.describe() for km in CONVENTIONS.values())
         raise KeyMapError(
-            f"observation: cannot tell which robot's keys these are (got {', '.join(sorted(flat)) or 'none'}); "
+            f"observation: cannot tell which robot's keys these are (got {list_keys(flat)}); "
             f"expected {known}; or the model's own keys ({', '.join(self.image_keys)}, {self.state_key})"
         )
 
@@ -199,7 +203,11 @@ class ObservationMapper:
         return out, origin
 
     def _instruction(self, flat, out: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
-        """Keep one form of the instruction: text if the model can tokenize it, else token ids."""
+        """Keep one form of the instruction: text if the model can tokenize it, else token ids.
+
+        A request without token ids gets ``default_token_ids`` when it has no instruction, or only text that the
+        model cannot tokenize (openpi robots always send a text ``prompt``); one without any instruction gets
+        ``default_prompt``."""
         text_keys = [key for key in TEXT_KEYS if key in out]
         if text_keys and TOKENS_KEY in out:
             if self.has_tokenizer:
@@ -208,13 +216,28 @@ class ObservationMapper:
             else:
                 for key in text_keys:
                     out.pop(key)
+        elif TOKENS_KEY not in out and self.default_token_ids is not None and not (text_keys and self.has_tokenizer):
+            for key in text_keys:
+                out.pop(key)
+            out.pop(TOKEN_MASK_KEY, None)
+            out[TOKENS_KEY], origin[TOKENS_KEY] = self.default_token_ids.copy(), "--default-token-ids"
         elif not text_keys and TOKENS_KEY not in out and self.default_prompt is not None:
             out["prompt"], origin["prompt"] = self.default_prompt, "--default-prompt"
         return out
 
 
+def can_tokenize_text(policy: Any) -> bool:
+    """Whether ``policy`` can read a text instruction (it has a tokenizer); else it needs token ids."""
+    return getattr(getattr(policy, "processor", None), "tokenizer", None) is not None
+
+
 def _state_part(value: Any, wire: str) -> np.ndarray:
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):  # a ragged nested list
+        raise KeyMapError(
+            f"observation[{wire!r}]: expected a numeric vector or scalar, got a nested list of unequal lengths"
+        ) from None
     if arr.ndim > 1 or arr.dtype.kind not in "biuf":
         raise KeyMapError(
             f"observation[{wire!r}]: expected a numeric vector or scalar, got shape {arr.shape} dtype {arr.dtype}"
@@ -237,6 +260,7 @@ __all__ = [
     "KeyMapError",
     "ObservationMapper",
     "annotate",
+    "can_tokenize_text",
     "flatten",
     "load_keymap",
 ]
