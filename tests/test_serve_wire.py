@@ -330,8 +330,8 @@ def test_message_expansion_is_bounded_by_entry_counts():
     long_list = b"\x81\xa1x" + _list_header(limits.max_collection_len + 1) + b"\x80" * 8
     with pytest.raises(codec.WireError, match=f"at most {limits.max_collection_len} entries"):
         codec.unpack_observation(long_list)
-    # Many lists of allowed length: 1 byte per empty map, 16 x 50000 of them in 800 kB.
-    per_list, lists = 50_000, 16
+    # Many lists of allowed length: 1 byte per empty map, 48 x 16384 of them in 800 kB.
+    per_list, lists = limits.max_collection_len, 48
     nested = b"\x81\xa1x" + _list_header(lists) + (_list_header(per_list) + b"\x80" * per_list) * lists
     assert per_list * lists > limits.max_items and len(nested) < 1_000_000
     start = time.perf_counter()

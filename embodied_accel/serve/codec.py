@@ -39,8 +39,8 @@ MAX_ARRAY_ELEMENTS = 2**40
 class DecodeLimits:
     """How much structure one message may decode to."""
 
-    max_collection_len: int = 2**16  # entries of one list or map
-    max_items: int = 2**18  # lists and maps in a message plus all their entries
+    max_collection_len: int = 2**14  # entries of one list or map
+    max_items: int = 2**16  # lists and maps in a message plus all their entries
 
     def __post_init__(self) -> None:
         if self.max_collection_len < 1 or self.max_items < 1:
