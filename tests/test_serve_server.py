@@ -555,18 +555,49 @@ def test_requests_dropped_behind_a_refusal_or_left_by_their_client_are_counted()
             time.sleep(0.02)
         assert metric(running.url, prefix + '"after_error"}') == 2
 
-        gone = connect(running.url, compression=None, max_size=None).__enter__()
-        gone.recv()
-        gone.send(codec.packb({"value": np.float32(4), "sleep": np.float32(0.3)}))
-        time.sleep(0.05)
-        gone.close_socket()  # leaves without waiting for its answer
+        # Clients that leave without waiting: for an answer, and for a refusal (which is then not counted as
+        # delivered: the request counts as dropped, not as an error).
+        for request in ({"value": np.float32(4)}, {"value": np.float32(5), "bad": np.bool_(True)}):
+            gone = connect(running.url, compression=None, max_size=None).__enter__()
+            gone.recv()
+            gone.send(codec.packb({**request, "sleep": np.float32(0.3)}))
+            time.sleep(0.05)
+            gone.close_socket()
         deadline = time.monotonic() + 5
-        while metric(running.url, prefix + '"client_gone"}') != 1 and time.monotonic() < deadline:
+        while metric(running.url, prefix + '"client_gone"}') != 2 and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert metric(running.url, prefix + '"client_gone"}') == 1
-        assert metric(running.url, 'requests_total{outcome="dropped"}') == 3
+        assert metric(running.url, prefix + '"client_gone"}') == 2
+        assert metric(running.url, 'requests_total{outcome="dropped"}') == 4
         assert metric(running.url, 'requests_total{outcome="error"}') == 1
+        assert metric(running.url, 'errors_total{kind="observation"}') == 1
         assert metric(running.url, "inflight_requests") == 0
+
+
+def test_a_message_received_while_draining_gets_its_refusal_before_the_close():
+    fake = SlowPolicy()
+    running = start_fake(fake, drain_timeout_s=5)
+    busy = PolicyClient(running.url)
+    answers: list = []
+    worker = threading.Thread(target=lambda: answers.append(busy.infer({"value": np.float32(1), "sleep": 0.8})))
+    late = connect(running.url, compression=None, max_size=None).__enter__()  # openpi's way
+    late.recv()
+    worker.start()
+    assert fake.started.wait(10)
+    stopper = threading.Thread(target=running.stop)
+    stopper.start()
+    deadline = time.monotonic() + 5
+    while http_get(running.url, "/healthz")[0] != 503 and time.monotonic() < deadline:  # draining
+        time.sleep(0.02)
+    late.send(codec.packb({"value": np.float32(2)}))
+    assert late.recv(timeout=5).startswith("shutdown error: server is shutting down")
+    with pytest.raises(ConnectionClosed) as info:
+        late.recv(timeout=5)
+    assert info.value.rcvd.code == 1001
+    stopper.join(10)
+    worker.join(10)
+    assert answers and np.all(answers[0]["actions"] == 1)  # the request in flight was answered
+    counts = running.server.metrics
+    assert counts.errors["shutdown"] == 1 and counts.requests == {"ok": 1, "error": 1, "dropped": 0}
 
 
 def test_error_frames_mode_answers_a_refusal_with_a_message_and_keeps_the_connection(policy):
