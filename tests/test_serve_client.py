@@ -244,7 +244,7 @@ def test_reset_returns_at_once_while_a_step_waits_and_a_late_result_is_discarded
     time.sleep(0.1)
     started = time.monotonic()
     executor.reset()
-    assert time.monotonic() - started < 0.1  # did not wait for the inference
+    assert time.monotonic() - started < 0.5  # did not wait for the inference (10 s)
     thread.join(2)
     assert not thread.is_alive()
     assert len(errors) == 1 and isinstance(errors[0], client_mod.ExecutorReset)
