@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -180,6 +181,7 @@ def main() -> None:
     from embodied_accel.bench import harness
     from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
 
+    load_at_start = os.getloadavg()[0]
     torch.set_num_threads(1)
     logging.getLogger("embodied_accel").setLevel(logging.ERROR)  # one refusal per hostile message is expected
     policy = load_policy(args.model, progress=False)
@@ -218,6 +220,7 @@ def main() -> None:
         "date": env["date"],
         "cpu_count": env["cpu_count"],
         "threads": env["threads"],
+        "load_average_1min": {"start": load_at_start, "end": os.getloadavg()[0]},  # other jobs on the machine
     }
     stamp = record["date"].replace("-", "").replace(":", "").split("+")[0]
     device = "".join(c if c.isalnum() else "-" for c in env["device"].lower())[:48].strip("-")
