@@ -716,12 +716,14 @@ def _attention_suffix(record: dict[str, Any]) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    serve_commands.require_serve_extra("serve")
     policy, _ = _load_policy(args, num_views=args.views)
     return serve_commands.run_serve(policy, args, announce=lambda line: print(line, flush=True))
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
     """Exit code 0 when every request succeeded, 1 otherwise."""
+    serve_commands.require_serve_extra("loadtest")
     observation = load_observation(args.observation) if args.observation is not None else None
     stats, record = serve_commands.run_loadtest_command(
         args, lambda: _load_policy(args, num_views=args.views)[0], observation
