@@ -41,3 +41,30 @@ def make_dataset(root: Path, **options) -> tuple[Path, list]:
     episodes = make_episodes(**{k: options.pop(k) for k in ("lengths", "size", "seed") if k in options})
     write_lerobot_dataset(root, episodes, fps=10, **options)
     return root, episodes
+
+
+def make_base_checkpoint(
+    directory: Path, family: str = "pi0", image_size: int = 28, horizon: int = 50, seed: int = 0
+) -> Path:
+    """A LeRobot-format pi0 / pi0.5 checkpoint of the tiny architecture with small images (fast to train on a CPU),
+    seeded random weights, and the dataset's cameras, dims and identity normalization."""
+    import dataclasses
+
+    import torch
+
+    from embodied_accel.models.pi0.config import get_preset, with_overrides
+    from embodied_accel.models.pi0.io_spec import IOSpec
+    from embodied_accel.models.pi0.model import Pi0Model
+    from embodied_accel.models.pi0.weights import init_random_weights
+    from embodied_accel.ops import get_ops
+    from embodied_accel.train.checkpoint import save_pretrained
+
+    preset = get_preset(f"{family}-tiny")
+    vision = dataclasses.replace(preset.vision, image_size=image_size)
+    config = with_overrides(preset, vision=vision, action_horizon=horizon)
+    with torch.device("meta"):
+        model = Pi0Model(config, get_ops("reference"))
+    init_random_weights(model, seed, "cpu")
+    io = IOSpec.identity(CAMERAS, STATE_DIM, ACTION_DIM)
+    tokenizer = Path(__file__).resolve().parents[1] / "embodied_accel" / "data" / "tiny_tokenizer.model"
+    return save_pretrained(directory, model, io, {}, tokenizer_file=tokenizer)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..data.errors import DatasetError
 from ..models.pi0.device_processing import DeviceProcessing
-from ..models.pi0.processor import Pi0Processor, RawInputs
+from ..models.pi0.processor import Pi0Processor, RawInputs, compact_raw_inputs
 
 
 @dataclass
@@ -67,6 +67,9 @@ def _raw_to(raw: RawInputs, device) -> RawInputs:
 class TrainingCollator:
     """Samples → :class:`TrainingBatch` through the policy's processor (runs in the DataLoader's workers)."""
 
+    #: Prompts are trimmed to the batch's longest, rounded up to a multiple of this (exact: padding is masked).
+    token_bucket = 16
+
     def __init__(self, processor: Pi0Processor):
         self.processor = processor
 
@@ -83,7 +86,7 @@ class TrainingCollator:
         if raw is None:
             raise DatasetError("a camera's frames differ in size between frames of the dataset; resize them first")
         return TrainingBatch(
-            raw=raw,
+            raw=compact_raw_inputs(raw, self.token_bucket),
             actions=torch.from_numpy(np.stack([s["actions"] for s in samples])),
             action_is_pad=torch.from_numpy(np.stack([s["action_is_pad"] for s in samples])),
             indices=torch.tensor([s["index"] for s in samples], dtype=torch.int64),

@@ -48,12 +48,21 @@ def _to_lerobot(rule: WeightRule, value: torch.Tensor, embed_scale: float, gradi
     raise ValueError(f"no inverse for weight transform {transform!r} (target {rule.target})")
 
 
+def _weight(model, target: str) -> torch.Tensor:
+    """Our weight ``target`` as the model computes with it (a parametrized weight, e.g. with LoRA, evaluated)."""
+    path, _, name = target.rpartition(".")
+    return getattr(model.get_submodule(path) if path else model, name)
+
+
 def _lerobot_items(model, gradients: bool) -> Iterator[tuple[str, torch.Tensor]]:
     params = dict(model.named_parameters())
     embed_scale = math.sqrt(model.config.vlm.width)
     for rule in weight_rules(model.config):
-        param = params[rule.target]
-        value = param.grad if gradients else param.detach()
+        if gradients:
+            value = params[rule.target].grad if rule.target in params else None
+        else:
+            with torch.no_grad():
+                value = _weight(model, rule.target).detach()
         if value is None:
             continue
         for key, tensor, shape in zip(
@@ -104,7 +113,8 @@ def lerobot_state_dict_entry(model, target: str) -> list[torch.Tensor]:
     rule = next((r for r in weight_rules(model.config) if r.target == target), None)
     if rule is None:
         raise KeyError(f"{target!r} is not a parameter of {model.config.name}")
-    param = dict(model.named_parameters())[target].detach()
+    with torch.no_grad():
+        param = _weight(model, target).detach()
     return _to_lerobot(rule, param, math.sqrt(model.config.vlm.width), gradient=False)
 
 
