@@ -143,6 +143,7 @@ class LeRobotDataset:
             )
         self._stats: dict[str, dict[str, np.ndarray]] | None = None
         self._videos = VideoFrameReader(threads=video_threads)
+        self._image_tables: dict[tuple[Path, str], object] = {}  # image columns, read once per file
 
     # ---- metadata
 
@@ -358,7 +359,10 @@ class LeRobotDataset:
 
     def _image_from_parquet(self, key: str, index: int) -> np.ndarray:
         path, row = self._image_rows[key][index]
-        cell = self._read_parquet(path, columns=[key])[key][row].as_py()
+        column = self._image_tables.get((path, key))
+        if column is None:
+            column = self._image_tables[(path, key)] = self._read_parquet(path, columns=[key])[key]
+        cell = column[row].as_py()
         data = cell.get("bytes") if isinstance(cell, dict) else cell
         if not data:
             raise DatasetError(f"{path}: row {row} of image column {key!r} holds no bytes")

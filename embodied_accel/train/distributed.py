@@ -121,6 +121,10 @@ def wrap_for_parallel(module: nn.Module, mode: str, context: DistributedContext)
         return DistributedDataParallel(module, device_ids=device_ids)
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
+    with torch.no_grad():  # FSDP2 shards dense tensors; the loader keeps some matrices as transposed views
+        for param in module.parameters():
+            if not param.is_contiguous():
+                param.data = param.data.contiguous()
     for unit, methods in module.shard_units():
         fully_shard(unit)
         for method in methods:

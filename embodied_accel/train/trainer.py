@@ -305,7 +305,7 @@ def _save(settings, parts: RunParts, optimizer, scheduler, step, samples_seen, p
     full = get_model_state_dict(module, options=options) if sharded else None
     if context.is_main:
         model = parts.model if full is None else _replica(parts.model, full)
-        trainable_names = {n.removeprefix("model.") for n, p in module.named_parameters() if p.requires_grad}
+        trainable_names = {n for n, p in parts.model.named_parameters() if p.requires_grad}
         trainable = {n: t for n, t in model.state_dict().items() if n in trainable_names}
         if pretrained["base_lm_heads"] is None:
             pretrained["base_lm_heads"] = _base_lm_heads(settings) or {}

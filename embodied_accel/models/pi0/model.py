@@ -434,12 +434,23 @@ def _activation_dtype(device: torch.device, compute_dtype: torch.dtype) -> torch
     return compute_dtype
 
 
+class _TrainingSlots:
+    """:class:`AttentionSlots` of a training pass as a plain object, not a dataclass: FSDP2 re-creates the dataclass
+    arguments of a sharded module around new aliases of their tensors, and the cache write below must stay in place
+    on the tensor the attention then reads."""
+
+    __slots__ = ("kv_write", "keys", "values")
+
+    def __init__(self, kv_write: torch.Tensor, keys: torch.Tensor, values: torch.Tensor):
+        self.kv_write, self.keys, self.values = kv_write, keys, values
+
+
 def _prefix_layer_pass(layer: GemmaLayer, hidden, batch: int, seq: int, rope, mask, kv_only: bool):
     """One VLM layer over the prefix (training): ``(output or None, its K/V [2, B, Hkv, P, Dh])`` in a fresh tensor."""
     cfg = layer.cfg
     dtype = _activation_dtype(hidden.device, hidden.dtype)
     kv = torch.empty(2, batch, cfg.num_kv_heads, seq, cfg.head_dim, dtype=dtype, device=hidden.device)
-    slots = AttentionSlots(kv_write=kv, keys=kv[0], values=kv[1])
+    slots = _TrainingSlots(kv, kv[0], kv[1])
     if kv_only:
         layer.write_kv(hidden, batch, seq, rope, slots)
         return None, kv
@@ -452,6 +463,6 @@ def _suffix_layer_pass(layer: GemmaLayer, hidden, batch: int, seq: int, rope, ma
     cfg = layer.cfg
     own = prefix_kv.new_empty(2, batch, cfg.num_kv_heads, seq, cfg.head_dim)
     kv = torch.cat([prefix_kv, own], dim=3)  # a fresh tensor: the prefix pass's saved K/V stay untouched
-    slots = AttentionSlots(kv_write=kv[:, :, :, prefix_kv.shape[3] :], keys=kv[0], values=kv[1])
+    slots = _TrainingSlots(kv[:, :, :, prefix_kv.shape[3] :], kv[0], kv[1])
     cond = None if cond_rows is None else layer.row_norm_conditioning(cond_rows, cond_dtype)
     return layer(hidden, batch, seq, rope, mask, slots, cond)
