@@ -193,7 +193,7 @@ def resolve_checkpoint(path: Path) -> Path:
     for candidate in candidates:
         if (candidate / STATE_DIR / PROGRESS_FILE).is_file() and (candidate / PRETRAINED_DIR).is_dir():
             return candidate.resolve()
-    raise FileNotFoundError(
+    raise ValueError(
         f"{path}: no checkpoint to resume (expected {STATE_DIR}/{PROGRESS_FILE} and {PRETRAINED_DIR}/ in it, in its "
         f"parent, or under checkpoints/{LAST_LINK})"
     )

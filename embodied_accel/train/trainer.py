@@ -267,6 +267,7 @@ def _loop(settings, parts: RunParts, optimizer, scheduler, loader, span, samples
     bar.close()
     return {
         "steps": end_step, "samples": samples_seen, "global_batch": global_batch, "world_size": context.world_size,
+        "rank": context.rank,
         "device": str(device), "final": last, "out": str(Path(settings.out).resolve()),
     }  # fmt: skip
 
