@@ -12,10 +12,11 @@ import pytest
 pytest.importorskip("pyarrow", reason="the [train] extra (pyarrow) is not installed")
 pytest.importorskip("av", reason="the [train] extra (PyAV) is not installed")
 
-from embodied_accel.data.errors import DatasetError  # noqa: E402
-from embodied_accel.data.lerobot_dataset import LeRobotDataset  # noqa: E402
-from embodied_accel.data.samples import ActionChunkSamples, FeatureMap, GlobalBatchSampler  # noqa: E402
-from lerobot_data import ACTION_DIM, CAMERAS, frame_level, make_dataset  # noqa: E402
+from lerobot_data import ACTION_DIM, CAMERAS, frame_level, make_dataset
+
+from embodied_accel.data.errors import DatasetError
+from embodied_accel.data.lerobot_dataset import LeRobotDataset
+from embodied_accel.data.samples import ActionChunkSamples, FeatureMap, GlobalBatchSampler
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,11 @@ import torch.multiprocessing as mp
 pytest.importorskip("pyarrow", reason="the [train] extra (pyarrow) is not installed")
 pytest.importorskip("av", reason="the [train] extra (PyAV) is not installed")
 
-from safetensors.torch import load_file  # noqa: E402
+from lerobot_data import make_dataset
+from safetensors.torch import load_file
 
-from embodied_accel.train.config import TrainSettings  # noqa: E402
-from embodied_accel.train.trainer import train  # noqa: E402
-from lerobot_data import make_dataset  # noqa: E402
+from embodied_accel.train.config import TrainSettings
+from embodied_accel.train.trainer import train
 
 TOLERANCE = 1e-6
 STEPS = 3

@@ -12,14 +12,14 @@ import torch
 pytest.importorskip("pyarrow", reason="the [train] extra (pyarrow) is not installed")
 pytest.importorskip("av", reason="the [train] extra (PyAV) is not installed")
 
-from safetensors.torch import load_file  # noqa: E402
+from lerobot_data import CAMERAS, make_base_checkpoint, make_dataset
+from safetensors.torch import load_file
 
-from embodied_accel.data.lerobot_dataset import LeRobotDataset  # noqa: E402
-from embodied_accel.policies import load_policy  # noqa: E402
-from embodied_accel.train.config import TrainSettings  # noqa: E402
-from embodied_accel.train.optim import warmup_cosine_factor  # noqa: E402
-from embodied_accel.train.trainer import train  # noqa: E402
-from lerobot_data import CAMERAS, make_base_checkpoint, make_dataset  # noqa: E402
+from embodied_accel.data.lerobot_dataset import LeRobotDataset
+from embodied_accel.policies import load_policy
+from embodied_accel.train.config import TrainSettings
+from embodied_accel.train.optim import warmup_cosine_factor
+from embodied_accel.train.trainer import train
 
 FIXTURE_CONFIG_KEYS = "tests/fixtures/{}_tiny/config.json"
 

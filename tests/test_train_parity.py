@@ -6,13 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import FIXTURES
 from safetensors.torch import load_file
 
 from embodied_accel.models.pi0.export import lerobot_gradients
 from embodied_accel.policies import load_policy
 from embodied_accel.train.loss import flow_matching_loss, noisy_actions
-
-from conftest import FIXTURES
 
 LOSS_TOLERANCE = 1e-5
 GRAD_RELATIVE_TOLERANCE = 1e-4

@@ -80,7 +80,7 @@ class LiberoProcess:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("MUJOCO_GL", "egl")
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(log_path, "ab")
+        self._log = open(log_path, "ab")  # noqa: SIM115 (the process writes to it until close())
         self.process = subprocess.Popen(
             [python, "-m", "embodied_accel.eval.libero_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._log, env=env,

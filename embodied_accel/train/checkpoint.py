@@ -179,12 +179,6 @@ def save_checkpoint(
     return root
 
 
-def trainable_state(model) -> dict[str, torch.Tensor]:
-    """Every trainable tensor of ``model`` under its ``state_dict`` name (LoRA pairs included), on the CPU."""
-    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    return {name: t.detach().to("cpu").contiguous() for name, t in model.state_dict().items() if name in trainable}
-
-
 def resolve_checkpoint(path: Path) -> Path:
     """A checkpoint step directory from ``path``: the step directory itself, its ``pretrained_model``, a run's output
     directory (its ``checkpoints/last``) or ``checkpoints/``."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -49,7 +49,7 @@ class DistributedContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str | None = None  # None: a single process, no process group
 
     @property
