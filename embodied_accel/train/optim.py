@@ -53,9 +53,11 @@ def build_optimizer(
     trainable = [p for p in parameters if p.requires_grad]
     if not trainable:
         raise ValueError("no trainable parameters: everything is frozen")
+    # one fused kernel on CUDA (plain tensors); multi-tensor steps elsewhere (the CPU, FSDP2's sharded tensors)
+    fused = all(p.is_cuda and type(p) is torch.nn.Parameter for p in trainable)
     optimizer = torch.optim.AdamW(
         trainable, lr=settings.lr, betas=settings.betas, eps=settings.eps, weight_decay=settings.weight_decay,
-        foreach=True,
+        fused=fused or None, foreach=None if fused else True,
     )  # fmt: skip
     warmup, decay = settings.warmup_steps, settings.decay_steps
     if total_steps < decay:
