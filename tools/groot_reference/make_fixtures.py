@@ -523,8 +523,10 @@ def main() -> None:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    model.to(torch.bfloat16).save_pretrained(out, max_shard_size=SHARD_SIZE, safe_serialization=True)
-    model.float()
+    # bf16 on disk from a copy of the parameters: converting the model itself would also round its fp32 buffers
+    # (Qwen3's rotary inv_freq) that the reference outputs below are computed with.
+    bf16_state = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    model.save_pretrained(out, state_dict=bf16_state, max_shard_size=SHARD_SIZE, safe_serialization=True)
     processor.save_pretrained(out)
     tokenizer_dir = out / "tokenizer"
     tokenizer_dir.mkdir()

@@ -1,0 +1,255 @@
+"""GR00T N1.6: Eagle backbone (SigLIP2 + Qwen3) and the AlternateVLDiT flow-matching action head.
+
+One call of :meth:`GrootModel.sample_actions` for one embodiment (its per-embodiment weights were sliced out at
+load):
+
+1. **Vision**: each image slot (camera x frame) through SigLIP2 with its grid's position table, pixel-unshuffle
+   (2x2 patches → one 4C-wide token), ``mlp1`` (LayerNorm → Linear → GELU → Linear).
+2. **Backbone**: token embeddings with the image tokens written at their positions (``image_positions``), then
+   the truncated Qwen3 (causal attention over the valid tokens, RoPE positions counted over the valid tokens, so
+   left padding to a length bucket changes nothing) and its final norm; ``vlln`` LayerNorm on top.
+3. **Once per call**: the keys/values of every cross-attention block (one GEMM), the text / image attention
+   masks, the state tokens (per-embodiment MLP).
+4. **Flow**: ``num_steps`` Euler steps from t = 0 (noise) to 1: action tokens = per-embodiment encoder of x_t with
+   the step's time features + position embedding; ``[state tokens | action tokens]`` through the DiT; the decoder's
+   output on the action tokens is the velocity; ``x ← x + v / num_steps``.
+
+The model is a pure function of its weights, its inputs and the :class:`GrootBuffers` of the call's shape bucket
+(position tables, rotary tables, every step's AdaLN modulation and time features, the cross-attention K/V buffer),
+which :func:`build_buffers` allocates before any capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...nn.dit import AlternateVLDiT, DiTModulation
+from ...nn.qwen3 import Qwen3Tower, rotary_tables
+from ...nn.siglip2 import Siglip2VisionTower
+from ...ops import OpSet
+from .config import GrootConfig
+
+
+@dataclass(frozen=True)
+class GrootBucket:
+    """The static shape of a call: everything the captured graph and the buffers are specialized on."""
+
+    batch: int
+    image_grids: tuple[tuple[int, int], ...]  # per image slot, in prompt order: its patch grid (rows, cols)
+    seq_len: int  # prompt tokens, padded on the left to this length
+    state_horizon: int = 1
+    num_steps: int = 4
+
+    @property
+    def image_tokens(self) -> int:
+        """Backbone tokens of all image slots of one row (2x2 patches per token)."""
+        return sum((h // 2) * (w // 2) for h, w in self.image_grids)
+
+
+@dataclass(frozen=True, eq=False)
+class GrootBuffers:
+    """The static buffers of one bucket (compared by identity): built by :func:`build_buffers`, never grown."""
+
+    bucket: GrootBucket
+    position_tables: dict[tuple[int, int], torch.Tensor]  # grid -> [rows*cols, W] resized SigLIP2 positions
+    rope_cos: torch.Tensor  # [seq_len, Dh] fp32, positions 0 .. seq_len-1
+    rope_sin: torch.Tensor
+    modulation: DiTModulation  # every step's AdaLN (1 + scale, shift) per block and for the output
+    action_time_bias: torch.Tensor  # [steps, inner]: the time half of the action encoder's W2, plus its bias
+    action_out_bias: torch.Tensor  # [B*horizon, inner]: W3's bias + the action position embedding, per row
+    cross_kv: torch.Tensor  # [B*seq_len, cross_blocks * 2 * inner], written once per call
+
+
+def action_time_features(timesteps: list[int], width: int) -> torch.Tensor:
+    """The action encoder's sinusoid of integer timesteps: ``[steps, width]``, ``[sin | cos]`` (fp32)."""
+    half = width // 2
+    exponent = -torch.arange(half, dtype=torch.float32) * (torch.log(torch.tensor(10000.0)) / half)
+    angles = torch.tensor(timesteps, dtype=torch.float32)[:, None] * exponent.exp()[None, :]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+
+
+class GrootModel(nn.Module):
+    """The network of GR00T N1.6 for one embodiment, on the op layer; weights come from :mod:`.weights`."""
+
+    def __init__(self, config: GrootConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        config.validate()
+        self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
+        d, inner, hidden = config.backbone_width, config.action_width, config.hidden_size
+        self.vision = Siglip2VisionTower(config.vision, ops)
+        self.projector_norm_weight = nn.Parameter(torch.empty(config.projector_in))
+        self.projector_norm_bias = nn.Parameter(torch.empty(config.projector_in))
+        self.projector_in_weight = nn.Parameter(torch.empty(config.projector_in, d))
+        self.projector_in_bias = nn.Parameter(torch.empty(d))
+        self.projector_out_weight = nn.Parameter(torch.empty(d, d))
+        self.projector_out_bias = nn.Parameter(torch.empty(d))
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, d))
+        self.llm = Qwen3Tower(config.llm, ops)
+        if config.use_vlln:
+            self.vlln_weight = nn.Parameter(torch.empty(d))
+            self.vlln_bias = nn.Parameter(torch.empty(d))
+        self.dit = AlternateVLDiT(config.dit, ops)
+        self.action_position_embedding = nn.Parameter(torch.empty(config.max_seq_len, inner))
+        # the embodiment's slice of the per-embodiment MLPs, [in, out]
+        self.state_in_weight = nn.Parameter(torch.empty(config.max_state_dim, hidden))
+        self.state_in_bias = nn.Parameter(torch.empty(hidden))
+        self.state_out_weight = nn.Parameter(torch.empty(hidden, inner))
+        self.state_out_bias = nn.Parameter(torch.empty(inner))
+        self.action_in_weight = nn.Parameter(torch.empty(config.max_action_dim, inner))
+        self.action_in_bias = nn.Parameter(torch.empty(inner))
+        self.action_mix_weight = nn.Parameter(torch.empty(2 * inner, inner))  # acts on [action | time features]
+        self.action_mix_bias = nn.Parameter(torch.empty(inner))
+        self.action_out_weight = nn.Parameter(torch.empty(inner, inner))
+        self.action_out_bias = nn.Parameter(torch.empty(inner))
+        self.decoder_in_weight = nn.Parameter(torch.empty(config.dit.output_dim, hidden))
+        self.decoder_in_bias = nn.Parameter(torch.empty(hidden))
+        self.decoder_out_weight = nn.Parameter(torch.empty(hidden, config.max_action_dim))
+        self.decoder_out_bias = nn.Parameter(torch.empty(config.max_action_dim))
+
+    # ------------------------------------------------------------------ backbone
+
+    def embed_images(self, images: tuple[torch.Tensor, ...], buffers: GrootBuffers) -> torch.Tensor:
+        """Image slots (each ``[B, 3, H, W]``) → projected image tokens ``[B, sum_k tokens_k, D]`` in slot order."""
+        ops, cfg = self.ops, self.config
+        batch, factor = images[0].shape[0], cfg.unshuffle
+        dtype = self.vision.patch_embed_weight.dtype
+        # slots of one grid run through the tower together: [slots * B, 3, H, W]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for slot, grid in enumerate(buffers.bucket.image_grids):
+            groups.setdefault(grid, []).append(slot)
+        tokens: list[torch.Tensor | None] = [None] * len(images)
+        for (rows, cols), slots in groups.items():
+            pixels = torch.cat([images[s] for s in slots]) if len(slots) > 1 else images[slots[0]]
+            features = self.vision(pixels.to(dtype), buffers.position_tables[(rows, cols)])  # [n, rows*cols, W]
+            grid = features.transpose(1, 2).reshape(-1, cfg.vision.width, rows, cols)
+            unshuffled = F.pixel_unshuffle(grid, factor).flatten(2).transpose(1, 2)  # [n, tokens, W * factor^2]
+            count = unshuffled.shape[1]
+            x = ops.layer_norm(unshuffled.reshape(-1, cfg.projector_in), self.projector_norm_weight,
+                               self.projector_norm_bias, cfg.projector_eps)  # fmt: skip
+            x = F.gelu(ops.linear(x, self.projector_in_weight, self.projector_in_bias))
+            x = ops.linear(x, self.projector_out_weight, self.projector_out_bias).view(len(slots), batch, count, -1)
+            for i, slot in enumerate(slots):
+                tokens[slot] = x[i]
+        return torch.cat(tokens, dim=1) if len(tokens) > 1 else tokens[0]
+
+    def backbone(
+        self,
+        images: tuple[torch.Tensor, ...],  # per image slot [B, 3, H, W] in [-1, 1]
+        input_ids: torch.Tensor,  # [B, L] int64, left-padded
+        valid: torch.Tensor,  # [B, L] bool
+        image_positions: torch.Tensor,  # [B, N] int64: where each image token goes, in slot order
+        buffers: GrootBuffers,
+    ) -> torch.Tensor:
+        """The backbone's features ``[B, L, D]`` (the LLM's final-normed last layer, before ``vlln``)."""
+        ops, dtype = self.ops, self.compute_dtype
+        batch, length = input_ids.shape
+        width = self.config.backbone_width
+        embeds = F.embedding(input_ids, self.embed_tokens).to(dtype)
+        image_tokens = self.embed_images(images, buffers).to(dtype)
+        embeds = embeds.scatter(1, image_positions[:, :, None].expand(-1, -1, width), image_tokens)
+        positions = (torch.cumsum(valid, dim=1) - 1).clamp_(min=0)  # left padding does not shift the positions
+        cos = F.embedding(positions, buffers.rope_cos).to(dtype)
+        sin = F.embedding(positions, buffers.rope_sin).to(dtype)
+        causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril_()
+        may_attend = causal[None] & valid[:, None, :]  # [B, L, L]
+        hidden = self.llm(
+            embeds.reshape(batch * length, width),
+            batch,
+            length,
+            self.llm.prepare_rope(cos, sin),
+            ops.prepare_attention_mask(may_attend, dtype),
+        )
+        return hidden.view(batch, length, width)
+
+    # ------------------------------------------------------------------ action head
+
+    def encode_state(self, state: torch.Tensor) -> torch.Tensor:
+        """Normalized state ``[B, T_state, max_state_dim]`` → state tokens ``[B, T_state, inner]``."""
+        ops = self.ops
+        batch, steps, dims = state.shape
+        x = F.relu(ops.linear(state.reshape(batch * steps, dims).to(self.compute_dtype), self.state_in_weight,
+                              self.state_in_bias))  # fmt: skip
+        return ops.linear(x, self.state_out_weight, self.state_out_bias).view(batch, steps, -1)
+
+    def velocity(
+        self, x_t, state_tokens, cross_kv, text_mask, image_mask, step: int, buffers: GrootBuffers
+    ) -> torch.Tensor:
+        """``v(x_t, t_step)``: ``[B, horizon, max_action_dim]`` → ``[B, horizon, max_action_dim]``."""
+        ops = self.ops
+        batch, horizon, action_dim = x_t.shape
+        a = ops.linear(x_t.reshape(batch * horizon, action_dim).to(self.compute_dtype), self.action_in_weight,
+                       self.action_in_bias)  # fmt: skip
+        inner = a.shape[1]
+        a = F.silu(ops.linear(a, self.action_mix_weight[:inner], buffers.action_time_bias[step]))
+        a = ops.linear(a, self.action_out_weight, residual=buffers.action_out_bias)  # + bias + position embedding
+        tokens = torch.cat([state_tokens, a.view(batch, horizon, inner)], dim=1)
+        modulation = buffers.modulation
+        out = self.dit(tokens, cross_kv, text_mask, image_mask, modulation.blocks[step], modulation.output[step],
+                       keep_last=horizon)  # fmt: skip
+        x = F.relu(ops.linear(out.reshape(batch * horizon, -1), self.decoder_in_weight, self.decoder_in_bias))
+        return ops.linear(x, self.decoder_out_weight, self.decoder_out_bias).view(batch, horizon, action_dim)
+
+    @torch.no_grad()
+    def sample_actions(
+        self,
+        images: tuple[torch.Tensor, ...],
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        image_positions: torch.Tensor,
+        state: torch.Tensor,  # [B, T_state, max_state_dim] normalized
+        noise: torch.Tensor,  # [B, horizon, max_action_dim]
+        buffers: GrootBuffers,
+    ) -> torch.Tensor:
+        """The normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        ops, dtype = self.ops, self.compute_dtype
+        batch, length = input_ids.shape
+        features = self.backbone(images, input_ids, valid, image_positions, buffers)
+        vl = features.reshape(batch * length, -1)
+        if self.config.use_vlln:
+            vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
+        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv).view(batch, length, -1)
+        is_image = input_ids == self.config.image_token_id
+        text_mask = ops.prepare_attention_mask((valid & ~is_image)[:, None, :], dtype)  # [B, 1, L]
+        image_mask = ops.prepare_attention_mask((valid & is_image)[:, None, :], dtype)
+        state_tokens = self.encode_state(state)
+        num_steps = buffers.bucket.num_steps
+        x_t = noise.to(dtype)
+        for step in range(num_steps):
+            velocity = self.velocity(x_t, state_tokens, cross_kv, text_mask, image_mask, step, buffers)
+            x_t = x_t + velocity * (1.0 / num_steps)
+        return x_t.float()
+
+
+@torch.no_grad()
+def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffers:
+    """Allocate and fill the static buffers of ``bucket`` (before any capture of a call of that bucket)."""
+    cfg = model.config
+    device = torch.device(device)
+    inner, horizon = cfg.action_width, cfg.action_horizon
+    grids = dict.fromkeys(bucket.image_grids)
+    for rows, cols in grids:
+        if rows % cfg.unshuffle or cols % cfg.unshuffle:
+            raise ValueError(f"image grid {rows}x{cols} patches: both sides must be multiples of {cfg.unshuffle}")
+    position_tables = {grid: model.vision.position_table(*grid).to(device) for grid in grids}
+    cos, sin = rotary_tables(cfg.llm, bucket.seq_len)
+    timesteps = cfg.timestep_buckets(bucket.num_steps)
+    time_features = action_time_features(timesteps, inner).to(device=device, dtype=model.action_mix_weight.dtype)
+    ops = model.ops
+    action_time_bias = ops.linear(time_features, model.action_mix_weight[inner:], model.action_mix_bias)
+    out_bias = model.action_out_bias + model.action_position_embedding[:horizon]  # [horizon, inner]
+    cross = len(cfg.dit.cross_blocks)
+    return GrootBuffers(
+        bucket=bucket,
+        position_tables=position_tables,
+        rope_cos=cos.to(device),
+        rope_sin=sin.to(device),
+        modulation=model.dit.modulation(timesteps),
+        action_time_bias=action_time_bias.contiguous(),
+        action_out_bias=out_bias.repeat(bucket.batch, 1).contiguous(),
+        cross_kv=torch.empty(bucket.batch * bucket.seq_len, cross * 2 * inner, dtype=model.compute_dtype, device=device),
+    )
+
