@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 #: The modules that define a ``FAMILY`` (a :class:`PolicyFamily`), in the order checkpoints are matched.
-FAMILY_MODULES: tuple[str, ...] = ("embodied_accel.models.pi0.policy",)
+FAMILY_MODULES: tuple[str, ...] = ("embodied_accel.models.pi0.policy", "embodied_accel.models.groot.policy")
 
 
 @dataclass(frozen=True)

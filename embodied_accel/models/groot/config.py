@@ -48,6 +48,13 @@ class GrootConfig:
     vlln_eps: float = 1e-5
     num_steps: int = 4  # num_inference_timesteps
     num_timestep_buckets: int = 1000
+    max_prompt_tokens: int = 2048  # a guard on the padded prompt length (image tokens included)
+
+    family = "groot"
+
+    @property
+    def max_token_len(self) -> int:
+        return self.max_prompt_tokens
 
     @property
     def backbone_width(self) -> int:

@@ -193,21 +193,18 @@ class GrootModel(nn.Module):
         x = F.relu(ops.linear(out.reshape(batch * horizon, -1), self.decoder_in_weight, self.decoder_in_bias))
         return ops.linear(x, self.decoder_out_weight, self.decoder_out_bias).view(batch, horizon, action_dim)
 
-    @torch.no_grad()
-    def sample_actions(
+    def action_head(
         self,
-        images: tuple[torch.Tensor, ...],
+        features: torch.Tensor,  # [B, L, D] from backbone()
         input_ids: torch.Tensor,
         valid: torch.Tensor,
-        image_positions: torch.Tensor,
         state: torch.Tensor,  # [B, T_state, max_state_dim] normalized
         noise: torch.Tensor,  # [B, horizon, max_action_dim]
         buffers: GrootBuffers,
     ) -> torch.Tensor:
-        """The normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        """The flow from t = 0 (``noise``) to 1: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
         ops, dtype = self.ops, self.compute_dtype
         batch, length = input_ids.shape
-        features = self.backbone(images, input_ids, valid, image_positions, buffers)
         vl = features.reshape(batch * length, -1)
         if self.config.use_vlln:
             vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
@@ -222,6 +219,21 @@ class GrootModel(nn.Module):
             velocity = self.velocity(x_t, state_tokens, cross_kv, text_mask, image_mask, step, buffers)
             x_t = x_t + velocity * (1.0 / num_steps)
         return x_t.float()
+
+    @torch.no_grad()
+    def sample_actions(
+        self,
+        images: tuple[torch.Tensor, ...],
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        image_positions: torch.Tensor,
+        state: torch.Tensor,
+        noise: torch.Tensor,
+        buffers: GrootBuffers,
+    ) -> torch.Tensor:
+        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        features = self.backbone(images, input_ids, valid, image_positions, buffers)
+        return self.action_head(features, input_ids, valid, state, noise, buffers)
 
 
 @torch.no_grad()
