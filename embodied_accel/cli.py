@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from .models.pi0.config import PRESETS
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
@@ -75,21 +74,29 @@ _non_negative_int = _int_at_least(0)
 
 def _policy_options() -> argparse.ArgumentParser:
     """Options shared by every subcommand that builds a policy."""
+    from .policies import preset_names
+
+    presets = preset_names()
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("policy")
     source = group.add_mutually_exclusive_group()
     source.add_argument(
         "--model",
-        choices=tuple(PRESETS),
+        choices=presets,
         metavar="PRESET",
-        help=f"a preset with seeded random weights, one of {', '.join(PRESETS)} (default: {DEFAULT_MODEL})",
+        help=f"a preset with seeded random weights, one of {', '.join(presets)} (default: {DEFAULT_MODEL})",
     )
-    source.add_argument("--checkpoint", type=Path, metavar="DIR", help="a LeRobot pi0 / pi0.5 checkpoint directory")
+    source.add_argument(
+        "--checkpoint", type=Path, metavar="DIR", help="a LeRobot pi0 / pi0.5 or a GR00T N1.6 checkpoint directory"
+    )
     group.add_argument(
         "--preset",
-        choices=tuple(PRESETS),
+        choices=presets,
         metavar="PRESET",
-        help="with --checkpoint: the architecture of a small custom checkpoint (e.g. pi0-tiny)",
+        help="with --checkpoint: the architecture of a small custom checkpoint (e.g. pi0-tiny, groot-tiny)",
+    )
+    group.add_argument(
+        "--embodiment", metavar="TAG", help="GR00T: the embodiment tag (e.g. gr1); needed when a checkpoint has several"
     )
     group.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="op backend (default: auto)")
     group.add_argument(
@@ -102,7 +109,12 @@ def _policy_options() -> argparse.ArgumentParser:
         "--capture", choices=CAPTURE_MODES, default="eager", help="how the call is executed (default: eager)"
     )
     group.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="compute dtype (default: float32)")
-    group.add_argument("--tokenizer", type=Path, metavar="FILE", help="PaliGemma SentencePiece tokenizer.model")
+    group.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="PATH",
+        help="pi0: the PaliGemma SentencePiece tokenizer.model; GR00T: an Isaac-GR00T checkout or its Eagle tokenizer dir",
+    )
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parent
 
@@ -253,6 +265,13 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
     if args.preset is not None and args.checkpoint is None:
         raise CLIError("--preset names the architecture of a --checkpoint; for a preset use --model")
+    extra = {}
+    if args.embodiment is not None:
+        from .policies import family_of
+
+        if family_of(source).name != "groot":
+            raise CLIError(f"--embodiment applies to GR00T policies; {source} is not one")
+        extra["embodiment"] = args.embodiment
     start = time.perf_counter()
     policy = load_policy(
         source,
@@ -264,6 +283,7 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
         capture=args.capture,
         progress=_progress(args),
         cuda_attention=args.cuda_attention,
+        **extra,
     )
     logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
     return policy, time.perf_counter() - start
@@ -334,12 +354,22 @@ def _source_line(policy) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def default_observation(policy) -> dict[str, Any]:
+    """The observation used without ``--observation``: the policy's own synthetic one if it has one (GR00T: its
+    embodiment's cameras and state keys), else the bundled sample."""
+    if hasattr(policy, "sample_observation"):
+        return policy.sample_observation()
+    return load_observation(SAMPLE_OBSERVATION)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
+    observation = load_observation(args.observation) if args.observation is not None else None
     noise = load_noise(args.noise) if args.noise is not None else None
     if args.output is not None and args.output.suffix.lower() not in OUTPUT_SUFFIXES:
         raise CLIError(f"--output {args.output}: expected a .npy or .json file name")
     policy, _ = _load_policy(args)
+    if observation is None:
+        observation = default_observation(policy)
     observation, instruction = select_instruction(policy, observation)
     seed = None if noise is not None else args.seed
     result = policy.infer(observation, noise=noise, seed=seed, num_steps=args.num_steps)
@@ -351,7 +381,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"policy:      {_source_line(policy)}")
     print(f"runtime:     backend {_backend_label(policy)}, capture {policy.capture}, dtype {_dtype_name(policy)}, "
           f"device {policy.device}")  # fmt: skip
-    print(f"observation: {args.observation or 'bundled sample'} (instruction: {instruction})")
+    sample = "the policy's synthetic sample" if hasattr(policy, "sample_observation") else "bundled sample"
+    print(f"observation: {args.observation or sample} (instruction: {instruction})")
     print(f"noise:       {f'file {args.noise}' if noise is not None else f'seed {seed}'}, {steps} denoising steps")
     print(f"actions:     shape {tuple(actions.shape)} {actions.dtype}")
     print(_action_summary(actions))
@@ -404,7 +435,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         print("fused ops:   none (every op is the pure-PyTorch reference)")
     print(f"cameras:     {len(io.image_keys)}: {', '.join(io.image_keys)}")
     print(f"state:       {io.state_dim} dims ({io.state_key}, normalization {io.state_norm})")
-    print(f"actions:     {io.action_dim} dims x horizon {cfg.action_horizon} (normalization {io.action_norm})")
+    horizon = getattr(io, "action_horizon", cfg.action_horizon)  # GR00T: the embodiment's steps of the chunk
+    print(f"actions:     {io.action_dim} dims x horizon {horizon} (normalization {io.action_norm})")
+    if getattr(policy, "embodiment", None) is not None:
+        print(f"embodiment:  {policy.embodiment}")
     print(f"sampler:     {cfg.num_steps} denoising steps, up to {cfg.max_token_len} language tokens")
     print(f"tokenizer:   {'yes' if policy.processor.tokenizer is not None else 'none (pass token ids)'}")
     print(f"load time:   {load_s:.2f} s")
@@ -425,15 +459,20 @@ def fill_camera_slots(policy, observation: Mapping[str, Any]) -> dict[str, Any]:
 
 def _measured_call_inputs(args: argparse.Namespace):
     """The policy, its load time, and the observations (every camera slot filled, ``--batch`` of them)."""
-    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
+    observation = load_observation(args.observation) if args.observation is not None else None
     policy, load_s = _load_policy(args, num_views=args.views)
+    if observation is None:
+        observation = default_observation(policy)
     observation = fill_camera_slots(policy, select_instruction(policy, observation)[0])
     return policy, load_s, [observation] * args.batch
 
 
 def _call_from_bytes(policy, observations, num_steps):
     """The measured call: observation bytes (validated and packed on the host once) uploaded, the whole
-    captured call (device pre-processing, model, action un-normalization), actions copied back to the host."""
+    captured call (device pre-processing, model, action un-normalization), actions copied back to the host.
+    A policy with its own ``measured_call(observations, num_steps) -> (call, views)`` (GR00T) defines it itself."""
+    if hasattr(policy, "measured_call"):
+        return policy.measured_call(observations, num_steps)
     raw = policy.processor.raw_inputs(observations)
     if raw is None:
         raise CLIError("observation: camera sizes differ between batch rows")

@@ -292,7 +292,7 @@ class GrootPolicy:
         for s in spec.state:
             obs[f"state.{s.key}"] = ((s.low + s.high) / 2).astype(np.float32)[None].repeat(spec.state_horizon, 0)
         if self.processor.tokenizer is not None:
-            obs[spec.language_key] = "pick up the red block and place it on the plate"
+            obs["task"] = "pick up the red block and place it on the plate"  # accepted for any language key
             return obs
         image = transform_frame(obs[f"video.{spec.video_keys[0]}"][0], self.processor.image_settings)
         per_image = image.shape[0] * image.shape[1] // self.processor.image_settings.factor**2
