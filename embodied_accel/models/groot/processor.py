@@ -29,11 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import ObservationError
 from .tokenizer import QwenTokenizer
 
-
-class ObservationError(ValueError):
-    """An observation the policy cannot use; the message names the field and what was expected."""
+__all__ = ["EmbodimentError", "GrootProcessor", "ObservationError"]
 
 
 class EmbodimentError(ValueError):

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..pi0.weights import _SAFETENSORS_DTYPES, CheckpointError, SafetensorsReader
+from ...errors import CheckpointError
+from ..pi0.weights import _SAFETENSORS_DTYPES, SafetensorsReader
 from .config import CHECKPOINT_DEFAULTS, EAGLE_BACKBONE, GrootConfig, get_preset, with_overrides
 
 logger = logging.getLogger(__name__)
