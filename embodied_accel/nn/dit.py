@@ -67,12 +67,17 @@ def timestep_features(timesteps: torch.Tensor, channels: int) -> torch.Tensor:
     return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
 
 
+#: One AdaLN's modulation for one step: ``(1 + scale, shift)``, each ``[inner]``.
+Modulation = tuple[torch.Tensor, torch.Tensor]
+
+
 @dataclass(frozen=True)
 class DiTModulation:
-    """Everything a DiT pass needs from the timestep, for a schedule of ``steps`` timesteps."""
+    """Everything a DiT pass needs from the timestep, for a schedule of steps: separate contiguous vectors, so
+    that a step reads them without indexing (no op per block and step)."""
 
-    blocks: torch.Tensor  # [steps, depth, 2, inner]: (1 + scale, shift) of each block's AdaLN
-    output: torch.Tensor  # [steps, 2, inner]: (1 + scale, shift) of the output AdaLN
+    blocks: tuple[tuple[Modulation, ...], ...]  # [step][block]
+    output: tuple[Modulation, ...]  # [step]
 
 
 class DiTBlock(nn.Module):
@@ -95,8 +100,8 @@ class DiTBlock(nn.Module):
         self.ff_out_weight = nn.Parameter(torch.empty(hidden, inner))
         self.ff_out_bias = nn.Parameter(torch.empty(inner))
 
-    def forward(self, hidden, batch: int, seq: int, modulation: torch.Tensor, cross=None) -> torch.Tensor:
-        """``hidden: [B*S, inner]``; ``modulation: [2, inner]`` (1 + scale, shift); ``cross``: ``(k, v, mask)``
+    def forward(self, hidden, batch: int, seq: int, modulation: Modulation, cross=None) -> torch.Tensor:
+        """``hidden: [B*S, inner]``; ``modulation``: this step's ``(1 + scale, shift)``; ``cross``: ``(k, v, mask)``
         with ``k, v: [B, H, L, Dh]`` for a cross-attention block."""
         ops, cfg = self.ops, self.cfg
         heads, dh = cfg.num_heads, cfg.head_dim
@@ -144,44 +149,47 @@ class AlternateVLDiT(nn.Module):
         temb = ops.linear(F.silu(ops.linear(features, self.timestep_in_weight, self.timestep_in_bias)),
                           self.timestep_out_weight, self.timestep_out_bias)  # fmt: skip
         cond = F.silu(temb)  # [steps, inner]
-        blocks = []
+        steps = range(len(timesteps))
+        per_block = []
         for block in self.blocks:
-            scale, shift = ops.linear(cond, block.ada_weight, block.ada_bias).chunk(2, dim=-1)
-            blocks.append(torch.stack([1 + scale, shift], dim=1))  # [steps, 2, inner]
+            scale, shift = ops.linear(cond, block.ada_weight, block.ada_bias).chunk(2, dim=-1)  # [steps, inner] each
+            per_block.append([((1 + scale[s]).contiguous(), shift[s].contiguous()) for s in steps])
         shift, scale = ops.linear(cond, self.output_ada_weight, self.output_ada_bias).chunk(2, dim=-1)
         return DiTModulation(
-            blocks=torch.stack(blocks, dim=1).contiguous(), output=torch.stack([1 + scale, shift], dim=1).contiguous()
+            blocks=tuple(tuple(rows[s] for rows in per_block) for s in steps),
+            output=tuple(((1 + scale[s]).contiguous(), shift[s].contiguous()) for s in steps),
         )
 
-    def cross_kv(self, vl: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def cross_kv(self, vl: torch.Tensor, out: torch.Tensor, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """K/V of every cross-attention block from the vision-language tokens ``vl: [B*L, cross_dim]``, written into
-        ``out: [B*L, cross_blocks * 2 * inner]`` (one GEMM per call)."""
-        return self.ops.linear_into(vl, self.cross_kv_weight, self.cross_kv_bias, out)
+        ``out: [B*L, cross_blocks * 2 * inner]`` (one GEMM per call); returns per cross block the views
+        ``(k, v)``, each ``[B, H, L, Dh]``."""
+        cfg = self.cfg
+        self.ops.linear_into(vl, self.cross_kv_weight, self.cross_kv_bias, out)
+        # [B, L, cross, 2, H, Dh] -> [cross, 2, B, H, L, Dh]
+        kv = out.view(batch, -1, len(cfg.cross_blocks), 2, cfg.num_heads, cfg.head_dim).permute(2, 3, 0, 4, 1, 5)
+        return [(k, v) for k, v in kv.unbind(0)]
 
     def forward(
         self,
         hidden: torch.Tensor,  # [B, S, inner]
-        cross_kv: torch.Tensor,  # [B, L, cross_blocks * 2 * inner] from cross_kv()
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],  # from cross_kv()
         text_mask,  # prepared attention masks over the L vision-language tokens
         image_mask,
-        modulation: torch.Tensor,  # [depth, 2, inner]: this step's rows of DiTModulation.blocks
-        output_modulation: torch.Tensor,  # [2, inner]
+        modulation: tuple[Modulation, ...],  # this step's row of DiTModulation.blocks
+        output_modulation: Modulation,
         keep_last: int,
     ) -> torch.Tensor:
         """One pass; returns the last ``keep_last`` tokens' outputs ``[B, keep_last, output_dim]`` (the output
         layers are per token, so the others are not computed)."""
         cfg, ops = self.cfg, self.ops
         batch, seq, inner = hidden.shape
-        length = cross_kv.shape[1]
-        # [B, L, cross, 2, H, Dh]: a view per block's K and V, [B, H, L, Dh]
-        kv = cross_kv.view(batch, length, len(cfg.cross_blocks), 2, cfg.num_heads, cfg.head_dim)
         x = hidden.reshape(batch * seq, inner)
         cross_index = 0
         for i, block in enumerate(self.blocks):
             cross = None
             if block.kind != "self":
-                k = kv[:, :, cross_index, 0].transpose(1, 2)
-                v = kv[:, :, cross_index, 1].transpose(1, 2)
+                k, v = cross_kv[cross_index]
                 cross = (k, v, text_mask if block.kind == "text" else image_mask)
                 cross_index += 1
             x = block(x, batch, seq, modulation[i], cross)

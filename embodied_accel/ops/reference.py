@@ -239,10 +239,9 @@ def ada_layer_norm(
     ``scale_plus_one`` / ``shift`` broadcast against ``x`` (one vector per denoising step); both ``None`` gives the
     plain parameter-free LayerNorm.
     """
-    normed = F.layer_norm(x, (x.shape[-1],), eps=eps)
-    if scale_plus_one is None:
-        return normed
-    return torch.addcmul(shift, normed, scale_plus_one)
+    if scale_plus_one is None or scale_plus_one.dim() == 1:  # one modulation for every row: LayerNorm's affine
+        return F.layer_norm(x, (x.shape[-1],), scale_plus_one, shift, eps)
+    return torch.addcmul(shift, F.layer_norm(x, (x.shape[-1],), eps=eps), scale_plus_one)
 
 
 def linear_into(

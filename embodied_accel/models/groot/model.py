@@ -59,7 +59,7 @@ class GrootBuffers:
     rope_cos: torch.Tensor  # [seq_len, Dh] fp32, positions 0 .. seq_len-1
     rope_sin: torch.Tensor
     modulation: DiTModulation  # every step's AdaLN (1 + scale, shift) per block and for the output
-    action_time_bias: torch.Tensor  # [steps, inner]: the time half of the action encoder's W2, plus its bias
+    action_time_bias: tuple[torch.Tensor, ...]  # per step [inner]: the time half of the action encoder's W2 + its bias
     action_out_bias: torch.Tensor  # [B*horizon, inner]: W3's bias + the action position embedding, per row
     cross_kv: torch.Tensor  # [B*seq_len, cross_blocks * 2 * inner], written once per call
 
@@ -208,7 +208,7 @@ class GrootModel(nn.Module):
         vl = features.reshape(batch * length, -1)
         if self.config.use_vlln:
             vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
-        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv).view(batch, length, -1)
+        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv, batch)  # every cross block's K/V, once per call
         is_image = input_ids == self.config.image_token_id
         text_mask = ops.prepare_attention_mask((valid & ~is_image)[:, None, :], dtype)  # [B, 1, L]
         image_mask = ops.prepare_attention_mask((valid & is_image)[:, None, :], dtype)
@@ -217,7 +217,7 @@ class GrootModel(nn.Module):
         x_t = noise.to(dtype)
         for step in range(num_steps):
             velocity = self.velocity(x_t, state_tokens, cross_kv, text_mask, image_mask, step, buffers)
-            x_t = x_t + velocity * (1.0 / num_steps)
+            x_t = x_t.add(velocity, alpha=1.0 / num_steps)
         return x_t.float()
 
     @torch.no_grad()
@@ -260,7 +260,7 @@ def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffer
         rope_cos=cos.to(device),
         rope_sin=sin.to(device),
         modulation=model.dit.modulation(timesteps),
-        action_time_bias=action_time_bias.contiguous(),
+        action_time_bias=tuple(row.contiguous() for row in action_time_bias),
         action_out_bias=out_bias.repeat(bucket.batch, 1).contiguous(),
         cross_kv=torch.empty(bucket.batch * bucket.seq_len, cross * 2 * inner, dtype=model.compute_dtype, device=device),
     )
