@@ -239,9 +239,11 @@ def ada_layer_norm(
     ``scale_plus_one`` / ``shift`` broadcast against ``x`` (one vector per denoising step); both ``None`` gives the
     plain parameter-free LayerNorm.
     """
-    if scale_plus_one is None or scale_plus_one.dim() == 1:  # one modulation for every row: LayerNorm's affine
-        return F.layer_norm(x, (x.shape[-1],), scale_plus_one, shift, eps)
-    return torch.addcmul(shift, F.layer_norm(x, (x.shape[-1],), eps=eps), scale_plus_one)
+    if scale_plus_one is None:
+        return F.layer_norm(x, (x.shape[-1],), eps=eps)
+    if scale_plus_one.dim() == 1:  # one modulation for every row: LayerNorm's own affine parameters
+        return F.layer_norm(x, (x.shape[-1],), _as_dtype(scale_plus_one, x.dtype), _as_dtype(shift, x.dtype), eps)
+    return _as_dtype(torch.addcmul(shift, F.layer_norm(x, (x.shape[-1],), eps=eps), scale_plus_one), x.dtype)
 
 
 def linear_into(
