@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from groot_fixture import DIR, TAGS, TOKENIZER, io, load, meta, observations, requires_groot_extra
+from groot_fixture import DIR, TAGS, io, load, meta, observations, requires_groot_extra
 
 from embodied_accel.models.groot.processor import (
     PLACEHOLDER,
@@ -96,7 +96,11 @@ def test_real_qwen_tokenizer_equals_the_official_processor():
         text = tokenizer.render_chat(language, len(case["resized"]))
         assert text == case["prompt"]
         counts = [h * w // 784 for h, w in case["resized"]]
-        text = PLACEHOLDER.sub(lambda m: f"<image {m[1]}><img>{'<IMG_CONTEXT>' * counts[int(m[1]) - 1]}</img>", text)
+
+        def expand(match, counts=counts):
+            return f"<image {match[1]}><img>{'<IMG_CONTEXT>' * counts[int(match[1]) - 1]}</img>"
+
+        text = PLACEHOLDER.sub(expand, text)
         assert tokenizer.encode(text) == case["ids"]
 
 

@@ -111,7 +111,9 @@ def test_fused_qwen3_layer_equals_a_plain_qwen3_layer():
         return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
 
     x = rms(h, p("input_layernorm.weight"))
-    q = rms(F.linear(x, p("self_attn.q_proj.weight")).view(b, s, heads, hd), p("self_attn.q_norm.weight")).transpose(1, 2)
+    q = rms(F.linear(x, p("self_attn.q_proj.weight")).view(b, s, heads, hd), p("self_attn.q_norm.weight")).transpose(
+        1, 2
+    )
     k = rms(F.linear(x, p("self_attn.k_proj.weight")).view(b, s, kv, hd), p("self_attn.k_norm.weight")).transpose(1, 2)
     v = F.linear(x, p("self_attn.v_proj.weight")).view(b, s, kv, hd).transpose(1, 2)
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, hd, 2).float() / hd))
@@ -134,7 +136,9 @@ def test_fused_qwen3_layer_equals_a_plain_qwen3_layer():
 
     cos, sin = rotary_tables(model.config.llm, s)
     tables = model.llm.prepare_rope(cos.expand(b, -1, -1), sin.expand(b, -1, -1))
-    mask = model.ops.prepare_attention_mask(torch.ones(s, s, dtype=torch.bool).tril()[None].expand(b, -1, -1), torch.float32)
+    mask = model.ops.prepare_attention_mask(
+        torch.ones(s, s, dtype=torch.bool).tril()[None].expand(b, -1, -1), torch.float32
+    )
     with torch.no_grad():
         ours = model.llm.layers[0](h.reshape(b * s, d), b, s, tables, mask).view(b, s, d)
     torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)

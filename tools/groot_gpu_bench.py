@@ -50,7 +50,9 @@ def synthetic_inputs(policy, batch: int, views: int, side: int, seed: int = 0) -
     images = tuple(torch.rand(batch, 3, side, side, generator=generator) * 2 - 1 for _ in range(views))
     ids = []
     for _ in range(views):
-        ids += torch.randint(1, min(1000, cfg.image_token_id), (TEXT_BEFORE if not ids else 7,), generator=generator).tolist()
+        ids += torch.randint(
+            1, min(1000, cfg.image_token_id), (TEXT_BEFORE if not ids else 7,), generator=generator
+        ).tolist()
         ids += [cfg.image_token_id] * per_image
     ids += torch.randint(1, min(1000, cfg.image_token_id), (TEXT_AFTER,), generator=generator).tolist()
     seq_len = -(-len(ids) // policy.token_bucket) * policy.token_bucket
@@ -95,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     for capture in args.captures:
         for attention in attentions:
             measure(args, plat, capture, attention, eager_out)
+            gc.collect()  # the policy of that mode is gone: free its memory before the next one loads
+            if plat.device_type == "cuda":
+                torch.cuda.empty_cache()
     return 0
 
 
@@ -140,13 +145,10 @@ def measure(args, plat, capture: str, attention: str, eager_out: dict) -> None:
         note=args.note, **stages,
     )  # fmt: skip
     path = harness.write_result(record, args.out_dir)
-    print(f"{policy.config.name} {capture:18s} {attention:6s} b{args.batch} v{args.views}: p50 {record['p50_ms']:.2f} ms,"
+    print(f"{policy.config.name} {capture:18s} {attention:6s} b{args.batch} v{args.views}: "
+          f"p50 {record['p50_ms']:.2f} ms,"
           f" mean {record['mean_ms']:.2f}, first {first * 1e3:.0f} ms, kernels {kernels}, busy {busy}, "
           f"diff vs eager {diff}, {stages or ''} -> {path.name}", flush=True)  # fmt: skip
-    del policy
-    gc.collect()
-    if plat.device_type == "cuda":
-        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -115,7 +115,9 @@ class DiTBlock(nn.Module):
             k, v, mask = cross
         attn = ops.attention(q, k, v, mask, dh**-0.5).transpose(1, 2).reshape(batch * seq, cfg.inner)
         hidden = ops.linear(attn, self.out_weight, self.out_bias, residual=hidden)
-        x = ops.gelu_tanh(ops.linear(ops.ada_layer_norm(hidden, None, None, cfg.eps), self.ff_in_weight, self.ff_in_bias))
+        x = ops.gelu_tanh(
+            ops.linear(ops.ada_layer_norm(hidden, None, None, cfg.eps), self.ff_in_weight, self.ff_in_bias)
+        )
         return ops.linear(x, self.ff_out_weight, self.ff_out_bias, residual=hidden)
 
 

@@ -49,7 +49,9 @@ class Qwen3Layer(nn.Module):
         d, m, dh = cfg.width, cfg.mlp_dim, cfg.head_dim
         self.input_norm_weight = nn.Parameter(torch.empty(d))
         self.qkv_weight = nn.Parameter(torch.empty(d, cfg.qkv_heads * dh))  # [q heads | k heads | v heads]
-        self.qk_norm_weight = nn.Parameter(torch.empty(cfg.num_heads + cfg.num_kv_heads, dh))  # q_norm rows, k_norm rows
+        self.qk_norm_weight = nn.Parameter(
+            torch.empty(cfg.num_heads + cfg.num_kv_heads, dh)
+        )  # q_norm rows, k_norm rows
         self.o_weight = nn.Parameter(torch.empty(cfg.num_heads * dh, d))
         self.post_attention_norm_weight = nn.Parameter(torch.empty(d))
         self.gate_up_weight = nn.Parameter(torch.empty(d, 2 * m))  # [gate | up]

@@ -161,7 +161,8 @@ def main() -> None:
             ratios[f"{tag}_b{batch}"] = {
                 "p50_time_ours_over_isaac": pair["ours"]["p50_ms"] / pair["isaac_groot"]["p50_ms"],
                 "mean_time_ours_over_isaac": pair["ours"]["mean_ms"] / pair["isaac_groot"]["mean_ms"],
-                "aten_ops_ours_over_isaac": pair["ours"]["aten_ops_per_call"] / pair["isaac_groot"]["aten_ops_per_call"],
+                "aten_ops_ours_over_isaac": pair["ours"]["aten_ops_per_call"]
+                / pair["isaac_groot"]["aten_ops_per_call"],
             }
     result = {
         "kind": "groot_isaac_vs_ours",
@@ -178,8 +179,11 @@ def main() -> None:
         "results": rows_out,
         "ratios": ratios,
         "isaac_groot_commit": os.popen(f"git -C {mf.ISAAC_GROOT} rev-parse HEAD").read().strip(),
-        "versions": {**env["versions"], "transformers": mf.transformers.__version__,
-                     "diffusers": mf.diffusers.__version__},  # fmt: skip
+        "versions": {
+            **env["versions"],
+            "transformers": mf.transformers.__version__,
+            "diffusers": mf.diffusers.__version__,
+        },  # fmt: skip
         "git_sha": env["git_sha"],
         "git_dirty": env.get("git_dirty"),
         "date": env["date"],

@@ -145,9 +145,7 @@ BATCH = 2
 # --------------------------------------------------------------------------------------------------------------
 # A tiny Qwen2-style tokenizer (byte-level BPE, the Qwen2 pre-tokenizer, the Eagle added tokens)
 # --------------------------------------------------------------------------------------------------------------
-QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 
 # A chat template with the layout of the bundled one (system turn, one user turn: text then <image-k> placeholders).
 CHAT_TEMPLATE = (

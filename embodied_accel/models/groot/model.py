@@ -262,6 +262,7 @@ def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffer
         modulation=model.dit.modulation(timesteps),
         action_time_bias=tuple(row.contiguous() for row in action_time_bias),
         action_out_bias=out_bias.repeat(bucket.batch, 1).contiguous(),
-        cross_kv=torch.empty(bucket.batch * bucket.seq_len, cross * 2 * inner, dtype=model.compute_dtype, device=device),
+        cross_kv=torch.empty(
+            bucket.batch * bucket.seq_len, cross * 2 * inner, dtype=model.compute_dtype, device=device
+        ),
     )
-

@@ -236,10 +236,12 @@ class GrootPolicy:
 
         return {
             "vision": no_grad(lambda: model.embed_images(inputs.images, buffers)),
-            "backbone": no_grad(lambda: model.backbone(inputs.images, inputs.input_ids, inputs.valid,
-                                                       inputs.image_positions, buffers)),  # fmt: skip
-            "action_head": no_grad(lambda: model.action_head(features, inputs.input_ids, inputs.valid, inputs.state,
-                                                             noise, buffers)),  # fmt: skip
+            "backbone": no_grad(
+                lambda: model.backbone(inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, buffers)
+            ),  # fmt: skip
+            "action_head": no_grad(
+                lambda: model.action_head(features, inputs.input_ids, inputs.valid, inputs.state, noise, buffers)
+            ),  # fmt: skip
         }
 
     def measured_call(self, observations: Sequence[Mapping[str, Any]], num_steps: int | None = None):

@@ -168,18 +168,25 @@ def load_embodiment(checkpoint_dir: Path, tag: str | None, max_state_dim: int, m
     tags = embodiment_tags(kwargs)
     if tag is None:
         if len(tags) != 1:
-            raise EmbodimentError(f"{checkpoint_dir}: the checkpoint has {len(tags)} embodiments "
-                                  f"({', '.join(tags)}); choose one with --embodiment / embodiment=")  # fmt: skip
+            raise EmbodimentError(
+                f"{checkpoint_dir}: the checkpoint has {len(tags)} embodiments "
+                f"({', '.join(tags)}); choose one with --embodiment / embodiment="
+            )
         tag = tags[0]
     if tag not in tags:
-        raise EmbodimentError(f"embodiment {tag!r} is not in {checkpoint_dir}/processor_config.json; "
-                              f"the checkpoint has: {', '.join(tags)}")  # fmt: skip
+        raise EmbodimentError(
+            f"embodiment {tag!r} is not in {checkpoint_dir}/processor_config.json; "
+            f"the checkpoint has: {', '.join(tags)}"
+        )
     if tag not in statistics:
-        raise EmbodimentError(f"{checkpoint_dir}/statistics.json has no statistics for embodiment {tag!r} "
-                              f"(it has: {', '.join(statistics) or 'none'})")  # fmt: skip
+        raise EmbodimentError(
+            f"{checkpoint_dir}/statistics.json has no statistics for embodiment {tag!r} "
+            f"(it has: {', '.join(statistics) or 'none'})"
+        )
     if tag not in slots or not 0 <= int(slots[tag]) < num_slots:
-        raise EmbodimentError(f"embodiment {tag!r}: no projector slot below {num_slots} in embodiment_id.json "
-                              f"(got {slots.get(tag)!r})")  # fmt: skip
+        raise EmbodimentError(
+            f"embodiment {tag!r}: no projector slot below {num_slots} in embodiment_id.json (got {slots.get(tag)!r})"
+        )
     modalities = kwargs["modality_configs"][tag]
     where = f"{checkpoint_dir}/processor_config.json [{tag}]"
     for modality in ("video", "state", "action", "language"):
@@ -215,8 +222,10 @@ def load_embodiment(checkpoint_dir: Path, tag: str | None, max_state_dim: int, m
         if relative:
             rel = stats.get("relative_action", {}).get(key)
             if rel is None:
-                raise EmbodimentError(f"{checkpoint_dir}/statistics.json [{tag}]: action {key!r} is relative but "
-                                      "has no relative_action statistics")  # fmt: skip
+                raise EmbodimentError(
+                    f"{checkpoint_dir}/statistics.json [{tag}]: action {key!r} is relative but "
+                    "has no relative_action statistics"
+                )
             s = _stats(rel, key, f"statistics.json [{tag}] relative_action")
             low, high = s["min"], s["max"]  # the official code reads min/max here, whatever use_percentiles says
         else:
@@ -225,16 +234,17 @@ def load_embodiment(checkpoint_dir: Path, tag: str | None, max_state_dim: int, m
         kind = (rep or {}).get("type") or "NON_EEF"
         fmt = (rep or {}).get("format") or "DEFAULT"
         if relative and kind == "EEF" and fmt not in ("XYZ_ROT6D", "XYZ_ROTVEC"):
-            raise EmbodimentError(f"{where}: end-effector action {key!r} in format {fmt}; supported: XYZ_ROT6D, "
-                                  "XYZ_ROTVEC")  # fmt: skip
+            raise EmbodimentError(
+                f"{where}: end-effector action {key!r} in format {fmt}; supported: XYZ_ROT6D, XYZ_ROTVEC"
+            )
         state_key = (rep or {}).get("state_key") or key
-        action_keys.append(ActionKey(key, dim, key in action_mean_std, relative, kind, fmt, state_key, low, high,
-                                     s["mean"], s["std"]))  # fmt: skip
+        action_keys.append(
+            ActionKey(key, dim, key in action_mean_std, relative, kind, fmt, state_key, low, high, s["mean"], s["std"])
+        )
     state_names = {s.key: s for s in state_keys}
     for a in action_keys:
         if a.relative and (a.state_key not in state_names or state_names[a.state_key].dim != a.dim):
-            raise EmbodimentError(f"{where}: relative action {a.key!r} needs state key {a.state_key!r} of {a.dim} "
-                                  "dims")  # fmt: skip
+            raise EmbodimentError(f"{where}: relative action {a.key!r} needs state key {a.state_key!r} of {a.dim} dims")
 
     language = modalities["language"]["modality_keys"]
     if len(language) != 1:
@@ -252,11 +262,14 @@ def load_embodiment(checkpoint_dir: Path, tag: str | None, max_state_dim: int, m
         clip_outliers=bool(kwargs.get("clip_outliers", True)),
     )
     if spec.encoded_state_dim > max_state_dim:
-        raise EmbodimentError(f"{where}: the state encodes to {spec.encoded_state_dim} dims > max_state_dim "
-                              f"{max_state_dim}")  # fmt: skip
+        raise EmbodimentError(
+            f"{where}: the state encodes to {spec.encoded_state_dim} dims > max_state_dim {max_state_dim}"
+        )
     if spec.action_dim > max_action_dim or spec.action_horizon > model_horizon:
-        raise EmbodimentError(f"{where}: actions {spec.action_horizon} x {spec.action_dim} exceed the model's "
-                              f"{model_horizon} x {max_action_dim}")  # fmt: skip
+        raise EmbodimentError(
+            f"{where}: actions {spec.action_horizon} x {spec.action_dim} exceed the model's "
+            f"{model_horizon} x {max_action_dim}"
+        )
     images = ImageSettings(kwargs.get("shortest_image_edge", 256), kwargs.get("crop_fraction", 0.95))
     return spec, images, bool(kwargs.get("formalize_language", True))
 
@@ -282,8 +295,9 @@ def _smallest_edge_to(frame: np.ndarray, edge: int) -> np.ndarray:
 def smart_resize(height: int, width: int, factor: int) -> tuple[int, int]:
     """Eagle's target size: each side rounded to a multiple of ``factor``, total pixels within bounds."""
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ObservationError(f"image aspect ratio {max(height, width) / min(height, width):.0f} exceeds "
-                               f"{MAX_ASPECT_RATIO}")  # fmt: skip
+        raise ObservationError(
+            f"image aspect ratio {max(height, width) / min(height, width):.0f} exceeds {MAX_ASPECT_RATIO}"
+        )
     max_side = 500 * factor // 2
     min_pixels, max_pixels = MIN_TOKENS_PER_IMAGE * factor**2, MAX_TOKENS_PER_IMAGE * factor**2
     h_bar = min(max(factor, round(height / factor) * factor), max_side)
@@ -367,8 +381,14 @@ def _rotvec(matrix: np.ndarray) -> np.ndarray:
     trace = np.trace(matrix, axis1=-2, axis2=-1)
     # quaternion (w, x, y, z) from the matrix, choosing the numerically largest component
     candidates = np.stack(
-        [1 + trace, 1 + 2 * matrix[..., 0, 0] - trace, 1 + 2 * matrix[..., 1, 1] - trace,
-         1 + 2 * matrix[..., 2, 2] - trace], axis=-1)  # fmt: skip
+        [
+            1 + trace,
+            1 + 2 * matrix[..., 0, 0] - trace,
+            1 + 2 * matrix[..., 1, 1] - trace,
+            1 + 2 * matrix[..., 2, 2] - trace,
+        ],
+        axis=-1,
+    )
     best = np.argmax(candidates, axis=-1)
     quat = np.empty((*matrix.shape[:-2], 4))
     m = matrix
@@ -378,17 +398,25 @@ def _rotvec(matrix: np.ndarray) -> np.ndarray:
             continue
         mm, c = m[sel], np.sqrt(candidates[sel][:, index])
         if index == 0:
-            q = np.stack([c, (mm[:, 2, 1] - mm[:, 1, 2]) / c, (mm[:, 0, 2] - mm[:, 2, 0]) / c,
-                          (mm[:, 1, 0] - mm[:, 0, 1]) / c], axis=-1)  # fmt: skip
+            q = np.stack(
+                [c, (mm[:, 2, 1] - mm[:, 1, 2]) / c, (mm[:, 0, 2] - mm[:, 2, 0]) / c, (mm[:, 1, 0] - mm[:, 0, 1]) / c],
+                axis=-1,
+            )
         elif index == 1:
-            q = np.stack([(mm[:, 2, 1] - mm[:, 1, 2]) / c, c, (mm[:, 0, 1] + mm[:, 1, 0]) / c,
-                          (mm[:, 0, 2] + mm[:, 2, 0]) / c], axis=-1)  # fmt: skip
+            q = np.stack(
+                [(mm[:, 2, 1] - mm[:, 1, 2]) / c, c, (mm[:, 0, 1] + mm[:, 1, 0]) / c, (mm[:, 0, 2] + mm[:, 2, 0]) / c],
+                axis=-1,
+            )
         elif index == 2:
-            q = np.stack([(mm[:, 0, 2] - mm[:, 2, 0]) / c, (mm[:, 0, 1] + mm[:, 1, 0]) / c, c,
-                          (mm[:, 1, 2] + mm[:, 2, 1]) / c], axis=-1)  # fmt: skip
+            q = np.stack(
+                [(mm[:, 0, 2] - mm[:, 2, 0]) / c, (mm[:, 0, 1] + mm[:, 1, 0]) / c, c, (mm[:, 1, 2] + mm[:, 2, 1]) / c],
+                axis=-1,
+            )
         else:
-            q = np.stack([(mm[:, 1, 0] - mm[:, 0, 1]) / c, (mm[:, 0, 2] + mm[:, 2, 0]) / c,
-                          (mm[:, 1, 2] + mm[:, 2, 1]) / c, c], axis=-1)  # fmt: skip
+            q = np.stack(
+                [(mm[:, 1, 0] - mm[:, 0, 1]) / c, (mm[:, 0, 2] + mm[:, 2, 0]) / c, (mm[:, 1, 2] + mm[:, 2, 1]) / c, c],
+                axis=-1,
+            )
         quat[sel] = q / 2
     quat *= np.where(quat[..., :1] < 0, -1.0, 1.0)  # w >= 0: angle in [0, pi]
     vector_norm = np.linalg.norm(quat[..., 1:], axis=-1, keepdims=True)
@@ -458,8 +486,10 @@ class GrootProcessor:
         self.image_token_id, self.max_state_dim = image_token_id, max_state_dim
         self.formalize_language = formalize_language
         if tokenizer is not None and tokenizer.token_id("<IMG_CONTEXT>") != image_token_id:
-            raise EmbodimentError(f"tokenizer: <IMG_CONTEXT> is id {tokenizer.token_id('<IMG_CONTEXT>')}, the model "
-                                  f"expects {image_token_id} (a tokenizer of another model?)")  # fmt: skip
+            raise EmbodimentError(
+                f"tokenizer: <IMG_CONTEXT> is id {tokenizer.token_id('<IMG_CONTEXT>')}, the model "
+                f"expects {image_token_id} (a tokenizer of another model?)"
+            )
 
     # ---- validation
 
@@ -476,14 +506,18 @@ class GrootProcessor:
         value = self._lookup(obs, "video", key)
         horizon = self.spec.video_horizon
         if value is None:
-            raise ObservationError(f"observation['video.{key}']: missing; the embodiment {self.spec.tag!r} needs "
-                                   f"cameras {', '.join('video.' + k for k in self.spec.video_keys)}")  # fmt: skip
+            raise ObservationError(
+                f"observation['video.{key}']: missing; the embodiment {self.spec.tag!r} needs "
+                f"cameras {', '.join('video.' + k for k in self.spec.video_keys)}"
+            )
         frames = np.asarray(value)
         if frames.ndim == 3 and horizon == 1:
             frames = frames[None]
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != horizon or frames.shape[-1] != 3:
-            raise ObservationError(f"observation['video.{key}']: expected uint8 frames [{horizon}, H, W, 3] (or "
-                                   f"[H, W, 3]), got {frames.dtype} {list(frames.shape)}")  # fmt: skip
+            raise ObservationError(
+                f"observation['video.{key}']: expected uint8 frames [{horizon}, H, W, 3] (or "
+                f"[H, W, 3]), got {frames.dtype} {list(frames.shape)}"
+            )
         if min(frames.shape[1:3]) < 1:
             raise ObservationError(f"observation['video.{key}']: empty image {list(frames.shape)}")
         return frames
@@ -498,9 +532,11 @@ class GrootProcessor:
             if vector.ndim == 1:
                 vector = vector[None]
             if vector.shape != (horizon, self.spec.state_dim):
-                raise ObservationError(f"observation['state']: expected the concatenated state [{horizon}, "
-                                       f"{self.spec.state_dim}] ({' + '.join(f'{s.key} {s.dim}' for s in self.spec.state)}), "
-                                       f"got {list(vector.shape)}")  # fmt: skip
+                raise ObservationError(
+                    f"observation['state']: expected the concatenated state [{horizon}, "
+                    f"{self.spec.state_dim}] ({' + '.join(f'{s.key} {s.dim}' for s in self.spec.state)}), "
+                    f"got {list(vector.shape)}"
+                )
             start = 0
             for s in self.spec.state:
                 out[s.key] = vector[:, start : start + s.dim]
@@ -509,9 +545,11 @@ class GrootProcessor:
             for s in self.spec.state:
                 value = self._lookup(obs, "state", s.key)
                 if value is None:
-                    raise ObservationError(f"observation['state.{s.key}']: missing; the embodiment "
-                                           f"{self.spec.tag!r} needs state keys "
-                                           f"{', '.join('state.' + k.key for k in self.spec.state)}")  # fmt: skip
+                    raise ObservationError(
+                        f"observation['state.{s.key}']: missing; the embodiment "
+                        f"{self.spec.tag!r} needs state keys "
+                        f"{', '.join('state.' + k.key for k in self.spec.state)}"
+                    )
                 arr = np.asarray(value)
                 if arr.dtype.kind not in "biuf":
                     raise ObservationError(f"observation['state.{s.key}']: expected numbers, got {arr.dtype}")
@@ -519,8 +557,10 @@ class GrootProcessor:
                 if arr.ndim == 1:
                     arr = arr[None]
                 if arr.shape != (horizon, s.dim):
-                    raise ObservationError(f"observation['state.{s.key}']: expected [{horizon}, {s.dim}] (or [{s.dim}]), "
-                                           f"got {list(np.shape(value))}")  # fmt: skip
+                    raise ObservationError(
+                        f"observation['state.{s.key}']: expected [{horizon}, {s.dim}] (or [{s.dim}]), "
+                        f"got {list(np.shape(value))}"
+                    )
                 out[s.key] = arr
         for key, arr in out.items():
             if not np.isfinite(arr).all():
@@ -539,8 +579,9 @@ class GrootProcessor:
                 value = value.item()
             if value is not None:
                 if not isinstance(value, str):
-                    raise ObservationError(f"observation[{key!r}]: expected the instruction as a string, got "
-                                           f"{type(value).__name__}")  # fmt: skip
+                    raise ObservationError(
+                        f"observation[{key!r}]: expected the instruction as a string, got {type(value).__name__}"
+                    )
                 return value
         return None
 
@@ -575,8 +616,10 @@ class GrootProcessor:
                 slots = [[] for _ in images]
             for slot, image in enumerate(images):
                 if slots[slot] and slots[slot][0].shape != image.shape:
-                    raise ObservationError(f"observation {index}: camera frames of another size than row 0 "
-                                           f"({image.shape[:2]} vs {slots[slot][0].shape[:2]}) in one batch")  # fmt: skip
+                    raise ObservationError(
+                        f"observation {index}: camera frames of another size than row 0 "
+                        f"({image.shape[:2]} vs {slots[slot][0].shape[:2]}) in one batch"
+                    )
                 slots[slot].append(image)
             image_tokens = [img.shape[0] * img.shape[1] // factor**2 for img in images]
             rows_ids.append(self._row_ids(obs, image_tokens, token_ids_key))
@@ -598,16 +641,24 @@ class GrootProcessor:
         if token_ids_key in obs:
             ids = np.asarray(obs[token_ids_key])
             if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.size == 0:
-                raise ObservationError(f"observation[{token_ids_key!r}]: expected the prompt's token ids as a non-empty "
-                                       f"1-D integer array, got {ids.dtype} {list(ids.shape)}")  # fmt: skip
+                raise ObservationError(
+                    f"observation[{token_ids_key!r}]: expected the prompt's token ids as a non-empty "
+                    f"1-D integer array, got {ids.dtype} {list(ids.shape)}"
+                )
             found = int((ids == self.image_token_id).sum())
             if found != sum(image_tokens):
-                raise ObservationError(f"observation[{token_ids_key!r}]: {found} image tokens (id {self.image_token_id}) "
-                                       f"but the cameras give {sum(image_tokens)} ({image_tokens} per frame)")  # fmt: skip
+                raise ObservationError(
+                    f"observation[{token_ids_key!r}]: {found} image tokens (id {self.image_token_id}) "
+                    f"but the cameras give {sum(image_tokens)} ({image_tokens} per frame)"
+                )
             return ids.astype(np.int64).tolist()
         if instruction is not None:
-            raise ObservationError(f"observation: an instruction text but no tokenizer; pass tokenizer= (the Eagle "
-                                   f"tokenizer directory of an Isaac-GR00T checkout) or the prompt's ids as "
-                                   f"{token_ids_key!r}")  # fmt: skip
-        raise ObservationError(f"observation[{self.spec.language_key!r}]: missing; the instruction is expected as "
-                               f"text there (or 'task' / 'prompt'), or as prompt token ids {token_ids_key!r}")  # fmt: skip
+            raise ObservationError(
+                f"observation: an instruction text but no tokenizer; pass tokenizer= (the Eagle "
+                f"tokenizer directory of an Isaac-GR00T checkout) or the prompt's ids as "
+                f"{token_ids_key!r}"
+            )
+        raise ObservationError(
+            f"observation[{self.spec.language_key!r}]: missing; the instruction is expected as "
+            f"text there (or 'task' / 'prompt'), or as prompt token ids {token_ids_key!r}"
+        )

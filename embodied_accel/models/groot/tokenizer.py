@@ -14,9 +14,7 @@ import json
 from pathlib import Path
 
 #: Qwen2's pre-tokenizer split (contractions, letters, single digits, punctuation runs, newlines, spaces).
-QWEN2_SPLIT = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
+QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 #: Where the tokenizer lives inside an Isaac-GR00T checkout.
 CHECKOUT_SUBDIR = Path("gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2")
 REQUIRED_FILES = ("vocab.json", "merges.txt", "chat_template.json")
@@ -51,7 +49,9 @@ class QwenTokenizer:
             import jinja2.sandbox
             from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
         except ImportError as exc:
-            raise ImportError(f"the GR00T tokenizer needs the tokenizers and jinja2 packages: {EXTRA} ({exc})") from None
+            raise ImportError(
+                f"the GR00T tokenizer needs the tokenizers and jinja2 packages: {EXTRA} ({exc})"
+            ) from None
         self.directory = directory
         vocab = _read_json(directory / "vocab.json")
         merges = []
@@ -62,8 +62,16 @@ class QwenTokenizer:
             if len(parts) != 2:
                 raise TokenizerError(f"{directory / 'merges.txt'}: malformed merge line {line!r}")
             merges.append((parts[0], parts[1]))
-        bpe = models.BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None, continuing_subword_prefix="",
-                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False)  # fmt: skip
+        bpe = models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
         tokenizer = Tokenizer(bpe)
         tokenizer.normalizer = normalizers.NFC()
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
@@ -83,18 +91,25 @@ class QwenTokenizer:
             table = _read_json(directory / "added_tokens.json")
             entries = sorted(((int(i), {"content": c, "special": True}) for c, i in table.items()), key=lambda x: x[0])
         else:
-            raise TokenizerError(f"{directory}: no added tokens (tokenizer_config.json added_tokens_decoder or "
-                                 "added_tokens.json)")  # fmt: skip
+            raise TokenizerError(
+                f"{directory}: no added tokens (tokenizer_config.json added_tokens_decoder or added_tokens.json)"
+            )
         for token_id, entry in entries:
-            token = AddedToken(entry["content"], single_word=bool(entry.get("single_word", False)),
-                               lstrip=bool(entry.get("lstrip", False)), rstrip=bool(entry.get("rstrip", False)),
-                               normalized=bool(entry.get("normalized", not entry.get("special", True))),
-                               special=bool(entry.get("special", True)))  # fmt: skip
+            token = AddedToken(
+                entry["content"],
+                single_word=bool(entry.get("single_word", False)),
+                lstrip=bool(entry.get("lstrip", False)),
+                rstrip=bool(entry.get("rstrip", False)),
+                normalized=bool(entry.get("normalized", not entry.get("special", True))),
+                special=bool(entry.get("special", True)),
+            )
             tokenizer.add_tokens([token])
             if tokenizer.token_to_id(entry["content"]) != token_id:
-                raise TokenizerError(f"{directory}: added token {entry['content']!r} should have id {token_id}, got "
-                                     f"{tokenizer.token_to_id(entry['content'])} (vocab.json and the added tokens "
-                                     "disagree)")  # fmt: skip
+                raise TokenizerError(
+                    f"{directory}: added token {entry['content']!r} should have id {token_id}, got "
+                    f"{tokenizer.token_to_id(entry['content'])} (vocab.json and the added tokens "
+                    "disagree)"
+                )
         self._tokenizer = tokenizer
         pad = config.get("pad_token", "<|endoftext|>")
         pad = pad.get("content") if isinstance(pad, dict) else pad
@@ -110,8 +125,10 @@ class QwenTokenizer:
     def from_dir(cls, path: str | Path) -> QwenTokenizer:
         directory = find_tokenizer_dir(path)
         if directory is None:
-            raise TokenizerError(f"tokenizer {path}: no {', '.join(REQUIRED_FILES)} there or under {CHECKOUT_SUBDIR} "
-                                 "(point it at an Isaac-GR00T checkout or its Eagle-Block2A-2B-v2 directory)")  # fmt: skip
+            raise TokenizerError(
+                f"tokenizer {path}: no {', '.join(REQUIRED_FILES)} there or under {CHECKOUT_SUBDIR} "
+                "(point it at an Isaac-GR00T checkout or its Eagle-Block2A-2B-v2 directory)"
+            )
         return cls(directory)
 
     def __len__(self) -> int:

@@ -198,7 +198,10 @@ def read_checkpoint_config(checkpoint_dir: Path) -> dict:
             f"{path}: model_type is {found!r}; this loader reads GR00T N1.6 checkpoints (model_type {MODEL_TYPE!r})"
         )
     merged = {**CHECKPOINT_DEFAULTS, **raw}
-    merged["diffusion_model_cfg"] = {**CHECKPOINT_DEFAULTS["diffusion_model_cfg"], **(raw.get("diffusion_model_cfg") or {})}
+    merged["diffusion_model_cfg"] = {
+        **CHECKPOINT_DEFAULTS["diffusion_model_cfg"],
+        **(raw.get("diffusion_model_cfg") or {}),
+    }
     return merged
 
 
