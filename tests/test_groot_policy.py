@@ -104,6 +104,9 @@ def test_cli_run_info_bench_for_a_groot_checkpoint(tmp_path, capsys):
     record = json.loads(result.read_text())
     assert record["model"] == "groot" and record["views"] == 2 and record["steps"] == 4
     assert record["aten_ops_per_call"] > 0 and "stage_action_head_ms" in record
+    profiles = tmp_path / "profiles"
+    assert main(["profile", *common, "--calls", "1", "--warmup", "0", "--out-dir", str(profiles)]) == 0
+    assert json.loads(next(profiles.glob("*/summary.json")).read_text())
     assert main(["run", "--checkpoint", str(DIR), "--preset", "groot-tiny", "--embodiment", "unitree_g1"]) == 2
     assert "the checkpoint has: gr1, libero_panda" in capsys.readouterr().err
 
