@@ -148,7 +148,8 @@ def test_embodiment_slot_reads_only_its_slice():
     src = checkpoint_tensors()
     for slot in (1, 3):
         model = loaded(slot=slot)
-        assert torch.equal(model.action_mix_weight, src["action_head.action_encoder.W2.W"][slot].float())
+        mixed = torch.cat([model.action_mix_weight, model.action_time_weight])  # W2's action and time row blocks
+        assert torch.equal(mixed, src["action_head.action_encoder.W2.W"][slot].float())
         assert torch.equal(model.decoder_out_bias, src["action_head.action_decoder.layer2.b"][slot].float())
     checkpoint = ShardedCheckpoint(DIR)
     assert torch.equal(checkpoint.read_slot("action_head.state_encoder.layer1.W", 5),

@@ -107,8 +107,8 @@ class DiTBlock(nn.Module):
         heads, dh = cfg.num_heads, cfg.head_dim
         x = ops.ada_layer_norm(hidden, modulation[0], modulation[1], cfg.eps)
         if self.kind == "self":
-            qkv = ops.linear(x, self.qkv_weight, self.qkv_bias).view(batch, seq, 3 * heads, dh).transpose(1, 2)
-            q, k, v = qkv.split(heads, dim=1)
+            qkv = ops.linear(x, self.qkv_weight, self.qkv_bias).view(batch, seq, 3, heads, dh)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, S, Dh]
             mask = None
         else:
             q = ops.linear(x, self.q_weight, self.q_bias).view(batch, seq, heads, dh).transpose(1, 2)
@@ -180,10 +180,8 @@ class AlternateVLDiT(nn.Module):
         image_mask,
         modulation: tuple[Modulation, ...],  # this step's row of DiTModulation.blocks
         output_modulation: Modulation,
-        keep_last: int,
     ) -> torch.Tensor:
-        """One pass; returns the last ``keep_last`` tokens' outputs ``[B, keep_last, output_dim]`` (the output
-        layers are per token, so the others are not computed)."""
+        """One pass: ``[B, S, inner]`` → ``[B*S, output_dim]``."""
         cfg, ops = self.cfg, self.ops
         batch, seq, inner = hidden.shape
         x = hidden.reshape(batch * seq, inner)
@@ -195,6 +193,5 @@ class AlternateVLDiT(nn.Module):
                 cross = (k, v, text_mask if block.kind == "text" else image_mask)
                 cross_index += 1
             x = block(x, batch, seq, modulation[i], cross)
-        x = x.view(batch, seq, inner)[:, seq - keep_last :].reshape(batch * keep_last, inner)
         x = ops.ada_layer_norm(x, output_modulation[0], output_modulation[1], cfg.output_eps)
-        return ops.linear(x, self.output_weight, self.output_bias).view(batch, keep_last, cfg.output_dim)
+        return ops.linear(x, self.output_weight, self.output_bias)

@@ -101,7 +101,8 @@ class GrootModel(nn.Module):
         self.state_out_bias = nn.Parameter(torch.empty(inner))
         self.action_in_weight = nn.Parameter(torch.empty(config.max_action_dim, inner))
         self.action_in_bias = nn.Parameter(torch.empty(inner))
-        self.action_mix_weight = nn.Parameter(torch.empty(2 * inner, inner))  # acts on [action | time features]
+        self.action_mix_weight = nn.Parameter(torch.empty(inner, inner))  # W2's rows for the action features
+        self.action_time_weight = nn.Parameter(torch.empty(inner, inner))  # W2's rows for the time features
         self.action_mix_bias = nn.Parameter(torch.empty(inner))
         self.action_out_weight = nn.Parameter(torch.empty(inner, inner))
         self.action_out_bias = nn.Parameter(torch.empty(inner))
@@ -181,17 +182,17 @@ class GrootModel(nn.Module):
         """``v(x_t, t_step)``: ``[B, horizon, max_action_dim]`` → ``[B, horizon, max_action_dim]``."""
         ops = self.ops
         batch, horizon, action_dim = x_t.shape
-        a = ops.linear(x_t.reshape(batch * horizon, action_dim).to(self.compute_dtype), self.action_in_weight,
-                       self.action_in_bias)  # fmt: skip
-        inner = a.shape[1]
-        a = F.silu(ops.linear(a, self.action_mix_weight[:inner], buffers.action_time_bias[step]))
+        x = x_t.reshape(batch * horizon, action_dim).to(self.compute_dtype)
+        a = ops.linear(x, self.action_in_weight, self.action_in_bias)
+        a = F.silu(ops.linear(a, self.action_mix_weight, buffers.action_time_bias[step]))  # + the step's time part
         a = ops.linear(a, self.action_out_weight, residual=buffers.action_out_bias)  # + bias + position embedding
-        tokens = torch.cat([state_tokens, a.view(batch, horizon, inner)], dim=1)
+        tokens = torch.cat([state_tokens, a.view(batch, horizon, -1)], dim=1)  # [B, T_state + horizon, inner]
         modulation = buffers.modulation
-        out = self.dit(tokens, cross_kv, text_mask, image_mask, modulation.blocks[step], modulation.output[step],
-                       keep_last=horizon)  # fmt: skip
-        x = F.relu(ops.linear(out.reshape(batch * horizon, -1), self.decoder_in_weight, self.decoder_in_bias))
-        return ops.linear(x, self.decoder_out_weight, self.decoder_out_bias).view(batch, horizon, action_dim)
+        out = self.dit(tokens, cross_kv, text_mask, image_mask, modulation.blocks[step], modulation.output[step])
+        # the decoder is per token: run it on every row (as the official code does), keep the action rows
+        x = F.relu(ops.linear(out, self.decoder_in_weight, self.decoder_in_bias))
+        seq = tokens.shape[1]
+        return ops.linear(x, self.decoder_out_weight, self.decoder_out_bias).view(batch, seq, action_dim)[:, -horizon:]
 
     def action_head(
         self,
@@ -249,9 +250,9 @@ def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffer
     position_tables = {grid: model.vision.position_table(*grid).to(device) for grid in grids}
     cos, sin = rotary_tables(cfg.llm, bucket.seq_len)
     timesteps = cfg.timestep_buckets(bucket.num_steps)
-    time_features = action_time_features(timesteps, inner).to(device=device, dtype=model.action_mix_weight.dtype)
+    time_features = action_time_features(timesteps, inner).to(device=device, dtype=model.action_time_weight.dtype)
     ops = model.ops
-    action_time_bias = ops.linear(time_features, model.action_mix_weight[inner:], model.action_mix_bias)
+    action_time_bias = ops.linear(time_features, model.action_time_weight, model.action_mix_bias)
     out_bias = model.action_out_bias + model.action_position_embedding[:horizon]  # [horizon, inner]
     cross = len(cfg.dit.cross_blocks)
     return GrootBuffers(

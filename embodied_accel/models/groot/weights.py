@@ -61,6 +61,8 @@ TRANSFORMS = {
     "cat": lambda tensors: torch.cat(tensors, dim=0),
     "cat_t": _cat_t,
     "slot": lambda tensors: tensors[0],  # already the embodiment's [in, out] slice
+    "slot_first_half": lambda tensors: tensors[0][: tensors[0].shape[0] // 2],
+    "slot_second_half": lambda tensors: tensors[0][tensors[0].shape[0] // 2 :],
 }
 
 
@@ -156,13 +158,18 @@ def weight_rules(config: GrootConfig) -> list[WeightRule]:
         ("state_in", "state_encoder.layer1", config.max_state_dim, hidden),
         ("state_out", "state_encoder.layer2", hidden, inner),
         ("action_in", "action_encoder.W1", config.max_action_dim, inner),
-        ("action_mix", "action_encoder.W2", 2 * inner, inner),
         ("action_out", "action_encoder.W3", inner, inner),
         ("decoder_in", "action_decoder.layer1", dit.output_dim, hidden),
         ("decoder_out", "action_decoder.layer2", hidden, config.max_action_dim),
     ):
         add(f"{target}_weight", [f"{HEAD}.{source}.W"], [(e, fan_in, fan_out)], "slot")
         add(f"{target}_bias", [f"{HEAD}.{source}.b"], [(e, fan_out)], "slot")
+    # W2 acts on [action features | time features]: its two row blocks as two matrices (the time part is folded
+    # into a per-step bias by the buffers)
+    w2 = f"{HEAD}.action_encoder.W2"
+    add("action_mix_weight", [f"{w2}.W"], [(e, 2 * inner, inner)], "slot_first_half")
+    add("action_time_weight", [f"{w2}.W"], [(e, 2 * inner, inner)], "slot_second_half")
+    add("action_mix_bias", [f"{w2}.b"], [(e, inner)], "slot")
     return rules
 
 
@@ -348,7 +355,7 @@ def build_state_dict(
 
     state: dict[str, torch.Tensor] = {}
     for rule in tqdm(rules, desc="loading weights", unit="tensor", disable=not progress):
-        if rule.transform == "slot":
+        if rule.transform.startswith("slot"):
             tensors = [checkpoint.read_slot(rule.sources[0], slot)]
         else:
             tensors = [checkpoint.read(key) for key in rule.sources]
