@@ -90,12 +90,10 @@ def test_load_time_fusions_equal_the_unfused_layout():
     fused = (x @ model.dit.cross_kv_weight).split(32, dim=-1)
     for f, separate in zip(fused, cross, strict=True):
         torch.testing.assert_close(f, F.linear(x, separate), rtol=1e-6, atol=1e-6)
-    # SigLIP2's linear patch embedding as a convolution: the same map of (row, col, channel)-flattened patches
+    # SigLIP2's linear patch embedding: the checkpoint's matrix as [in, out] (its (row, col, channel) patch order
+    # is checked by the parity tests)
     patch = src["backbone.model.vision_model.vision_model.embeddings.patch_embedding.weight"]
-    image = torch.randn(1, 3, 28, 42)
-    as_conv = F.conv2d(image, model.vision.patch_embed_weight, stride=14).flatten(2).transpose(1, 2)
-    patches = image.reshape(1, 3, 2, 14, 3, 14).permute(0, 2, 4, 3, 5, 1).reshape(1, 6, 588)
-    torch.testing.assert_close(as_conv, F.linear(patches, patch), rtol=1e-5, atol=1e-5)
+    assert torch.equal(model.vision.patch_embed_weight, patch.t())
 
 
 def test_fused_qwen3_layer_equals_a_plain_qwen3_layer():

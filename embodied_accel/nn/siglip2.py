@@ -1,9 +1,9 @@
 """SigLIP2 vision encoder as GR00T N1.6's Eagle backbone uses it: images of any size (multiples of the patch).
 
 The same encoder layers as SigLIP (:class:`~.siglip.SiglipLayer`); what differs is the embedding. The patch
-embedding is a linear map of each flattened ``(row, col, channel)`` patch (stored here as the equivalent
-convolution kernel), and the learned square position table is resized per image grid (bilinear, antialiased) to
-the image's patch grid. Each image attends only to its own patches. The resized table depends only on the weights
+embedding is a linear map of each patch flattened in ``(row, col, channel)`` order (one GEMM over all patches of
+the call, which on a CPU is much cheaper than the equivalent strided convolution), and the learned square position
+table is resized per image grid (bilinear, antialiased) to the image's patch grid. Each image attends only to its own patches. The resized table depends only on the weights
 and the grid, so it is built once per shape bucket (:meth:`Siglip2VisionTower.position_table`) and handed in.
 """
 
@@ -26,7 +26,7 @@ class Siglip2VisionTower(nn.Module):
         super().__init__()
         self.cfg, self.ops = cfg, ops
         p = cfg.patch_size
-        self.patch_embed_weight = nn.Parameter(torch.empty(cfg.width, 3, p, p))
+        self.patch_embed_weight = nn.Parameter(torch.empty(p * p * 3, cfg.width))  # [(row, col, channel), W]
         self.patch_embed_bias = nn.Parameter(torch.empty(cfg.width))
         self.position_embedding = nn.Parameter(torch.empty(cfg.num_patches, cfg.width))  # a square grid, row-major
         self.layers = nn.ModuleList(SiglipLayer(cfg, ops) for _ in range(cfg.depth))
@@ -45,12 +45,14 @@ class Siglip2VisionTower(nn.Module):
         return resized[0].reshape(self.cfg.width, grid_h * grid_w).t().to(self.position_embedding.dtype).contiguous()
 
     def forward(self, images: torch.Tensor, position_table: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        count = images.shape[0]
-        patches = F.conv2d(images, self.patch_embed_weight, self.patch_embed_bias, stride=cfg.patch_size)
-        seq = patches.shape[2] * patches.shape[3]
-        # [N, W, h, w] -> [N, h*w, W] (+ the grid's positions) -> [N*h*w, W]
-        hidden = (patches.flatten(2).transpose(1, 2) + position_table).reshape(count * seq, cfg.width)
+        cfg, p = self.cfg, self.cfg.patch_size
+        count, channels, height, width = images.shape
+        rows, cols = height // p, width // p
+        seq = rows * cols
+        # [N, C, rows*p, cols*p] -> [N*rows*cols, (p, p, C)]: one flattened patch per row
+        patches = images.view(count, channels, rows, p, cols, p).permute(0, 2, 4, 3, 5, 1).reshape(count * seq, -1)
+        hidden = self.ops.linear(patches, self.patch_embed_weight, self.patch_embed_bias)
+        hidden = (hidden.view(count, seq, cfg.width) + position_table).view(count * seq, cfg.width)
         for layer in self.layers:
             hidden = layer(hidden, count, seq)
         hidden = self.ops.layer_norm(hidden, self.post_layernorm_weight, self.post_layernorm_bias, cfg.eps)

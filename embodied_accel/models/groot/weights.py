@@ -2,8 +2,7 @@
 
 The key mapping is a table of data (:func:`weight_rules`): each of our parameters names the checkpoint tensors it
 is made from and the load-time transform (transpose to ``[in, out]``, fuse q/k/v and gate/up, stack q_norm/k_norm
-per head, fuse the K/V projections of every DiT cross-attention block into one matrix, reshape the linear patch
-embedding into a convolution kernel, take the embodiment's slice of a per-embodiment tensor). Tensors stream one
+per head, fuse the K/V projections of every DiT cross-attention block into one matrix, take the embodiment's slice of a per-embodiment tensor). Tensors stream one
 at a time from the (sharded) safetensors onto a model built on the ``meta`` device; a per-embodiment tensor is
 read only for the selected slot. Nothing is randomly initialised: a missing, unexpected or mis-shaped tensor is an
 error that lists them all. ``lm_head``, the unused SigLIP pooling head and the training-only ``mask_token`` are
@@ -86,7 +85,7 @@ def weight_rules(config: GrootConfig) -> list[WeightRule]:
     # SigLIP2
     v = config.vision
     w, p = v.width, v.patch_size
-    add("vision.patch_embed_weight", [f"{VISION}.embeddings.patch_embedding.weight"], [(w, p * p * 3)], "patch_conv")
+    add("vision.patch_embed_weight", [f"{VISION}.embeddings.patch_embedding.weight"], [(w, p * p * 3)], "t")
     add("vision.patch_embed_bias", [f"{VISION}.embeddings.patch_embedding.bias"], [(w,)], "copy")
     add("vision.position_embedding", [f"{VISION}.embeddings.position_embedding.weight"], [(v.num_patches, w)], "copy")
     for i in range(v.depth):
@@ -171,12 +170,6 @@ def weight_rules(config: GrootConfig) -> list[WeightRule]:
     add("action_time_weight", [f"{w2}.W"], [(e, 2 * inner, inner)], "slot_second_half")
     add("action_mix_bias", [f"{w2}.b"], [(e, inner)], "slot")
     return rules
-
-
-def _patch_conv(tensors, patch: int):
-    """The linear patch embedding ``[W, (row, col, channel)]`` as the equivalent conv kernel ``[W, C, row, col]``."""
-    weight = tensors[0]
-    return weight.reshape(weight.shape[0], patch, patch, 3).permute(0, 3, 1, 2).contiguous()
 
 
 def _qk_norm(tensors, num_heads: int, num_kv_heads: int):
@@ -359,9 +352,7 @@ def build_state_dict(
             tensors = [checkpoint.read_slot(rule.sources[0], slot)]
         else:
             tensors = [checkpoint.read(key) for key in rule.sources]
-        if rule.transform == "patch_conv":
-            out = _patch_conv(tensors, config.vision.patch_size)
-        elif rule.transform == "qk_norm":
+        if rule.transform == "qk_norm":
             out = _qk_norm(tensors, config.llm.num_heads, config.llm.num_kv_heads)
         else:
             out = TRANSFORMS[rule.transform](tensors)
@@ -395,8 +386,6 @@ def init_random_weights(model, seed: int, device) -> None:
             value = 0.05 * torch.randn(shape, generator=generator)
         elif leaf in ("embed_tokens", "action_position_embedding", "position_embedding"):
             value = torch.randn(shape, generator=generator) / shape[-1] ** 0.5
-        elif leaf == "patch_embed_weight":
-            value = torch.randn(shape, generator=generator) / (shape[1] * shape[2] * shape[3]) ** 0.5
         else:  # [in, out] matrices with [out, in] memory, like a loaded checkpoint
             value = (torch.randn(shape[::-1], generator=generator) / shape[0] ** 0.5).t()
         state[name] = value.to(dtype=model.compute_dtype, device=device)
