@@ -56,8 +56,9 @@ class GrootBuffers:
 
     bucket: GrootBucket
     position_tables: dict[tuple[int, int], torch.Tensor]  # grid -> [rows*cols, W] resized SigLIP2 positions
-    rope_cos: torch.Tensor  # [seq_len, Dh] fp32, positions 0 .. seq_len-1
+    rope_cos: torch.Tensor  # [seq_len + 1, Dh] in the compute dtype: row j is position j - 1 (row 0: padding)
     rope_sin: torch.Tensor
+    causal: torch.Tensor  # [seq_len, seq_len] bool, lower triangle
     modulation: DiTModulation  # every step's AdaLN (1 + scale, shift) per block and for the output
     action_time_bias: tuple[torch.Tensor, ...]  # per step [inner]: the time half of the action encoder's W2 + its bias
     action_out_bias: torch.Tensor  # [B*horizon, inner]: W3's bias + the action position embedding, per row
@@ -152,11 +153,10 @@ class GrootModel(nn.Module):
         embeds = F.embedding(input_ids, self.embed_tokens).to(dtype)
         image_tokens = self.embed_images(images, buffers).to(dtype)
         embeds = embeds.scatter(1, image_positions[:, :, None].expand(-1, -1, width), image_tokens)
-        positions = (torch.cumsum(valid, dim=1) - 1).clamp_(min=0)  # left padding does not shift the positions
-        cos = F.embedding(positions, buffers.rope_cos).to(dtype)
-        sin = F.embedding(positions, buffers.rope_sin).to(dtype)
-        causal = torch.ones(length, length, dtype=torch.bool, device=valid.device).tril_()
-        may_attend = causal[None] & valid[:, None, :]  # [B, L, L]
+        # RoPE positions count valid tokens only (left padding shifts nothing): the table's row cumsum(valid)
+        rows = torch.cumsum(valid, dim=1)
+        cos, sin = F.embedding(rows, buffers.rope_cos), F.embedding(rows, buffers.rope_sin)  # [B, L, Dh]
+        may_attend = buffers.causal & valid[:, None, :]  # [B, L, L]
         hidden = self.llm(
             embeds.reshape(batch * length, width),
             batch,
@@ -258,8 +258,9 @@ def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffer
     return GrootBuffers(
         bucket=bucket,
         position_tables=position_tables,
-        rope_cos=cos.to(device),
-        rope_sin=sin.to(device),
+        rope_cos=torch.cat([cos[:1], cos]).to(device=device, dtype=model.compute_dtype),
+        rope_sin=torch.cat([sin[:1], sin]).to(device=device, dtype=model.compute_dtype),
+        causal=torch.ones(bucket.seq_len, bucket.seq_len, dtype=torch.bool, device=device).tril_(),
         modulation=model.dit.modulation(timesteps),
         action_time_bias=tuple(row.contiguous() for row in action_time_bias),
         action_out_bias=out_bias.repeat(bucket.batch, 1).contiguous(),
