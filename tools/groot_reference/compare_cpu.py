@@ -118,6 +118,8 @@ def main() -> None:
     load_start = os.getloadavg()
 
     model, processor = official_model()
+    env = harness.environment_stamp()
+    versions = {**env["versions"], "transformers": mf.transformers.__version__, "diffusers": mf.diffusers.__version__}
     rows_out = []
     for tag in mf.EMBODIMENTS:
         ours_policy = load_policy(str(FIXTURE), preset="groot-tiny", embodiment=tag, tokenizer=FIXTURE / "tokenizer",
@@ -144,16 +146,24 @@ def main() -> None:
             _, our_ops, our_hist = harness.count_aten_ops(ours)
             views = len(mf.EMBODIMENTS[tag]["video"])
             for name, ops, hist in (("isaac_groot", official_ops, official_hist), ("ours", our_ops, our_hist)):
-                record = {"implementation": name, "embodiment": tag, "batch": batch, "views": views,
-                          "aten_ops_per_call": ops, **summary(times[name]),
-                          "aten_op_histogram": dict(hist.most_common(25))}  # fmt: skip
+                stats = summary(times[name])
+                record = {  # the shared flat record fields (DESIGN.md), then this benchmark's own
+                    "model": "groot", "preset": "groot-tiny", "device": env["device"],
+                    "backend": "reference" if name == "ours" else "isaac-groot", "capture": "eager",
+                    "dtype": "float32", "batch": batch, "views": views, "steps": 4, "runs": stats["runs"],
+                    "mean_ms": stats["mean_ms"], "p50_ms": stats["p50_ms"], "p90_ms": stats["p90_ms"],
+                    "aten_ops_per_call": ops, "kernel_launches_per_call": None, "device_busy_fraction": None,
+                    "peak_mem_mb": None, "versions": versions, "git_sha": env["git_sha"], "date": env["date"],
+                    "implementation": name, "embodiment": tag, "min_ms": stats["min_ms"], "max_ms": stats["max_ms"],
+                    "times_ms": stats["times_ms"], "threads": args.threads,
+                    "aten_op_histogram": dict(hist.most_common(25)),
+                }  # fmt: skip
                 rows_out.append(record)
             ratio_time = statistics.median(times["ours"]) / statistics.median(times["isaac_groot"])
             print(f"{tag} b{batch} v{views}: Isaac-GR00T p50 {statistics.median(times['isaac_groot']) * 1e3:.2f} ms, "
                   f"{official_ops} aten ops; ours p50 {statistics.median(times['ours']) * 1e3:.2f} ms, {our_ops} ops; "
                   f"time ratio {ratio_time:.3f}, op ratio {our_ops / official_ops:.3f}")  # fmt: skip
 
-    env = harness.environment_stamp()
     ratios = {}
     for tag in mf.EMBODIMENTS:
         for batch in args.batches:
@@ -179,11 +189,7 @@ def main() -> None:
         "results": rows_out,
         "ratios": ratios,
         "isaac_groot_commit": os.popen(f"git -C {mf.ISAAC_GROOT} rev-parse HEAD").read().strip(),
-        "versions": {
-            **env["versions"],
-            "transformers": mf.transformers.__version__,
-            "diffusers": mf.diffusers.__version__,
-        },  # fmt: skip
+        "versions": versions,
         "git_sha": env["git_sha"],
         "git_dirty": env.get("git_dirty"),
         "date": env["date"],
