@@ -14,13 +14,13 @@ __version__ = "0.1.0"
 def load_policy(preset_or_checkpoint: str, **kwargs):
     """Load a policy from a preset name or a checkpoint directory of any model family (recognized from the name
     or the directory; see :mod:`embodied_accel.policies`). For pi0 / pi0.5 see
-    :func:`models.pi0.policy.load_pi0_policy`.
+    :func:`policies.pi0.load_pi0_policy`.
 
     Keyword arguments: ``backend`` (auto|reference|cuda|npu), ``dtype`` (float32|bfloat16), ``device``,
     ``seed`` (random-weight presets), ``preset`` (architecture of a small custom checkpoint),
     ``tokenizer`` (SentencePiece file), ``num_views``, ``capture`` (eager|compile|cudagraph|torchair), ``progress``,
     ``cuda_attention`` (sdpa|triton: the cuda backend's attention kernel). GR00T N1.6 (presets ``groot-n1.6``,
-    ``groot-tiny`` or a checkpoint directory, see :func:`models.groot.policy.load_groot_policy`) also takes
+    ``groot-tiny`` or a checkpoint directory, see :func:`policies.groot.load_groot_policy`) also takes
     ``embodiment`` (the embodiment tag) and reads ``tokenizer`` as an Isaac-GR00T checkout or its tokenizer dir.
     """
     from .policies import load_policy as load_any

@@ -74,7 +74,7 @@ def test_groot_on_the_cuda_backend_matches_isaac_groot():
     from groot_fixture import DIR
 
     from embodied_accel.models.groot.model import GrootModel
-    from embodied_accel.models.groot.policy import GrootPolicy
+    from embodied_accel.policies.groot import GrootPolicy
     from embodied_accel.models.groot.weights import load_checkpoint_weights
 
     reference_policy = load("gr1")

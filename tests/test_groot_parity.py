@@ -37,7 +37,7 @@ def test_model_matches_isaac_groot(tag):
     policy = load(tag)
     images, ids, valid, positions, state = model_inputs(policy, tag)
     grids = tuple((img.shape[2] // 14, img.shape[3] // 14) for img in images)
-    buffers = policy.buffers(GrootBucket(batch=2, image_grids=grids, seq_len=ids.shape[1]))
+    buffers = policy.bound_buffers(GrootBucket(batch=2, image_grids=grids, seq_len=ids.shape[1]))
     with torch.no_grad():
         features = policy.model.backbone(images, ids, valid, positions, buffers)
     reference = io()[f"{tag}.backbone_features"]

@@ -11,14 +11,16 @@ from test_cudagraph import CaptureSafety, ReplayStandIn
 
 from embodied_accel import load_policy
 from embodied_accel.cli import main
-from embodied_accel.runtime.cudagraph import GraphedCall
+from embodied_accel.platform import Platform
+from embodied_accel.policies.groot import GrootPolicy
 
 pytestmark = requires_groot_extra
+GPU = Platform("cuda", "CPU stand-in for a GPU", has_triton=True, has_torch_npu=False)
 
 
 def call_args(policy, inputs, noise):
     return (inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, inputs.state, noise,
-            policy.buffers(inputs.bucket))  # fmt: skip
+            policy.bound_buffers(inputs.bucket))  # fmt: skip
 
 
 def test_preset_policy_runs_deterministically():
@@ -37,23 +39,26 @@ def test_preset_policy_runs_deterministically():
 
 
 def test_prompts_of_one_length_bucket_share_buffers_and_graphs():
-    """Two instructions of different lengths in one 32-token bucket: one capture, replayed; batch 1: another."""
-    policy = load("libero_panda")
-    spec = policy.processor.spec
+    """Two instructions of different lengths in one 32-token bucket: one capture, replayed; batch 2: another graph
+    on the same (larger) K/V buffer and rotary table. The runtime is the real one (cudagraph mode on a GPU platform),
+    with the replay stand-in in place of CUDA graphs."""
+    spec_policy = load("libero_panda")
     standin = ReplayStandIn()  # asserts that the captured call has no capture-unsafe op
-    graphed = GraphedCall(policy.model.sample_actions, backend=standin)
-    rows = observations("libero_panda", spec)
+    policy = GrootPolicy(spec_policy.model, spec_policy.processor, source=str(DIR), random_weights=False,
+                         device="cpu", capture="cudagraph", plat=GPU, graph_backend=standin)  # fmt: skip
+    rows = observations("libero_panda", policy.processor.spec)
     a, b = policy.prepare([rows[0]]), policy.prepare([rows[1]])
     assert a.bucket == b.bucket and a.valid.sum() != b.valid.sum()
     noise = policy.make_noise(1, seed=0)
-    out_a = graphed(*call_args(policy, a, noise))
-    out_b = graphed(*call_args(policy, b, noise))
-    assert standin.captures == 1 and graphed.replays == 2
+    out_a, out_b = policy.sample(a, noise), policy.sample(b, noise)
+    assert standin.captures == 1
     for inputs, out in ((a, out_a), (b, out_b)):
         torch.testing.assert_close(out, policy.model.sample_actions(*call_args(policy, inputs, noise)), rtol=0, atol=0)
     both = policy.prepare(rows)
-    graphed(*call_args(policy, both, policy.make_noise(2, seed=0)))
-    assert standin.captures == 2 and len(policy._buffers) == 2
+    policy.sample(both, policy.make_noise(2, seed=0))
+    assert standin.captures == 2 and policy.capture_seconds >= 0
+    assert policy.buffers.builds["cross_kv"] == 2 and policy.buffers.retired["cross_kv"] == 1  # outgrown by batch 2
+    assert policy.buffers.builds["schedule"] == 1  # one step schedule for every bucket
 
 
 def test_whole_call_has_no_capture_unsafe_op():

@@ -135,7 +135,7 @@ def test_fused_qwen3_layer_equals_a_plain_qwen3_layer():
     cos, sin = rotary_tables(model.config.llm, s)
     tables = model.llm.prepare_rope(cos.expand(b, -1, -1), sin.expand(b, -1, -1))
     mask = model.ops.prepare_attention_mask(
-        torch.ones(s, s, dtype=torch.bool).tril()[None].expand(b, -1, -1), torch.float32
+        torch.ones(s, s, dtype=torch.bool).tril()[None].expand(b, -1, -1), torch.float32, heads
     )
     with torch.no_grad():
         ours = model.llm.layers[0](h.reshape(b * s, d), b, s, tables, mask).view(b, s, d)

@@ -31,7 +31,7 @@ import torch
 from embodied_accel import load_policy
 from embodied_accel.bench import harness
 from embodied_accel.models.groot.model import GrootBucket
-from embodied_accel.models.groot.policy import GrootInputs
+from embodied_accel.policies.groot import GrootInputs
 from embodied_accel.ops import CUDA_ATTENTION_KERNELS
 from embodied_accel.platform import detect
 

@@ -94,7 +94,7 @@ def our_call(policy, tag: str, rows: list[int]):
         observations.append(obs)
     inputs = policy.prepare(observations)
     noise = policy.make_noise(len(rows), seed=0)
-    buffers = policy.buffers(inputs.bucket)
+    buffers = policy.bound_buffers(inputs.bucket)
     args = (inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, inputs.state, noise, buffers)
     assert np.isfinite(policy.model.sample_actions(*args).numpy()).all()
     return lambda: policy.model.sample_actions(*args)

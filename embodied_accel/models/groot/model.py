@@ -15,8 +15,9 @@ load):
    output on the action tokens is the velocity; ``x ← x + v / num_steps``.
 
 The model is a pure function of its weights, its inputs and the :class:`GrootBuffers` of the call's shape bucket
-(position tables, rotary tables, every step's AdaLN modulation and time features, the cross-attention K/V buffer),
-which :func:`build_buffers` allocates before any capture.
+(position tables, rotary tables and the causal mask, every step's AdaLN modulation and time features, the
+cross-attention K/V buffer): :class:`BufferBuilders` builds them, the runtime owns them and builds them before any
+capture.
 """
 
 from __future__ import annotations
@@ -52,17 +53,17 @@ class GrootBucket:
 
 @dataclass(frozen=True, eq=False)
 class GrootBuffers:
-    """The static buffers of one bucket (compared by identity): built by :func:`build_buffers`, never grown."""
+    """The static buffers a call reads (compared by identity): built by :class:`BufferBuilders`, owned by the
+    runtime (the policy's plan declares them per bucket)."""
 
-    bucket: GrootBucket
     position_tables: dict[tuple[int, int], torch.Tensor]  # grid -> [rows*cols, W] resized SigLIP2 positions
-    rope_cos: torch.Tensor  # [seq_len + 1, Dh] in the compute dtype: row j is position j - 1 (row 0: padding)
+    rope_cos: torch.Tensor  # [capacity + 1, Dh] in the compute dtype: row j is position j - 1 (row 0: padding)
     rope_sin: torch.Tensor
     causal: torch.Tensor  # [seq_len, seq_len] bool, lower triangle
     modulation: DiTModulation  # every step's AdaLN (1 + scale, shift) per block and for the output
     action_time_bias: tuple[torch.Tensor, ...]  # per step [inner]: the time half of the action encoder's W2 + its bias
     action_out_bias: torch.Tensor  # [B*horizon, inner]: W3's bias + the action position embedding, per row
-    cross_kv: torch.Tensor  # [B*seq_len, cross_blocks * 2 * inner], written once per call
+    cross_kv: torch.Tensor  # [capacity, cross_blocks * 2 * inner]: its first B*L rows written once per call
 
 
 def action_time_features(timesteps: list[int], width: int) -> torch.Tensor:
@@ -117,12 +118,12 @@ class GrootModel(nn.Module):
     def embed_images(self, images: tuple[torch.Tensor, ...], buffers: GrootBuffers) -> torch.Tensor:
         """Image slots (each ``[B, 3, H, W]``) → projected image tokens ``[B, sum_k tokens_k, D]`` in slot order."""
         ops, cfg = self.ops, self.config
-        batch, factor = images[0].shape[0], cfg.unshuffle
+        batch, factor, patch = images[0].shape[0], cfg.unshuffle, cfg.vision.patch_size
         dtype = self.vision.patch_embed_weight.dtype
         # slots of one grid run through the tower together: [slots * B, 3, H, W]
         groups: dict[tuple[int, int], list[int]] = {}
-        for slot, grid in enumerate(buffers.bucket.image_grids):
-            groups.setdefault(grid, []).append(slot)
+        for slot, image in enumerate(images):
+            groups.setdefault((image.shape[2] // patch, image.shape[3] // patch), []).append(slot)
         tokens: list[torch.Tensor | None] = [None] * len(images)
         for (rows, cols), slots in groups.items():
             pixels = torch.cat([images[s] for s in slots]) if len(slots) > 1 else images[slots[0]]
@@ -162,7 +163,7 @@ class GrootModel(nn.Module):
             batch,
             length,
             self.llm.prepare_rope(cos, sin),
-            ops.prepare_attention_mask(may_attend, dtype),
+            ops.prepare_attention_mask(may_attend, dtype, self.config.llm.num_heads),
         )
         return hidden.view(batch, length, width)
 
@@ -209,12 +210,17 @@ class GrootModel(nn.Module):
         vl = features.reshape(batch * length, -1)
         if self.config.use_vlln:
             vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
-        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv, batch)  # every cross block's K/V, once per call
+        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv[: batch * length], batch)  # every cross block's K/V
         is_image = input_ids == self.config.image_token_id
-        text_mask = ops.prepare_attention_mask((valid & ~is_image)[:, None, :], dtype)  # [B, 1, L]
-        image_mask = ops.prepare_attention_mask((valid & is_image)[:, None, :], dtype)
+        # every state and action token attends to the same keys: [B, tokens, L], one mask per kind of block
+        tokens = state.shape[1] + self.config.action_horizon
+        heads = self.config.dit.num_heads
+        text = (valid & ~is_image)[:, None, :].expand(batch, tokens, length)
+        image = (valid & is_image)[:, None, :].expand(batch, tokens, length)
+        text_mask = ops.prepare_attention_mask(text, dtype, heads)
+        image_mask = ops.prepare_attention_mask(image, dtype, heads)
         state_tokens = self.encode_state(state)
-        num_steps = buffers.bucket.num_steps
+        num_steps = len(buffers.action_time_bias)
         x_t = noise.to(dtype)
         for step in range(num_steps):
             velocity = self.velocity(x_t, state_tokens, cross_kv, text_mask, image_mask, step, buffers)
@@ -237,34 +243,72 @@ class GrootModel(nn.Module):
         return self.action_head(features, input_ids, valid, state, noise, buffers)
 
 
-@torch.no_grad()
+class BufferBuilders:
+    """How each static buffer of a bucket is built (the runtime decides when, and which ones are shared): every
+    builder takes the capacity the runtime asks for (``()`` for buffers that are exact per key)."""
+
+    def __init__(self, model: GrootModel, device):
+        self.model, self.device = model, torch.device(device)
+
+    @torch.no_grad()
+    def position_tables(self, grids: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], torch.Tensor]:
+        cfg = self.model.config
+        for rows, cols in grids:
+            if rows % cfg.unshuffle or cols % cfg.unshuffle:
+                raise ValueError(f"image grid {rows}x{cols} patches: both sides must be multiples of {cfg.unshuffle}")
+        return {grid: self.model.vision.position_table(*grid).to(self.device) for grid in grids}
+
+    def rotary_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[length + 1, Dh]``: row j is position j - 1, row 0 (padding) position 0."""
+        cos, sin = rotary_tables(self.model.config.llm, length)
+        return tuple(torch.cat([t[:1], t]).to(device=self.device, dtype=self.model.compute_dtype) for t in (cos, sin))
+
+    def causal(self, length: int) -> torch.Tensor:
+        return torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()
+
+    @torch.no_grad()
+    def schedule(self, num_steps: int) -> tuple[DiTModulation, tuple[torch.Tensor, ...]]:
+        """The DiT's AdaLN modulation and the action encoder's time bias for each step of an ``num_steps`` schedule."""
+        model, cfg = self.model, self.model.config
+        timesteps = cfg.timestep_buckets(num_steps)
+        features = action_time_features(timesteps, cfg.action_width)
+        features = features.to(device=self.device, dtype=model.action_time_weight.dtype)
+        time_bias = model.ops.linear(features, model.action_time_weight, model.action_mix_bias)
+        return model.dit.modulation(timesteps), tuple(row.contiguous() for row in time_bias)
+
+    @torch.no_grad()
+    def action_out_bias(self, batch: int) -> torch.Tensor:
+        """W3's bias + the action position embedding, for every row of a batch: ``[B*horizon, inner]``."""
+        model = self.model
+        per_row = model.action_out_bias + model.action_position_embedding[: model.config.action_horizon]
+        return per_row.repeat(batch, 1).contiguous()
+
+    def cross_kv(self, rows: int) -> torch.Tensor:
+        cfg = self.model.config
+        width = len(cfg.dit.cross_blocks) * 2 * cfg.action_width
+        return torch.empty(rows, width, dtype=self.model.compute_dtype, device=self.device)
+
+
+def assemble_buffers(values: dict) -> GrootBuffers:
+    """The buffers (by name: ``position_tables``, ``rotary_table``, ``causal``, ``schedule``, ``action_out_bias``,
+    ``cross_kv``) as the object the model reads."""
+    cos, sin = values["rotary_table"]
+    modulation, time_bias = values["schedule"]
+    return GrootBuffers(values["position_tables"], cos, sin, values["causal"], modulation, time_bias,
+                        values["action_out_bias"], values["cross_kv"])  # fmt: skip
+
+
 def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffers:
-    """Allocate and fill the static buffers of ``bucket`` (before any capture of a call of that bucket)."""
-    cfg = model.config
-    device = torch.device(device)
-    inner, horizon = cfg.action_width, cfg.action_horizon
-    grids = dict.fromkeys(bucket.image_grids)
-    for rows, cols in grids:
-        if rows % cfg.unshuffle or cols % cfg.unshuffle:
-            raise ValueError(f"image grid {rows}x{cols} patches: both sides must be multiples of {cfg.unshuffle}")
-    position_tables = {grid: model.vision.position_table(*grid).to(device) for grid in grids}
-    cos, sin = rotary_tables(cfg.llm, bucket.seq_len)
-    timesteps = cfg.timestep_buckets(bucket.num_steps)
-    time_features = action_time_features(timesteps, inner).to(device=device, dtype=model.action_time_weight.dtype)
-    ops = model.ops
-    action_time_bias = ops.linear(time_features, model.action_time_weight, model.action_mix_bias)
-    out_bias = model.action_out_bias + model.action_position_embedding[:horizon]  # [horizon, inner]
-    cross = len(cfg.dit.cross_blocks)
-    return GrootBuffers(
-        bucket=bucket,
-        position_tables=position_tables,
-        rope_cos=torch.cat([cos[:1], cos]).to(device=device, dtype=model.compute_dtype),
-        rope_sin=torch.cat([sin[:1], sin]).to(device=device, dtype=model.compute_dtype),
-        causal=torch.ones(bucket.seq_len, bucket.seq_len, dtype=torch.bool, device=device).tril_(),
-        modulation=model.dit.modulation(timesteps),
-        action_time_bias=tuple(row.contiguous() for row in action_time_bias),
-        action_out_bias=out_bias.repeat(bucket.batch, 1).contiguous(),
-        cross_kv=torch.empty(
-            bucket.batch * bucket.seq_len, cross * 2 * inner, dtype=model.compute_dtype, device=device
-        ),
+    """``bucket``'s buffers built directly, sized exactly, without an owner (tools and tests that run the model
+    alone; a policy's runtime owns and shares them)."""
+    build = BufferBuilders(model, device)
+    return assemble_buffers(
+        {
+            "position_tables": build.position_tables(tuple(dict.fromkeys(bucket.image_grids))),
+            "rotary_table": build.rotary_table(bucket.seq_len),
+            "causal": build.causal(bucket.seq_len),
+            "schedule": build.schedule(bucket.num_steps),
+            "action_out_bias": build.action_out_bias(bucket.batch),
+            "cross_kv": build.cross_kv(bucket.batch * bucket.seq_len),
+        }
     )

@@ -53,6 +53,7 @@ class QwenTokenizer:
                 f"the GR00T tokenizer needs the tokenizers and jinja2 packages: {EXTRA} ({exc})"
             ) from None
         self.directory = directory
+        self.source = str(directory)  # where it was read from (the CLI reports it)
         vocab = _read_json(directory / "vocab.json")
         merges = []
         for line in (directory / "merges.txt").read_text(encoding="utf-8").splitlines():
@@ -133,6 +134,10 @@ class QwenTokenizer:
 
     def __len__(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self)
 
     def token_id(self, token: str) -> int | None:
         return self._tokenizer.token_to_id(token)

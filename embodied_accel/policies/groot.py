@@ -1,9 +1,11 @@
-"""A ready-to-run GR00T N1.6 policy for one embodiment: processor + model + weights behind ``infer(observation)``.
+"""A ready-to-run GR00T N1.6 policy for one embodiment: processor + model + the runtime that executes it.
 
-Each call falls into a static shape bucket (:class:`~.model.GrootBucket`: batch, the image slots' patch grids, the
-prompt padded on the left to a multiple of :attr:`GrootPolicy.token_bucket`, steps), whose buffers are built before
-the call is first run or captured. ``--capture compile`` / ``cudagraph`` / ``compile+cudagraph`` apply to the whole
-call (vision, Qwen3, every denoising step), one graph per bucket.
+Each call falls into a static shape bucket (:class:`~embodied_accel.models.groot.model.GrootBucket`: batch, the image
+slots' patch grids, the prompt padded on the left to a multiple of :attr:`GrootPolicy.token_bucket`, steps). What a
+bucket reads is declared in :meth:`GrootPolicy.plan`; the runtime
+(:class:`~embodied_accel.runtime.executor.BucketedCall`) builds those buffers before the call is first run or
+captured. ``--capture compile`` / ``cudagraph`` / ``compile+cudagraph`` apply to the whole call (vision, Qwen3, every
+denoising step).
 """
 
 from __future__ import annotations
@@ -18,13 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ... import platform as platform_mod
-from ...ops import OpSet, get_ops
-from ...policies import PolicyFamily
-from ...runtime import capture_call, check_capture, prepare_capture
-from .config import PRESETS, GrootConfig, get_preset
-from .model import GrootBucket, GrootBuffers, GrootModel, build_buffers
-from .processor import (
+from .. import platform as platform_mod
+from ..models.groot.config import PRESETS, GrootConfig, get_preset
+from ..models.groot.model import BufferBuilders, GrootBucket, GrootBuffers, GrootModel, assemble_buffers
+from ..models.groot.processor import (
     ActionKey,
     EmbodimentSpec,
     GrootProcessor,
@@ -36,8 +35,19 @@ from .processor import (
     load_embodiment,
     transform_frame,
 )
-from .tokenizer import QwenTokenizer, find_tokenizer_dir
-from .weights import config_from_checkpoint, init_random_weights, is_groot_checkpoint, load_checkpoint_weights
+from ..models.groot.tokenizer import CHECKOUT_SUBDIR, QwenTokenizer, find_tokenizer_dir
+from ..models.groot.weights import (
+    config_from_checkpoint,
+    init_random_weights,
+    is_groot_checkpoint,
+    load_checkpoint_weights,
+)
+from ..ops import OpSet, get_ops
+from ..runtime import check_capture, prepare_capture
+from ..runtime.buffers import BufferSpec, StaticBuffers
+from ..runtime.cudagraph import GraphBackend
+from ..runtime.executor import BucketedCall
+from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +102,18 @@ class GrootPolicy:
     token_bucket = 32
 
     def __init__(self, model: GrootModel, processor: GrootProcessor, *, source: str, random_weights: bool, device,
-                 capture: str = "eager", pad_id: int = 0):  # fmt: skip
+                 capture: str = "eager", pad_id: int = 0, plat: platform_mod.Platform | None = None,
+                 graph_backend: GraphBackend | None = None):  # fmt: skip
         self.model, self.processor = model, processor
         self.source, self.random_weights = source, random_weights
-        self.device = torch.device(device)
+        self.device = platform_mod.normalize_device(device)
         self.capture, self.pad_id = capture, pad_id
+        self._build = BufferBuilders(model, self.device)
+        #: The one owner of the static buffers (position and rotary tables, step schedules, K/V buffer).
+        self.buffers = StaticBuffers()
+        #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
+        self.model_call = BucketedCall(self._model_call, self.plan, assemble_buffers, mode=capture,
+                                       buffers=self.buffers, plat=plat, graph_backend=graph_backend)  # fmt: skip
         spec = processor.spec
         state_norm, action_norm = _describe_norms(spec)
         self.io = GrootIO(
@@ -109,8 +126,6 @@ class GrootPolicy:
             state_norm=state_norm,
             action_norm=action_norm,
         )
-        self._buffers: dict[GrootBucket, GrootBuffers] = {}
-        self._captured: Callable | None = None
 
     config: GrootConfig = property(lambda self: self.model.config)  # type: ignore[assignment]
     ops: OpSet = property(lambda self: self.model.ops)  # type: ignore[assignment]
@@ -118,33 +133,44 @@ class GrootPolicy:
     dtype: torch.dtype = property(lambda self: self.model.compute_dtype)  # type: ignore[assignment]
     embodiment: str = property(lambda self: self.processor.spec.tag)  # type: ignore[assignment]
 
+    def tokenizer_search_places(self) -> str:
+        return tokenizer_search_places(None if self.random_weights else Path(self.source))
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
     @property
     def capture_seconds(self) -> float | None:
         """Seconds spent capturing CUDA graphs (all buckets so far); None in other modes."""
-        seconds = getattr(self._captured, "capture_seconds", None)
-        return sum(seconds.values()) if seconds is not None else None
+        return self.model_call.capture_seconds
 
     @property
-    def captured_calls(self) -> dict[str, Callable]:
-        return {} if self._captured is None else {"whole": self._captured}
+    def text_instructions_supported(self) -> bool:
+        return self.processor.tokenizer is not None
 
-    # ---- buckets and buffers
+    # ---- the runtime's view: buckets and their buffers
 
-    def buffers(self, bucket: GrootBucket) -> GrootBuffers:
-        """The static buffers of ``bucket``, built on first use (before its first run or capture), then kept."""
-        buffers = self._buffers.get(bucket)
-        if buffers is None:
-            logger.info("groot: buffers for bucket %s", bucket)
-            buffers = self._buffers[bucket] = build_buffers(self.model, bucket, self.device)
-        return buffers
+    def plan(self, bucket: GrootBucket) -> dict[str, BufferSpec]:
+        """The static buffers a call of ``bucket`` reads. The rotary table and the cross-attention K/V buffer are
+        sized by capacity (a larger one serves smaller calls); the others are exact per grid set, prompt length,
+        batch or number of steps."""
+        build = self._build
+        grids = tuple(dict.fromkeys(bucket.image_grids))
+        return {
+            "position_tables": BufferSpec(lambda _: build.position_tables(grids), key=grids),
+            "rotary_table": BufferSpec(lambda cap: build.rotary_table(cap[0]), (bucket.seq_len,)),
+            "causal": BufferSpec(lambda _: build.causal(bucket.seq_len), key=bucket.seq_len),
+            "schedule": BufferSpec(lambda _: build.schedule(bucket.num_steps), key=bucket.num_steps),
+            "action_out_bias": BufferSpec(lambda _: build.action_out_bias(bucket.batch), key=bucket.batch),
+            "cross_kv": BufferSpec(lambda cap: build.cross_kv(cap[0]), (bucket.batch * bucket.seq_len,)),
+        }
 
-    def _call(self) -> Callable:
-        if self._captured is None:
-            self._captured = capture_call(self.model.sample_actions, self.capture)
-        return self._captured
+    def bound_buffers(self, bucket: GrootBucket) -> GrootBuffers:
+        """The buffers a call of ``bucket`` reads (built now if they are not yet), for running parts of it apart."""
+        return self.model_call.bound_buffers(bucket)
+
+    def _model_call(self, buffers: GrootBuffers, images, input_ids, valid, image_positions, state, noise):
+        return self.model.sample_actions(images, input_ids, valid, image_positions, state, noise, buffers)
 
     # ---- the pieces
 
@@ -212,9 +238,8 @@ class GrootPolicy:
         """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
         if noise is None:
             noise = self.make_noise(inputs.batch_size)
-        buffers = self.buffers(inputs.bucket)
-        return self._call()(inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, inputs.state,
-                            noise, buffers)  # fmt: skip
+        return self.model_call(inputs.bucket, inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions,
+                               inputs.state, noise)  # fmt: skip
 
     def postprocess(self, chunk: torch.Tensor, raw_state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Normalized chunk → robot actions per key ``[B, action_horizon, D]`` (float32)."""
@@ -222,7 +247,7 @@ class GrootPolicy:
 
     def stage_fns(self, inputs: GrootInputs, num_steps: int | None = None) -> dict[str, Callable[[], object]]:
         """Callables for timing the stages apart: vision, backbone (incl. vision), action head (4 steps)."""
-        model, buffers = self.model, self.buffers(inputs.bucket)
+        model, buffers = self.model, self.bound_buffers(inputs.bucket)
         noise = self.make_noise(inputs.batch_size, seed=0)
         with torch.no_grad():
             features = model.backbone(inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, buffers)
@@ -341,6 +366,13 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
 
 
+def tokenizer_search_places(checkpoint: Path | None) -> str:
+    """Where a GR00T tokenizer is looked for without ``tokenizer=``."""
+    if checkpoint is None:
+        return "nowhere (a preset: pass tokenizer=, an Isaac-GR00T checkout or its Eagle tokenizer directory)"
+    return f"{checkpoint} and {checkpoint / CHECKOUT_SUBDIR}"
+
+
 def _load_tokenizer(tokenizer: str | Path | None, checkpoint: Path | None) -> QwenTokenizer | None:
     if tokenizer is not None:
         return QwenTokenizer.from_dir(tokenizer)
@@ -374,9 +406,7 @@ def load_groot_policy(
     compute_dtype = _resolve_dtype(dtype)
     check_capture(capture)
     prepare_capture(capture)
-    device = torch.device(device) if device is not None else platform_mod.detect().device
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = platform_mod.normalize_device(device)
     ops = get_ops(backend, cuda_attention=cuda_attention)
     path = Path(preset_or_checkpoint)
     is_checkpoint = path.is_dir()
@@ -411,7 +441,9 @@ def load_groot_policy(
         load_checkpoint_weights(model, path, spec.slot, device, progress=progress)
     else:
         init_random_weights(model, seed, device)
-        logger.warning("%s: seeded random weights (seed %d), not a trained policy", config.name, seed)
+        logging.getLogger(RANDOM_WEIGHTS_LOGGER).warning(
+            "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
+        )
     model.eval()
     processor = GrootProcessor(spec, images, tok, config.image_token_id, config.max_state_dim, formalize)
     pad_id = tok.pad_id if tok is not None and tok.pad_id is not None else 0
