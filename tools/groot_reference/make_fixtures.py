@@ -42,7 +42,9 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "groot_tiny"
-ISAAC_GROOT = Path(os.environ.get("ISAAC_GROOT", "/work/refs/isaac-groot"))
+if "ISAAC_GROOT" not in os.environ:
+    sys.exit("set ISAAC_GROOT to an Isaac-GR00T checkout at the N1.6 release (see tools/groot_reference/README.md)")
+ISAAC_GROOT = Path(os.environ["ISAAC_GROOT"])
 if not (ISAAC_GROOT / "gr00t").is_dir():
     sys.exit(f"set ISAAC_GROOT to an Isaac-GR00T checkout (no gr00t/ package under {ISAAC_GROOT})")
 sys.path.insert(0, str(ISAAC_GROOT))

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 
 os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
-ISAAC_GROOT = Path(os.environ.get("ISAAC_GROOT", "/work/refs/isaac-groot"))
+if "ISAAC_GROOT" not in os.environ:
+    sys.exit("set ISAAC_GROOT to an Isaac-GR00T checkout at the N1.6 release (see tools/groot_reference/README.md)")
+ISAAC_GROOT = Path(os.environ["ISAAC_GROOT"])
 sys.path.insert(0, str(ISAAC_GROOT))
 OUT = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "groot_real_tokenizer_ids.json"
 
