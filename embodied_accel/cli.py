@@ -511,7 +511,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"policy:      {_source_line(policy)}")
     print(f"runtime:     backend {_backend_label(policy)}, capture {policy.capture}, dtype {_dtype_name(policy)}, "
           f"device {policy.device}")  # fmt: skip
-    print(f"observation: {args.observation or 'bundled sample'} (instruction: {instruction})")
+    print(f"observation: {_observation_source(args, policy).removeprefix('the ')} (instruction: {instruction})")
     print(f"noise:       {f'file {args.noise}' if noise is not None else f'seed {seed}'}, {steps} denoising steps")
     print(f"actions:     shape {tuple(actions.shape)} {actions.dtype}")
     print(_action_summary(actions))
