@@ -220,3 +220,38 @@ def test_full_size_preset_matches_the_released_checkpoint_sizes():
     llm = config.llm  # q_norm / k_norm are stored once per head here, once per layer in the checkpoint
     per_head_copies = llm.depth * (llm.num_heads + llm.num_kv_heads - 2) * llm.head_dim
     assert abs(sum(counts.values()) - per_head_copies - 2_645_600_000) < 100_000
+
+
+def test_released_checkpoint_layout(tmp_path):
+    """The released nvidia/GR00T-N1.6-3B from its config.json alone: the architecture read from it and the key table
+    against the released checkpoint's documented keys (1106 tensors: all but lm_head and the 11 tensors of SigLIP's
+    unused pooling head are read) and shapes."""
+    released = {
+        "model_type": "Gr00tN1d6", "model_name": "nvidia/Eagle-Block2A-2B-v2", "select_layer": 16,
+        "backbone_embedding_dim": 2048, "action_horizon": 50, "max_state_dim": 128, "max_action_dim": 128,
+        "max_num_embodiments": 32, "hidden_size": 1024, "input_embedding_dim": 1536, "num_inference_timesteps": 4,
+        "use_alternate_vl_dit": True, "use_relative_action": True, "apply_sincos_state_encoding": True,
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(released))
+    config = config_from_checkpoint(tmp_path)
+    assert config == get_preset("groot-n1.6")
+    shapes = {k: s for rule in weight_rules(config) for k, s in zip(rule.sources, rule.source_shapes, strict=True)}
+    assert len(shapes) == 1106 - 1 - 11
+    documented = {
+        "action_head.state_encoder.layer1.W": (32, 128, 1024),
+        "action_head.action_encoder.W2.W": (32, 3072, 1536),
+        "action_head.action_decoder.layer2.W": (32, 1024, 128),
+        "action_head.position_embedding.weight": (1024, 1536),
+        f"{DIT}.transformer_blocks.0.attn1.to_k.weight": (1536, 2048),  # cross-attention: 2048-wide VL tokens
+        f"{DIT}.transformer_blocks.1.attn1.to_k.weight": (1536, 1536),  # self-attention
+        f"{DIT}.timestep_encoder.timestep_embedder.linear_1.weight": (1536, 256),
+        f"{LLM}.embed_tokens.weight": (151680, 2048),
+        f"{LLM}.layers.15.mlp.gate_proj.weight": (6144, 2048),
+        f"{LLM}.layers.15.self_attn.k_proj.weight": (1024, 2048),
+        "backbone.model.mlp1.1.weight": (2048, 4608),
+        "backbone.model.vision_model.vision_model.embeddings.patch_embedding.weight": (1152, 588),
+        "backbone.model.vision_model.vision_model.encoder.layers.26.mlp.fc1.weight": (4304, 1152),
+    }
+    for key, shape in documented.items():
+        assert shapes[key] == shape, key
+    assert f"{LLM}.layers.16.mlp.gate_proj.weight" not in shapes  # truncated to select_layer
