@@ -130,3 +130,24 @@ def test_server_speaks_openpi_with_groot_keys():
         np.testing.assert_allclose(answer["actions"], policy.infer(obs, seed=0)["actions"], rtol=1e-6, atol=1e-6)
         with pytest.raises(Exception, match=r"state.left_arm.*expected \[1, 3\]"):
             client.infer({**obs, "state.left_arm": np.zeros(4, np.float32)})
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+
+
+@requires_cuda
+@pytest.mark.parametrize("mode", ["cudagraph", "compile+cudagraph"])
+@pytest.mark.parametrize("backend", ["reference", "cuda"])
+def test_cuda_graph_call_equals_eager_on_the_gpu(mode, backend):
+    """The fixture on a GPU: the whole call captured as CUDA graphs (one per bucket, replayed) equals eager."""
+    eager = load("libero_panda", backend=backend, device="cuda")
+    graphed = load("libero_panda", backend=backend, device="cuda", capture=mode)
+    spec = eager.processor.spec
+    for rows in ([0], [1], [0, 1]):
+        obs = observations("libero_panda", spec, rows=rows)
+        noise = io()["libero_panda.noise"][rows]
+        expected = eager.infer_batch(obs, noise=noise)["actions"]
+        np.testing.assert_allclose(graphed.infer_batch(obs, noise=noise)["actions"], expected, rtol=1e-4, atol=1e-4)
+        reference = np.concatenate([io()[f"libero_panda.action.{a.key}"][rows].numpy() for a in spec.actions], -1)
+        np.testing.assert_allclose(expected, reference, rtol=1e-4, atol=1e-4)
+    assert graphed.capture_seconds > 0 and len(graphed.model_call.graphs) >= 1
