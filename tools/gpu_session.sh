@@ -8,6 +8,8 @@
 #   run: bash tools/gpu_session.sh bench pi05
 #   run: bash tools/gpu_session.sh profile pi0 cudagraph            # packed-SDPA attention
 #   run: bash tools/gpu_session.sh profile pi0 cudagraph triton     # the Triton attention kernel
+#   run: bash tools/gpu_session.sh groot                            # GR00T N1.6: GPU tests, full-size benchmark
+#   run: bash tools/gpu_session.sh groot --attention sdpa triton --captures eager cudagraph
 #
 # The GPU image has torch, triton, numpy, safetensors; nothing can be downloaded there.
 set -uo pipefail
@@ -44,8 +46,17 @@ profile)
         --cuda-attention "$attention" --out-dir "$OUT/profiles" 2>&1 | tee "$OUT/profile_${tag}.txt"
     tar czf "$OUT/profile_${tag}.tgz" -C "$OUT" profiles && rm -rf "$OUT/profiles"
     ;;
+groot)
+    # GR00T N1.6: its kernel tests (and, when the groot extra's wheels were carried, its policy tests with real CUDA
+    # graphs), then the full-size benchmark of tools/groot_gpu_bench.py (bf16, one view, 4 steps, batch 1)
+    shift 1 || true
+    "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_groot_kernels.py tests/test_groot_policy.py 2>&1 \
+        | tail -20 | tee "$OUT/groot_tests.txt"
+    "$PY" tools/groot_gpu_bench.py --out-dir "$OUT/results" "$@" 2>&1 | grep -v "^INFO" | tee "$OUT/bench_groot.txt"
+    tar czf "$OUT/results_groot.tgz" -C "$OUT" results && rm -rf "$OUT/results"
+    ;;
 *)
-    echo "usage: $0 tests | bench MODEL [gpu_bench args] | profile MODEL CAPTURE [sdpa|triton]" >&2
+    echo "usage: $0 tests | bench MODEL [gpu_bench args] | profile MODEL CAPTURE [sdpa|triton] | groot [groot_gpu_bench args]" >&2
     exit 2
     ;;
 esac
