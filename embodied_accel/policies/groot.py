@@ -395,14 +395,17 @@ def load_groot_policy(
     capture: str = "eager",
     progress: bool = True,
     cuda_attention: str = "sdpa",
+    rtc: Any = None,
 ) -> GrootPolicy:
     """Build a GR00T N1.6 policy from a preset name (seeded random weights) or a checkpoint directory.
 
     ``embodiment`` is the tag whose cameras, statistics and projector slot are used (required when the checkpoint
     has several; ``info`` lists them). ``tokenizer``: the Eagle tokenizer directory of an Isaac-GR00T checkout (or
     the checkout itself); without one, prompts are given as token ids. ``preset`` names the backbone of a small
-    custom checkpoint (e.g. ``groot-tiny``).
+    custom checkpoint (e.g. ``groot-tiny``). ``rtc``: real-time chunking is not available for GR00T yet (an error).
     """
+    if rtc is not None:
+        raise ValueError("rtc: real-time chunking is available for pi0 / pi0.5, not yet for GR00T")
     compute_dtype = _resolve_dtype(dtype)
     check_capture(capture)
     prepare_capture(capture)
