@@ -37,6 +37,11 @@ OP_NAMES: tuple[str, ...] = (
     "rope_store_kv",
     "prepare_attention_mask",
     "attention",
+    # first used by GR00T
+    "swiglu",
+    "qk_norm_rope",
+    "ada_layer_norm",
+    "linear_into",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.

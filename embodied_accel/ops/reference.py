@@ -218,3 +218,50 @@ def attention(
     """
     additive = None if mask is None else mask.additive
     return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+# ---- ops first used by GR00T
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """Gated MLP activation on the merged ``[gate | up]`` projection: ``silu(gate) * up`` (Qwen3's MLP)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
+
+
+def qk_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, tables) -> torch.Tensor:
+    """Qwen3's per-head RMSNorm of the query and key heads, then RoPE, on a merged ``qkv: [B, H + 2*Hkv, S, D]``.
+
+    ``norm_weight: [H + Hkv, D]`` holds ``q_norm``'s weight on the query rows and ``k_norm``'s on the key rows
+    (stacked at load); the V heads pass through. ``tables`` come from :func:`prepare_rope` with
+    ``rotated_heads = H + Hkv``. Statistics in fp32, output in ``qkv.dtype``.
+    """
+    heads = norm_weight.shape[0]
+    qk = qkv[:, :heads]
+    zero = _constant(0.0, torch.float32, qkv.device)
+    normed = torch.addcmul(zero, qk / _rms_denominator(qk, eps), norm_weight[:, None, :], value=math.sqrt(qk.shape[-1]))
+    return rope(torch.cat([_as_dtype(normed, qkv.dtype), qkv[:, heads:]], dim=1), tables)
+
+
+def ada_layer_norm(
+    x: torch.Tensor, scale_plus_one: torch.Tensor | None, shift: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """LayerNorm without affine parameters over the last dim, then ``* (1 + scale) + shift`` (DiT's AdaLN).
+
+    ``scale_plus_one`` / ``shift`` broadcast against ``x`` (one vector per denoising step); both ``None`` gives the
+    plain parameter-free LayerNorm.
+    """
+    if scale_plus_one is None:
+        return F.layer_norm(x, (x.shape[-1],), eps=eps)
+    if scale_plus_one.dim() == 1:  # one modulation for every row: LayerNorm's own affine parameters
+        return F.layer_norm(x, (x.shape[-1],), _as_dtype(scale_plus_one, x.dtype), _as_dtype(shift, x.dtype), eps)
+    return _as_dtype(torch.addcmul(shift, F.layer_norm(x, (x.shape[-1],), eps=eps), scale_plus_one), x.dtype)
+
+
+def linear_into(
+    x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+) -> torch.Tensor:
+    """:func:`linear` written into a preallocated ``out`` (a buffer the runtime owns); returns ``out``."""
+    if bias is None:
+        return torch.mm(x, weight_t, out=out)
+    return torch.addmm(bias, x, weight_t, out=out)

@@ -1,0 +1,197 @@
+"""A diffusion transformer conditioned by AdaLN on the timestep, with self- and cross-attention blocks
+(GR00T N1.6's AlternateVLDiT).
+
+Block ``i`` has one attention: self-attention over the action-head tokens when ``i`` is odd, otherwise
+cross-attention to the vision-language tokens: to the non-image tokens when ``i % (2 * every) == 0`` and to the
+image tokens otherwise (``every`` = ``attend_text_every_n_blocks``). Each block:
+``x += attn(AdaLN(x, t))``; ``x += FF(LN(x))`` (GELU-tanh MLP, 4x wide). The output: ``AdaLN'(x, t)`` (its own
+shift/scale, eps 1e-6) → Linear.
+
+Everything that depends only on the timestep (the timestep embedding, every block's AdaLN scale and shift, the
+output modulation) is computed once per step schedule by :meth:`AlternateVLDiT.modulation`; the keys and values
+of every cross-attention block depend only on the vision-language tokens, so :meth:`AlternateVLDiT.cross_kv`
+computes them for all blocks in one GEMM, once per call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import OpSet
+
+BlockKind = Literal["self", "text", "image"]
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    depth: int = 32
+    num_heads: int = 32
+    head_dim: int = 48
+    cross_dim: int = 2048  # width of the vision-language tokens
+    output_dim: int = 1024
+    attend_text_every_n_blocks: int = 2
+    eps: float = 1e-5
+    output_eps: float = 1e-6
+    timestep_channels: int = 256
+    mlp_ratio: int = 4
+
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def block_kind(self, index: int) -> BlockKind:
+        if index % 2 == 1:
+            return "self"
+        return "text" if index % (2 * self.attend_text_every_n_blocks) == 0 else "image"
+
+    @property
+    def cross_blocks(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.depth) if self.block_kind(i) != "self")
+
+
+def timestep_features(timesteps: torch.Tensor, channels: int) -> torch.Tensor:
+    """Sinusoidal features of integer timesteps ``[N]`` → ``[N, channels]``, ``[cos | sin]`` (fp32).
+
+    Frequencies ``exp(-ln(10000) * k / (channels/2 - 1))``, k = 0 .. channels/2 - 1 (diffusers' ``Timesteps`` with
+    ``flip_sin_to_cos=True, downscale_freq_shift=1``).
+    """
+    half = channels // 2
+    exponent = -math.log(10000) * torch.arange(0, half, dtype=torch.float32) / (half - 1)
+    angles = timesteps[:, None].float() * torch.exp(exponent)[None, :]
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
+
+
+#: One AdaLN's modulation for one step: ``(1 + scale, shift)``, each ``[inner]``.
+Modulation = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DiTModulation:
+    """Everything a DiT pass needs from the timestep, for a schedule of steps: separate contiguous vectors, so
+    that a step reads them without indexing (no op per block and step)."""
+
+    blocks: tuple[tuple[Modulation, ...], ...]  # [step][block]
+    output: tuple[Modulation, ...]  # [step]
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig, ops: OpSet, kind: BlockKind):
+        super().__init__()
+        self.cfg, self.ops, self.kind = cfg, ops, kind
+        inner, hidden = cfg.inner, cfg.mlp_ratio * cfg.inner
+        self.ada_weight = nn.Parameter(torch.empty(inner, 2 * inner))  # silu(temb) -> [scale | shift]
+        self.ada_bias = nn.Parameter(torch.empty(2 * inner))
+        if kind == "self":
+            self.qkv_weight = nn.Parameter(torch.empty(inner, 3 * inner))
+            self.qkv_bias = nn.Parameter(torch.empty(3 * inner))
+        else:  # K/V come from AlternateVLDiT.cross_kv (all cross blocks in one GEMM)
+            self.q_weight = nn.Parameter(torch.empty(inner, inner))
+            self.q_bias = nn.Parameter(torch.empty(inner))
+        self.out_weight = nn.Parameter(torch.empty(inner, inner))
+        self.out_bias = nn.Parameter(torch.empty(inner))
+        self.ff_in_weight = nn.Parameter(torch.empty(inner, hidden))
+        self.ff_in_bias = nn.Parameter(torch.empty(hidden))
+        self.ff_out_weight = nn.Parameter(torch.empty(hidden, inner))
+        self.ff_out_bias = nn.Parameter(torch.empty(inner))
+
+    def forward(self, hidden, batch: int, seq: int, modulation: Modulation, cross=None) -> torch.Tensor:
+        """``hidden: [B*S, inner]``; ``modulation``: this step's ``(1 + scale, shift)``; ``cross``: ``(k, v, mask)``
+        with ``k, v: [B, H, L, Dh]`` for a cross-attention block."""
+        ops, cfg = self.ops, self.cfg
+        heads, dh = cfg.num_heads, cfg.head_dim
+        x = ops.ada_layer_norm(hidden, modulation[0], modulation[1], cfg.eps)
+        if self.kind == "self":
+            qkv = ops.linear(x, self.qkv_weight, self.qkv_bias).view(batch, seq, 3, heads, dh)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, S, Dh]
+            mask = None
+        else:
+            q = ops.linear(x, self.q_weight, self.q_bias).view(batch, seq, heads, dh).transpose(1, 2)
+            k, v, mask = cross
+        attn = ops.attention(q, k, v, mask, dh**-0.5).transpose(1, 2).reshape(batch * seq, cfg.inner)
+        hidden = ops.linear(attn, self.out_weight, self.out_bias, residual=hidden)
+        x = ops.gelu_tanh(
+            ops.linear(ops.ada_layer_norm(hidden, None, None, cfg.eps), self.ff_in_weight, self.ff_in_bias)
+        )
+        return ops.linear(x, self.ff_out_weight, self.ff_out_bias, residual=hidden)
+
+
+class AlternateVLDiT(nn.Module):
+    def __init__(self, cfg: DiTConfig, ops: OpSet):
+        super().__init__()
+        self.cfg, self.ops = cfg, ops
+        inner = cfg.inner
+        self.timestep_in_weight = nn.Parameter(torch.empty(cfg.timestep_channels, inner))
+        self.timestep_in_bias = nn.Parameter(torch.empty(inner))
+        self.timestep_out_weight = nn.Parameter(torch.empty(inner, inner))
+        self.timestep_out_bias = nn.Parameter(torch.empty(inner))
+        self.blocks = nn.ModuleList(DiTBlock(cfg, ops, cfg.block_kind(i)) for i in range(cfg.depth))
+        cross = len(cfg.cross_blocks)
+        # K and V of every cross-attention block: [k_0 | v_0 | k_1 | v_1 | ...], each [cross_dim, inner]
+        self.cross_kv_weight = nn.Parameter(torch.empty(cfg.cross_dim, cross * 2 * inner))
+        self.cross_kv_bias = nn.Parameter(torch.empty(cross * 2 * inner))
+        self.output_ada_weight = nn.Parameter(torch.empty(inner, 2 * inner))  # silu(temb) -> [shift | scale]
+        self.output_ada_bias = nn.Parameter(torch.empty(2 * inner))
+        self.output_weight = nn.Parameter(torch.empty(inner, cfg.output_dim))
+        self.output_bias = nn.Parameter(torch.empty(cfg.output_dim))
+
+    @torch.no_grad()
+    def modulation(self, timesteps: list[int]) -> DiTModulation:
+        """AdaLN modulation of every block and of the output for each timestep of a schedule."""
+        ops = self.ops
+        dtype = self.timestep_in_weight.dtype
+        features = timestep_features(torch.tensor(timesteps), self.cfg.timestep_channels).to(
+            device=self.timestep_in_weight.device, dtype=dtype
+        )
+        temb = ops.linear(F.silu(ops.linear(features, self.timestep_in_weight, self.timestep_in_bias)),
+                          self.timestep_out_weight, self.timestep_out_bias)  # fmt: skip
+        cond = F.silu(temb)  # [steps, inner]
+        steps = range(len(timesteps))
+        per_block = []
+        for block in self.blocks:
+            scale, shift = ops.linear(cond, block.ada_weight, block.ada_bias).chunk(2, dim=-1)  # [steps, inner] each
+            per_block.append([((1 + scale[s]).contiguous(), shift[s].contiguous()) for s in steps])
+        shift, scale = ops.linear(cond, self.output_ada_weight, self.output_ada_bias).chunk(2, dim=-1)
+        return DiTModulation(
+            blocks=tuple(tuple(rows[s] for rows in per_block) for s in steps),
+            output=tuple(((1 + scale[s]).contiguous(), shift[s].contiguous()) for s in steps),
+        )
+
+    def cross_kv(self, vl: torch.Tensor, out: torch.Tensor, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """K/V of every cross-attention block from the vision-language tokens ``vl: [B*L, cross_dim]``, written into
+        ``out: [B*L, cross_blocks * 2 * inner]`` (one GEMM per call); returns per cross block the views
+        ``(k, v)``, each ``[B, H, L, Dh]``."""
+        cfg = self.cfg
+        self.ops.linear_into(vl, self.cross_kv_weight, self.cross_kv_bias, out)
+        # [B, L, cross, 2, H, Dh] -> [cross, 2, B, H, L, Dh]
+        kv = out.view(batch, -1, len(cfg.cross_blocks), 2, cfg.num_heads, cfg.head_dim).permute(2, 3, 0, 4, 1, 5)
+        return [(k, v) for k, v in kv.unbind(0)]
+
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [B, S, inner]
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],  # from cross_kv()
+        text_mask,  # prepared attention masks over the L vision-language tokens
+        image_mask,
+        modulation: tuple[Modulation, ...],  # this step's row of DiTModulation.blocks
+        output_modulation: Modulation,
+    ) -> torch.Tensor:
+        """One pass: ``[B, S, inner]`` → ``[B*S, output_dim]``."""
+        cfg, ops = self.cfg, self.ops
+        batch, seq, inner = hidden.shape
+        x = hidden.reshape(batch * seq, inner)
+        cross_index = 0
+        for i, block in enumerate(self.blocks):
+            cross = None
+            if block.kind != "self":
+                k, v = cross_kv[cross_index]
+                cross = (k, v, text_mask if block.kind == "text" else image_mask)
+                cross_index += 1
+            x = block(x, batch, seq, modulation[i], cross)
+        x = ops.ada_layer_norm(x, output_modulation[0], output_modulation[1], cfg.output_eps)
+        return ops.linear(x, self.output_weight, self.output_bias)
