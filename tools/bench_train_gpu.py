@@ -7,7 +7,8 @@
 What one step is: the trainer's own step (:mod:`embodied_accel.train.trainer`) on synthetic LIBERO-shaped batches
 already on the device (two 256x256 uint8 cameras resized on the device, an 8-dim state, a 64-token prompt, 50x7 action
 chunks): device pre-processing, noise and flow times, the training forward under bf16 autocast over fp32 master
-weights (vision tower and VLM trainable: 3.6 B parameters for pi0.5, as the source recipe trains), the flow-matching
+weights (vision tower and VLM trainable: 3.25 B parameters for pi0.5; LeRobot's count of 3.62 B adds the expert's
+unused lm_head), the flow-matching
 loss, backward, clipping, AdamW (fused on CUDA), the schedule. Allocator: expandable segments, set before CUDA starts.
 For each batch size (ascending) it runs ``--warmup`` steps, then times ``--steps`` steps (device synchronized), and
 records samples/s, step time, peak allocated and reserved memory; a batch that runs out of memory ends the sweep.
