@@ -106,3 +106,29 @@ def test_protocol_round_trips_arrays_and_values():
     assert back["nested"][0].shape == (2, 3) and back["nested"][0].dtype == np.uint8 and back["nested"][1] == 3
     with pytest.raises(EOFError):
         protocol.receive(stream)
+
+
+def test_a_running_server_drives_the_harness():
+    pytest.importorskip("websockets", reason="the [serve] extra is not installed")
+    pytest.importorskip("msgpack", reason="the [serve] extra is not installed")
+    from embodied_accel import load_policy
+    from embodied_accel.eval.rollout import RemotePolicy
+    from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
+
+    policy = load_policy("pi0-tiny", backend="reference", progress=False)
+    keys = policy.io.image_keys
+
+    def observation_for(raw, episode):
+        return {keys[0]: raw["frame"], "observation.state": raw["state"], "task": "go to the goal"}
+
+    config = ServeConfig(host="127.0.0.1", port=0, num_steps=2)
+    with ServerThread(PolicyServer(policy, config)) as running:
+        remote = RemotePolicy(running.url, slots=2)
+        try:
+            results = run_episodes(
+                [PointSimulator([]) for _ in range(2)], [Episode(i, 5, 0, i) for i in range(3)], remote,
+                observation_for, max_steps=3, replan_every=2, progress=False,
+            )  # fmt: skip
+        finally:
+            remote.close()
+    assert [r.steps for r in results] == [3, 3, 3] and all(r.policy_calls == 2 for r in results)

@@ -142,3 +142,40 @@ def test_it_learns_the_dataset(tmp_path):
             squared.append(((chunk[:valid] - actions[index : index + valid]) ** 2).mean())
         errors[name] = float(np.mean(squared))
     assert errors["trained"] < 0.2 * errors["initial"], errors
+
+
+def test_command_line_and_config_file(dataset, tmp_path, capsys):
+    from embodied_accel.cli import main
+
+    root, _ = dataset
+    config = tmp_path / "run.toml"
+    config.write_text(f'dataset = "{root}"\ncheckpoint = "pi0-tiny"\nsteps = 2\nbatch_size = 2\nworkers = 0\n'
+                      'dtype = "float32"\nwarmup_steps = 1\nlog_every = 1\n')  # fmt: skip
+    out = tmp_path / "cli_run"
+    code = main(["train", "--config", str(config), "--out", str(out), "--lr", "1e-4", "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "trained 2 steps x 2 samples" in printed and "checkpoint:" in printed
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    for key in ("loss", "grad_norm", "lr", "samples_per_s", "data_wait_fraction", "peak_mem_mb"):
+        assert np.isfinite(records[-1][key]), key
+    assert (out / "loss_curve.png").stat().st_size > 1000
+    assert json.loads((out / "checkpoints/last/pretrained_model/train_config.json").read_text())["lr"] == 1e-4
+
+    config.write_text(config.read_text() + "learning_rate = 3\n")
+    assert main(["train", "--config", str(config), "--out", str(out)]) == 2
+    assert "unknown setting(s) learning_rate" in capsys.readouterr().err
+    assert main(["train", "--config", str(config).replace(".toml", ".missing.toml"), "--out", str(out)]) == 2
+    assert main(["train", "--dataset", str(tmp_path / "nowhere"), "--checkpoint", "pi0-tiny", "--out", str(out)]) == 2
+    assert "nowhere: not a directory" in capsys.readouterr().err
+
+
+def test_allocator_setting_comes_before_the_device_and_respects_the_user():
+    from embodied_accel.train.distributed import configure_allocator
+
+    environ: dict[str, str] = {}
+    assert configure_allocator("cuda", environ) and environ == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    environ = {"PYTORCH_NPU_ALLOC_CONF": "max_split_size_mb:128"}
+    assert not configure_allocator("npu", environ) and environ["PYTORCH_NPU_ALLOC_CONF"] == "max_split_size_mb:128"
+    assert not configure_allocator("cpu", environ)
