@@ -108,3 +108,27 @@ def test_global_batches_split_across_ranks_and_resume():
     assert list(resumed) == list(single)[4:]
     epoch0 = [i for batch in list(single)[:2] for i in batch] + list(single)[2][:2]
     assert sorted(epoch0) == list(range(10))  # every sample once per epoch
+
+
+def test_worker_processes_give_the_same_batches(tmp_path):
+    import torch
+
+    from embodied_accel.data.samples import make_loader
+
+    root, _ = make_dataset(tmp_path / "ds", codec="av1")
+    ds = LeRobotDataset(root)
+    ds.camera_frame(CAMERAS[0], 4)  # the parent has an open decoder before the workers fork
+    samples = ActionChunkSamples(ds, FeatureMap.resolve(ds), horizon=4)
+
+    def batches(workers):
+        sampler = GlobalBatchSampler(len(samples), 3, seed=5, num_steps=4)
+        return list(make_loader(samples, _wrist_frames_and_indices, sampler, workers=workers))
+
+    for (frames_a, index_a), (frames_b, index_b) in zip(batches(0), batches(2), strict=True):
+        assert index_a == index_b and torch.equal(frames_a, frames_b)
+
+
+def _wrist_frames_and_indices(rows):
+    import torch
+
+    return torch.stack([torch.from_numpy(r["frames"][CAMERAS[1]]) for r in rows]), [r["index"] for r in rows]

@@ -71,3 +71,25 @@ def test_padding_mask_leaves_out_steps_past_the_episode():
     assert masked.valid_elements.item() == (pad.numel() - 7) * ref["actions"].shape[-1]
     assert abs(masked.loss.item() - ref["loss"].item()) > 1e-4  # the padded steps changed the mean
     assert velocity_grads
+
+
+def test_bf16_autocast_step_stays_close_to_fp32():
+    """The bf16 path (autocast over fp32 weights): K/V, rotary tables and masks follow autocast's dtype; the loss is
+    within bf16 rounding of fp32's and every gradient is finite."""
+    directory = FIXTURES / "pi05_tiny"
+    policy = load_policy(str(directory), backend="reference", device="cpu", progress=False)
+    model = policy.model.train().requires_grad_(True)
+    io, ref = load_file(directory / "io.safetensors"), load_file(directory / "train.safetensors")
+    actions = F.pad(ref["actions"], (0, model.config.max_action_dim - ref["actions"].shape[-1]))
+    x_t, target = noisy_actions(actions, ref["noise"], ref["time"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        velocity = model.training_velocity(
+            io["images"], io["image_masks"], io["tokens"], io["token_masks"], None, x_t, ref["time"],
+            checkpoint_layers=True,
+        )  # fmt: skip
+    assert velocity.dtype == torch.float32
+    loss = flow_matching_loss(velocity, target, ref["actions"].shape[-1])
+    loss.loss.backward()
+    assert abs(loss.loss.item() - ref["loss"].item()) <= 0.02 * ref["loss"].item()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in model.parameters())

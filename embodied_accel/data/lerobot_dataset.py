@@ -369,6 +369,12 @@ class LeRobotDataset:
         image_module = require_module("PIL.Image", "decoding image features")
         return np.asarray(image_module.open(io.BytesIO(data)).convert("RGB"))
 
+    def reset_readers(self) -> None:
+        """Forget open video files and cached image columns (a DataLoader worker calls this once: a forked process
+        must not share its parent's decoder state)."""
+        self._videos = VideoFrameReader(max_open=self._videos.max_open, threads=self._videos.threads)
+        self._image_tables = {}
+
     @property
     def frames_decoded(self) -> int:
         """Video frames this process has decoded so far (seeks decode a few frames more than they return)."""

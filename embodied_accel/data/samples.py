@@ -165,16 +165,28 @@ def make_loader(
     prefetch: int = 2, pin_memory: bool = False,
 ) -> torch.utils.data.DataLoader:  # fmt: skip
     """A DataLoader over ``samples`` in ``sampler``'s order, decoding and collating (``collator``: a list of samples →
-    a batch) in ``workers`` processes."""
+    a batch, picklable) in ``workers`` processes.
+
+    Workers are spawned, not forked: a fork copies whatever threads the parent has (FFmpeg's decoder threads, a GPU
+    runtime's) without them, and a decoder whose lock one of them held then never returns. Each worker opens its own
+    decoders (:meth:`LeRobotDataset.reset_readers`) and uses one torch thread."""
     return torch.utils.data.DataLoader(
         samples,
         batch_sampler=sampler,
         collate_fn=collator,
         num_workers=workers,
+        worker_init_fn=_fresh_readers if workers > 0 else None,
+        multiprocessing_context="spawn" if workers > 0 else None,
         prefetch_factor=prefetch if workers > 0 else None,
         persistent_workers=False,
         pin_memory=pin_memory,
     )
+
+
+def _fresh_readers(worker_id: int) -> None:
+    """In each DataLoader worker: its own decoders (see :meth:`LeRobotDataset.reset_readers`), one thread each."""
+    torch.set_num_threads(1)
+    torch.utils.data.get_worker_info().dataset.dataset.reset_readers()
 
 
 __all__ = [
