@@ -1,5 +1,6 @@
 """Data parallelism is exact: DDP over 2 gloo processes equals one process on the combined batch, FSDP2 equals DDP
-(after a few AdamW steps, fp32, tiny config, padded action chunks so the global loss normalization matters)."""
+(after a few AdamW steps, fp32, tiny config, padded action chunks so the global loss normalization matters), and an
+FSDP2 run stopped and resumed continues bit for bit."""
 
 from __future__ import annotations
 
@@ -40,11 +41,11 @@ def _rank_main(rank: int, world_size: int, runs: list[tuple[int, TrainSettings]]
         train(settings)
 
 
-def _settings(root, out, batch_size, parallel) -> TrainSettings:
+def _settings(root, out, batch_size, parallel, **more) -> TrainSettings:
     return TrainSettings(
         dataset=str(root), checkpoint="pi05-tiny", out=str(out), steps=STEPS, batch_size=batch_size, lr=1e-4,
-        warmup_steps=1, decay_steps=STEPS, dtype="float32", workers=0, save_every=STEPS, log_every=1,
-        parallel=parallel, progress=False, device="cpu",
+        warmup_steps=1, decay_steps=STEPS, dtype="float32", workers=0, save_every=1, log_every=1,
+        parallel=parallel, progress=False, device="cpu", **more,
     )  # fmt: skip
 
 
@@ -63,8 +64,10 @@ def runs(tmp_path_factory):
     root, _ = make_dataset(tmp / "ds", codec="h264")
     train(_settings(root, tmp / "single", 4, "none"))
     runs = [(_free_port(), _settings(root, tmp / mode, 2, mode)) for mode in ("ddp", "fsdp")]
+    runs.append((_free_port(), _settings(root, tmp / "fsdp_resumed", 2, "fsdp", stop_after=1)))
+    runs.append((_free_port(), _settings(root, tmp / "fsdp_resumed", 2, "fsdp", resume=True)))
     mp.spawn(_rank_main, args=(2, runs), nprocs=2, join=True)
-    return {name: _trained(tmp / name) for name in ("single", "ddp", "fsdp")}
+    return {name: _trained(tmp / name) for name in ("single", "ddp", "fsdp", "fsdp_resumed")}
 
 
 def test_ddp_equals_one_process_on_the_combined_batch(runs):
@@ -73,3 +76,10 @@ def test_ddp_equals_one_process_on_the_combined_batch(runs):
 
 def test_fsdp2_equals_ddp(runs):
     assert _max_difference(runs["fsdp"], runs["ddp"]) <= TOLERANCE
+
+
+def test_fsdp2_resume_is_bit_identical(runs):
+    """Stopped after step 1 (full state gathered to rank 0 and saved), resumed on 2 ranks (trainable tensors loaded
+    before sharding, the optimizer state sharded from the full one): the same tensors as the uninterrupted run."""
+    assert runs["fsdp_resumed"].keys() == runs["fsdp"].keys()
+    assert all(torch.equal(runs["fsdp_resumed"][k], runs["fsdp"][k]) for k in runs["fsdp"])
