@@ -37,6 +37,11 @@ OP_NAMES: tuple[str, ...] = (
     "rope_store_kv",
     "prepare_attention_mask",
     "attention",
+    # ---- ops first used by VGGT
+    "gelu",
+    "prepare_rope_2d",
+    "qk_norm_rope",
+    "attention_lse",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.
