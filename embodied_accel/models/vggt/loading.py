@@ -121,8 +121,10 @@ class VggtRunner:
         query_points: torch.Tensor | None = None,
         frames_chunk_size: int | None = 8,
         first_frame: int = 0,
+        on_stage=None,
     ) -> VggtOutputs:
-        """``images [B, S, 3, H, W]`` (or ``[S, 3, H, W]``) in [0, 1] → outputs; stage times in ``last_times``."""
+        """``images [B, S, 3, H, W]`` (or ``[S, 3, H, W]``) in [0, 1] → outputs; stage times in ``last_times``;
+        ``on_stage(name)`` is called when a stage (``aggregator``, ``heads``) has finished."""
         if images.dim() == 4:
             images = images[None]
         if query_points is not None and query_points.dim() == 2:
@@ -136,7 +138,11 @@ class VggtRunner:
         layers = self.model.aggregate(images, buffers, self.parallel)
         self.plat.synchronize()
         middle = time.perf_counter()
+        if on_stage is not None:
+            on_stage("aggregator")
         out = self.model.run_heads(layers, buffers, query_points, frames_chunk_size, self.parallel)
         self.plat.synchronize()
+        if on_stage is not None:
+            on_stage("heads")
         self.last_times = StageTimes(middle - start, time.perf_counter() - middle)
         return out
