@@ -106,7 +106,12 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         f"{model.config.name} on {device} ({args.backend}, {args.dtype}); loaded in {time.perf_counter() - t0:.2f} s")  # fmt: skip
     parallel, local, first = None, images, 0
     if world is not None:
-        parallel, local, first = world.shard_frames(images, args.sp, args.ulysses_degree, model.config.num_heads)
+        from ...parallel import shard_frames
+
+        cfg = model.config
+        tokens = cfg.patch_start + (images.shape[-2] // cfg.patch_size) * (images.shape[-1] // cfg.patch_size)
+        parallel, local = shard_frames(images.to(device), tokens, args.sp, model.ops, args.ulysses_degree, cfg.num_heads)
+        first = parallel.first_frame
     runner = VggtRunner(model, device, parallel)
     with tqdm(total=2, desc="reconstruct", unit="stage", disable=not progress or rank != 0) as bar:
 
@@ -117,7 +122,8 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         out = runner(local, frames_chunk_size=args.frames_chunk_size, first_frame=first, on_stage=stage_done)
     times = runner.last_times
     if world is not None:
-        out = world.gather_outputs(out)
+        for name in ("depth", "depth_conf", "world_points", "world_points_conf"):
+            setattr(out, name, parallel.gather_frames(getattr(out, name), dim=1))
         if rank != 0:
             return 0
     say(f"stages: aggregator {times.aggregator_s * 1e3:.1f} ms, heads {times.heads_s * 1e3:.1f} ms"
