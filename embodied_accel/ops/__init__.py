@@ -42,6 +42,8 @@ OP_NAMES: tuple[str, ...] = (
     "prepare_rope_2d",
     "qk_norm_rope",
     "attention_lse",
+    "quantize_rows_int8",
+    "int8_linear",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.

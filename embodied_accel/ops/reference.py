@@ -279,3 +279,35 @@ def attention_lse(
     lse = torch.logsumexp(scores, dim=-1)
     out = torch.matmul(torch.exp(scores - lse[..., None]), v.float())
     return out.to(q.dtype), lse
+
+
+def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic symmetric per-row (per-token) int8 quantization of ``x [M, K]``.
+
+    ``scale = max|x_row| / 127`` (fp32, at least 1e-12), ``q = round_half_even(x / scale)`` in [-127, 127].
+    Returns ``(q int8 [M, K], scale fp32 [M])``.
+    """
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1) / 127.0).clamp_min(1e-12)
+    q = torch.round(xf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def int8_linear(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight_q_t: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``(x_q @ weight_q_t) * x_scale[:, None] * weight_scale[None, :] + bias`` with exact int32 accumulation.
+
+    ``x_q: [M, K]`` int8 with per-row scales ``[M]``; ``weight_q_t: [K, N]`` int8 with per-output-channel scales
+    ``[N]``; the epilogue in fp32 (this order), the result in ``out_dtype``.
+    """
+    acc = torch._int_mm(x_q, weight_q_t)
+    out = acc.float() * x_scale[:, None] * weight_scale[None, :]
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
