@@ -176,15 +176,21 @@ class Tracker(nn.Module):
         for _ in range(cfg.iterations):
             levels = []
             for i, fmap in enumerate(pyramid):
+                # Bilinear sampling is linear, so sampling each track's correlation map in its window equals the
+                # dot product of the track's feature with the feature map sampled in that window (zero outside):
+                # C values per window point instead of a whole H x W correlation map per track.
                 h, w = fmap.shape[-2:]
-                corr = torch.matmul(track_feats, fmap.view(batch, frames, latent, h * w)) / math.sqrt(latent)
-                centre = coords.reshape(batch * frames * points, 1, 1, 2) / (2**i)
-                sampled = grid_sample_pixels(corr.reshape(-1, 1, h, w), centre + window, "zeros")
-                levels.append(sampled.view(batch, frames, points, -1))
+                centre = coords.reshape(batch * frames, points, 1, 1, 2) / (2**i)
+                grid = (centre + window).reshape(batch * frames, -1, 1, 2)  # [B*S, N*(2r+1)^2, 1, 2]
+                sampled = grid_sample_pixels(fmap.reshape(batch * frames, latent, h, w), grid, "zeros")
+                sampled = sampled.view(batch, frames, latent, points, -1)  # [B, S, C, N, (2r+1)^2]
+                corr = torch.einsum("bsnc,bscnw->bsnw", track_feats, sampled) / math.sqrt(latent)
+                levels.append(corr)
             corrs = torch.cat(levels, dim=-1).permute(0, 2, 1, 3).reshape(batch * points, frames, -1)
             corrs = self.corr_fc2(ops.gelu(self.corr_fc1(corrs)))
             flows = (coords - coords[:, :1]).permute(0, 2, 1, 3).reshape(batch * points, frames, 2)
-            flows_emb = torch.cat([flow_embedding(flows, latent // 2), flows / cfg.max_scale, flows / cfg.max_scale], -1)
+            scaled = flows / cfg.max_scale
+            flows_emb = torch.cat([flow_embedding(flows, latent // 2), scaled, scaled], dim=-1)
             feats = track_feats.permute(0, 2, 1, 3).reshape(batch * points, frames, latent)
             x = torch.cat([flows_emb, corrs, feats], dim=2) + pos
             x = x + ref.to(x.dtype)

@@ -104,6 +104,8 @@ def _transform(name: str, tensors: list[torch.Tensor], shape: tuple[int, ...]) -
     if len(tensors) == 2:  # Q/K norms → [2, 1, head_dim]
         return torch.stack(tensors).view(shape)
     tensor = tensors[0]
+    if len(shape) == 4:  # convolution kernels: channels-last, as the heads' activations are (see nn/dpt.py)
+        return tensor.reshape(shape).contiguous(memory_format=torch.channels_last)
     if name.endswith(".weight_t"):
         # A transposed *view* of the checkpoint's [out, in] matrix (the GEMM layout nn.Linear uses).
         return tensor.reshape(shape[1], shape[0]).t()
@@ -269,6 +271,9 @@ def init_random_weights(model, seed: int, device) -> None:
         for suffix in ("weight_t", "bias"):
             state[f"track_head.tracker.updateformer.flow_head.{suffix}"] *= 0.05
     state = {k: v.to(device=device, dtype=model.compute_dtype) for k, v in state.items()}
+    for name, value in state.items():
+        if value.dim() == 4:
+            state[name] = value.contiguous(memory_format=torch.channels_last)
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     model.ops.prepare_weights(model)
