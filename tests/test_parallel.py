@@ -74,6 +74,13 @@ def _worker(rank, world, init_file, result_file):
     try:
         ops = get_ops("reference")
         errors = {**_attention_errors(world, rank, ops), **_vggt_errors(world, rank, ops)}
+        try:  # an Ulysses degree that does not divide the heads is refused before any collective runs
+            from embodied_accel.parallel import build_groups
+
+            build_groups("ulysses", num_heads=5)
+            errors["refuses_indivisible_heads"] = 1.0
+        except ValueError as exc:
+            errors["refuses_indivisible_heads"] = 0.0 if "does not divide the 5 attention heads" in str(exc) else 1.0
         with open(f"{result_file}.{rank}", "w") as f:
             json.dump(errors, f)
     finally:

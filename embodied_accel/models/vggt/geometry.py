@@ -65,10 +65,13 @@ def relative_pose_errors(
 
     ra, ta = relative(ext_a)
     rb, tb = relative(ext_b)
-    cos_r = ((ra.transpose(-1, -2) @ rb).diagonal(dim1=-2, dim2=-1).sum(-1) - 1) / 2
-    rot_err = torch.rad2deg(torch.arccos(cos_r.clamp(-1, 1)))
-    cos_t = (ta * tb).sum(-1) / (ta.norm(dim=-1) * tb.norm(dim=-1)).clamp_min(1e-12)
-    trans_err = torch.rad2deg(torch.arccos(cos_t.clamp(-1, 1)))
+    # atan2 forms: well conditioned near 0 (arccos of a cosine near 1 is not).
+    delta = ra.transpose(-1, -2) @ rb
+    cos_r = (delta.diagonal(dim1=-2, dim2=-1).sum(-1) - 1) / 2
+    skew = delta - delta.transpose(-1, -2)
+    sin_r = torch.stack([skew[..., 2, 1], skew[..., 0, 2], skew[..., 1, 0]], -1).norm(dim=-1) / 2
+    rot_err = torch.rad2deg(torch.atan2(sin_r, cos_r))
+    trans_err = torch.rad2deg(torch.atan2(torch.linalg.cross(ta, tb).norm(dim=-1), (ta * tb).sum(-1)))
     return rot_err.float(), trans_err.float()
 
 
