@@ -11,9 +11,12 @@ import torch
 from safetensors.torch import load_file
 
 from embodied_accel import load_policy
+from embodied_accel.errors import ObservationError
 from embodied_accel.models.pi0.config import get_preset
 from embodied_accel.models.pi0.device_processing import DeviceProcessing
-from embodied_accel.models.pi0.processor import IOSpec, ObservationError, Pi0Processor, normalize, unnormalize
+from embodied_accel.models.pi0.io_spec import IOSpec
+from embodied_accel.models.pi0.normalization import normalize, unnormalize
+from embodied_accel.models.pi0.processor import Pi0Processor
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CAMS = ("observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb", "observation.images.right_wrist_0_rgb")

@@ -10,18 +10,13 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
+from embodied_accel.errors import ObservationError
 from embodied_accel.models.pi0.config import get_preset
-from embodied_accel.models.pi0.processor import (
-    IOSpec,
-    ModelInputs,
-    ObservationError,
-    Pi0Processor,
-    Tokenizer,
-    load_io_spec,
-    normalize,
-    pi05_prompt,
-    resize_with_pad,
-)
+from embodied_accel.models.pi0.images import resize_with_pad
+from embodied_accel.models.pi0.io_spec import IOSpec, load_io_spec
+from embodied_accel.models.pi0.normalization import normalize
+from embodied_accel.models.pi0.processor import ModelInputs, Pi0Processor
+from embodied_accel.models.pi0.tokenizer import Tokenizer, pi05_prompt
 
 torch.set_num_threads(1)
 

@@ -20,11 +20,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import Pi0Config
-from .processor import IOSpec, _bounds, resize_with_pad, to_unit_float
+from .images import resize_with_pad, to_unit_float
+from .io_spec import IOSpec
+from .normalization import affine_bounds
 
 
 class AffineNormalizer(nn.Module):
-    """LeRobot's normalization of one feature as tensor ops (see :func:`.processor.normalize`).
+    """LeRobot's normalization of one feature as tensor ops (see :func:`.normalization.normalize`).
 
     The constants are computed once, in numpy, exactly as the host path computes them.
     """
@@ -38,7 +40,7 @@ class AffineNormalizer(nn.Module):
         elif mode == "MEAN_STD":
             low, scale = stats["mean"], stats["std"]
         else:
-            low, scale = _bounds(mode, stats, eps32)
+            low, scale = affine_bounds(mode, stats, eps32)
         self.register_buffer("low", torch.from_numpy(np.array(low, np.float32)), persistent=False)
         self.register_buffer("scale", torch.from_numpy(np.array(scale, np.float32)), persistent=False)
         std_eps = scale + eps32 if mode == "MEAN_STD" else scale

@@ -263,7 +263,9 @@ class Pi0Model(nn.Module):
         dt = -1.0 / num_steps
         x_t = noise.to(torch.float32)
         for step in range(num_steps):
-            velocity = self.denoise_step(x_t, schedule[step], context.rope_tables, context.attention_mask, context.slots)
+            velocity = self.denoise_step(
+                x_t, schedule[step], context.rope_tables, context.attention_mask, context.slots
+            )
             x_t = x_t.add(velocity, alpha=dt)
         return x_t
 
@@ -301,8 +303,9 @@ class Pi0Model(nn.Module):
             layer_conds, final_cond = None, None
         else:
             layer_conds, final_cond = step_constants
-        hidden = self.expert(hidden.to(self.compute_dtype), batch, horizon, rope_tables, attention_mask, slots, layer_conds)
+        hidden = self.expert(
+            hidden.to(self.compute_dtype), batch, horizon, rope_tables, attention_mask, slots, layer_conds
+        )
         hidden = self.expert.final_norm(hidden, final_cond).to(self.action_out_proj_weight.dtype)
         velocity = ops.linear(hidden, self.action_out_proj_weight, self.action_out_proj_bias)
         return velocity.view(batch, horizon, action_dim)
-

@@ -13,13 +13,16 @@ import numpy as np
 import torch
 
 from ... import platform as platform_mod
+from ...errors import ObservationError
 from ...ops import OpSet, get_ops
 from ...policies import PolicyFamily
 from ...runtime import capture_call, check_capture, prepare_capture
 from .config import PRESETS, Pi0Config, get_preset
 from .device_processing import DeviceProcessing
+from .io_spec import IOSpec, load_io_spec
 from .model import Pi0Model
-from .processor import IOSpec, ModelInputs, ObservationError, Pi0Processor, RawInputs, Tokenizer, load_io_spec
+from .processor import ModelInputs, Pi0Processor, RawInputs
+from .tokenizer import Tokenizer
 from .weights import config_from_checkpoint, init_random_weights, load_checkpoint_weights
 
 logger = logging.getLogger(__name__)
@@ -149,7 +152,9 @@ class Pi0Policy:
         if noise is None:
             noise = self.make_noise(raw.batch_size)
         self.model.ensure_buffers(raw.batch_size, len(raw.frames), raw.tokens.shape[1], num_steps, self.device)
-        return self._call("whole")(raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise, num_steps)
+        return self._call("whole")(
+            raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise, num_steps
+        )
 
     def _whole_call(self, frames, image_masks, tokens, token_masks, state, noise, num_steps):
         processing = self.device_processing

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ...errors import CheckpointError
 from .config import GEMMA_VARIANTS, Pi0Config, get_preset, with_overrides
 
 logger = logging.getLogger(__name__)
@@ -32,10 +33,6 @@ EXPERT = f"{PWE}.gemma_expert.model"
 IGNORED_KEYS = (f"{PWE}.paligemma.lm_head.weight", f"{PWE}.gemma_expert.lm_head.weight")
 #: Used for the token embedding when ``embed_tokens`` is absent (PaliGemma ties the two).
 TIED_EMBEDDING_KEY = f"{PWE}.paligemma.lm_head.weight"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the model: wrong family, missing/unexpected/mis-shaped tensors."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +82,21 @@ def weight_rules(config: Pi0Config) -> list[WeightRule]:
 
     # SigLIP (kept fp32 in bf16 mode, as LeRobot does)
     w, m = v.width, v.mlp_dim
-    add("vision.patch_embed_weight", [f"{VISION}.embeddings.patch_embedding.weight"], [(w, 3, v.patch_size, v.patch_size)], "copy", True)
+    add(
+        "vision.patch_embed_weight",
+        [f"{VISION}.embeddings.patch_embedding.weight"],
+        [(w, 3, v.patch_size, v.patch_size)],
+        "copy",
+        True,
+    )
     add("vision.patch_embed_bias", [f"{VISION}.embeddings.patch_embedding.bias"], [(w,)], "copy", True)
-    add("vision.position_embedding", [f"{VISION}.embeddings.position_embedding.weight"], [(v.num_patches, w)], "copy", True)
+    add(
+        "vision.position_embedding",
+        [f"{VISION}.embeddings.position_embedding.weight"],
+        [(v.num_patches, w)],
+        "copy",
+        True,
+    )
     for i in range(v.depth):
         src, dst = f"{VISION}.encoder.layers.{i}", f"vision.layers.{i}"
         qkv = [f"{src}.self_attn.{p}_proj" for p in "qkv"]
@@ -120,9 +129,17 @@ def weight_rules(config: Pi0Config) -> list[WeightRule]:
                 "cat_t",
             )
             add(f"{dst}.o_weight", [f"{src}.self_attn.o_proj.weight"], [(d, g.num_heads * hd)], "t")
-            add(f"{dst}.gate_up_weight", [f"{src}.mlp.{p}_proj.weight" for p in ("gate", "up")], [(g.mlp_dim, d)] * 2, "cat_t")
+            add(
+                f"{dst}.gate_up_weight",
+                [f"{src}.mlp.{p}_proj.weight" for p in ("gate", "up")],
+                [(g.mlp_dim, d)] * 2,
+                "cat_t",
+            )
             add(f"{dst}.down_weight", [f"{src}.mlp.down_proj.weight"], [(d, g.mlp_dim)], "t")
-            for ours, theirs in (("input_norm", "input_layernorm"), ("post_attention_norm", "post_attention_layernorm")):
+            for ours, theirs in (
+                ("input_norm", "input_layernorm"),
+                ("post_attention_norm", "post_attention_layernorm"),
+            ):
                 if adaptive:
                     add(f"{dst}.{ours}_dense_weight", [f"{src}.{theirs}.dense.weight"], [(3 * d, d)], "t", True)
                     add(f"{dst}.{ours}_dense_bias", [f"{src}.{theirs}.dense.bias"], [(3 * d,)], "copy", True)
@@ -264,7 +281,9 @@ def build_state_dict(
             table = tensors[0].to(target_dtype)
             out = table * torch.tensor(embed_scale, dtype=torch.float32).to(target_dtype)
         else:
-            out = TRANSFORMS[rule.transform]([t.to(torch.float32) if rule.transform == "gemma_norm" else t for t in tensors])
+            out = TRANSFORMS[rule.transform](
+                [t.to(torch.float32) if rule.transform == "gemma_norm" else t for t in tensors]
+            )
             out = out.to(target_dtype)
         state[rule.target] = out.to(device)
     return state
@@ -335,7 +354,7 @@ def load_checkpoint_weights(model, checkpoint_dir: str | Path, device, progress:
     config: Pi0Config = model.config
     rules = weight_rules(config)
     reader = SafetensorsReader(path)
-    strip = {k: (k[len("model.") :] if k.startswith("model.") else k) for k in reader.keys()}
+    strip = {k: (k.removeprefix("model.")) for k in reader.keys()}
     by_short = {short: raw for raw, short in strip.items()}
     state = build_state_dict(
         rules,
