@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..pi0.weights import CheckpointError, SafetensorsReader
+from ...errors import CheckpointError
+from ..pi0.weights import SafetensorsReader
 from .config import VggtConfig, get_preset
 
 logger = logging.getLogger(__name__)
