@@ -3,7 +3,6 @@ on odd shapes, and the fused epilogue reproduces the reference's fp32 math (bit 
 
 import pytest
 import torch
-
 from triton_setup import DEVICE, GPU, ON_GPU, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
 
 pytestmark = requires_triton
@@ -37,7 +36,9 @@ def test_fused_scales_match_the_reference(m, k, n, with_bias):
     w_q, w_scale = int8(k, n, generator=gen), (torch.rand(n, generator=gen) * 0.02 + 1e-3).to(DEVICE)
     bias = torch.randn(n, generator=gen).to(DEVICE) if with_bias else None
     ours = ops.int8_linear(x_q, x_scale, w_q, w_scale, bias, torch.float32)
-    ref = reference.int8_linear(x_q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), None if bias is None else bias.cpu(), torch.float32)
+    ref = reference.int8_linear(
+        x_q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), None if bias is None else bias.cpu(), torch.float32
+    )
     if ON_GPU:  # the compiler may contract the epilogue into FMAs
         torch.testing.assert_close(ours.cpu(), ref, rtol=2e-7, atol=0)
     else:

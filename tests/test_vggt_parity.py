@@ -25,7 +25,9 @@ def reference():
 
 @pytest.fixture(scope="module")
 def runner():
-    model, random_weights = load_vggt_model(FIXTURE, preset="vggt-tiny", backend="reference", device="cpu", progress=False)
+    model, random_weights = load_vggt_model(
+        FIXTURE, preset="vggt-tiny", backend="reference", device="cpu", progress=False
+    )
     assert not random_weights
     return VggtRunner(model, torch.device("cpu"))
 

@@ -86,7 +86,9 @@ class FusionBlock(nn.Module):
         return self.out_conv.conv(x)
 
 
-def uv_position_embedding(channels: int, height: int, width: int, aspect: float, omega_0: float = 100.0) -> torch.Tensor:
+def uv_position_embedding(
+    channels: int, height: int, width: int, aspect: float, omega_0: float = 100.0
+) -> torch.Tensor:
     """The DPT head's sinusoidal embedding of a normalized uv grid: ``[channels, height, width]`` fp32, ×0.1.
 
     The grid spans ±aspect/diag horizontally and ±1/diag vertically (diag = sqrt(aspect² + 1)), sampled at pixel
@@ -95,7 +97,9 @@ def uv_position_embedding(channels: int, height: int, width: int, aspect: float,
     diag = (aspect**2 + 1.0) ** 0.5
     span_x, span_y = aspect / diag, 1.0 / diag
     xs = torch.linspace(-span_x * (width - 1) / width, span_x * (width - 1) / width, steps=width, dtype=torch.float32)
-    ys = torch.linspace(-span_y * (height - 1) / height, span_y * (height - 1) / height, steps=height, dtype=torch.float32)
+    ys = torch.linspace(
+        -span_y * (height - 1) / height, span_y * (height - 1) / height, steps=height, dtype=torch.float32
+    )
     uu, vv = torch.meshgrid(xs, ys, indexing="xy")  # [height, width] each
 
     def sincos(pos: torch.Tensor, dim: int) -> torch.Tensor:
@@ -164,7 +168,9 @@ class DptHead(nn.Module):
         self.resize1 = Conv2d(c[1], c[1], 2, transposed=True)
         self.resize3 = Conv2d(c[3], c[3], 3)
         self.layer_rn = nn.ModuleList(Conv2d(oc, f, 3, bias=False) for oc in c)
-        self.refine = nn.ModuleList([FusionBlock(f), FusionBlock(f), FusionBlock(f), FusionBlock(f, has_residual=False)])
+        self.refine = nn.ModuleList(
+            [FusionBlock(f), FusionBlock(f), FusionBlock(f), FusionBlock(f, has_residual=False)]
+        )
         if cfg.feature_only:
             self.output_conv1 = Conv2d(f, f, 3)
         else:
@@ -187,7 +193,10 @@ class DptHead(nn.Module):
         """
         frames = layer_tokens[0].shape[0]
         chunk = frames if not frames_chunk_size or frames_chunk_size >= frames else frames_chunk_size
-        outs = [self._forward_frames([t[s : s + chunk] for t in layer_tokens], patch_hw, pos) for s in range(0, frames, chunk)]
+        outs = [
+            self._forward_frames([t[s : s + chunk] for t in layer_tokens], patch_hw, pos)
+            for s in range(0, frames, chunk)
+        ]
         if len(outs) == 1:
             return outs[0]
         if self.cfg.feature_only:

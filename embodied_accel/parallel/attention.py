@@ -171,7 +171,9 @@ class SequenceParallelAttention:
         # The keys this rank now holds: its Ulysses group's shards, in order (all of them with pure Ulysses).
         if g.ring_degree == 1:
             key_bias = None if bias is None else bias.reshape(-1)
-            out = self.ops.attention(q, k, v, None, scale) if key_bias is None else self._masked(q, k, v, key_bias, scale)
+            out = (
+                self.ops.attention(q, k, v, None, scale) if key_bias is None else self._masked(q, k, v, key_bias, scale)
+            )
         else:
             out = self._ring(q, k, v, bias, scale)
         if g.ulysses_degree > 1:
@@ -219,7 +221,10 @@ class SequenceParallelAttention:
             pending = None
             if step < r - 1:  # post the next transfer before computing on the current block
                 incoming = torch.empty_like(kv)
-                ops = [dist.P2POp(dist.isend, kv, send_to, g.ring_group), dist.P2POp(dist.irecv, incoming, recv_from, g.ring_group)]
+                ops = [
+                    dist.P2POp(dist.isend, kv, send_to, g.ring_group),
+                    dist.P2POp(dist.irecv, incoming, recv_from, g.ring_group),
+                ]
                 pending = dist.batch_isend_irecv(ops)
                 self.stats.count("ring", kv.numel() * kv.element_size())
             source = (me - step) % r  # whose keys this block holds

@@ -29,7 +29,12 @@ class FrameShards:
     """This process's view of a frame-sharded call: the attention over the whole scene and the frame gather."""
 
     def __init__(self, attend: SequenceParallelAttention, total_frames: int, local_frames: int, first_frame: int):
-        self.attend, self.total_frames, self.local_frames, self.first_frame = attend, total_frames, local_frames, first_frame
+        self.attend, self.total_frames, self.local_frames, self.first_frame = (
+            attend,
+            total_frames,
+            local_frames,
+            first_frame,
+        )
 
     @property
     def stats(self) -> CommStats:
@@ -82,7 +87,11 @@ class FrameParallelWorld:
 
     @classmethod
     def from_environment(cls) -> FrameParallelWorld:
-        missing = [name for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+        missing = [
+            name
+            for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+            if name not in os.environ
+        ]
         if missing:
             raise ValueError(
                 f"--sp needs a torchrun launch (missing {', '.join(missing)}): "

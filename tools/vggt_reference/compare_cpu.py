@@ -68,9 +68,9 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sys.path.insert(0, str(args.vggt_repo.resolve()))
+    import make_fixtures
     from safetensors.torch import load_file
 
-    import make_fixtures
     from embodied_accel.bench.harness import environment_stamp, write_result
     from embodied_accel.models.vggt.loading import VggtRunner, load_vggt_model
 
@@ -121,7 +121,9 @@ def main() -> int:
                     times[key].append(time.perf_counter() - start)
         ops = {k: count_ops(fn)[0] for k, fn in calls.items()}
         ref, got = results["upstream"], results["ours"]
-        diffs = {k: (getattr(got, k) - ref[k]).abs().max().item() for k in ("pose_enc", "depth", "world_points", "track")}
+        diffs = {
+            k: (getattr(got, k) - ref[k]).abs().max().item() for k in ("pose_enc", "depth", "world_points", "track")
+        }
         entry = {k: {**stats(times[k]), "aten_ops_per_call": ops[k]} for k in calls}
         entry["ours_over_upstream_mean"] = entry["ours"]["mean_ms"] / entry["upstream"]["mean_ms"]
         entry["ours_over_upstream_p50"] = entry["ours"]["p50_ms"] / entry["upstream"]["p50_ms"]
@@ -130,10 +132,10 @@ def main() -> int:
         entry["max_abs_diff"] = diffs
         entry["frames"], entry["image_hw"] = images.shape[0], list(images.shape[-2:])
         record["cases"][name] = entry
+        ratio = {k: entry[f"ours_over_upstream_{k}"] for k in ("mean", "p50", "min")}
         print(f"{name:16s} ours {entry['ours']['mean_ms']:7.2f} ms ({ops['ours']} ops)  upstream "
-              f"{entry['upstream']['mean_ms']:7.2f} ms ({ops['upstream']} ops)  ratio mean {entry['ours_over_upstream_mean']:.2f} p50 "
-              f"{entry['ours_over_upstream_p50']:.2f} min {entry['ours_over_upstream_min']:.2f}"
-              f"  max diff {max(diffs.values()):.2g}")  # fmt: skip
+              f"{entry['upstream']['mean_ms']:7.2f} ms ({ops['upstream']} ops)  ratio mean {ratio['mean']:.2f} "
+              f"p50 {ratio['p50']:.2f} min {ratio['min']:.2f}  max diff {max(diffs.values()):.2g}")  # fmt: skip
     # flat summary fields (one configuration: the longest case)
     main_case = record["cases"]["wide_8x42x70"]
     record.update({"views": 8, "steps": 1, "runs": args.runs, "mean_ms": main_case["ours"]["mean_ms"],

@@ -105,6 +105,8 @@ def _install_torchvision_stub() -> None:
 
 def build_upstream_tiny():
     """The reduced VGGT out of upstream's own classes (see the module docstring)."""
+    from functools import partial
+
     from vggt.heads.camera_head import CameraHead
     from vggt.heads.dpt_head import DPTHead
     from vggt.heads.track_head import TrackHead
@@ -114,7 +116,6 @@ def build_upstream_tiny():
     from vggt.layers.vision_transformer import DinoVisionTransformer
     from vggt.models.aggregator import Aggregator
     from vggt.models.vggt import VGGT
-    from functools import partial
 
     t = TINY
     model = VGGT(img_size=t["img_size"], patch_size=t["patch_size"], embed_dim=t["embed_dim"],
@@ -269,8 +270,12 @@ def main() -> int:
         "model_seed": MODEL_SEED,
         "data_seed": DATA_SEED,
         "preprocess": preprocess,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-                     "vggt_checkout": upstream_sha},  # fmt: skip
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "vggt_checkout": upstream_sha,
+        },  # fmt: skip
     }
     (args.out / "io.json").write_text(json.dumps(meta, indent=2) + "\n")
 

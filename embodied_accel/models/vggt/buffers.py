@@ -38,7 +38,7 @@ class VggtBuffers:
     prefix_tokens: torch.Tensor  # [1 + registers, width]: DINOv2's class token (+ its position) and registers
     rope: object  # ops.prepare_rope_2d tables for the tokens of one frame
     dpt_pos: DptPositionEmbeddings | None  # shared by the depth and point heads
-    track_pos: torch.Tensor | None  # [1, 3 * features + 4, H / 2 / stride?, ...] the tracker's sin/cos grid
+    track_pos: torch.Tensor | None  # [1, 3 * track features + 4, H / 2, W / 2]: the tracker's sin/cos grid
     track_corr_delta: torch.Tensor | None  # [1, 2r + 1, 2r + 1, 2] offsets of the correlation window (x, y)
 
     @property

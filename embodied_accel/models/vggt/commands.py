@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from .config import PRESETS
@@ -36,8 +35,12 @@ def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.Arg
     source = p.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, metavar="PATH",
                         help="VGGT weights: model.pt, a .safetensors file, or a directory holding one")  # fmt: skip
-    source.add_argument("--model", choices=tuple(PRESETS), metavar="PRESET",
-                        help=f"a preset with seeded random weights (default without --checkpoint: {DEFAULT_PRESET})")  # fmt: skip
+    source.add_argument(
+        "--model",
+        choices=tuple(PRESETS),
+        metavar="PRESET",
+        help=f"a preset with seeded random weights (default without --checkpoint: {DEFAULT_PRESET})",
+    )
     p.add_argument("--preset", choices=tuple(PRESETS), metavar="PRESET", help="with --checkpoint: its architecture")
     p.add_argument("--backend", choices=backend_names, default="auto", help="op backend (default: auto)")
     p.add_argument("--dtype", choices=dtype_names, default="float32", help="compute dtype (default: float32)")
@@ -62,13 +65,18 @@ def _outputs(path: Path) -> dict[str, Path]:
     if path.suffix.lower() != ".ply":
         raise ValueError(f"-o {path}: expected a .ply file name")
     stem = path.with_suffix("")
-    return {"ply": path, "glb": stem.with_suffix(".glb"), "cameras": Path(f"{stem}_cameras.json"), "depth": Path(f"{stem}_depth")}
+    return {
+        "ply": path,
+        "glb": stem.with_suffix(".glb"),
+        "cameras": Path(f"{stem}_cameras.json"),
+        "depth": Path(f"{stem}_depth"),
+    }
 
 
 def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
+    from . import export
     from .geometry import depth_to_world_points, pose_encoding_to_cameras
     from .loading import VggtRunner, load_vggt_model, normalize_device
-    from . import export
 
     outputs = _outputs(args.output)
     progress = not args.no_progress
@@ -102,15 +110,18 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
     target = args.image_size or model.config.image_size
     frames = load_frames(paths, args.mode, target, model.config.patch_size)
     images = frames.images
+    load_s = time.perf_counter() - t0
     say(f"{len(paths)} frames from {folder} -> {images.shape[-2]}x{images.shape[-1]} ({args.mode}); model "
-        f"{model.config.name} on {device} ({args.backend}, {args.dtype}); loaded in {time.perf_counter() - t0:.2f} s")  # fmt: skip
+        f"{model.config.name} on {device} ({args.backend}, {args.dtype}); loaded in {load_s:.2f} s")  # fmt: skip
     parallel, local, first = None, images, 0
     if world is not None:
         from ...parallel import shard_frames
 
         cfg = model.config
         tokens = cfg.patch_start + (images.shape[-2] // cfg.patch_size) * (images.shape[-1] // cfg.patch_size)
-        parallel, local = shard_frames(images.to(device), tokens, args.sp, model.ops, args.ulysses_degree, cfg.num_heads)
+        parallel, local = shard_frames(
+            images.to(device), tokens, args.sp, model.ops, args.ulysses_degree, cfg.num_heads
+        )
         first = parallel.first_frame
     runner = VggtRunner(model, device, parallel)
     with tqdm(total=2, desc="reconstruct", unit="stage", disable=not progress or rank != 0) as bar:
@@ -141,7 +152,9 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
     outputs["ply"].parent.mkdir(parents=True, exist_ok=True)
     export.write_cameras(outputs["cameras"], [p.name for p in paths], extrinsics.numpy(), intrinsics.numpy(), image_hw)
     export.write_depth_previews(outputs["depth"], depth.numpy(), depth_conf.numpy(), names)
-    kept, kept_colors = export.filter_points(points.numpy(), colors, conf.numpy(), args.conf_percentile, args.max_points)
+    kept, kept_colors = export.filter_points(
+        points.numpy(), colors, conf.numpy(), args.conf_percentile, args.max_points
+    )
     export.write_ply(outputs["ply"], kept, kept_colors)
     written = [outputs["ply"], outputs["cameras"], outputs["depth"]]
     if args.glb:

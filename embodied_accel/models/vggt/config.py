@@ -87,7 +87,9 @@ class VggtConfig:
 
     def patch_embed_block(self) -> VitBlockConfig:
         pe = self.patch_embed
-        return VitBlockConfig(self.width, pe.num_heads, pe.mlp_ratio, qk_norm=False, layerscale=True, norm_eps=pe.norm_eps)
+        return VitBlockConfig(
+            self.width, pe.num_heads, pe.mlp_ratio, qk_norm=False, layerscale=True, norm_eps=pe.norm_eps
+        )
 
     def camera_block(self) -> VitBlockConfig:
         c = self.camera

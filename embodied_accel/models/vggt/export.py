@@ -45,7 +45,9 @@ def write_depth_previews(directory: Path, depth: np.ndarray, confidence: np.ndar
 
 def write_ply(path: Path, points: np.ndarray, colors: np.ndarray) -> None:
     """Binary little-endian PLY: ``points [N, 3]`` float32, ``colors [N, 3]`` uint8."""
-    vertex = np.empty(len(points), dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1")])
+    vertex = np.empty(
+        len(points), dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1")]
+    )
     vertex["x"], vertex["y"], vertex["z"] = points[:, 0], points[:, 1], points[:, 2]
     vertex["r"], vertex["g"], vertex["b"] = colors[:, 0], colors[:, 1], colors[:, 2]
     header = (
@@ -63,8 +65,12 @@ def read_ply(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Read back a PLY written by :func:`write_ply` (points, colours)."""
     data = Path(path).read_bytes()
     end = data.index(b"end_header\n") + len(b"end_header\n")
-    count = int(next(line for line in data[:end].decode().splitlines() if line.startswith("element vertex")).split()[-1])
-    vertex = np.frombuffer(data[end:], dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1")], count=count)
+    count = int(
+        next(line for line in data[:end].decode().splitlines() if line.startswith("element vertex")).split()[-1]
+    )
+    vertex = np.frombuffer(
+        data[end:], dtype=[("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1")], count=count
+    )
     return np.stack([vertex["x"], vertex["y"], vertex["z"]], -1), np.stack([vertex["r"], vertex["g"], vertex["b"]], -1)
 
 
@@ -112,7 +118,9 @@ def write_cameras(path: Path, names: list[str], extrinsics: np.ndarray, intrinsi
     Path(path).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
-def filter_points(points: np.ndarray, colors: np.ndarray, confidence: np.ndarray, percentile: float, max_points: int | None):
+def filter_points(
+    points: np.ndarray, colors: np.ndarray, confidence: np.ndarray, percentile: float, max_points: int | None
+):
     """Keep points whose confidence is at or above the ``percentile``-th percentile (and finite), at most
     ``max_points`` of them (evenly strided)."""
     points, colors, confidence = points.reshape(-1, 3), colors.reshape(-1, 3), confidence.reshape(-1)

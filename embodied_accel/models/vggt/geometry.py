@@ -40,7 +40,9 @@ def pose_encoding_to_cameras(pose_enc: torch.Tensor, image_hw: tuple[int, int]) 
 def depth_to_world_points(depth: torch.Tensor, extrinsics: torch.Tensor, intrinsics: torch.Tensor) -> torch.Tensor:
     """Depth maps ``[S, H, W]`` + cameras ``[S, 3, 4]`` / ``[S, 3, 3]`` → world points ``[S, H, W, 3]``."""
     frames, height, width = depth.shape
-    v, u = torch.meshgrid(torch.arange(height, dtype=depth.dtype), torch.arange(width, dtype=depth.dtype), indexing="ij")
+    v, u = torch.meshgrid(
+        torch.arange(height, dtype=depth.dtype), torch.arange(width, dtype=depth.dtype), indexing="ij"
+    )
     fx, fy = intrinsics[:, 0, 0, None, None], intrinsics[:, 1, 1, None, None]
     cx, cy = intrinsics[:, 0, 2, None, None], intrinsics[:, 1, 2, None, None]
     cam = torch.stack([(u - cx) * depth / fx, (v - cy) * depth / fy, depth], dim=-1)  # [S, H, W, 3]
@@ -49,9 +51,7 @@ def depth_to_world_points(depth: torch.Tensor, extrinsics: torch.Tensor, intrins
     return torch.einsum("sij,shwi->shwj", rotation, cam - translation[:, None, None, :])
 
 
-def relative_pose_errors(
-    ext_a: torch.Tensor, ext_b: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def relative_pose_errors(ext_a: torch.Tensor, ext_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotation and translation-direction angle errors (degrees) of every frame pair's relative pose, cameras ``a``
     vs ``b`` (``[S, 3, 4]`` each): what camera pose AUC is computed from."""
     frames = ext_a.shape[0]

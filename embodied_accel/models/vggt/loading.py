@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,7 +15,13 @@ from ...ops import get_ops
 from .buffers import VggtBuffers, build_vggt_buffers
 from .config import PRESETS, VggtConfig, get_preset
 from .model import FrameParallel, VggtModel, VggtOutputs
-from .weights import StateDictSource, config_for_checkpoint, init_random_weights, load_checkpoint_weights, resolve_checkpoint
+from .weights import (
+    StateDictSource,
+    config_for_checkpoint,
+    init_random_weights,
+    load_checkpoint_weights,
+    resolve_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +94,6 @@ class StageTimes:
 
     aggregator_s: float = 0.0
     heads_s: float = 0.0
-    extras: dict[str, float] = field(default_factory=dict)
 
 
 class VggtRunner:

@@ -18,6 +18,7 @@ they need across frames, and the dense heads run on the local frames.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -32,8 +33,8 @@ from .config import VggtConfig
 from .track import TrackHead
 
 
-class FrameParallel:
-    """What a sequence-parallel run hands the forward (implemented in :mod:`embodied_accel.parallel`).
+class FrameParallel(Protocol):
+    """What a sequence-parallel run hands the forward (:class:`embodied_accel.parallel.FrameShards`).
 
     ``attend``: the global blocks' attention over the whole scene; ``gather_frames(x, dim)``: the scene's frames of
     ``x`` (this process's shard along ``dim``) from every process, in scene order, padding frames dropped.
@@ -41,8 +42,7 @@ class FrameParallel:
 
     attend: AttendFn
 
-    def gather_frames(self, x: torch.Tensor, dim: int) -> torch.Tensor:  # pragma: no cover - protocol
-        raise NotImplementedError
+    def gather_frames(self, x: torch.Tensor, dim: int) -> torch.Tensor: ...
 
 
 class PatchEmbed(nn.Module):
@@ -204,7 +204,11 @@ class VggtModel(nn.Module):
     def aggregate(self, images: torch.Tensor, buffers: VggtBuffers, parallel: FrameParallel | None = None):
         if images.dim() != 5 or images.shape[2] != 3:
             raise ValueError(f"images must be [B, S, 3, H, W]; got {list(images.shape)}")
-        if (images.shape[0], images.shape[1], tuple(images.shape[-2:])) != (buffers.batch, buffers.frames, buffers.image_hw):
+        if (images.shape[0], images.shape[1], tuple(images.shape[-2:])) != (
+            buffers.batch,
+            buffers.frames,
+            buffers.image_hw,
+        ):
             raise ValueError(
                 f"images {list(images.shape)} do not match the buffers' bucket (batch {buffers.batch}, frames "
                 f"{buffers.frames}, {buffers.image_hw[0]}x{buffers.image_hw[1]})"
@@ -229,12 +233,22 @@ class VggtModel(nn.Module):
             out.pose_enc_list = self.camera_head(camera_tokens)
             out.pose_enc = out.pose_enc_list[-1]
         dense = None
-        if self.depth_head is not None or self.point_head is not None or (self.track_head is not None and query_points is not None):
-            dense = [layers[i][:, :, start:].reshape(-1, layers[i].shape[2] - start, layers[i].shape[3]) for i in config.dpt_layers]
+        if (
+            self.depth_head is not None
+            or self.point_head is not None
+            or (self.track_head is not None and query_points is not None)
+        ):
+            dense = [
+                layers[i][:, :, start:].reshape(-1, layers[i].shape[2] - start, layers[i].shape[3])
+                for i in config.dpt_layers
+            ]
         frames = buffers.frames
         if self.depth_head is not None:
             depth, conf = self.depth_head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)
-            out.depth, out.depth_conf = depth.view(batch, frames, *depth.shape[1:]), conf.view(batch, frames, *conf.shape[1:])
+            out.depth, out.depth_conf = (
+                depth.view(batch, frames, *depth.shape[1:]),
+                conf.view(batch, frames, *conf.shape[1:]),
+            )
         if self.point_head is not None:
             pts, conf = self.point_head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)
             out.world_points = pts.view(batch, frames, *pts.shape[1:])

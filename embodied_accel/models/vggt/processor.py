@@ -98,7 +98,9 @@ def _pad_white(tensor: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return F.pad(tensor, (dw // 2, dw - dw // 2, dh // 2, dh - dh // 2), mode="constant", value=1.0)
 
 
-def load_frames(paths: list[Path] | tuple[Path, ...], mode: str = "crop", target: int = 518, patch: int = 14) -> LoadedFrames:
+def load_frames(
+    paths: list[Path] | tuple[Path, ...], mode: str = "crop", target: int = 518, patch: int = 14
+) -> LoadedFrames:
     """Read and preprocess the frames; an unreadable file is an error naming it."""
     if not paths:
         raise ImageInputError("no images given (at least one frame is needed)")
@@ -117,6 +119,8 @@ def load_frames(paths: list[Path] | tuple[Path, ...], mode: str = "crop", target
     shapes = {tuple(f.shape[1:]) for f in frames}
     if len(shapes) > 1:
         height, width = max(s[0] for s in shapes), max(s[1] for s in shapes)
-        logger.warning("frames have different sizes %s: padding them with white to %dx%d", sorted(shapes), height, width)
+        logger.warning(
+            "frames have different sizes %s: padding them with white to %dx%d", sorted(shapes), height, width
+        )
         frames = [_pad_white(f, height, width) for f in frames]
     return LoadedFrames(torch.stack(frames), tuple(Path(p) for p in paths), tuple(sizes))

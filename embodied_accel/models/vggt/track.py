@@ -91,7 +91,10 @@ class UpdateFormer(nn.Module):
         super().__init__()
         self.cfg, self.ops = cfg, ops
         hid = cfg.hidden_size
-        self.input_norm_weight, self.input_norm_bias = nn.Parameter(torch.empty(input_dim)), nn.Parameter(torch.empty(input_dim))
+        self.input_norm_weight, self.input_norm_bias = (
+            nn.Parameter(torch.empty(input_dim)),
+            nn.Parameter(torch.empty(input_dim)),
+        )
         self.input_transform = Linear(input_dim, hid, ops)
         self.output_norm_weight, self.output_norm_bias = nn.Parameter(torch.empty(hid)), nn.Parameter(torch.empty(hid))
         self.flow_head = Linear(hid, output_dim, ops)
@@ -99,8 +102,12 @@ class UpdateFormer(nn.Module):
         heads, ratio = cfg.num_heads, cfg.mlp_ratio
         self.time_blocks = nn.ModuleList(AttnBlock(hid, heads, ratio, ops) for _ in range(cfg.depth))
         self.space_virtual_blocks = nn.ModuleList(AttnBlock(hid, heads, ratio, ops) for _ in range(cfg.depth))
-        self.space_point2virtual_blocks = nn.ModuleList(AttnBlock(hid, heads, ratio, ops, cross=True) for _ in range(cfg.depth))
-        self.space_virtual2point_blocks = nn.ModuleList(AttnBlock(hid, heads, ratio, ops, cross=True) for _ in range(cfg.depth))
+        self.space_point2virtual_blocks = nn.ModuleList(
+            AttnBlock(hid, heads, ratio, ops, cross=True) for _ in range(cfg.depth)
+        )
+        self.space_virtual2point_blocks = nn.ModuleList(
+            AttnBlock(hid, heads, ratio, ops, cross=True) for _ in range(cfg.depth)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [B, N, T, input_dim] -> [B, N, T, output_dim]
         ops = self.ops
@@ -148,13 +155,21 @@ class Tracker(nn.Module):
         self.corr_fc1, self.corr_fc2 = Linear(corr_dim, cfg.hidden_size, ops), Linear(cfg.hidden_size, latent, ops)
         self.query_ref_token = nn.Parameter(torch.empty(2, self.transformer_dim))
         self.updateformer = UpdateFormer(cfg, self.transformer_dim, latent + 2, ops)
-        self.fmap_norm_weight, self.fmap_norm_bias = nn.Parameter(torch.empty(latent)), nn.Parameter(torch.empty(latent))
-        self.ffeat_norm_weight, self.ffeat_norm_bias = nn.Parameter(torch.empty(latent)), nn.Parameter(torch.empty(latent))
+        self.fmap_norm_weight, self.fmap_norm_bias = (
+            nn.Parameter(torch.empty(latent)),
+            nn.Parameter(torch.empty(latent)),
+        )
+        self.ffeat_norm_weight, self.ffeat_norm_bias = (
+            nn.Parameter(torch.empty(latent)),
+            nn.Parameter(torch.empty(latent)),
+        )
         self.ffeat_updater = Linear(latent, latent, ops)
         self.vis_predictor = Linear(latent, 1, ops)
         self.conf_predictor = Linear(latent, 1, ops)
 
-    def forward(self, query_points: torch.Tensor, fmaps: torch.Tensor, buffers) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    def forward(
+        self, query_points: torch.Tensor, fmaps: torch.Tensor, buffers
+    ) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
         """``query_points [B, N, 2]`` (pixels), ``fmaps [B, S, C, H', W']`` → (per-iteration tracks ``[B, S, N, 2]``,
         visibility ``[B, S, N]``, confidence ``[B, S, N]``)."""
         cfg, ops = self.cfg, self.ops
@@ -209,15 +224,11 @@ class Tracker(nn.Module):
 
 
 class TrackHead(nn.Module):
+    """The DPT feature extractor (features at half resolution) and the tracker; the model calls them in turn
+    (under sequence parallelism the feature maps of all frames are gathered in between)."""
+
     def __init__(self, config: VggtConfig, ops: OpSet):
         super().__init__()
         self.config = config
         self.feature_extractor = DptHead(config.track_dpt(), ops)
         self.tracker = Tracker(config.track, ops)
-
-    def forward(self, layer_tokens: list[torch.Tensor], query_points: torch.Tensor, buffers, frames_chunk_size: int | None):
-        """``layer_tokens``: four ``[B * S, patches, 2C]``; returns (tracks per iteration, vis, conf)."""
-        batch, frames = buffers.batch, layer_tokens[0].shape[0] // buffers.batch
-        fmaps = self.feature_extractor(layer_tokens, buffers.patch_hw, None, frames_chunk_size)
-        fmaps = fmaps.view(batch, frames, *fmaps.shape[1:])
-        return self.tracker(query_points, fmaps, buffers)

@@ -184,7 +184,9 @@ def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, pres
         sample = ", ".join(sorted(keys)[:5])
         raise CheckpointError(f"{source.path}: not a VGGT checkpoint (no aggregator.* tensors; found {sample}, ...)")
     config = get_preset(preset or "vggt")
-    enable = {f"enable_{h}": any(k.startswith(f"{h}_head.") for k in keys) for h in ("camera", "depth", "point", "track")}
+    enable = {
+        f"enable_{h}": any(k.startswith(f"{h}_head.") for k in keys) for h in ("camera", "depth", "point", "track")
+    }
     config = replace(config, **enable)
     if hub_config:
         for ours, theirs in (("image_size", "img_size"), ("patch_size", "patch_size"), ("width", "embed_dim")):

@@ -93,5 +93,13 @@ def int8_linear(x_q, x_scale, weight_q_t, weight_scale, bias, out_dtype):
 def int8_matmul_accumulator(x_q: torch.Tensor, weight_q_t: torch.Tensor) -> torch.Tensor:
     """The kernel's raw int32 accumulator ``x_q @ weight_q_t`` (for exactness checks)."""
     out = torch.empty(x_q.shape[0], weight_q_t.shape[1], device=x_q.device, dtype=torch.int32)
-    _launch(x_q, x_q.new_empty(0, dtype=torch.float32), weight_q_t, x_q.new_empty(0, dtype=torch.float32), None, out, raw=True)
+    _launch(
+        x_q,
+        x_q.new_empty(0, dtype=torch.float32),
+        weight_q_t,
+        x_q.new_empty(0, dtype=torch.float32),
+        None,
+        out,
+        raw=True,
+    )
     return out
