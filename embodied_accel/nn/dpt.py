@@ -176,7 +176,7 @@ class DptHead(nn.Module):
         else:
             self.output_conv1 = Conv2d(f, f // 2, 3)
             self.output_conv2a = Conv2d(f // 2, cfg.head_hidden, 3)
-            self.output_conv2b = Conv2d(cfg.head_hidden, cfg.output_dim, 1)
+            self.output_conv2b = Linear(cfg.head_hidden, cfg.output_dim, ops)  # a 1×1 conv as a GEMM on NHWC rows
 
     def forward(
         self,
@@ -234,8 +234,9 @@ class DptHead(nn.Module):
             out = out + pos.output
         if cfg.feature_only:
             return out
-        out = self.output_conv2b.conv(F.relu(self.output_conv2a.conv(out, padding=1), inplace=True))
-        fmap = out.permute(0, 2, 3, 1)  # [N, H, W, C]
+        hidden = F.relu(self.output_conv2a.conv(out, padding=1), inplace=True)  # [N, 32, H, W], channels-last
+        n, c, h, w = hidden.shape
+        fmap = self.output_conv2b(hidden.permute(0, 2, 3, 1).reshape(-1, c)).view(n, h, w, -1)  # [N, H, W, C]
         values = _VALUE_ACTIVATIONS[cfg.activation](fmap[..., :-1])
         conf = _CONF_ACTIVATIONS[cfg.conf_activation](fmap[..., -1])
         return values, conf

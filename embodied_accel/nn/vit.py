@@ -108,12 +108,12 @@ class VitAttention(nn.Module):
             weight = self.qk_norm_weight if cfg.qk_norm else None
             bias = self.qk_norm_bias if cfg.qk_norm else None
             qk = self.ops.qk_norm_rope(qk, weight, bias, cfg.qk_norm_eps, rope).view(groups, -1, 2, heads, head_dim)
-            q, k = qk[:, :, 0], qk[:, :, 1]
+            q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # [G, H, S, D] views
+            v = qkv[:, :, 2].transpose(1, 2)
         else:
-            q, k = qkv[:, :, 0], qkv[:, :, 1]
-        v = qkv[:, :, 2]
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         attend = attend or self.default_attend
-        out = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), head_dim**-0.5)  # [G, H, S, D]
+        out = attend(q, k, v, head_dim**-0.5)  # [G, H, S, D]
         return self.proj(out.transpose(1, 2).reshape(tokens, cfg.width))
 
 

@@ -36,7 +36,8 @@ def sample_features(fmap: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
 
 
 class MultiheadAttention(nn.Module):
-    """``nn.MultiheadAttention`` (batch first, with biases) on the op layer: in-projection ``[E, 3E]``."""
+    """``nn.MultiheadAttention`` (batch first, with biases) on the op layer: in-projection ``[E, 3E]``; tokens travel
+    as ``[groups * seq, E]``."""
 
     def __init__(self, dim: int, num_heads: int, ops: OpSet):
         super().__init__()
@@ -44,23 +45,23 @@ class MultiheadAttention(nn.Module):
         self.in_proj = Linear(dim, 3 * dim, ops)
         self.out_proj = Linear(dim, dim, ops)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
-        batch, seq, dim = x.shape
-        heads, head_dim = self.num_heads, dim // self.num_heads
+    def forward(self, x: torch.Tensor, groups: int, context: torch.Tensor | None = None) -> torch.Tensor:
+        dim, heads = self.dim, self.num_heads
+        head_dim = dim // heads
         if context is None:
-            qkv = self.in_proj(x).view(batch, seq, 3, heads, head_dim)
-            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            q, k, v = self.in_proj(x).view(groups, -1, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         else:
             w, b = self.in_proj.weight_t, self.in_proj.bias
-            q = self.ops.linear(x.reshape(-1, dim), w[:, :dim], b[:dim]).view(batch, seq, heads, head_dim)
-            kv = self.ops.linear(context.reshape(-1, dim), w[:, dim:], b[dim:]).view(batch, -1, 2, heads, head_dim)
-            k, v = kv[:, :, 0], kv[:, :, 1]
-        out = self.ops.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, head_dim**-0.5)
-        return self.out_proj(out.transpose(1, 2).reshape(batch, seq, dim))
+            q = self.ops.linear(x, w[:, :dim], b[:dim]).view(groups, -1, heads, head_dim).transpose(1, 2)
+            kv = self.ops.linear(context, w[:, dim:], b[dim:]).view(groups, -1, 2, heads, head_dim)
+            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)
+        out = self.ops.attention(q, k, v, None, head_dim**-0.5)  # [G, H, S, D]
+        return self.out_proj(out.transpose(1, 2).reshape(-1, dim))
 
 
 class AttnBlock(nn.Module):
-    """``x = norm1(x); x = x + attn(x, ctx); x = x + mlp(norm2(x))`` — the residual starts from the *normed* input."""
+    """``x = norm1(x); x = x + attn(x, ctx); x = x + mlp(norm2(x))`` — the residual starts from the *normed* input.
+    ``x: [groups * seq, C]`` (and ``context: [groups * seq_ctx, C]``)."""
 
     def __init__(self, dim: int, num_heads: int, mlp_ratio: float, ops: OpSet, cross: bool = False):
         super().__init__()
@@ -74,12 +75,12 @@ class AttnBlock(nn.Module):
         hidden = int(dim * mlp_ratio)
         self.fc1, self.fc2 = Linear(dim, hidden, ops), Linear(hidden, dim, ops)
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, groups: int, context: torch.Tensor | None = None) -> torch.Tensor:
         ops = self.ops
         x = ops.layer_norm(x, self.norm1_weight, self.norm1_bias, 1e-5)
         if context is not None:
             context = ops.layer_norm(context, self.norm_context_weight, self.norm_context_bias, 1e-5)
-        h, x = ops.add_layer_norm(self.attn(x, context), x, self.norm2_weight, self.norm2_bias, 1e-5)
+        h, x = ops.add_layer_norm(self.attn(x, groups, context), x, self.norm2_weight, self.norm2_bias, 1e-5)
         return self.fc2(ops.gelu(self.fc1(h)), residual=x)
 
 
@@ -120,14 +121,18 @@ class UpdateFormer(nn.Module):
         space_every = len(self.time_blocks) // len(self.space_virtual_blocks)
         j = 0
         for i, time_block in enumerate(self.time_blocks):
-            tokens = time_block(tokens.reshape(batch * total, frames, hid)).view(batch, total, frames, hid)
+            # time attention: one sequence of T frames per (scene, track); rows ordered (b, n, t)
+            tokens = time_block(tokens.reshape(-1, hid), batch * total).view(batch, total, frames, hid)
             if i % space_every == 0:
+                # attention across tracks: one sequence per (scene, frame); rows ordered (b, t, n)
                 space = tokens.permute(0, 2, 1, 3).reshape(batch * frames, total, hid)
-                point, virt = space[:, :points], space[:, points:]
-                virt = self.space_virtual2point_blocks[j](virt, point)
-                virt = self.space_virtual_blocks[j](virt)
-                point = self.space_point2virtual_blocks[j](point, virt)
-                tokens = torch.cat([point, virt], dim=1).view(batch, frames, total, hid).permute(0, 2, 1, 3)
+                point = space[:, :points].reshape(-1, hid)
+                virt = space[:, points:].reshape(-1, hid)
+                virt = self.space_virtual2point_blocks[j](virt, batch * frames, point)
+                virt = self.space_virtual_blocks[j](virt, batch * frames)
+                point = self.space_point2virtual_blocks[j](point, batch * frames, virt)
+                space = torch.cat([point.view(batch * frames, points, hid), virt.view(batch * frames, -1, hid)], dim=1)
+                tokens = space.view(batch, frames, total, hid).permute(0, 2, 1, 3)
                 j += 1
         tokens = tokens[:, :points] + init_tokens
         return self.flow_head(ops.layer_norm(tokens, self.output_norm_weight, self.output_norm_bias, 1e-5))

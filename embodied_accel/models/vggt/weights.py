@@ -76,6 +76,10 @@ _SINGLETON_PREFIX = {
 }
 
 
+#: Our GEMMs that are 1×1 convolutions in the checkpoint (weights ``[out, in, 1, 1]``).
+_CONV1X1_LINEARS = (".projects.", ".output_conv2b.")
+
+
 def checkpoint_key(name: str) -> str:
     """The upstream key of our parameter ``name`` (Q/K norm: see :func:`checkpoint_sources`)."""
     for pattern, replacement in RENAMES:
@@ -92,7 +96,7 @@ def checkpoint_sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tup
     key = checkpoint_key(name)
     if name.endswith(".weight_t"):
         out_in = (shape[1], shape[0])
-        return [(key, out_in + ((1, 1) if ".projects." in name else ()))]
+        return [(key, out_in + ((1, 1) if any(part in name for part in _CONV1X1_LINEARS) else ()))]
     if name.endswith("virtual_tracks"):
         return [(key, (1, shape[0], 1, shape[1]))]
     for suffix, prefix in _SINGLETON_PREFIX.items():
