@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 def load_policy(preset_or_checkpoint: str, **kwargs):
     """Load a policy from a preset name or a checkpoint directory of any model family (recognized from the name
     or the directory; see :mod:`embodied_accel.policies`). For pi0 / pi0.5 see
-    :func:`models.pi0.policy.load_pi0_policy`.
+    :func:`policies.pi0.load_pi0_policy`.
 
     Keyword arguments: ``backend`` (auto|reference|cuda|npu), ``dtype`` (float32|bfloat16), ``device``,
     ``seed`` (random-weight presets), ``preset`` (architecture of a small custom checkpoint),

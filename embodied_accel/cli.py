@@ -13,17 +13,20 @@ A bad flag, file or observation ends with a message on stderr naming the problem
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import platform
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import __version__
 from .models.pi0.config import PRESETS
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
@@ -34,9 +37,13 @@ logger = logging.getLogger(__name__)
 
 PROG = "embodied-accel"
 SAMPLE_OBSERVATION = Path(__file__).resolve().parent / "data" / "sample_observation.npz"
+SAMPLE_SOURCE = "the bundled sample"
 DEFAULT_MODEL = "pi0-tiny"
 DTYPE_CHOICES = ("float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+DEFAULT_LOG_LEVEL = "WARNING"
+#: What ``torch.Generator.manual_seed`` accepts without wrapping: an unsigned 64-bit integer.
+SEED_RANGE = (0, 2**64 - 1)
 OUTPUT_SUFFIXES = (".npy", ".json")
 
 # The instruction is given once, as text or as token ids (see models/pi0/processor.py).
@@ -72,6 +79,37 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
+
+
+def _seed(text: str) -> int:
+    """An argparse type: a seed torch's generator takes, 0 .. 2**64 - 1."""
+    low, high = SEED_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in [{low}, 2**64 - 1], got {text!r}") from None
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected an integer in [{low}, 2**64 - 1] ({high}), got {value}")
+    return value
+
+
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """Options every subcommand takes, also after its name (``embodied-accel run --log-level INFO``)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        type=str.upper,
+        default=argparse.SUPPRESS,  # unset here: the value before the subcommand (or its default) stays
+        help=f"default: {DEFAULT_LOG_LEVEL}",
+    )
+    return parent
 
 
 def _policy_options() -> argparse.ArgumentParser:
@@ -122,30 +160,47 @@ def _call_shape_options(parser: argparse.ArgumentParser) -> None:
     """The options of a measured call (bench, profile): observation, batch, views, steps."""
     _observation_option(parser)
     parser.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
-    parser.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots (default: the model's)")
+    parser.add_argument(
+        "--views", type=_positive_int, metavar="N", help="number of camera slots (default: the model's)"
+    )
     parser.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default="WARNING", type=str.upper, help="default: WARNING")
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=DEFAULT_LOG_LEVEL,
+        type=str.upper,
+        help=f"default: {DEFAULT_LOG_LEVEL}",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {__version__} (torch {_torch_version()}, Python {platform.python_version()})",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     policy = _policy_options()
+    common = _common_options()
 
-    run = commands.add_parser("run", parents=[policy], help="run a policy once and summarize its action chunk")
+    def add_command(name: str, parents: list[argparse.ArgumentParser], **kwargs) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=[common, *parents], **kwargs)
+
+    run = add_command("run", [policy], help="run a policy once and summarize its action chunk")
     _observation_option(run)
     noise = run.add_mutually_exclusive_group()
     noise.add_argument("--noise", type=Path, metavar="FILE", help="initial noise .npy [horizon, max_action_dim]")
-    noise.add_argument("--seed", type=int, default=0, help="seed of the initial noise (default: 0)")
+    noise.add_argument("--seed", type=_seed, default=0, help="seed of the initial noise, 0 .. 2**64-1 (default: 0)")
     run.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
     run.add_argument("--output", type=Path, metavar="FILE", help="write the actions to a .npy or .json file")
     run.set_defaults(handler=cmd_run)
 
-    info = commands.add_parser("info", parents=[policy], help="describe a policy: size, backend, IO spec")
+    info = add_command("info", [policy], help="describe a policy: size, backend, IO spec")
     info.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots")
     info.set_defaults(handler=cmd_info)
 
-    bench = commands.add_parser("bench", parents=[policy], help="time the model call and write a JSON result")
+    bench = add_command("bench", [policy], help="time the model call and write a JSON result")
     _call_shape_options(bench)
     bench.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed calls first (default: 3)")
     bench.add_argument("--runs", type=_positive_int, default=100, help="timed calls (default: 100)")
@@ -153,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
     bench.add_argument("--note", help="free text stored in the result file")
 
-    prof = commands.add_parser(
-        "profile", parents=[policy], help="profile the model call: device busy/idle, op types, top kernels, verdict"
+    prof = add_command(
+        "profile", [policy], help="profile the model call: device busy/idle, op types, top kernels, verdict"
     )
     _call_shape_options(prof)
     prof.add_argument("--warmup", type=_non_negative_int, default=2, help="unprofiled calls first (default: 2)")
@@ -163,11 +218,11 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(handler=cmd_profile)
     bench.set_defaults(handler=cmd_bench)
 
-    serve = commands.add_parser("serve", parents=[policy], help="serve the policy over websockets (openpi protocol)")
+    serve = add_command("serve", [policy], help="serve the policy over websockets (openpi protocol)")
     serve_commands.add_server_options(serve, _positive_int, network=True)
     serve.set_defaults(handler=cmd_serve)
 
-    load = commands.add_parser("loadtest", parents=[policy], help="N clients x M requests against a policy server")
+    load = add_command("loadtest", [policy], help="N clients x M requests against a policy server")
     serve_commands.add_loadtest_options(load, _positive_int, _non_negative_int)
     serve_commands.add_server_options(load, _positive_int, network=False)
     _observation_option(load)
@@ -251,7 +306,23 @@ def save_actions(path: Path, actions: np.ndarray, meta: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _without_random_weights_warning() -> Iterator[None]:
+    """For a command that prints :func:`_random_weights_notice` itself: the notice once, not also the library's
+    warning of the same fact (logged on its own logger, :data:`~embodied_accel.policies.RANDOM_WEIGHTS_LOGGER`)."""
+    from .policies import RANDOM_WEIGHTS_LOGGER
+
+    notice_logger = logging.getLogger(RANDOM_WEIGHTS_LOGGER)
+    level = notice_logger.level
+    notice_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notice_logger.setLevel(level)
+
+
 def _load_policy(args: argparse.Namespace, num_views: int | None = None):
+    """The policy the arguments name and its load time."""
     from . import load_policy
 
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
@@ -278,28 +349,55 @@ def _progress(args: argparse.Namespace) -> bool:
     return not args.no_progress and sys.stderr.isatty()
 
 
-def select_instruction(policy, observation: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
-    """Keep one form of the instruction when a file carries both the text and token ids.
+def select_instruction(
+    policy, observation: Mapping[str, Any], source: str = "the observation"
+) -> tuple[dict[str, Any], str]:
+    """Keep one form of the instruction when an observation carries both the text and token ids.
 
-    The policy takes the instruction once: the text when it has a tokenizer, else the token ids. Returns the
-    observation to pass and a line saying which form is used.
+    The policy takes the instruction once: the text when it has a tokenizer, else the token ids. When both are
+    given, a warning says which one is used and which is ignored (for the bundled sample, which carries both so
+    that every preset can run it, an INFO line). Text with no token ids and no tokenizer is an error that names the
+    places searched for one. Returns the observation to pass and a line saying which form is used.
     """
     obs = dict(observation)
     text_keys = [key for key in TEXT_KEYS if key in obs]
-    has_tokenizer = policy.processor.tokenizer is not None
+    tokenizer = policy.processor.tokenizer
     if text_keys and TOKENS_KEY in obs:
-        if has_tokenizer:
+        text = f"text {obs[text_keys[0]]!r} ({text_keys[0]!r})"
+        ids = f"token ids ({TOKENS_KEY!r})"
+        if tokenizer is not None:
             obs.pop(TOKENS_KEY)
             obs.pop(TOKEN_MASK_KEY, None)
+            used, ignored, why = text, ids, f"tokenized by {tokenizer.source}"
         else:
             for key in text_keys:
                 obs.pop(key)
+            used, ignored, why = ids, text, "the policy has no tokenizer"
+        level = logging.INFO if source == SAMPLE_SOURCE else logging.WARNING
+        logger.log(
+            level, "%s gives the instruction twice: using the %s (%s), ignoring the %s", source, used, why, ignored
+        )
     if TOKENS_KEY in obs:
         unused = f"; text {observation[text_keys[0]]!r} unused (no tokenizer)" if text_keys else ""  # dropped above
         return obs, f"{len(np.asarray(obs[TOKENS_KEY]))} token ids from {TOKENS_KEY!r}{unused}"
     if text_keys:
-        return obs, f"text {obs[text_keys[0]]!r}"
+        if tokenizer is None:
+            raise CLIError(
+                f"{source}: the instruction is text ({text_keys[0]!r}) but {policy.config.name} has no tokenizer; "
+                f"searched: {_tokenizer_search_places(policy)}. Pass --tokenizer FILE (PaliGemma's tokenizer.model) "
+                f"or give token ids in {TOKENS_KEY!r}"
+            )
+        unused = "; its token ids unused" if TOKENS_KEY in observation else ""
+        return obs, f"text {obs[text_keys[0]]!r}{unused}"
     return obs, "none given"
+
+
+def _tokenizer_search_places(policy) -> str:
+    """Where a tokenizer was looked for (the search is repeated: it only reads directories)."""
+    from .models.pi0.tokenizer import search_tokenizer
+
+    checkpoint_dir = None if policy.random_weights else policy.source
+    return search_tokenizer(policy.config, checkpoint_dir=checkpoint_dir).describe_searched() or "nowhere"
 
 
 def _backend_label(policy) -> str:
@@ -321,6 +419,27 @@ def _human_count(n: int) -> str:
     return str(n)
 
 
+#: What the first call of a captured mode does before it runs (it is silent otherwise, for up to a minute).
+FIRST_CALL_WORK = {
+    "compile": "compiling the call for this shape with torch.compile (first call only; this can take a minute)",
+    "cudagraph": "capturing the call for this shape as a CUDA graph (first call only)",
+    "compile+cudagraph": "compiling the call for this shape and capturing it as a CUDA graph (first call only; this "
+    "can take a minute)",
+    "torchair": "compiling the call for this shape with torchair (first call only; this can take minutes)",
+}
+
+
+def _say(args: argparse.Namespace, message: str) -> None:
+    """A progress line of the command on stderr (stdout keeps the results)."""
+    print(f"{PROG} {args.command}: {message}", file=sys.stderr, flush=True)
+
+
+def _announce_first_call(args: argparse.Namespace, policy) -> None:
+    work = FIRST_CALL_WORK.get(policy.capture)
+    if work is not None:
+        _say(args, work + " ...")
+
+
 def _random_weights_notice(policy) -> str:
     return (
         f"NOTE: RANDOM WEIGHTS. {policy.config.name} was built with seeded random weights; "
@@ -338,14 +457,20 @@ def _source_line(policy) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _observation_source(args: argparse.Namespace) -> str:
+    return str(args.observation) if args.observation is not None else SAMPLE_SOURCE
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     observation = load_observation(args.observation or SAMPLE_OBSERVATION)
     noise = load_noise(args.noise) if args.noise is not None else None
     if args.output is not None and args.output.suffix.lower() not in OUTPUT_SUFFIXES:
         raise CLIError(f"--output {args.output}: expected a .npy or .json file name")
-    policy, _ = _load_policy(args)
-    observation, instruction = select_instruction(policy, observation)
+    with _without_random_weights_warning():  # this command prints its own notice
+        policy, _ = _load_policy(args)
+    observation, instruction = select_instruction(policy, observation, _observation_source(args))
     seed = None if noise is not None else args.seed
+    _announce_first_call(args, policy)
     result = policy.infer(observation, noise=noise, seed=seed, num_steps=args.num_steps)
     actions = np.asarray(result["actions"])
     steps = args.num_steps or policy.config.num_steps
@@ -389,7 +514,8 @@ def _action_summary(actions: np.ndarray) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    policy, load_s = _load_policy(args, num_views=args.views)
+    with _without_random_weights_warning():  # this command prints its own notice
+        policy, load_s = _load_policy(args, num_views=args.views)
     cfg, io, ops = policy.config, policy.io, policy.ops
     n = policy.num_parameters()
     if policy.random_weights:
@@ -410,7 +536,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"state:       {io.state_dim} dims ({io.state_key}, normalization {io.state_norm})")
     print(f"actions:     {io.action_dim} dims x horizon {cfg.action_horizon} (normalization {io.action_norm})")
     print(f"sampler:     {cfg.num_steps} denoising steps, up to {cfg.max_token_len} language tokens")
-    print(f"tokenizer:   {'yes' if policy.processor.tokenizer is not None else 'none (pass token ids)'}")
+    tokenizer = policy.processor.tokenizer
+    if tokenizer is not None:
+        print(f"tokenizer:   {tokenizer.source} ({tokenizer.vocab_size} pieces)")
+    else:
+        print(f"tokenizer:   none, pass token ids or --tokenizer (searched: {_tokenizer_search_places(policy)})")
     print(f"load time:   {load_s:.2f} s")
     return 0
 
@@ -431,34 +561,20 @@ def _measured_call_inputs(args: argparse.Namespace):
     """The policy, its load time, and the observations (every camera slot filled, ``--batch`` of them)."""
     observation = load_observation(args.observation or SAMPLE_OBSERVATION)
     policy, load_s = _load_policy(args, num_views=args.views)
-    observation = fill_camera_slots(policy, select_instruction(policy, observation)[0])
+    observation = fill_camera_slots(policy, select_instruction(policy, observation, _observation_source(args))[0])
     return policy, load_s, [observation] * args.batch
-
-
-def _call_from_bytes(policy, observations, num_steps):
-    """The measured call: observation bytes (validated and packed on the host once) uploaded, the whole
-    captured call (device pre-processing, model, action un-normalization), actions copied back to the host."""
-    raw = policy.processor.raw_inputs(observations)
-    if raw is None:
-        raise CLIError("observation: camera sizes differ between batch rows")
-    from .models.pi0.policy import compact_raw_inputs
-
-    raw = compact_raw_inputs(raw, policy.token_bucket)
-
-    def call() -> object:
-        return policy.run(raw.to(policy.device), num_steps=num_steps).to("cpu")
-
-    return call, len(raw.frames)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from .bench import profiler
 
     policy, _, observations = _measured_call_inputs(args)
-    call, views = _call_from_bytes(policy, observations, args.num_steps)
+    call, views = policy.measured_call(observations, args.num_steps)
     backend = policy.backend + ("-triton-attention" if policy.ops.settings.get("cuda_attention") == "triton" else "")
     name = f"{policy.config.name}_{backend}_{policy.capture}_{_dtype_name(policy)}_b{args.batch}_v{views}"
     out_dir = args.out_dir / name
+    _announce_first_call(args, policy)
+    _say(args, f"{args.warmup} unprofiled call(s), then {args.calls} under the profiler ...")
     summary = profiler.profile_calls(
         call,
         calls=args.calls,
@@ -468,7 +584,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(summary.format())
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
     chart = profiler.plot_summary(summary, out_dir / "breakdown.png", name)
-    print(f"wrote {out_dir / 'trace.json'} (chrome://tracing), {out_dir / 'summary.json'}" + (f", {chart}" if chart else ""))
+    print(
+        f"wrote {out_dir / 'trace.json'} (chrome://tracing), {out_dir / 'summary.json'}"
+        + (f", {chart}" if chart else "")
+    )
     return 0
 
 
@@ -480,33 +599,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
     plat = platform_mod.detect()
     steps = args.num_steps or policy.config.num_steps
     progress = _progress(args)
-    call, views = _call_from_bytes(policy, observations, args.num_steps)
+    call, views = policy.measured_call(observations, args.num_steps)
 
     plat.reset_peak_memory()
     first_call_ms = None
+    _announce_first_call(args, policy)  # with --warmup 0 the first timed run compiles
     if args.warmup:  # the first call apart: compile / capture / allocator warm-up show here, not in the mean
+        _say(args, "first call (warm-up, timed apart) ...")
         first_call = harness.time_calls(call, warmup=0, runs=1, synchronize=plat.synchronize, progress=False)
         first_call_ms = first_call[0] * 1e3
+    warmup_left = max(args.warmup - 1, 0)
+    _say(args, f"{warmup_left} more warm-up call(s), then {args.runs} timed runs ...")
     times = harness.time_calls(
-        call, warmup=max(args.warmup - 1, 0), runs=args.runs, synchronize=plat.synchronize, progress=progress
+        call, warmup=warmup_left, runs=args.runs, synchronize=plat.synchronize, progress=progress
     )
     peak_mem_mb = plat.peak_memory_mb()
+    _say(args, "counting the aten ops of one call ...")
     profiled_aten_ops = harness.count_profiled_aten_ops(call)
     if policy.capture == "eager":
         _, aten_ops, _ = harness.count_aten_ops(call)
         aten_ops_method = "dispatch_mode"
     else:  # a dispatch mode makes torch.compile skip its frames: count what the profiler sees instead
         aten_ops, aten_ops_method = profiled_aten_ops, "profiler_top_level"
+    if plat.device_type == "cuda":  # kernel launches and busy time exist only on the GPU
+        _say(args, "device activity of one call (profiler) ...")
     kernel_launches, busy = harness.device_activity(call, plat)
+    end_to_end_runs = max(args.runs // 4, 1)
+    _say(args, f"end to end: {end_to_end_runs} run(s) from observation dicts (+ host validation, tokenization) ...")
     end_to_end = harness.time_calls(  # + validation, tokenization and packing on the host
         lambda: policy.infer_batch(observations, num_steps=args.num_steps),
-        warmup=1, runs=max(args.runs // 4, 1), synchronize=plat.synchronize, progress=False,
-    )
+        warmup=1, runs=end_to_end_runs, synchronize=plat.synchronize, progress=False,
+    )  # fmt: skip
 
     stages: dict[str, Any] = {}
     if policy.capture != "eager" and not args.no_stages:
         logger.warning("bench: the per-stage split runs eager stages; skipped for capture %s", policy.capture)
     elif not args.no_stages:
+        _say(args, f"per-stage split (vision, prefix, denoise), {args.runs} timed runs each ...")
         stages = stage_split(policy, observations, args.num_steps, args.warmup, args.runs, plat, progress)
 
     record = harness.result_record(
@@ -521,6 +650,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         times=times,
         aten_ops_per_call=aten_ops,
         peak_mem_mb=peak_mem_mb,
+        peak_mem_kind=plat.peak_memory_kind,
         kernel_launches_per_call=kernel_launches,
         device_busy_fraction=busy,
         plat=plat,
@@ -543,6 +673,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     path = harness.write_result(record, args.out_dir)
     print(_bench_line(record))
+    if first_call_ms is not None:
+        capture = f", incl. {record['capture_s']:.1f} s of graph capture" if record.get("capture_s") else ""
+        print(f"first call: {first_call_ms:.1f} ms (warm-up{capture}; not in the mean)")
+    print(
+        f"end to end: p50 {record['end_to_end_p50_ms']:.2f} ms over {end_to_end_runs} runs (observation dicts in: "
+        "+ host validation, tokenization and packing)"
+    )
     if policy.ops.fused:
         print(f"ops: fused {', '.join(policy.ops.fused)}; reference {', '.join(policy.ops.fallback) or 'none'}")
     if stages:
@@ -583,12 +720,14 @@ def _attention_suffix(record: dict[str, Any]) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    serve_commands.require_serve_extra("serve")
     policy, _ = _load_policy(args, num_views=args.views)
     return serve_commands.run_serve(policy, args, announce=lambda line: print(line, flush=True))
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:
     """Exit code 0 when every request succeeded, 1 otherwise."""
+    serve_commands.require_serve_extra("loadtest")
     observation = load_observation(args.observation) if args.observation is not None else None
     stats, record = serve_commands.run_loadtest_command(
         args, lambda: _load_policy(args, num_views=args.views)[0], observation

@@ -1,7 +1,9 @@
 """Which device this process runs on and what it can do: one object, asked once.
 
 Everything that depends on the hardware (backend choice, synchronisation in the benchmark, memory
-statistics) asks the :class:`Platform` instead of sniffing device strings.
+statistics) asks the :class:`Platform` instead of sniffing device strings. Devices are normalized here, once
+(:func:`normalize_device`): ``cuda`` becomes ``cuda:0`` (the current device), ``cpu:0`` becomes ``cpu``, so a
+device compares equal to the device of the tensors allocated on it.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ class Platform:
     device_name: str  # the device's own name, e.g. "NVIDIA H100 80GB HBM3" or the CPU model
     has_triton: bool
     has_torch_npu: bool
+    device_index: int = 0  # which accelerator (ignored on the CPU)
 
     @property
     def device(self) -> torch.device:
-        return torch.device(self.device_type)
+        """The normalized device: ``cuda:<index>`` / ``npu:<index>``, or ``cpu``."""
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device(self.device_type, self.device_index)
 
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on the CPU)."""
@@ -40,14 +46,24 @@ class Platform:
     def reset_peak_memory(self) -> None:
         if self.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        elif self.device_type == "npu":
+            torch.npu.reset_peak_memory_stats()  # type: ignore[attr-defined]
 
     def peak_memory_mb(self) -> float:
-        """Peak device memory since the last reset (CUDA), else the process's peak resident set size."""
+        """Peak memory allocated on the device since the last reset (CUDA, NPU); on the CPU the process's peak
+        resident set size."""
         if self.device_type == "cuda":
             return torch.cuda.max_memory_allocated() / 2**20
+        if self.device_type == "npu":
+            return torch.npu.max_memory_allocated() / 2**20  # type: ignore[attr-defined]
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+    @property
+    def peak_memory_kind(self) -> str:
+        """What :meth:`peak_memory_mb` measures: ``device_allocated`` or ``host_rss``."""
+        return "host_rss" if self.device_type == "cpu" else "device_allocated"
 
 
 def _cpu_name() -> str:
@@ -75,11 +91,33 @@ def _npu_available() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def detect() -> Platform:
-    """Detect the platform once per process."""
+    """Detect the platform once per process (the current accelerator, by index)."""
     has_triton = importlib.util.find_spec("triton") is not None
     if torch.cuda.is_available():
-        return Platform("cuda", torch.cuda.get_device_name(0), has_triton, False)
+        index = torch.cuda.current_device()
+        return Platform("cuda", torch.cuda.get_device_name(index), has_triton, False, index)
     if _npu_available():
-        name = torch.npu.get_device_name(0)  # type: ignore[attr-defined]
-        return Platform("npu", name, has_triton, True)
+        index = torch.npu.current_device()  # type: ignore[attr-defined]
+        name = torch.npu.get_device_name(index)  # type: ignore[attr-defined]
+        return Platform("npu", name, has_triton, True, index)
     return Platform("cpu", _cpu_name(), has_triton, False)
+
+
+def normalize_device(device: str | torch.device | None) -> torch.device:
+    """The device as tensors allocated on it report it: ``None`` → the platform's device; ``cpu:0`` → ``cpu``;
+    ``cuda`` / ``npu`` without an index → the current device's index. Raises ``ValueError`` naming a bad string."""
+    if device is None:
+        return detect().device
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected e.g. 'cpu', 'cuda', 'cuda:1' or 'npu:0', got {device!r} ({exc})") from None
+    if device.type == "cpu":
+        return torch.device("cpu")
+    if device.index is not None:
+        return device
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if device.type == "npu" and _npu_available():
+        return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]
+    return torch.device(device.type, 0)

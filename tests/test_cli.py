@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,9 @@ def load_sample():
         (["bench", "--batch", "-1"], "integer >= 1"),
         (["bench", "--warmup", "x"], "integer"),
         (["--log-level", "LOUD", "info"], "--log-level"),
+        (["info", "--log-level", "LOUD"], "--log-level"),
+        (["run", "--seed", "99999999999999999999"], "argument --seed: expected an integer in [0, 2**64 - 1]"),
+        (["run", "--seed", "-1"], "argument --seed"),
     ],
 )
 def test_argument_errors_exit_2_with_a_message(capsys, argv, fragment):
@@ -66,6 +70,36 @@ def test_argument_errors_exit_2_with_a_message(capsys, argv, fragment):
 def test_help_exits_0(capsys):
     code, out, _ = run_cli(capsys, "run", "--help")
     assert code == 0 and "--observation" in out
+
+
+def test_version(capsys):
+    import platform
+
+    import torch
+
+    from embodied_accel import __version__
+
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0
+    assert out == f"embodied-accel {__version__} (torch {torch.__version__}, Python {platform.python_version()})\n"
+
+
+@pytest.mark.parametrize(
+    "argv, level",
+    [
+        (["info"], "WARNING"),
+        (["--log-level", "INFO", "info"], "INFO"),
+        (["info", "--log-level", "debug"], "DEBUG"),  # after the subcommand, as the README says
+        (["--log-level", "ERROR", "bench", "--log-level", "INFO"], "INFO"),  # the later one wins
+    ],
+)
+def test_log_level_before_or_after_the_subcommand(argv, level):
+    assert cli.build_parser().parse_args(argv).log_level == level
+
+
+def test_seed_accepts_the_whole_generator_range():
+    args = cli.build_parser().parse_args(["run", "--seed", str(2**64 - 1)])
+    assert args.seed == 2**64 - 1
 
 
 @pytest.mark.parametrize(
@@ -131,14 +165,14 @@ def test_run_default_prints_random_weights_notice_and_shape(capsys):
     assert "pi0-tiny" in out and "backend reference" in out and "dtype float32" in out
     assert "shape (50, 7)" in out
     assert "first action" in out and "latency:" in out
-    assert "text 'pick up the red block' unused (no tokenizer)" in out
+    assert "(instruction: text 'pick up the red block'" in out  # the bundled tiny tokenizer
 
 
 @needs_policy
 def test_module_entry_point_runs_in_a_subprocess(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
-        [sys.executable, "-m", "embodied_accel.cli", "run", "--num-steps", "2", "--no-progress"],
+        [sys.executable, "-m", "embodied_accel.cli", "run", "--num-steps", "2", "--no-progress", "--log-level", "INFO"],
         check=False,
         capture_output=True,
         text=True,
@@ -148,6 +182,9 @@ def test_module_entry_point_runs_in_a_subprocess(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "RANDOM WEIGHTS" in done.stdout and "shape (50, 7)" in done.stdout
+    assert (done.stdout + done.stderr).count("not a trained policy") == 1  # the notice once, not also a warning
+    assert "INFO embodied_accel.models.pi0.tokenizer: pi0-tiny: tokenizer " in done.stderr  # --log-level after run
+    assert "about 1.2 MiB of weights in float32" in done.stderr
 
 
 @needs_policy
@@ -172,7 +209,7 @@ def test_noise_file_is_honored(capsys, tmp_path):
     assert code == 0, err
     assert "noise:       file" in out
     policy = load_policy("pi0-tiny", progress=False)
-    observation, _ = cli.select_instruction(policy, load_sample())
+    observation, _ = cli.select_instruction(policy, cli.load_observation(cli.SAMPLE_OBSERVATION))
     expected = policy.infer(observation, noise=noise, num_steps=2)["actions"]
     np.testing.assert_array_equal(np.load(tmp_path / "a.npy"), expected)
 
@@ -224,6 +261,114 @@ def test_checkpoint_run_has_no_random_weights_notice(capsys):
 
 
 @needs_policy
+def test_reduced_checkpoint_runs_without_preset_and_a_wrong_preset_is_summarized(capsys):
+    code, out, err = run_cli(capsys, "run", "--checkpoint", str(FIXTURES / "pi05_tiny"), "--num-steps", "1")
+    assert code == 0, err
+    assert "pi05-tiny (family pi05), checkpoint" in out and "shape (50, 7)" in out
+    code, _, err = run_cli(capsys, "info", "--checkpoint", str(FIXTURES / "pi05_tiny"), "--preset", "pi0-tiny")
+    assert code == 2 and "checkpoint is a pi05 policy but preset 'pi0-tiny' is pi0" in err
+    code, _, err = run_cli(capsys, "info", "--checkpoint", str(FIXTURES / "pi05_tiny"), "--preset", "pi05")
+    assert code == 2 and "Traceback" not in err
+    assert "  - VLM width: 64 in the checkpoint, 2048 in preset 'pi05'" in err and "pass --preset pi05-tiny" in err
+    assert len(err.splitlines()) < 80
+
+
+def test_git_lfs_pointer_checkpoint_is_named(capsys, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(FIXTURES / "pi0_tiny", ckpt)
+    (ckpt / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 9\n")
+    code, _, err = run_cli(capsys, "info", "--checkpoint", str(ckpt))
+    assert code == 2 and "Traceback" not in err
+    assert "this is a git-lfs pointer" in err and f"run `git lfs pull` in {ckpt.resolve()}" in err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The instruction: text or token ids, and where the tokenizer came from
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def write_observation(tmp_path, **changes):
+    observation = {key: value for key, value in load_sample().items()}
+    observation.update(changes)
+    observation = {key: value for key, value in observation.items() if value is not None}
+    np.savez(tmp_path / "obs.npz", **observation)
+    return str(tmp_path / "obs.npz")
+
+
+@needs_policy
+def test_text_and_token_ids_together_warn_which_one_is_used(capsys, caplog, tmp_path, monkeypatch):
+    path = write_observation(tmp_path)  # the sample's text and token ids, as a user's file
+    with caplog.at_level("INFO", logger="embodied_accel"):
+        code, out, err = run_cli(capsys, "run", "--observation", path, "--num-steps", "1")
+    assert code == 0, err
+    (record,) = [r for r in caplog.records if "gives the instruction twice" in r.getMessage()]
+    assert record.levelname == "WARNING"
+    assert record.getMessage() == (
+        f"{path} gives the instruction twice: using the text 'pick up the red block' ('task') (tokenized by "
+        f"{cli.SAMPLE_OBSERVATION.parent / 'tiny_tokenizer.model'}), ignoring the token ids "
+        "('observation.language.tokens')"
+    )
+    assert "(instruction: text 'pick up the red block'; its token ids unused)" in out
+
+    caplog.clear()  # the bundled sample carries both on purpose: said at INFO only
+    with caplog.at_level("INFO", logger="embodied_accel"):
+        code, _, err = run_cli(capsys, "run", "--num-steps", "1", "--log-level", "INFO")
+    assert code == 0, err
+    (record,) = [r for r in caplog.records if "gives the instruction twice" in r.getMessage()]
+    assert record.levelname == "INFO" and record.getMessage().startswith("the bundled sample gives")
+
+    caplog.clear()  # no tokenizer: the token ids are used and the text is the one ignored
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    with caplog.at_level("WARNING", logger="embodied_accel"):
+        code, out, err = run_cli(capsys, "run", "--checkpoint", str(FIXTURES / "pi0_tiny"), "--observation", path)
+    assert code == 0, err
+    assert (
+        f"{path} gives the instruction twice: using the token ids ('observation.language.tokens') (the policy has "
+        "no tokenizer), ignoring the text 'pick up the red block' ('task')" in caplog.text
+    )
+
+
+@needs_policy
+def test_text_without_a_tokenizer_names_the_places_searched(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    path = write_observation(tmp_path, **{"observation.language.tokens": None})
+    code, _, err = run_cli(capsys, "run", "--checkpoint", str(FIXTURES / "pi0_tiny"), "--observation", path)
+    assert code == 2 and "Traceback" not in err
+    assert "the instruction is text ('task') but pi0-tiny has no tokenizer; searched: " in err
+    assert f"{FIXTURES / 'pi0_tiny' / 'tokenizer.model'} (absent)" in err
+    assert f"{tmp_path / 'hub' / 'models--google--paligemma-3b-pt-224'} (no tokenizer.model)" in err
+    assert "Pass --tokenizer FILE" in err
+
+
+@needs_policy
+def test_info_names_the_tokenizer(capsys):
+    code, out, err = run_cli(capsys, "info")
+    assert code == 0, err
+    assert f"tokenizer:   {cli.SAMPLE_OBSERVATION.parent / 'tiny_tokenizer.model'} (512 pieces)" in out
+
+
+@needs_policy
+def test_captured_modes_announce_the_first_call_before_it_runs(capsys, monkeypatch):
+    policy = load_policy("pi0-tiny", progress=False)
+    policy.capture = "compile"  # as --capture compile builds it; the call itself is stubbed (compiling takes ~45 s)
+    stderr_at_call = []
+
+    def first_call(observation, **kwargs):
+        stderr_at_call.append(capsys.readouterr().err)
+        return {"actions": np.zeros((50, 7), np.float32), "infer_ms": 1.0}
+
+    monkeypatch.setattr(policy, "infer", first_call)
+    monkeypatch.setattr(cli, "_load_policy", lambda args, **kwargs: (policy, 0.0))
+    code, _, err = run_cli(capsys, "run", "--capture", "compile")
+    assert code == 0, err
+    announcement = (
+        "embodied-accel run: compiling the call for this shape with torch.compile (first call only; this can take "
+        "a minute) ...\n"
+    )
+    assert stderr_at_call == [announcement]
+
+
+@needs_policy
 def test_info_lists_parameter_count_backend_and_io(capsys):
     code, out, err = run_cli(capsys, "info")
     assert code == 0, err
@@ -251,6 +396,16 @@ def test_bench_writes_a_result_file_with_every_key(capsys, tmp_path):
     assert record["mean_ms"] > 0 and record["p50_ms"] <= record["p90_ms"]
     assert record["random_weights"] is True and record["warmup"] == 1 and record["first_call_ms"] > 0
     assert {"stage_vision_ms", "stage_prefix_ms", "stage_denoise_ms"} <= set(record)
+    assert f"first call: {record['first_call_ms']:.1f} ms" in out
+    assert f"end to end: p50 {record['end_to_end_p50_ms']:.2f} ms" in out
+    phases = [line.removeprefix("embodied-accel bench: ") for line in err.splitlines() if line.startswith("embodied")]
+    assert phases == [
+        "first call (warm-up, timed apart) ...",
+        "0 more warm-up call(s), then 3 timed runs ...",
+        "counting the aten ops of one call ...",
+        "end to end: 1 run(s) from observation dicts (+ host validation, tokenization) ...",
+        "per-stage split (vision, prefix, denoise), 3 timed runs each ...",
+    ]
 
 
 @needs_policy

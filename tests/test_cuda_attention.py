@@ -15,8 +15,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
-from triton_setup import DEVICE, GPU, ON_GPU, TOLERANCE, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
+from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
+    DEVICE,
+    GPU,
+    ON_GPU,
+    TOLERANCE,
+    requires_triton,
+)
 
 pytestmark = requires_triton
 
@@ -97,9 +102,10 @@ def prefix_lm_may_attend(valid: torch.Tensor) -> torch.Tensor:
 def assert_matches_reference(out, q, k, v, may_attend, dtype):
     """Within tolerance of the fp32 reference; bf16: at most about twice the same-dtype reference's error."""
     scale = q.shape[-1] ** -0.5
-    mask = None if may_attend is None else reference.prepare_attention_mask(may_attend, torch.float32)
+    heads = q.shape[1]
+    mask = None if may_attend is None else reference.prepare_attention_mask(may_attend, torch.float32, heads)
     expected = reference.attention(q.float(), k.float(), v.float(), mask, scale)
-    same_mask = None if may_attend is None else reference.prepare_attention_mask(may_attend, dtype)
+    same_mask = None if may_attend is None else reference.prepare_attention_mask(may_attend, dtype, heads)
     same_dtype_err = (reference.attention(q, k, v, same_mask, scale).float() - expected).abs().max().item()
     assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
     err = (out.float() - expected).abs().max().item()
@@ -116,7 +122,7 @@ def test_pi0_suffix_shape(dtype):
     prefix_valid = torch.ones(1, prefix, dtype=torch.bool, device=DEVICE)
     prefix_valid[:, 512 + 20 :] = False  # prompt padding after 20 tokens
     may_attend = F.pad(prefix_valid, (0, suffix), value=True)[:, None, :].expand(1, suffix, -1)
-    out = triton_ops.attention(q, k, v, triton_ops.prepare_attention_mask(may_attend, dtype), 256**-0.5)
+    out = triton_ops.attention(q, k, v, triton_ops.prepare_attention_mask(may_attend, dtype, 8), 256**-0.5)
     assert_matches_reference(out, q, k, v, may_attend, dtype)
 
 
@@ -131,7 +137,7 @@ def test_prefix_shape_with_the_models_prefix_lm_mask(dtype):
     valid[:, 100:128] = False  # a missing camera's tokens
     valid[:, 280:] = False  # prompt padding
     may_attend = prefix_lm_may_attend(valid)
-    out = triton_ops.attention(q, k, v, triton_ops.prepare_attention_mask(may_attend, dtype), 256**-0.5)
+    out = triton_ops.attention(q, k, v, triton_ops.prepare_attention_mask(may_attend, dtype, 8), 256**-0.5)
     assert_matches_reference(out, q, k, v, may_attend, dtype)
     uniform = v.float().mean(dim=2, keepdim=True).expand(1, 8, 20, 256)
     torch.testing.assert_close(out[:, :, 280:].float(), uniform, **TOLERANCE[dtype])
@@ -197,7 +203,7 @@ def test_key_split_plan():
 def test_output_is_a_view_of_bshd_memory():
     """The model's next step, ``transpose(1, 2).reshape(B * Sq, H * D)``, is free (no copy)."""
     q, k, v = make_qkv(2, 8, 1, 5, 20, 16, torch.float32, "bhsd")
-    out = triton_ops.attention(q, k, v, triton_ops.prepare_attention_mask(random_may_attend(2, 5, 20), q.dtype), 0.25)
+    out = triton_ops.attention(q, k, v, triton_ops.prepare_attention_mask(random_may_attend(2, 5, 20), q.dtype, 8), 0.25)
     assert out.shape == (2, 8, 5, 16) and out.transpose(1, 2).is_contiguous()
     rows = out.transpose(1, 2).reshape(2 * 5, 8 * 16)
     assert rows.data_ptr() == out.data_ptr()
@@ -205,13 +211,14 @@ def test_output_is_a_view_of_bshd_memory():
 
 def test_mask_carries_the_boolean_and_builds_no_additive_mask_for_triton():
     may_attend = random_may_attend(1, 4, 9)
-    mask = triton_ops.prepare_attention_mask(may_attend, torch.float32)
+    mask = triton_ops.prepare_attention_mask(may_attend, torch.float32, 8)
     q, k, v = make_qkv(1, 8, 1, 4, 9, 16, torch.float32)
     triton_ops.attention(q, k, v, mask, 0.25)
-    assert mask.may_attend is may_attend and mask._additive is None and not mask._rows
-    torch.testing.assert_close(mask.additive, reference.prepare_attention_mask(may_attend, torch.float32))  # on demand
-    sdpa_mask = get_ops("cuda", GPU).prepare_attention_mask(may_attend, torch.float32)
-    assert sdpa_mask._additive is not None  # the sdpa choice builds it once per pass, as before
+    assert mask.may_attend is may_attend and mask.additive is None and mask.kernel_mask is None
+    sdpa_mask = get_ops("cuda", GPU).prepare_attention_mask(may_attend, torch.float32, 8)
+    expected = reference.prepare_attention_mask(may_attend, torch.float32, 8).additive
+    assert torch.equal(sdpa_mask.additive, expected)  # the sdpa choice builds it once per pass
+    assert torch.equal(sdpa_mask.kernel_mask, expected[:, 0].repeat_interleave(8, dim=1)[:, None])  # per head
 
 
 def test_custom_op_has_a_working_fake_implementation():
@@ -229,7 +236,7 @@ def test_torch_compile_traces_the_op_without_graph_breaks():
     may_attend = random_may_attend(1, 6, 30)
 
     def attend(q, k, v, may_attend):
-        mask = triton_ops.prepare_attention_mask(may_attend, q.dtype)
+        mask = triton_ops.prepare_attention_mask(may_attend, q.dtype, q.shape[1])
         return triton_ops.attention(q, k, v, mask, 0.25).transpose(1, 2).reshape(6, 8 * 16)
 
     compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")
@@ -312,7 +319,7 @@ def test_cuda_attention_option_is_validated_and_recorded(caplog):
 def cuda_backend_here(monkeypatch, big_tiles_under_the_interpreter):
     """Let ``load_policy`` build the cuda backend on this machine: its ``get_ops`` sees a GPU platform (the
     tensors stay on this machine's device) and, under the interpreter, keeps only the attention ops."""
-    from embodied_accel.models.pi0 import policy as policy_mod
+    from embodied_accel.policies import pi0 as policy_mod
 
     def get_ops_on_a_gpu(backend="auto", plat=None, cuda_attention="sdpa"):
         return attention_only_ops(get_ops(backend, GPU, cuda_attention=cuda_attention))

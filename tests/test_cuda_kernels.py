@@ -6,8 +6,12 @@ kernels are imported); on a GPU the same tests run on the device.
 
 import pytest
 import torch
-
-from triton_setup import DEVICE, GPU, TOLERANCE, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
+from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
+    DEVICE,
+    GPU,
+    TOLERANCE,
+    requires_triton,
+)
 
 pytestmark = requires_triton
 
@@ -45,12 +49,12 @@ def test_packed_mqa_attention(batch, heads, kv_heads, sq, sk, dim, dtype):
     may_attend = torch.rand(batch, sq, sk, device=DEVICE) > 0.3
     may_attend[:, :, 0] = True
     may_attend[0, -1] = False  # a fully masked row stays finite (uniform), as in the reference
-    mask = reference.prepare_attention_mask(may_attend, dtype)
-    cuda_mask = cuda_ops.prepare_attention_mask(may_attend, dtype)
+    mask = reference.prepare_attention_mask(may_attend, dtype, heads)
+    cuda_mask = cuda_ops.prepare_attention_mask(may_attend, dtype, heads)
     out = cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5)
     assert torch.equal(cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5), out)  # the packed mask, reused
-    assert len(cuda_mask._rows) == (1 if kv_heads == 1 and heads > 1 else 0)
-    expected = reference.attention(q.float(), k.float(), v.float(), mask.float(), dim**-0.5)
+    fp32_mask = reference.prepare_attention_mask(may_attend, torch.float32, heads)
+    expected = reference.attention(q.float(), k.float(), v.float(), fp32_mask, dim**-0.5)
     # bf16: at most about twice the error of the same-dtype reference
     same_dtype_err = (reference.attention(q, k, v, mask, dim**-0.5).float() - expected).abs().max().item()
     err = (out.float() - expected).abs().max().item()

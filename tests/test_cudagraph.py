@@ -3,6 +3,8 @@ and the real capture on an NVIDIA GPU when there is one."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +17,10 @@ from embodied_accel import load_policy
 from embodied_accel.platform import Platform
 from embodied_accel.runtime import CaptureUnavailableError, capture_call
 from embodied_accel.runtime.cudagraph import GraphedCall
+from embodied_accel.runtime.executor import BucketedCall
 
 FIXTURES = Path(__file__).parent / "fixtures"
+GPU = Platform("cuda", "CPU stand-in for a GPU", has_triton=True, has_torch_npu=False)
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
 
 
@@ -81,14 +85,28 @@ def raw_batch(policy, seed, batch=2):
     return policy.prepare_raw(observations)
 
 
+def graphed_whole_call(policy, standin) -> BucketedCall:
+    """The policy's whole call in ``cudagraph`` mode on the CPU: the real executor (buffers, one graph per input
+    shape, invalidation), with the replay stand-in in place of CUDA graphs."""
+    return BucketedCall(
+        policy._whole_call, policy.plan, policy.assemble, mode="cudagraph", buffers=policy.buffers, plat=GPU,
+        graph_backend=standin,
+    )  # fmt: skip
+
+
+def run_graphed(policy, call, raw, noise):
+    bucket = policy.bucket(raw.batch_size, len(raw.frames), raw.tokens.shape[1], None)
+    return call(bucket, raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise)
+
+
 def test_one_capture_per_bucket_static_inputs_and_private_outputs():
     policy = load_policy("pi0-tiny", progress=False)
+    policy.reserve(2)  # buffers for batch 2 first: the batch-1 bucket below reuses them
     standin = ReplayStandIn()
-    graphed = GraphedCall(policy._whole_call, backend=standin)
+    graphed = graphed_whole_call(policy, standin)
 
     def call(raw, noise):
-        policy.model.ensure_buffers(raw.batch_size, len(raw.frames), raw.tokens.shape[1], None, policy.device)
-        return graphed(raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise, None)
+        return run_graphed(policy, graphed, raw, noise)
 
     raw_a, raw_b = raw_batch(policy, 0), raw_batch(policy, 1)
     assert raw_a.tokens.shape == raw_b.tokens.shape  # same bucket
@@ -96,19 +114,41 @@ def test_one_capture_per_bucket_static_inputs_and_private_outputs():
     out_a = call(raw_a, noise_a)
     torch.testing.assert_close(out_a, policy.run(raw_a, noise_a), rtol=0, atol=0)
     out_b = call(raw_b, noise_b)  # replayed: inputs copied into the captured tensors
-    assert standin.captures == 1 and len(graphed.buckets) == 1 and graphed.replays == 2
+    (graphs,) = graphed.graphs  # one set of buffers: one graph wrapper
+    assert standin.captures == 1 and len(graphs.buckets) == 1 and graphs.replays == 2
     torch.testing.assert_close(out_b, policy.run(raw_b, noise_b), rtol=0, atol=0)
     assert not torch.equal(out_a, out_b)
     out_a.zero_()  # the caller owns what it got back
     raw_b.state.add_(100.0)  # and may reuse its input tensors after the call
     torch.testing.assert_close(call(raw_a, noise_a), policy.run(raw_a, noise_a), rtol=0, atol=0)
 
-    single = raw_batch(policy, 2, batch=1)  # another shape: another bucket, the first one kept
+    single = raw_batch(policy, 2, batch=1)  # another shape: another graph, on the same buffers
     torch.testing.assert_close(call(single, noise_a[:1]), policy.run(single, noise_a[:1]), rtol=0, atol=0)
-    assert standin.captures == 2 and len(graphed.capture_seconds) == 2
-    assert all(seconds >= 0 for seconds in graphed.capture_seconds.values())
+    (graphs,) = graphed.graphs
+    assert standin.captures == 2 and len(graphs.capture_seconds) == 2
+    assert graphed.capture_seconds >= 0
     call(raw_a, noise_a)
-    assert standin.captures == 2
+    assert standin.captures == 2 and policy.buffers.builds["kv_cache"] == 1
+
+
+def test_graphs_that_read_an_outgrown_buffer_are_dropped_and_recaptured():
+    """A larger batch retires the KV cache: the graphs captured against it are dropped (their memory and the old
+    cache freed), and the next call of their bucket captures again against the new cache."""
+    policy = load_policy("pi0-tiny", progress=False)
+    standin = ReplayStandIn()
+    graphed = graphed_whole_call(policy, standin)
+    small, large = raw_batch(policy, 0, batch=1), raw_batch(policy, 1, batch=3)
+    noise_small, noise_large = policy.make_noise(1, seed=0), policy.make_noise(3, seed=1)
+    first = run_graphed(policy, graphed, small, noise_small)
+    small_bucket = policy.bucket(1, len(small.frames), small.tokens.shape[1], None)
+    old_cache = weakref.ref(graphed.bound_buffers(small_bucket).kv_cache)
+    run_graphed(policy, graphed, large, noise_large)  # outgrows the batch-1 cache
+    assert policy.buffers.retired["kv_cache"] == 1 and len(graphed.graphs) == 1
+    gc.collect()
+    assert old_cache() is None, "the outgrown cache is still referenced (by a graph that was not dropped?)"
+    again = run_graphed(policy, graphed, small, noise_small)  # recaptured against the batch-3 cache
+    assert standin.captures == 3
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
 
 
 def test_capture_safety_check_catches_syncs_and_host_data():
@@ -121,11 +161,10 @@ def test_capture_safety_check_catches_syncs_and_host_data():
 @pytest.mark.parametrize("preset", ["pi0-tiny", "pi05-tiny"])
 def test_whole_call_is_capture_safe(preset):
     policy = load_policy(preset, progress=False)
-    graphed = GraphedCall(policy._whole_call, backend=ReplayStandIn())  # asserts inside capture
+    graphed = graphed_whole_call(policy, ReplayStandIn())  # asserts inside capture
     raw = raw_batch(policy, 3)
-    policy.model.ensure_buffers(raw.batch_size, len(raw.frames), raw.tokens.shape[1], None, policy.device)
     noise = policy.make_noise(2, seed=0)
-    out = graphed(raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise, None)
+    out = run_graphed(policy, graphed, raw, noise)
     torch.testing.assert_close(out, policy.run(raw, noise), rtol=0, atol=0)
 
 
@@ -155,7 +194,7 @@ def test_cuda_graph_call_equals_eager_on_the_gpu(preset, mode):
         raw = graphed.prepare_raw([dict(o) for o in _observations(seed)])
         noise = graphed.make_noise(raw.batch_size, seed=seed)
         torch.testing.assert_close(graphed.run(raw, noise), eager.run(raw, noise), rtol=1e-4, atol=1e-4)
-    (call,) = graphed.captured_calls.values()
+    (call,) = graphed.whole_call.graphs
     assert len(call.buckets) == 1 and call.replays == 3
 
 

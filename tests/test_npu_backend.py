@@ -11,6 +11,7 @@ fixtures run on the backend; mutations of the conventions (mask read the wrong w
 twice or not at all) are checked to make those comparisons fail.
 """
 
+import functools
 import importlib.util
 import json
 import os
@@ -25,8 +26,13 @@ from embodied_accel import platform as platform_mod
 from embodied_accel.models.pi0 import weights as pi0_weights
 from embodied_accel.models.pi0.config import get_preset
 from embodied_accel.models.pi0.model import Pi0Model
-from embodied_accel.ops import BackendUnavailableError, get_ops, npu as npu_backend, reference
-from embodied_accel.runtime import CaptureUnavailableError, capture_call, prepare_capture
+from embodied_accel.ops import BackendUnavailableError, get_ops, reference
+from embodied_accel.ops import npu as npu_backend
+from embodied_accel.runtime import (
+    CaptureUnavailableError,
+    capture_call,
+    prepare_capture,
+)
 from embodied_accel.runtime import torchair as torchair_mode
 
 STANDIN = Path(__file__).parent / "torch_npu_standin"
@@ -183,7 +189,7 @@ def test_rope_on_merged_qkv(ops, batch, heads, kv_heads, seq, dim, dtype):
     qkv = randn(batch, seq, total, dim, dtype=dtype).transpose(1, 2)  # the model's view of its BSND memory
     cos, sin = _tables(batch, seq, dim, dtype)
     tables = ops.prepare_rope(cos, sin, heads + kv_heads, total)
-    assert isinstance(tables, npu_backend.NpuRopeTables)
+    assert tables.layout == "BSHD"  # the operator's multipliers, not the reference's
     out = ops.rope(qkv, tables)
     expected = reference.rope(qkv.float(), reference.prepare_rope(cos.float(), sin.float(), heads + kv_heads, total))
     torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
@@ -196,10 +202,10 @@ def test_rope_conventions(ops, torch_npu):
         ops.prepare_rope(cos.double(), sin.double(), 2, 3)
     qkv = randn(1, 5, 3, 16)
     tables = ops.prepare_rope(cos, sin, 2, 3)
-    interleaved = torch_npu.npu_rotary_mul(qkv, tables.r1, tables.r2, rotary_mode="interleave")
+    interleaved = torch_npu.npu_rotary_mul(qkv, *tables.multipliers, rotary_mode="interleave")
     assert not torch.allclose(interleaved.transpose(1, 2), ops.rope(qkv.transpose(1, 2), tables), atol=1e-3)
     wide = ops.prepare_rope(*_tables(1, 2, 1024, torch.float32), 1, 2)  # beyond the operator's D < 896
-    assert isinstance(wide, reference.RopeTables)
+    assert wide.layout == "BHSD"  # left to the reference
 
 
 # ------------------------------------------------------------------ attention
@@ -231,11 +237,11 @@ def test_attention_with_mask_and_grouped_kv(ops, calls, batch, heads, kv_heads, 
     may = _may_attend(batch, q_len, kv_len)
     k, v = randn(batch, kv_heads, kv_len, dim, dtype=dtype), randn(batch, kv_heads, kv_len, dim, dtype=dtype)
     scale = dim**-0.5
-    out = ops.attention(q, k, v, ops.prepare_attention_mask(may, dtype), scale)
+    out = ops.attention(q, k, v, ops.prepare_attention_mask(may, dtype, heads), scale)
     assert calls.get("npu_fused_infer_attention_score") == 1
     assert out.shape == q.shape and out.dtype == dtype and torch.isfinite(out).all()
-    exact = reference.attention(q.float(), k.float(), v.float(), reference.prepare_attention_mask(may, torch.float32), scale)
-    same_dtype = reference.attention(q, k, v, reference.prepare_attention_mask(may, dtype), scale)
+    exact = reference.attention(q.float(), k.float(), v.float(), reference.prepare_attention_mask(may, torch.float32, 4), scale)
+    same_dtype = reference.attention(q, k, v, reference.prepare_attention_mask(may, dtype, heads), scale)
     rows = may.any(-1)[:, None, :, None].expand_as(exact)  # padding queries have no defined output
     err = (out.float() - exact)[rows].abs().max()
     torch_err = (same_dtype.float() - exact)[rows].abs().max()
@@ -246,8 +252,9 @@ def test_attention_without_mask_and_float32_fallback(ops, calls):
     q, k, v = randn(2, 4, 9, 32), randn(2, 4, 9, 32), randn(2, 4, 9, 32)
     assert torch.equal(ops.attention(q, k, v, None, 0.2), reference.attention(q, k, v, None, 0.2))
     may = _may_attend(2, 9, 9)
-    mask32 = ops.prepare_attention_mask(may, torch.float32)
-    assert torch.equal(mask32, reference.prepare_attention_mask(may, torch.float32))
+    mask32 = ops.prepare_attention_mask(may, torch.float32, 4)
+    assert mask32.kernel_mask is None  # no float32 kernel: the reference's mask only
+    assert torch.equal(mask32.additive, reference.prepare_attention_mask(may, torch.float32, 4).additive)
     assert torch.equal(ops.attention(q, k, v, mask32, 0.2), reference.attention(q, k, v, mask32, 0.2))
     assert "npu_fused_infer_attention_score" not in calls  # no float32 kernel: the reference ran
     qb, kb, vb = (t.bfloat16() for t in (q, k, v))
@@ -258,18 +265,31 @@ def test_attention_without_mask_and_float32_fallback(ops, calls):
 
 def test_mask_is_inverted_to_the_operators_convention(ops):
     may = _may_attend(2, 6, 11)
-    mask = ops.prepare_attention_mask(may, torch.bfloat16)
-    assert mask.masked.dtype == torch.int8 and mask.masked.shape == (2, 1, 6, 11)
-    assert torch.equal(mask.masked[:, 0, :-1], (~may[:, :-1]).to(torch.int8))  # 1 = masked (not computed)
-    assert not mask.masked[:, 0, -1].any()  # a row that may attend to nothing attends to everything instead
+    mask = ops.prepare_attention_mask(may, torch.bfloat16, 4)
+    masked = mask.kernel_mask
+    assert masked.dtype == torch.int8 and masked.shape == (2, 1, 6, 11)
+    assert torch.equal(masked[:, 0, :-1], (~may[:, :-1]).to(torch.int8))  # 1 = masked (not computed)
+    assert not masked[:, 0, -1].any()  # a row that may attend to nothing attends to everything instead
+
+
+def test_float16_fallback_keeps_fully_masked_rows_finite(ops, calls):
+    """A call the operator cannot take (head dim beyond its limit) runs the reference on the same mask; in float16
+    the masked score must stay finite (MASKED_SCORE overflows float16 to -inf: NaN rows that poison later layers)."""
+    q, k, v = (randn(1, 2, 4, 520, dtype=torch.float16) for _ in range(3))
+    may = _may_attend(1, 4, 4)  # its last row may attend to nothing
+    out = ops.attention(q, k, v, ops.prepare_attention_mask(may, torch.float16, 2), 520**-0.5)
+    assert "npu_fused_infer_attention_score" not in calls
+    assert torch.isfinite(out).all()
+    exact = reference.attention(q.float(), k.float(), v.float(), reference.prepare_attention_mask(may, torch.float32, 2), 520**-0.5)
+    torch.testing.assert_close(out[:, :, :-1].float(), exact[:, :, :-1], **TOLERANCE[torch.float16])
 
 
 def test_a_wrong_mask_convention_is_detected(ops, torch_npu, monkeypatch):
     """If the operator got our "may attend" mask as is (1 = attend), or kept PFA's next_tokens=0, outputs change."""
     q, k, v = (randn(2, 4, 8, 16, dtype=torch.bfloat16) for _ in range(3))
     may = _may_attend(2, 8, 8, empty_rows=False)
-    exact = reference.attention(q.float(), k.float(), v.float(), reference.prepare_attention_mask(may, torch.float32), 0.25)
-    good = ops.attention(q, k, v, ops.prepare_attention_mask(may, torch.bfloat16), 0.25)
+    exact = reference.attention(q.float(), k.float(), v.float(), reference.prepare_attention_mask(may, torch.float32, 4), 0.25)
+    good = ops.attention(q, k, v, ops.prepare_attention_mask(may, torch.bfloat16, 4), 0.25)
     torch.testing.assert_close(good.float(), exact, **TOLERANCE[torch.bfloat16])
     real = torch_npu.npu_fused_infer_attention_score
     for mutation in ("inverted mask", "next_tokens=0"):
@@ -283,7 +303,7 @@ def test_a_wrong_mask_convention_is_detected(ops, torch_npu, monkeypatch):
             return real(q, k, v, atten_mask=atten_mask, **kw)
 
         monkeypatch.setattr(torch_npu, "npu_fused_infer_attention_score", mutated)
-        bad = ops.attention(q, k, v, ops.prepare_attention_mask(may, torch.bfloat16), 0.25)
+        bad = ops.attention(q, k, v, ops.prepare_attention_mask(may, torch.bfloat16, 4), 0.25)
         assert not torch.allclose(bad.float(), exact, **TOLERANCE[torch.bfloat16]), mutation
 
 
@@ -410,7 +430,9 @@ def test_torchair_capture_compiles_the_whole_call_as_asked(ops, torchair, no_all
     expected = model.sample_actions(*args, noise=io["noise"])
 
     torch._dynamo.reset()
-    compiled = capture_call(model.sample_actions, "torchair", NPU)
+    images, _, tokens = args[:3]
+    buffers = model.new_buffers(tokens.shape[0], images.shape[1], tokens.shape[1], 10, "cpu")  # as the runtime does
+    compiled = capture_call(functools.partial(model.sample_actions, buffers=buffers), "torchair", NPU)
     assert os.environ[torchair_mode.ALLOC_CONF_VAR] == "expandable_segments:True"
     (kwargs,) = compile_calls
     assert kwargs["fullgraph"] is True and kwargs["dynamic"] is False
@@ -462,7 +484,7 @@ def test_expandable_segments_are_set_unless_the_user_set_the_allocator(no_alloc_
 
 def test_policy_sets_the_allocator_before_the_weights_are_allocated(no_alloc_conf, monkeypatch):
     from embodied_accel import load_policy
-    from embodied_accel.models.pi0 import policy as policy_mod
+    from embodied_accel.policies import pi0 as policy_mod
 
     seen = []
     real_init = policy_mod.init_random_weights

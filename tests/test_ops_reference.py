@@ -122,7 +122,7 @@ def test_attention_gqa_with_block_mask(heads, kv_heads):
     q, k, v = torch.randn(b, heads, sq, d), torch.randn(b, kv_heads, sk, d), torch.randn(b, kv_heads, sk, d)
     may_attend = torch.rand(b, sq, sk) > 0.3
     may_attend[:, :, 0] = True
-    mask = ops.prepare_attention_mask(may_attend, torch.float32)
+    mask = ops.prepare_attention_mask(may_attend, torch.float32, heads)
     out = ops.attention(q, k, v, mask, d**-0.5)
     torch.testing.assert_close(out, naive_attention(q, k, v, may_attend, d**-0.5), rtol=1e-5, atol=1e-5)
 
@@ -133,10 +133,46 @@ def test_attention_prefix_lm_and_fully_masked_rows_are_finite():
     valid = torch.tensor([[True] * 7 + [False] * 3])
     may_attend = valid[:, None, :] & valid[:, :, None]
     q, k, v = torch.randn(b, h, s, d), torch.randn(b, 1, s, d), torch.randn(b, 1, s, d)
-    out = ops.attention(q, k, v, ops.prepare_attention_mask(may_attend, torch.float32), d**-0.5)
+    out = ops.attention(q, k, v, ops.prepare_attention_mask(may_attend, torch.float32, h), d**-0.5)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out[:, :, 9], v[:, 0].mean(dim=1).expand(h, d)[None], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, naive_attention(q, k, v, may_attend, d**-0.5), rtol=1e-5, atol=1e-5)
+
+
+def mem_efficient_sdpa_would_pad(mask: torch.Tensor) -> bool:
+    """PyTorch's memory-efficient SDPA copies a mask into an aligned buffer unless every stride but the last is a
+    multiple of 8 and the last is 1 (``preprocess_mask`` in aten's attention.cpp)."""
+    return mask.stride(-1) != 1 or any(stride % 8 for stride in mask.stride()[:-1])
+
+
+@pytest.mark.parametrize("keys", [5, 8, 123, 579])
+def test_additive_mask_is_allocated_padded_once(keys):
+    """Key counts that are not a multiple of 8 (e.g. pi0's 579-position cache) are padded in memory once, when the
+    mask is prepared, so SDPA does not pad it again in every layer and step."""
+    may_attend = torch.rand(2, 7, keys) > 0.5
+    mask = ops.prepare_attention_mask(may_attend, torch.float32, 8)
+    assert mask.additive.shape == (2, 1, 7, keys)
+    assert not mem_efficient_sdpa_would_pad(mask.additive)
+    expected = torch.where(may_attend[:, None], 0.0, reference.MASKED_SCORE)
+    assert torch.equal(mask.additive, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_masked_score_is_finite_in_every_dtype(dtype):
+    """float16 cannot hold MASKED_SCORE (-2.4e38 overflows to -inf, and a fully masked row turns into NaN)."""
+    score = reference.masked_score(dtype)
+    assert torch.isfinite(torch.tensor(score, dtype=dtype))
+    assert torch.isfinite(torch.tensor(score, dtype=dtype) - 1000)  # a score plus the mask stays finite
+    may_attend = torch.rand(1, 3, 6) > 0.5
+    may_attend[0, 0] = False  # a fully masked row (a padding token): finite, and nobody reads it
+    may_attend[0, 1:, 0] = True
+    mask = ops.prepare_attention_mask(may_attend, dtype, 2)
+    assert torch.isfinite(mask.additive).all()
+    q, k, v = (torch.randn(1, 2, n, 8, dtype=dtype) for n in (3, 6, 6))
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.additive.float(), scale=0.3)
+    assert torch.isfinite(out).all()
+    expected = naive_attention(q.float(), k.float(), v.float(), may_attend, 0.3)
+    torch.testing.assert_close(out[:, :, 1:], expected[:, :, 1:], rtol=1e-5, atol=1e-5)
 
 
 def test_attention_without_mask():

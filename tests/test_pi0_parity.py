@@ -4,7 +4,9 @@ Same weights (loaded through the real loader from LeRobot's key layout), same in
 ``sample_actions`` must match LeRobot's PI0Policy / PI05Policy to 1e-4 in fp32.
 """
 
+import gc
 import json
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,7 @@ from safetensors.torch import load_file
 
 from embodied_accel import load_policy
 from embodied_accel.bench.harness import count_aten_ops
+from embodied_accel.models.pi0.processor import ModelInputs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")]
@@ -89,24 +92,34 @@ def test_dropping_a_missing_camera_slot_is_exact():
     torch.testing.assert_close(out2, io["actions_model"], rtol=0, atol=1e-4)
 
 
+def model_inputs(io, family, batch=slice(None)) -> ModelInputs:
+    images, masks, tokens, token_masks, state = model_args(io, family, batch)
+    state = torch.zeros(tokens.shape[0], 32) if state is None else state
+    return ModelInputs(images, masks, tokens, token_masks, state)
+
+
 @pytest.mark.parametrize("family,preset", CASES)
 def test_repeated_calls_are_deterministic_and_reuse_the_cache(family, preset):
     directory, io, _ = fixture(family)
     policy = load_policy(str(directory), preset=preset, progress=False)
-    first = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
-    cache = policy.model._kv_cache.buffer
-    second = policy.model.sample_actions(*model_args(io, family), noise=io["noise"])
-    assert policy.model._kv_cache.buffer is cache  # preallocated once, reused
+    first = policy.sample(model_inputs(io, family), io["noise"])
+    second = policy.sample(model_inputs(io, family), io["noise"])
+    assert policy.buffers.builds["kv_cache"] == 1  # preallocated once, reused
     assert torch.equal(first, second)
+    torch.testing.assert_close(first, io["actions_model"], rtol=0, atol=1e-4)
     # a smaller bucket uses the cache's leading rows: no new allocation, same answer as its batch row
-    single = policy.model.sample_actions(*model_args(io, family, slice(0, 1)), noise=io["noise"][:1])
-    assert policy.model._kv_cache.buffer is cache and not policy.model._outgrown_kv_caches
+    single = policy.sample(model_inputs(io, family, slice(0, 1)), io["noise"][:1])
+    assert policy.buffers.builds["kv_cache"] == 1 and not policy.buffers.retired
     torch.testing.assert_close(single[0], first[0], rtol=1e-5, atol=1e-5)
-    # a larger bucket grows the cache; the outgrown one is kept (a captured graph may still read it)
-    images, masks, tokens, token_masks, state = model_args(io, family)
-    doubled = [torch.cat([t, t]) if t is not None else None for t in (images, masks, tokens, token_masks, state)]
-    policy.model.sample_actions(*doubled, noise=torch.cat([io["noise"], io["noise"]]))
-    assert policy.model._kv_cache.buffer.shape[2] == 4 and policy.model._outgrown_kv_caches[0].buffer is cache
+    # a larger bucket grows the cache and retires the old one (the runtime drops what read it; it is freed)
+    old = weakref.ref(policy.model_call.bound_buffers(policy.bucket(2, 3, io["tokens"].shape[1], None)).kv_cache)
+    inputs = model_inputs(io, family)
+    doubled = ModelInputs(*(torch.cat([t, t]) for t in (inputs.images, inputs.image_masks, inputs.tokens,
+                                                         inputs.token_masks, inputs.state)))  # fmt: skip
+    policy.sample(doubled, torch.cat([io["noise"], io["noise"]]))
+    assert policy.buffers.builds["kv_cache"] == 2 and policy.buffers.retired["kv_cache"] == 1
+    gc.collect()
+    assert old() is None
 
 
 @pytest.mark.parametrize("family,preset", CASES)
@@ -125,27 +138,29 @@ def test_host_overhead_at_most_a_third_of_lerobot(family, preset):
     """Dispatched aten ops per call vs LeRobot's count recorded with the fixture (same config, batch 2)."""
     directory, io, meta = fixture(family)
     policy = load_policy(str(directory), preset=preset, progress=False)
-    args = model_args(io, family)
-    policy.model.sample_actions(*args, noise=io["noise"])
-    _, ops_per_call, _ = count_aten_ops(policy.model.sample_actions, *args, noise=io["noise"])
+    inputs = model_inputs(io, family)
+    policy.sample(inputs, io["noise"])  # the runtime's buffers exist before the counted call, as in serving
+    _, ops_per_call, _ = count_aten_ops(policy.sample, inputs, io["noise"])
     assert ops_per_call <= meta["aten_ops_per_call"] / 3, (ops_per_call, meta["aten_ops_per_call"])
 
 
 def test_num_steps_changes_the_schedule():
     directory, io, _ = fixture("pi05")
     policy = load_policy(str(directory), preset="pi05-tiny", progress=False)
-    args = model_args(io, "pi05")
-    ten = policy.model.sample_actions(*args, noise=io["noise"], num_steps=10)
-    five = policy.model.sample_actions(*args, noise=io["noise"], num_steps=5)
+    inputs = model_inputs(io, "pi05")
+    ten = policy.sample(inputs, io["noise"], num_steps=10)
+    five = policy.sample(inputs, io["noise"], num_steps=5)
     assert not torch.allclose(ten, five)
-    assert torch.equal(policy.model.sample_actions(*args, noise=io["noise"], num_steps=10), ten)
+    assert torch.equal(policy.sample(inputs, io["noise"], num_steps=10), ten)
+    assert policy.buffers.builds["schedule"] == 2  # one schedule per number of steps, each kept
     with pytest.raises(ValueError, match="num_steps"):
-        policy.model.sample_actions(*args, noise=io["noise"], num_steps=0)
+        policy.sample(inputs, io["noise"], num_steps=0)
+    with pytest.raises(ValueError, match="num_steps"):
+        policy.model.sample_actions(*model_args(io, "pi05"), noise=io["noise"], num_steps=0)
 
 
 def test_compact_inputs_is_exact_and_buckets_the_prompt():
-    from embodied_accel.models.pi0.policy import compact_inputs
-    from embodied_accel.models.pi0.processor import ModelInputs
+    from embodied_accel.models.pi0.processor import compact_inputs
 
     directory, io, _ = fixture("pi05")
     policy = load_policy(str(directory), preset="pi05-tiny", progress=False)

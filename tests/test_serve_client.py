@@ -7,7 +7,8 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from embodied_accel.serve.client import ActionChunkExecutor, PolicyClient, ServerError
+from embodied_accel.serve import client as client_mod
+from embodied_accel.serve.client import ActionChunkExecutor, PolicyClient, ServerError, http_get
 
 HORIZON = 10
 
@@ -176,17 +177,16 @@ def libero(t: int) -> dict:
     }
 
 
-def test_policy_client_metadata_errors_and_reconnect(server):
+def test_policy_client_metadata_and_a_refused_request(server):
     with PolicyClient(server.url) as client:
         assert client.metadata["keymap"] == "libero" and client.metadata["action_dim"] == 7
+        assert client.metadata["error_frames"] is True  # our client asks for error messages
         assert client.healthy()
         assert client.infer(libero(0))["actions"].shape == (50, 7)
-        with pytest.raises(ServerError, match=r"observation\['observation/state'\]: missing"):
+        with pytest.raises(client_mod.RequestRefused, match=r"observation\['observation/state'\]: missing") as info:
             client.infer({"observation/image": libero(0)["observation/image"]})
-        with pytest.raises(ServerError, match="closed"):
-            client.infer(libero(0))
-        client.reconnect()
-        assert client.infer(libero(1))["actions"].shape == (50, 7)
+        assert info.value.kind == "observation" and isinstance(info.value, ServerError)
+        assert client.infer(libero(1))["actions"].shape == (50, 7)  # the same connection goes on
 
 
 def test_executor_with_the_server_in_a_robot_loop(server):
@@ -218,3 +218,56 @@ def test_client_waits_for_a_starting_server():
     finally:
         timer.join()
         running.stop()
+
+
+def test_reset_returns_at_once_while_a_step_waits_and_a_late_result_is_discarded():
+    release = threading.Event()
+    calls = []
+
+    def blocking_policy(observation):
+        calls.append(observation["t"])
+        if observation["t"] == 0:
+            release.wait(10)  # the first request hangs until released
+        return timed_chunk(observation)
+
+    executor = ActionChunkExecutor(blocking_policy, prefetch_steps=1)
+    errors: list[BaseException] = []
+
+    def control_loop() -> None:
+        try:
+            executor.step({"t": 0})  # waits for the first chunk
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion below
+            errors.append(exc)
+
+    thread = threading.Thread(target=control_loop)
+    thread.start()
+    time.sleep(0.1)
+    started = time.monotonic()
+    executor.reset()
+    assert time.monotonic() - started < 0.5  # did not wait for the inference (10 s)
+    thread.join(2)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], client_mod.ExecutorReset)
+    release.set()  # the abandoned request returns now; its chunk belongs to the old episode
+    assert executor.step({"t": 100})[0] == 100  # the new episode's own chunk, not the late one
+    assert calls == [0, 100] and executor.tick == 1 and executor.stats.chunks == 1
+    executor.close()
+
+
+def test_policy_client_reconnects_after_the_server_closed_the_connection():
+    from embodied_accel.serve.metrics import PREFIX, parse_metrics
+    from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
+
+    class Constant:
+        def infer_batch(self, observations, **kwargs):
+            return {"actions": np.zeros((len(observations), 2, 1), np.float32)}
+
+    config = ServeConfig(host="127.0.0.1", port=0, max_message_bytes=4096)
+    with ServerThread(PolicyServer(Constant(), config)) as running, PolicyClient(running.url) as client:
+        with pytest.raises(ServerError, match="1009") as info:
+            client.infer({"x": np.zeros(8192, np.uint8)})  # over the limit: the server closes the connection
+        assert not isinstance(info.value, client_mod.RequestRefused)
+        for _ in range(2):
+            assert client.infer({"x": np.float32(1)})["actions"].shape == (2, 1)  # a fresh connection
+        samples = parse_metrics(http_get(running.url, "/metrics")[1])
+        assert samples[PREFIX + "connections_total"] == 2 and samples[PREFIX + 'requests_total{outcome="ok"}'] == 2

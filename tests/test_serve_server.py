@@ -1,6 +1,7 @@
 """The policy server end to end on loopback: openpi-client compatibility, bad input, batching, ordering,
 isolation of slow and broken clients, timeouts, size limits, metrics, graceful shutdown."""
 
+import base64
 import os
 import socket
 import struct
@@ -8,6 +9,7 @@ import threading
 import time
 import urllib.request
 
+import msgpack
 import numpy as np
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -53,14 +55,14 @@ def metric(url: str, name: str) -> float:
     return parse_metrics(http_get(url, "/metrics")[1]).get(PREFIX + name, 0.0)
 
 
-def raw_exchange(url: str, payload) -> tuple[str, int | None]:
+def raw_exchange(url: str, payload, timeout_s: float = 30) -> tuple[str, int | None]:
     """Send one frame on a fresh connection; the server's text answer and its close code."""
     with connect(url, compression=None, max_size=None) as ws:
         codec.unpackb(ws.recv())  # metadata
         ws.send(payload)
-        answer = ws.recv(timeout=30)
+        answer = ws.recv(timeout=timeout_s)
         with pytest.raises(ConnectionClosed):
-            ws.recv(timeout=30)
+            ws.recv(timeout=timeout_s)
         return answer, ws.protocol.close_rcvd.code if ws.protocol.close_rcvd else None
 
 
@@ -275,7 +277,8 @@ class SlowPolicy:
         time.sleep(max(float(o.get("sleep", 0.0)) for o in observations))
         if any(o.get("bad") for o in observations):
             raise ValueError("observation['bad']: this observation is bad")
-        return {"actions": np.stack([np.full((4, 2), float(o["value"]), np.float32) for o in observations])}
+        rows = int(observations[0].get("rows", 4))  # large answers: rows x 2 float32
+        return {"actions": np.stack([np.full((rows, 2), float(o["value"]), np.float32) for o in observations])}
 
 
 def start_fake(policy: SlowPolicy, **config) -> ServerThread:
@@ -378,3 +381,281 @@ def test_healthz_and_metrics(policy):
         assert after[PREFIX + "inference_seconds_count"] == after[PREFIX + "model_calls_total"] == 3
         assert after[PREFIX + "connections"] == 1 and after[PREFIX + "inflight_requests"] == 0
         assert after["process_resident_memory_bytes"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hostile input and shutdown under stress: every request ends (answered, refused or counted as dropped), no
+# message holds up another client, shutdown keeps to its drain timeout
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _tagged(data: bytes, dtype: str, shape) -> dict:
+    return {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}
+
+
+def test_messages_that_used_to_kill_the_reader_are_refused_and_counted(policy):
+    droid_image = np.zeros((8, 8, 3), np.uint8)
+    cases = [
+        (
+            "zero elements, a dimension of 2**63",
+            msgpack.packb({"observation/state": _tagged(b"", "<f4", [0, 2**63])}),
+            "declares 9223372036854775808 elements",
+        ),
+        (
+            "zero-byte dtype, huge shape",
+            msgpack.packb({"observation/state": _tagged(b"", "|S0", [2**62])}),
+            "zero-byte",
+        ),
+        (
+            "ragged DROID joint position",
+            codec.packb(
+                {
+                    "observation/exterior_image_1_left": droid_image,
+                    "observation/joint_position": [[0.0, 1.0], [2.0]],
+                    "observation/gripper_position": 0.5,
+                }
+            ),
+            "observation['observation/joint_position']: expected a numeric vector",
+        ),
+    ]
+    running = start(policy)
+    try:
+        for name, payload, fragment in cases:
+            text, code = raw_exchange(running.url, payload, timeout_s=5)
+            assert fragment in text and code == 1011, (name, text)
+        assert metric(running.url, 'requests_total{outcome="error"}') == len(cases)
+        deadline = time.monotonic() + 5
+        while metric(running.url, "connections") != 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert metric(running.url, "connections") == 0  # no handler left behind
+        assert PolicyClient(running.url).infer(libero_obs(5))["actions"].shape == (50, 7)
+    finally:
+        started = time.monotonic()
+        running.stop(timeout_s=10)
+    assert time.monotonic() - started < 5
+
+
+def _expansion_message(lists: int = 60, per_list: int = 16_000) -> bytes:
+    """A map {"x": [[{}, {}, ...], ...]}: one byte per empty map, lists x per_list maps."""
+    header = b"\xdd" + per_list.to_bytes(4, "big")
+    return b"\x81\xa1x\xdd" + lists.to_bytes(4, "big") + (header + b"\x80" * per_list) * lists
+
+
+def test_a_message_that_expands_to_many_objects_is_refused_without_holding_up_others():
+    fake = SlowPolicy()
+    hostile = _expansion_message()  # 960 kB, 960 000 maps once decoded
+    with start_fake(fake) as running:
+        answers: list[str] = []
+        done = threading.Event()
+
+        def attacker() -> None:
+            while not done.is_set():
+                answers.append(raw_exchange(running.url, hostile, timeout_s=10)[0])
+
+        thread = threading.Thread(target=attacker)
+        thread.start()
+        client = PolicyClient(running.url)
+        latencies = []
+        try:
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline or not answers:
+                start_time = time.monotonic()
+                assert np.all(client.infer({"value": np.float32(3)})["actions"] == 3)
+                latencies.append(time.monotonic() - start_time)
+        finally:
+            done.set()
+            thread.join(20)
+        # Robust to a rare stall of the whole (shared, loaded) machine: most requests keep their pace.
+        assert np.percentile(latencies, 90) < 0.3, sorted(latencies)[-10:]
+        assert answers and all("lists, maps and entries" in answer for answer in answers), answers[:1]
+        assert metric(running.url, 'errors_total{kind="decode"}') == len(answers)
+
+
+def test_error_texts_sent_to_clients_are_capped(policy):
+    many_keys = {f"camera_{i:05d}": 0 for i in range(15_000)}
+    with start(policy) as running:
+        text, code = raw_exchange(running.url, codec.packb(many_keys))
+    assert code == 1011 and "cannot tell which robot" in text and "more)" in text
+    assert len(text) <= 1200, len(text)
+
+
+def _never_reading_websocket(port: int) -> socket.socket:
+    """A websocket client on a raw socket with a 4 kB receive buffer that reads the handshake and nothing else."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    response = b""
+    while not response.endswith(b"\r\n\r\n"):
+        response += sock.recv(1)
+    assert b" 101 " in response.split(b"\r\n")[0], response
+    return sock
+
+
+def _send_binary_frame(sock: socket.socket, payload: bytes) -> None:
+    assert len(payload) < 126
+    mask = os.urandom(4)
+    sock.sendall(b"\x82" + bytes([0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+
+def test_shutdown_keeps_to_the_drain_timeout_with_a_client_that_never_reads_and_reports_503():
+    fake = SlowPolicy()
+    running = start_fake(fake, drain_timeout_s=1.5)
+    port = running.server.port
+    stuck = _never_reading_websocket(port)
+    for _ in range(4):  # four 2 MB answers: far more than the socket buffers hold
+        _send_binary_frame(stuck, codec.packb({"value": np.float32(1), "rows": np.int64(262_144)}))
+    deadline = time.monotonic() + 10
+    while sum(fake.calls) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # the answers are computed; the server is stuck writing them
+
+    statuses: list[int] = []
+    refused_handshakes: list[str] = []
+    started = time.monotonic()
+    stopper = threading.Thread(target=running.stop, kwargs={"timeout_s": 20})
+    stopper.start()
+    while stopper.is_alive():
+        try:
+            statuses.append(http_get(running.url, "/healthz", timeout_s=1)[0])
+        except OSError:
+            statuses.append(-1)  # the listener is closed
+        if not refused_handshakes:
+            try:
+                with connect(running.url, open_timeout=1):
+                    refused_handshakes.append("accepted")
+            except Exception as exc:  # noqa: BLE001 - any refusal is recorded by its text
+                refused_handshakes.append(str(exc))
+        time.sleep(0.05)
+    stopper.join()
+    elapsed = time.monotonic() - started
+    stuck.close()
+    assert elapsed < 1.5 + 2.0, elapsed  # the drain timeout, plus slack for a loaded machine (it took 20 s)
+    assert 503 in statuses and 200 not in statuses, statuses
+    assert refused_handshakes and "503" in refused_handshakes[0], refused_handshakes
+
+
+def test_requests_dropped_behind_a_refusal_or_left_by_their_client_are_counted():
+    fake = SlowPolicy()
+    with start_fake(fake, max_batch=8, batch_wait_ms=200) as running:
+        with connect(running.url, compression=None, max_size=None) as ws:
+            ws.recv()
+            ws.send(codec.packb({"value": np.float32(1), "bad": np.bool_(True)}))  # fails in the model call
+            for value in (2, 3):
+                ws.send(codec.packb({"value": np.float32(value)}))
+            assert "this observation is bad" in ws.recv(timeout=10)
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)
+        prefix = "requests_dropped_total{reason="
+        deadline = time.monotonic() + 5
+        while metric(running.url, prefix + '"after_error"}') != 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert metric(running.url, prefix + '"after_error"}') == 2
+
+        # Clients that leave without waiting: for an answer, and for a refusal (which is then not counted as
+        # delivered: the request counts as dropped, not as an error).
+        for request in ({"value": np.float32(4)}, {"value": np.float32(5), "bad": np.bool_(True)}):
+            gone = connect(running.url, compression=None, max_size=None).__enter__()
+            gone.recv()
+            gone.send(codec.packb({**request, "sleep": np.float32(0.3)}))
+            time.sleep(0.05)
+            gone.close_socket()
+        deadline = time.monotonic() + 5
+        while metric(running.url, prefix + '"client_gone"}') != 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert metric(running.url, prefix + '"client_gone"}') == 2
+        assert metric(running.url, 'requests_total{outcome="dropped"}') == 4
+        assert metric(running.url, 'requests_total{outcome="error"}') == 1
+        assert metric(running.url, 'errors_total{kind="observation"}') == 1
+        assert metric(running.url, "inflight_requests") == 0
+
+
+def test_a_message_received_while_draining_gets_its_refusal_before_the_close():
+    fake = SlowPolicy()
+    running = start_fake(fake, drain_timeout_s=5)
+    busy = PolicyClient(running.url)
+    answers: list = []
+    worker = threading.Thread(target=lambda: answers.append(busy.infer({"value": np.float32(1), "sleep": 0.8})))
+    late = connect(running.url, compression=None, max_size=None).__enter__()  # openpi's way
+    late.recv()
+    worker.start()
+    assert fake.started.wait(10)
+    stopper = threading.Thread(target=running.stop)
+    stopper.start()
+    deadline = time.monotonic() + 5
+    while http_get(running.url, "/healthz")[0] != 503 and time.monotonic() < deadline:  # draining
+        time.sleep(0.02)
+    late.send(codec.packb({"value": np.float32(2)}))
+    assert late.recv(timeout=5).startswith("shutdown error: server is shutting down")
+    with pytest.raises(ConnectionClosed) as info:
+        late.recv(timeout=5)
+    assert info.value.rcvd.code == 1001
+    stopper.join(10)
+    worker.join(10)
+    assert answers and np.all(answers[0]["actions"] == 1)  # the request in flight was answered
+    counts = running.server.metrics
+    assert counts.errors["shutdown"] == 1 and counts.requests == {"ok": 1, "error": 1, "dropped": 0}
+
+
+def test_error_frames_mode_answers_a_refusal_with_a_message_and_keeps_the_connection(policy):
+    with start(policy) as running:
+        with connect(running.url + "/?error_frames=1", compression=None, max_size=None) as ws:
+            assert codec.unpackb(ws.recv())["error_frames"] is True
+            bad = dict(libero_obs(6), **{"observation/state": np.array([np.nan] * 8, np.float32)})
+            for payload, kind, fragment in (
+                (codec.packb(bad), "observation", "NaN or inf"),
+                ("text", "decode", "expected a binary msgpack frame"),
+                (msgpack.packb({"observation/state": _tagged(b"", "|S0", [2**62])}), "decode", "zero-byte"),
+            ):
+                ws.send(payload)
+                reply = codec.unpackb(ws.recv(timeout=30))
+                assert set(reply) == {"error"} and reply["error"]["kind"] == kind, reply
+                assert fragment in reply["error"]["message"]
+                ws.send(codec.packb(libero_obs(6)))
+                assert codec.unpackb(ws.recv(timeout=30))["actions"].shape == (50, 7)
+        with connect(running.url, compression=None, max_size=None) as ws:  # openpi-client's way: unchanged
+            assert codec.unpackb(ws.recv())["error_frames"] is False
+        assert metric(running.url, 'errors_total{kind="decode"}') == 2
+        assert metric(running.url, 'errors_total{kind="observation"}') == 1
+
+
+def test_closed_loop_clients_are_batched_together_after_a_staggered_start():
+    """Two groups of four clients that start 60 ms apart: the second group waits while the first group's call
+    runs; when it ends, the first group's clients are about to send again, so the next batch waits for them."""
+    fake = SlowPolicy()
+    with start_fake(fake, max_batch=8, batch_wait_ms=30) as running:
+        clients = [PolicyClient(running.url) for _ in range(8)]
+        barrier = threading.Barrier(8)
+
+        def robot(i: int) -> None:
+            barrier.wait()
+            if i >= 4:
+                time.sleep(0.06)
+            for _ in range(8):
+                clients[i].infer({"value": np.float32(i), "sleep": np.float32(0.1)})
+
+        threads = [threading.Thread(target=robot, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        sizes = fake.calls
+        assert sum(sizes) == 64
+        assert sum(sizes) / len(sizes) >= 6, sizes
+
+
+def test_a_client_that_paces_its_requests_does_not_hold_up_the_batches_of_others():
+    fake = SlowPolicy()
+    with start_fake(fake, max_batch=8, batch_wait_ms=500) as running:
+        paced, eager = PolicyClient(running.url), PolicyClient(running.url)
+        assert np.all(paced.infer({"value": np.float32(1)})["actions"] == 1)  # then it executes its chunk, idle
+        latencies = []
+        for i in range(5):
+            start_time = time.monotonic()
+            assert np.all(eager.infer({"value": np.float32(i)})["actions"] == i)
+            latencies.append(time.monotonic() - start_time)
+        assert np.median(latencies) < 0.25, latencies  # nobody waits 500 ms for the idle connection

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import msgpack
@@ -290,3 +291,102 @@ def test_client_modules_import_without_torch():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hostile messages: every problem is a WireError / KeyMapError naming the field, within bounded work
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tagged, fragment",
+    [
+        (_tagged(b"", "<f4", [0, 2**63]), "declares 9223372036854775808 elements"),  # np.zeros: ValueError
+        (_tagged(b"", "<f4", [0, 2**40, 2**40]), "declares 1208925819614629174706176 elements"),
+        (_tagged(b"", "|S0", [2**62]), "zero-byte elements"),  # np.zeros: MemoryError
+        (_tagged(b"", "<U0", [2**20]), "zero-byte elements"),  # 8 GiB of virtual memory before
+    ],
+)
+def test_arrays_that_would_not_allocate_are_refused(tagged, fragment):
+    payload = msgpack.packb({"x": tagged})
+    assert len(payload) < 80
+    with pytest.raises(codec.WireError, match=r"observation\['x'\]") as info:
+        codec.unpack_observation(payload)
+    assert fragment in str(info.value)
+
+
+def test_empty_arrays_with_ordinary_shapes_still_decode():
+    out = codec.unpackb(msgpack.packb({"x": _tagged(b"", "<f4", [0, 7]), "s": _tagged(b"", "|S3", [0])}))
+    assert out["x"].shape == (0, 7) and out["s"].dtype == np.dtype("S3")
+
+
+def _list_header(n: int) -> bytes:
+    return b"\xdd" + n.to_bytes(4, "big")  # msgpack array32
+
+
+def test_message_expansion_is_bounded_by_entry_counts():
+    limits = codec.DEFAULT_LIMITS
+    # One list longer than a list may be: refused from its header, before any entry is built.
+    long_list = b"\x81\xa1x" + _list_header(limits.max_collection_len + 1) + b"\x80" * 8
+    with pytest.raises(codec.WireError, match=f"at most {limits.max_collection_len} entries"):
+        codec.unpack_observation(long_list)
+    # Many lists of allowed length: 1 byte per empty map, 48 x 16384 of them in 800 kB.
+    per_list, lists = limits.max_collection_len, 48
+    nested = b"\x81\xa1x" + _list_header(lists) + (_list_header(per_list) + b"\x80" * per_list) * lists
+    assert per_list * lists > limits.max_items and len(nested) < 1_000_000
+    start = time.perf_counter()
+    with pytest.raises(codec.WireError, match=f"more than {limits.max_items} lists, maps and entries"):
+        codec.unpack_observation(nested)
+    assert time.perf_counter() - start < 1.0  # stops at the limit, does not build all 800k maps
+    # Within the limits, ordinary nesting decodes.
+    fine = {"a": [{"b": i} for i in range(1000)], "c": {str(i): [i] * 10 for i in range(100)}}
+    assert codec.unpackb(codec.packb(fine)) == fine
+    tight = codec.DecodeLimits(max_collection_len=4, max_items=100)
+    with pytest.raises(codec.WireError, match="at most 4 entries"):
+        codec.unpackb(codec.packb({"a": [1, 2, 3, 4, 5]}), limits=tight)
+
+
+def test_ragged_droid_state_is_an_observation_error():
+    ragged = {
+        "observation/exterior_image_1_left": image(),
+        "observation/joint_position": [[0.0, 1.0], [2.0]],
+        "observation/gripper_position": 0.5,
+    }
+    with pytest.raises(keymap.KeyMapError, match=r"observation\['observation/joint_position'\]: expected a numeric"):
+        mapper("droid")(ragged)
+
+
+def test_error_texts_are_capped_and_keys_escaped(caplog):
+    import logging
+
+    from embodied_accel.serve import text as text_mod
+
+    keys = {f"key_{i:06d}": 0 for i in range(100_000)}
+    with pytest.raises(keymap.KeyMapError) as info:
+        mapper()(keys)
+    text = str(info.value)
+    assert len(text) < 2000 and "(99990 more)" in text and "'key_000000'" in text
+    assert text_mod.clip("x" * 1000, 100) == "x" * 100 + "... (900 more characters)"
+    assert text_mod.clip("short", 100) == "short"
+
+    logger = logging.getLogger("embodied_accel.test_serve")
+    with caplog.at_level(logging.INFO, logger="embodied_accel.test_serve"):
+        metrics.log_event(logger, logging.WARNING, "request_failed", error="bad key 'a\nINFO forged line'", kind="x")
+    message = caplog.records[-1].getMessage()
+    assert "\n" not in message and "\\n" in message and message.endswith("kind=x")
+    with pytest.raises(keymap.KeyMapError) as info:
+        mapper()({"a\nb": 1})
+    assert "\n" not in str(info.value) and "'a\\nb'" in str(info.value)
+
+
+def test_an_instruction_sent_both_as_text_and_as_token_ids_is_reported_once(caplog):
+    mapper = keymap.ObservationMapper(
+        "identity", ["observation.images.base_0_rgb"], "observation.state", has_tokenizer=True
+    )
+    message = {"prompt": "pick", "observation.language.tokens": np.array([2, 7]), "observation.state": np.zeros(2)}
+    with caplog.at_level("WARNING", logger="embodied_accel.serve.keymap"):
+        for _ in range(3):
+            out, _ = mapper(message)
+            assert "prompt" in out and "observation.language.tokens" not in out
+    (record,) = [r for r in caplog.records if "both as text" in r.getMessage()]
+    assert "using the text, ignoring the token ids" in record.getMessage()

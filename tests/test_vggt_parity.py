@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from embodied_accel.models.vggt.loading import VggtRunner, load_vggt_model
+from embodied_accel.models.vggt.loading import Bucket, VggtRunner, load_vggt_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vggt_tiny"
 OUTPUTS = ("pose_enc", "depth", "depth_conf", "world_points", "world_points_conf", "track", "vis", "conf")
@@ -60,9 +60,11 @@ def test_frame_chunking_does_not_change_the_dense_heads(runner, reference):
 def test_buffers_are_built_once_per_bucket(runner, reference):
     io, _ = reference
     runner.release()
+    builds = runner.static_buffers.builds["vggt"]
     runner(io["square.images"])
+    first = runner.buffers(Bucket(1, 3, (56, 56)))
     runner(io["square.images"])
     runner(io["wide.images"])
-    assert len(runner._buffers) == 2
-    first = next(iter(runner._buffers.values()))
+    assert runner.static_buffers.builds["vggt"] - builds == 2
     assert first.rope.cos.shape[0] == 5 + 16  # camera + 4 registers + 4x4 patches
+    assert runner.static_buffers.nbytes() > 0

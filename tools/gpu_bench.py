@@ -30,7 +30,6 @@ from embodied_accel import load_policy
 from embodied_accel.bench import harness
 from embodied_accel.cli import (
     SAMPLE_OBSERVATION,
-    _call_from_bytes,
     fill_camera_slots,
     load_observation,
     select_instruction,
@@ -92,7 +91,7 @@ def measure_capture(args, plat, capture: str, attention: str, eager_reference: d
     buckets = HEADLINE if compiles and not args.all_buckets_for_compile else ALL_BUCKETS
     for views, batch in buckets:
         observations = observations_for(policy, views, batch)
-        call, measured_views = _call_from_bytes(policy, observations, None)
+        call, measured_views = policy.measured_call(observations, None)
         raw = policy.prepare_raw(observations)
         noise = policy.make_noise(batch, seed=0)
         plat.reset_peak_memory()

@@ -10,6 +10,7 @@ from different days and machines.
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -19,8 +20,9 @@ import platform as _host
 import re
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,47 @@ def count_aten_ops(fn: Callable, *args, **kwargs) -> tuple[Any, int, collections
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The profiler
+# ---------------------------------------------------------------------------------------------------------------
+
+#: The status lines libkineto (the tracer behind ``torch.profiler``) writes to stderr around every trace, e.g.
+#: ``USDT:2026-01-02 03:04:05 123:123 SyncActivityProfilerHandler.cpp:52] profiler_start``.
+KINETO_STATUS_LINE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \d+:\d+ [\w./-]+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def kineto_status_lines_dropped() -> Iterator[None]:
+    """Run the block with the process's stderr (file descriptor 2) going to a temporary file, then write back all
+    of it except libkineto's status lines (:data:`KINETO_STATUS_LINE`).
+
+    libkineto prints them from C++ for every trace; ``KINETO_LOG_LEVEL`` would silence them but is read once per
+    process, at the first trace, so it cannot be relied on from a library. Anything else written to stderr in the
+    block (warnings, errors, libkineto's own warnings) comes out unchanged, after the block.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no file descriptor 2 to redirect
+        saved = None
+    if saved is None:
+        yield
+        return
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = b"".join(line for line in captured if not KINETO_STATUS_LINE.match(line))
+            if kept:
+                os.write(2, kept)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -104,10 +147,12 @@ def count_profiled_aten_ops(fn: Callable, *args, **kwargs) -> int:
     """
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn(*args, **kwargs)
+    with kineto_status_lines_dropped():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn(*args, **kwargs)
+        events = prof.events()
     count = 0
-    for event in prof.events():
+    for event in events:
         if not event.name.startswith("aten::"):
             continue
         parent = event.cpu_parent
@@ -219,10 +264,11 @@ def device_activity(
 
     marker = "embodied_accel.bench.call"
     plat.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, record_function(marker):
-        fn()
-        plat.synchronize()
-    events = prof.events()
+    with kineto_status_lines_dropped():
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, record_function(marker):
+            fn()
+            plat.synchronize()
+        events = prof.events()
     window = next(e for e in events if e.name == marker and e.device_type == DeviceType.CPU)
     kernels = gpu_kernel_events(events)
     intervals = [(e.time_range.start, e.time_range.end) for e in kernels]

@@ -16,14 +16,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .. import platform as platform_mod
-from .harness import busy_fraction, gpu_kernel_events
+from .harness import busy_fraction, gpu_kernel_events, kineto_status_lines_dropped
 
 logger = logging.getLogger(__name__)
 
 #: Op-type buckets, matched in order against the kernel / aten op name.
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("attention", r"attention|flash|sdpa|fmha|softmax"),
-    ("matmul", r"\b(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv2d|_convolution)\b|gemm|cutlass|sm\d+_xmma|cublas"),
+    (
+        "matmul",
+        r"\b(aten::)?(mm|addmm|bmm|baddbmm|matmul|linear|convolution|conv2d|_convolution)\b|gemm|cutlass|sm\d+_xmma|cublas",
+    ),
     ("norm", r"norm|hypot|rsqrt"),
     ("activation", r"gelu|silu|sigmoid|tanh"),
     ("rope", r"roll|rope|rotary"),
@@ -119,15 +122,17 @@ def profile_calls(
     plat.synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if plat.device_type == "cuda" else [])
     marker = "embodied_accel.profile.call"
-    with profile(activities=activities) as prof:
-        for _ in range(calls):
-            with record_function(marker):
-                fn()
-                plat.synchronize()
-    if trace_path is not None:
-        Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(trace_path))
-    return summarize(prof.events(), marker, calls, plat, top)
+    with kineto_status_lines_dropped():
+        with profile(activities=activities) as prof:
+            for _ in range(calls):
+                with record_function(marker):
+                    fn()
+                    plat.synchronize()
+        if trace_path is not None:
+            Path(trace_path).parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(trace_path))
+        events = prof.events()
+    return summarize(events, marker, calls, plat, top)
 
 
 def summarize(events, marker: str, calls: int, plat: platform_mod.Platform, top: int = 10) -> ProfileSummary:
@@ -138,8 +143,7 @@ def summarize(events, marker: str, calls: int, plat: platform_mod.Platform, top:
     wall_us = sum(w.time_range.end - w.time_range.start for w in windows)
     intervals, timed, launches = _device_work(events, plat.device_type)
     busy_us = sum(
-        busy_fraction(intervals, w.time_range.start, w.time_range.end)
-        * (w.time_range.end - w.time_range.start)
+        busy_fraction(intervals, w.time_range.start, w.time_range.end) * (w.time_range.end - w.time_range.start)
         for w in windows
     )
     busy = busy_us / wall_us if wall_us else 0.0
@@ -186,7 +190,9 @@ def plot_summary(summary: ProfileSummary, path: str | Path, title: str) -> Path 
     ax_types.barh([k for k, _ in items], [v for _, v in items], color="#4C72B0")
     ax_types.set_xlabel("ms per call")
     ax_types.set_title("time by op type")
-    ax_busy.bar(["busy", "idle"], [summary.device_busy_fraction, summary.device_idle_fraction], color=["#55A868", "#C44E52"])
+    ax_busy.bar(
+        ["busy", "idle"], [summary.device_busy_fraction, summary.device_idle_fraction], color=["#55A868", "#C44E52"]
+    )
     ax_busy.set_ylim(0, 1)
     ax_busy.set_title(f"device ({summary.device_type})")
     fig.suptitle(f"{title} — {summary.wall_ms_per_call:.1f} ms per call; {summary.verdict.split(':')[0]}")

@@ -42,7 +42,6 @@ Verified against a CPU stand-in of torch_npu that follows the operators' documen
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -50,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import reference
+from .contract import AttentionMask, RopeTables
 
 logger = logging.getLogger(__name__)
 
@@ -166,14 +166,6 @@ def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor
 # ------------------------------------------------------------------ rotary embedding
 
 
-@dataclass(frozen=True)
-class NpuRopeTables:
-    """``npu_rotary_mul``'s ``r1``/``r2`` for a merged ``[B, S, heads, D]`` (BSND) tensor."""
-
-    r1: torch.Tensor  # [B, S, heads, D]: cos on rotated heads, 1 on passed-through heads
-    r2: torch.Tensor  # [B, S, heads, D]: sin on rotated heads, 0 on passed-through heads (operator applies the sign)
-
-
 def _rotary_supported(batch: int, heads: int, dim: int) -> bool:
     return dim % 2 == 0 and dim < 896 and batch < 1000 and heads < 1000
 
@@ -192,23 +184,25 @@ def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int, total
     batch, seq, dim = cos.shape
     if not _rotary_supported(batch, total_heads, dim):
         return reference.prepare_rope(cos, sin, rotated_heads, total_heads)
-    r1 = cos.new_ones(batch, seq, total_heads, dim)
-    r2 = cos.new_zeros(batch, seq, total_heads, dim)
+    r1 = cos.new_ones(batch, seq, total_heads, dim)  # cos on rotated heads, 1 on passed-through heads
+    r2 = cos.new_zeros(batch, seq, total_heads, dim)  # sin on rotated heads, 0 elsewhere (the operator signs it)
     r1[:, :, :rotated_heads] = cos[:, :, None]
     r2[:, :, :rotated_heads] = sin[:, :, None]
-    return NpuRopeTables(r1, r2)
+    return RopeTables(cos, sin, rotated_heads, total_heads, multipliers=(r1, r2), layout="BSHD")
 
 
-def rope(x: torch.Tensor, tables) -> torch.Tensor:
-    """Rotary embedding on ``x: [B, heads, S, D]`` (the model's view of a BSND tensor); returns the same view shape."""
-    if isinstance(tables, reference.RopeTables):
+def rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
+    """Rotary embedding on ``x: [B, heads, S, D]`` (the model's view of a BSND tensor); returns the same view shape.
+    Tables that :func:`prepare_rope` left to the reference (``BHSD``) run the reference."""
+    if tables.layout != "BSHD":
         return reference.rope(x, tables)
+    r1, r2 = tables.multipliers
     rows = x.transpose(1, 2).contiguous()  # [B, S, heads, D]; no copy for the model's merged QKV
-    out = _npu.npu_rotary_mul(rows, _as_dtype(tables.r1, x.dtype), _as_dtype(tables.r2, x.dtype), rotary_mode="half")
+    out = _npu.npu_rotary_mul(rows, _as_dtype(r1, x.dtype), _as_dtype(r2, x.dtype), rotary_mode="half")
     return out.transpose(1, 2)
 
 
-def rope_store_kv(qkv: torch.Tensor, tables, kv_write: torch.Tensor) -> torch.Tensor:
+def rope_store_kv(qkv: torch.Tensor, tables: RopeTables, kv_write: torch.Tensor) -> torch.Tensor:
     """:func:`rope` on the merged QKV, then its K/V heads copied into the cache slot; returns Q."""
     return reference.split_store_kv(rope(qkv, tables), kv_write)
 
@@ -216,23 +210,18 @@ def rope_store_kv(qkv: torch.Tensor, tables, kv_write: torch.Tensor) -> torch.Te
 # ------------------------------------------------------------------ attention
 
 
-@dataclass(frozen=True)
-class NpuAttentionMask:
-    """Our "may attend" mask in the operator's convention: int8 ``[B, 1, Sq, Sk]``, 1 = masked (not computed)."""
-
-    masked: torch.Tensor
-
-
-def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype):
+def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_heads: int) -> AttentionMask:
     """Boolean ``may_attend[B, Sq, Sk]`` → the mask :func:`attention` consumes for ``dtype``.
 
-    float16/bfloat16: :class:`NpuAttentionMask` (inverted; a row with no allowed key attends to every key, see
-    the module docstring). Other dtypes run the reference attention and get its additive mask.
+    float16/bfloat16: the operator's inverted int8 ``[B, 1, Sq, Sk]`` as ``kernel_mask`` (a row with no allowed key
+    attends to every key, see the module docstring), and the reference's additive mask for calls the operator
+    cannot take. Other dtypes run the reference attention and get only its mask.
     """
+    reference_mask = reference.prepare_attention_mask(may_attend, dtype, num_heads)
     if dtype not in _ATTENTION_DTYPES:
-        return reference.prepare_attention_mask(may_attend, dtype)
+        return reference_mask
     masked = torch.logical_not(may_attend) & may_attend.any(dim=-1, keepdim=True)
-    return NpuAttentionMask(masked[:, None].to(torch.int8))
+    return AttentionMask(may_attend, additive=reference_mask.additive, kernel_mask=masked[:, None].to(torch.int8))
 
 
 def _head_dim_padding(dim: int, itemsize: int, batch: int, q_len: int) -> int:
@@ -256,18 +245,13 @@ def _fia_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     )
 
 
-def _additive(mask, dtype: torch.dtype) -> torch.Tensor | None:
-    if isinstance(mask, NpuAttentionMask):
-        device = mask.masked.device
-        masked_score = torch.tensor(reference.MASKED_SCORE, dtype=dtype, device=device)
-        return torch.where(mask.masked.bool(), masked_score, torch.zeros((), dtype=dtype, device=device))
-    return mask
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: float) -> torch.Tensor:
-    """``npu_fused_infer_attention_score`` on ``q: [B, H, Sq, D]``, ``k, v: [B, Hkv, Sk, D]``; returns ``[B, H, Sq, D]``."""
-    if isinstance(mask, torch.Tensor) or not _fia_supported(q, k, v):
-        return reference.attention(q, k, v, _additive(mask, q.dtype), scale)
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask | None, scale: float
+) -> torch.Tensor:
+    """``npu_fused_infer_attention_score`` on ``q: [B, H, Sq, D]``, ``k, v: [B, Hkv, Sk, D]``; returns ``[B, H, Sq, D]``.
+    A mask without the operator's form, or shapes the operator cannot take, run the reference."""
+    if (mask is not None and mask.kernel_mask is None) or not _fia_supported(q, k, v):
+        return reference.attention(q, k, v, mask, scale)
     batch, heads, q_len, dim = q.shape
     pad = _head_dim_padding(dim, q.element_size(), batch, q_len)
     # BSND views; the operator needs contiguous tensors (Q is a slice of the merged QKV tensor: one copy)
@@ -277,7 +261,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scale: fl
         rows[0],
         rows[1],
         rows[2],
-        atten_mask=None if mask is None else mask.masked,
+        atten_mask=None if mask is None else mask.kernel_mask,
         num_heads=heads,
         num_key_value_heads=k.shape[1],
         input_layout="BSND",

@@ -9,16 +9,17 @@ Conventions shared by all backends:
 * ``rms_norm`` weights are *effective* scales: Gemma's ``1 + w`` is folded in once at load time.
 * Linear weights are stored transposed, ``[in_features, out_features]``, so ``linear`` is one GEMM.
 * Per-call constants (rotary tables, attention masks) are prepared once per model call by the
-  ``prepare_*`` functions, whose results are opaque to the model and consumed by the matching op.
+  ``prepare_*`` functions, whose results (:mod:`.contract`) are opaque to the model and consumed by the matching op.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .contract import MASK_KEY_ALIGNMENT, AttentionMask, Rope2DTables, RopeTables
 
 # The additive mask value openpi and LeRobot use for "may not attend" (finite, so a fully masked row
 # gives a uniform softmax instead of NaN).
@@ -133,20 +134,12 @@ def geglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh").mul_(up)
 
 
-@dataclass(frozen=True)
-class RopeTables:
-    """Rotary tables laid out for :func:`rope` on a merged ``[B, heads, S, D]`` tensor."""
-
-    cos: torch.Tensor  # [B, heads, S, D]; 1 on heads that are passed through
-    sin_signed: torch.Tensor  # [B, heads, S, D]; sin with rotate_half's sign folded in; 0 on pass-through heads
-
-
 def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int, total_heads: int) -> RopeTables:
-    """Build the tables for rotating the first ``rotated_heads`` of ``total_heads`` heads.
+    """Tables for rotating the first ``rotated_heads`` of ``total_heads`` heads of a merged ``[B, heads, S, D]``.
 
-    ``cos``/``sin``: ``[B, S, D]`` in the half-rotation layout (``cat([f, f])``), as Gemma uses.
-    The remaining heads (the V heads of a merged QKV tensor) are passed through unchanged
-    (cos = 1, sin = 0 gives exactly ``x``).
+    ``cos``/``sin``: ``[B, S, D]`` in the half-rotation layout (``cat([f, f])``), as Gemma uses. The multipliers
+    are expanded per head (``BHSD``): the remaining heads (the V heads of a merged QKV tensor) get cos = 1,
+    sin = 0, which passes them through unchanged.
     """
     batch, seq, dim = cos.shape
     half = dim // 2
@@ -155,7 +148,7 @@ def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int, total
     sin_all = cos.new_zeros(batch, total_heads, seq, dim)
     cos_all[:, :rotated_heads] = cos[:, None]
     sin_all[:, :rotated_heads] = (sin * sign)[:, None]
-    return RopeTables(cos_all, sin_all)
+    return RopeTables(cos, sin, rotated_heads, total_heads, multipliers=(cos_all, sin_all), layout="BHSD")
 
 
 def rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
@@ -164,8 +157,11 @@ def rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
     ``rotate_half(x) = cat(-x2, x1)`` equals ``roll(x, D/2) * sign`` with the sign folded into the
     prepared sin table, so this is three aten ops for Q and K (and V passed through) together.
     """
+    if tables.layout != "BHSD":
+        raise ValueError(f"reference rope needs tables from reference prepare_rope (BHSD), got layout {tables.layout}")
+    cos_all, sin_signed = tables.multipliers
     rotated = torch.roll(x, x.shape[-1] // 2, dims=-1)
-    return torch.addcmul(x * tables.cos, rotated, tables.sin_signed)
+    return torch.addcmul(x * cos_all, rotated, sin_signed)
 
 
 def split_store_kv(rotated: torch.Tensor, kv_write: torch.Tensor) -> torch.Tensor:
@@ -183,18 +179,35 @@ def rope_store_kv(qkv: torch.Tensor, tables: RopeTables, kv_write: torch.Tensor)
     return split_store_kv(rope(qkv, tables), kv_write)
 
 
-def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean ``may_attend[B, Sq, Sk]`` → additive ``[B, 1, Sq, Sk]`` mask in ``dtype``."""
-    zero = torch.zeros((), dtype=dtype, device=may_attend.device)
-    masked = torch.full((), MASKED_SCORE, dtype=dtype, device=may_attend.device)  # a fill: capture-safe
-    return torch.where(may_attend[:, None], zero, masked)
+def masked_score(dtype: torch.dtype) -> float:
+    """The additive score of a masked key in ``dtype``: :data:`MASKED_SCORE` where it is finite (float32, bfloat16),
+    else half the dtype's lowest value (float16: -32752), so that a score plus it stays finite and a fully masked
+    row still averages uniformly instead of turning into NaN."""
+    lowest = torch.finfo(dtype).min
+    return MASKED_SCORE if lowest < MASKED_SCORE else lowest / 2
+
+
+def padded_additive_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[..., Sq, Sk]`` boolean → additive ``[..., Sq, Sk]`` in ``dtype``: a view into rows padded to a multiple of
+    :data:`MASK_KEY_ALIGNMENT` keys, allocated once here (so SDPA never pads it again per call)."""
+    *lead, queries, keys = may_attend.shape
+    padded = -(-keys // MASK_KEY_ALIGNMENT) * MASK_KEY_ALIGNMENT
+    rows = torch.full((*lead, queries, padded), masked_score(dtype), dtype=dtype, device=may_attend.device)
+    return rows[..., :keys].masked_fill_(may_attend, 0.0)
+
+
+def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_heads: int) -> AttentionMask:
+    """Boolean ``may_attend[B, Sq, Sk]`` → :class:`AttentionMask` with the additive ``[B, 1, Sq, Sk]`` mask in
+    ``dtype`` (``num_heads``, the query heads of the attention that reads it, matters only to backends that lay the
+    mask out per head)."""
+    return AttentionMask(may_attend, additive=padded_additive_mask(may_attend[:, None], dtype))
 
 
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask: torch.Tensor | None,
+    mask: AttentionMask | None,
     scale: float,
 ) -> torch.Tensor:
     """Softmax attention with grouped/multi-query K/V heads.
@@ -203,9 +216,8 @@ def attention(
     head ``h // (H / Hkv)``), ``mask`` from :func:`prepare_attention_mask` or ``None``.
     Returns ``[B, H, Sq, D]``.
     """
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
-    )
+    additive = None if mask is None else mask.additive
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
 # ---- ops first used by VGGT
@@ -214,15 +226,6 @@ def attention(
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU with the exact erf form (``nn.GELU()``), as DINOv2 / VGGT use."""
     return F.gelu(x)
-
-
-@dataclass(frozen=True)
-class Rope2DTables:
-    """Per-token 2-D rotary tables for :func:`qk_norm_rope`: the first half of each head's channels rotates with the
-    token's row position, the second half with its column position (each half in the half-rotation layout)."""
-
-    cos: torch.Tensor  # [P, 1, 1, D]
-    sin_signed: torch.Tensor  # [P, 1, 1, D]; sin with the rotation's sign folded in
 
 
 def prepare_rope_2d(cos: torch.Tensor, sin: torch.Tensor) -> Rope2DTables:

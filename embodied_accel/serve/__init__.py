@@ -22,7 +22,9 @@ _EXPORTS = {
     "ServerThread": ".server",
     "PolicyClient": ".client",
     "ServerError": ".client",
+    "RequestRefused": ".client",
     "ActionChunkExecutor": ".client",
+    "ExecutorReset": ".client",
     "KeyMap": ".keymap",
     "WireError": ".codec",
 }

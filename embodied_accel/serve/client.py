@@ -16,25 +16,44 @@ openpi-compatible server.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .codec import packb, unpackb
+from .codec import ERROR_FRAMES_PARAM, packb, unpackb
 
 logger = logging.getLogger(__name__)
 
 
 class ServerError(RuntimeError):
-    """The server refused a request (its error text) or closed the connection."""
+    """The server refused a request, or the connection to it failed or closed."""
+
+
+class RequestRefused(ServerError):
+    """The server refused this request: ``kind`` (``decode``, ``observation``, ``timeout``, ``internal``,
+    ``shutdown``, ...) and ``message`` (its text, naming the field). The next call goes on."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind} error: {message}")
+        self.kind, self.message = kind, message
+
+
+class ExecutorReset(RuntimeError):
+    """:meth:`ActionChunkExecutor.step` was waiting for a chunk when :meth:`ActionChunkExecutor.reset` began a
+    new episode (from another thread); that step has no action."""
+
+
+_TEXT_REFUSAL = re.compile(r"(\w+) error: (.*)", re.DOTALL)
 
 
 def _ws_url(url: str) -> str:
@@ -59,9 +78,12 @@ def http_get(url: str, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
 class PolicyClient:
     """A blocking client: ``infer(observation) -> {"actions": [horizon, dim], "server_timing": {...}}``.
 
-    ``connect_timeout_s`` bounds how long to keep retrying while the server is starting. ``infer`` raises
-    :class:`ServerError` with the server's message when it refuses an observation (the server then closes the
-    connection; call :meth:`reconnect` to go on).
+    Each call reports its own outcome: a refused request raises :class:`RequestRefused` (kind and message), a
+    connection that fails raises :class:`ServerError`, and the next call goes on regardless. The client asks the
+    server for error messages (``?error_frames=1``), so a refusal leaves the connection open; a server that closes
+    the connection anyway (openpi's protocol, a message over the size limit, a restart) is reconnected on the next
+    call, retrying with backoff (0.1 s doubling to ``max_backoff_s``) for up to ``connect_timeout_s``, which also
+    bounds the wait for a server that is still starting (then :class:`ConnectionError`).
     """
 
     def __init__(
@@ -70,33 +92,52 @@ class PolicyClient:
         *,
         connect_timeout_s: float = 30.0,
         response_timeout_s: float | None = None,
+        error_frames: bool = True,
+        max_backoff_s: float = 2.0,
     ) -> None:
         self.url = _ws_url(url)
         self.connect_timeout_s = connect_timeout_s
         self.response_timeout_s = response_timeout_s
+        self.error_frames = error_frames
+        self.max_backoff_s = max_backoff_s
         self.metadata: dict[str, Any] = {}
         self._ws: Any = None
         self.reconnect()
 
+    def _connect_url(self) -> str:
+        if not self.error_frames:
+            return self.url
+        parts = urllib.parse.urlsplit(self.url)
+        query = "&".join(filter(None, (parts.query, f"{ERROR_FRAMES_PARAM}=1")))
+        return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path or "/", query, parts.fragment))
+
     def reconnect(self) -> None:
-        """(Re)open the connection, retrying until ``connect_timeout_s``; reads the metadata."""
+        """(Re)open the connection, retrying with backoff until ``connect_timeout_s``; reads the metadata."""
+        from websockets.exceptions import InvalidHandshake
         from websockets.sync.client import connect
 
         self.close()
         deadline = time.monotonic() + self.connect_timeout_s
+        backoff_s = 0.1
         while True:
             try:
                 # Entered as a context (closed by close()): the form every websockets >= 14 supports without warnings.
                 self._ws = connect(
-                    self.url, compression=None, max_size=None, open_timeout=self.connect_timeout_s
+                    self._connect_url(), compression=None, max_size=None, open_timeout=self.connect_timeout_s
                 ).__enter__()
                 break
-            except (OSError, TimeoutError) as exc:
-                if time.monotonic() >= deadline:
+            except (OSError, TimeoutError, InvalidHandshake) as exc:  # not up yet, restarting, or draining (503)
+                left = deadline - time.monotonic()
+                if left <= 0:
                     raise ConnectionError(f"cannot connect to the policy server at {self.url}: {exc}") from None
                 logger.info("waiting for the policy server at %s (%s)", self.url, exc)
-                time.sleep(0.25)
-        self.metadata = self._receive()
+                time.sleep(min(backoff_s, left))
+                backoff_s = min(backoff_s * 2, self.max_backoff_s)
+        try:
+            self.metadata = self._receive()
+        except ServerError:
+            self.close()
+            raise
 
     def _receive(self) -> Any:
         from websockets.exceptions import ConnectionClosed
@@ -104,20 +145,32 @@ class PolicyClient:
         try:
             message = self._ws.recv(timeout=self.response_timeout_s)
         except ConnectionClosed as exc:
+            self.close()
             raise ServerError(f"the policy server closed the connection: {exc}") from None
-        if isinstance(message, str):
-            raise ServerError(f"Error in inference server:\n{message}")
-        return unpackb(message, "response")
+        except TimeoutError:
+            self.close()  # a late answer must not be read as the next call's
+            raise ServerError(f"no answer from the policy server within {self.response_timeout_s:g} s") from None
+        if isinstance(message, str):  # openpi's refusal: a text frame, then the server closes the connection
+            self.close()
+            match = _TEXT_REFUSAL.fullmatch(message)
+            raise RequestRefused(*match.groups()) if match else RequestRefused("server", message)
+        reply = unpackb(message, "response")
+        if isinstance(reply, dict) and set(reply) == {"error"} and isinstance(reply["error"], dict):
+            error = reply["error"]
+            raise RequestRefused(str(error.get("kind", "server")), str(error.get("message", "")))
+        return reply
 
     def infer(self, observation: Mapping[str, Any]) -> dict[str, Any]:
-        """Send one observation and wait for its action chunk."""
+        """Send one observation and wait for its action chunk (reconnecting first if the last call lost the
+        connection)."""
         from websockets.exceptions import ConnectionClosed
 
         if self._ws is None:
-            raise ServerError("not connected (call reconnect())")
+            self.reconnect()
         try:
             self._ws.send(packb(dict(observation)))
         except ConnectionClosed as exc:
+            self.close()
             raise ServerError(f"the policy server closed the connection: {exc}") from None
         return self._receive()
 
@@ -198,7 +251,9 @@ class ActionChunkExecutor:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="action-chunk-infer")
             submit = self._pool.submit
         self._submit = submit
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # released while step() waits for a chunk, so reset() never waits
+        self._episode = 0  # incremented by reset()
+        self._episode_ended: Future = Future()  # resolved by reset()
         self.stats = ExecutorStats()
         self._reset_state()
 
@@ -216,8 +271,13 @@ class ActionChunkExecutor:
         return self._t
 
     def reset(self) -> None:
-        """Forget the current chunk (new episode); a request still running is abandoned."""
+        """Forget the current chunk (new episode); returns at once. A request still running is abandoned: its
+        result is discarded when it arrives (the new episode's first request starts after it returns, since
+        requests run one at a time). A :meth:`step` waiting in another thread raises :class:`ExecutorReset`."""
         with self._lock:
+            self._episode += 1
+            self._episode_ended.set_result(None)  # wakes a step() waiting for the old episode's chunk
+            self._episode_ended = Future()
             self._reset_state()
 
     def _prefetch(self, horizon: int) -> int:
@@ -245,9 +305,15 @@ class ActionChunkExecutor:
         if not future.done():
             if not wait:
                 return False
-            start = time.monotonic()
-            futures_wait([future])
+            start, episode, episode_ended = time.monotonic(), self._episode, self._episode_ended
+            self._lock.release()  # held by step(): let reset() run while this waits
+            try:
+                futures_wait([future, episode_ended], return_when=FIRST_COMPLETED)
+            finally:
+                self._lock.acquire()
             self.stats.waited_s += time.monotonic() - start
+            if self._episode != episode:
+                raise ExecutorReset("reset() began a new episode while step() waited for an action chunk")
         self._pending = None
         try:
             result = future.result()
@@ -316,4 +382,13 @@ class ActionChunkExecutor:
         self.close()
 
 
-__all__ = ["ActionChunkExecutor", "ExecutorStats", "PolicyClient", "ServerError", "http_get", "http_url"]
+__all__ = [
+    "ActionChunkExecutor",
+    "ExecutorReset",
+    "ExecutorStats",
+    "PolicyClient",
+    "RequestRefused",
+    "ServerError",
+    "http_get",
+    "http_url",
+]

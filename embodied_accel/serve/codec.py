@@ -9,10 +9,17 @@ msgpack. :func:`packb` writes that format byte for byte as openpi-client does.
 before an array is made, so a message that declares a huge shape costs nothing, and every problem raises
 :class:`WireError` naming the field, e.g. ``observation['images']['cam_high']: shape [224, 224, 3] of uint8
 needs 150528 bytes, got 12``. Needs numpy and msgpack only (no torch), so the robot side can use it.
+
+What a message may expand to is bounded by counts, not only by its size in bytes (:class:`DecodeLimits`): one
+byte of msgpack can be an empty map, so a 16 MiB message could otherwise become 16.7 million Python dicts
+(2.3 GB, seconds of CPU). A list or map longer than ``max_collection_len`` is refused from its header, before
+its entries are built, and decoding stops once the lists, maps and their entries in a message exceed
+``max_items``; both are far above what an observation holds (tens of entries; arrays travel as one ``bin``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -23,8 +30,31 @@ import numpy as np
 ALLOWED_KINDS = "biufUS"
 MAX_NDIM = 32
 MAX_DEPTH = 16
+#: Most elements an empty array may declare in its non-zero dimensions: an array with elements is bounded by its
+#: data's size, an empty one must not declare a shape numpy cannot make (a dimension >= 2**63).
+MAX_ARRAY_ELEMENTS = 2**40
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLimits:
+    """How much structure one message may decode to."""
+
+    max_collection_len: int = 2**14  # entries of one list or map
+    max_items: int = 2**16  # lists and maps in a message plus all their entries
+
+    def __post_init__(self) -> None:
+        if self.max_collection_len < 1 or self.max_items < 1:
+            raise ValueError(f"decode limits must be >= 1, got {self}")
+
+
+DEFAULT_LIMITS = DecodeLimits()
 
 _ND, _NG = b"__ndarray__", b"__npgeneric__"
+
+#: Our extension of the protocol, invisible to openpi-client: a client that connects to
+#: ``ws://host:port/?error_frames=1`` gets a refused request's error as a binary message
+#: ``{"error": {"kind": ..., "message": ...}}``, and the connection stays open (openpi: a text frame, then close 1011).
+ERROR_FRAMES_PARAM = "error_frames"
 
 
 class WireError(ValueError):
@@ -75,9 +105,11 @@ def _dtype(value: Any, where: str) -> np.dtype:
     try:
         dtype = np.dtype(value)
     except (TypeError, ValueError):
-        raise WireError(f"{where}: unknown dtype {value!r}") from None
+        raise WireError(f"{where}: unknown dtype {value!r:.40}") from None
     if dtype.kind not in ALLOWED_KINDS or dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
-        raise WireError(f"{where}: dtype {value!r} is not allowed (bool, int, uint, float, str or bytes only)")
+        raise WireError(f"{where}: dtype {value!r:.40} is not allowed (bool, int, uint, float, str or bytes only)")
+    if dtype.itemsize == 0:
+        raise WireError(f"{where}: dtype {value!r:.40} has zero-byte elements; give strings a length, e.g. '<U8'")
     return dtype
 
 
@@ -97,7 +129,13 @@ def _array(tagged: dict, where: str) -> np.ndarray:
             f"{where}: shape {list(shape)} of {dtype.name} needs {needed} bytes, got {len(data)} "
             "(truncated or inconsistent array)"
         )
-    if needed == 0:
+    if needed == 0:  # an empty array: its other dimensions are not bounded by the data's size
+        declared = math.prod(n for n in shape if n)
+        if declared > MAX_ARRAY_ELEMENTS:
+            raise WireError(
+                f"{where}: empty shape {list(shape)!r:.120} declares {declared} elements in its non-zero "
+                f"dimensions; at most {MAX_ARRAY_ELEMENTS} are allowed"
+            )
         return np.zeros(shape, dtype=dtype)
     return np.frombuffer(data, dtype=dtype).reshape(shape).copy()  # writable, independent of the message
 
@@ -139,24 +177,71 @@ def _decode(obj: Any, where: str, depth: int) -> Any:
     raise WireError(f"{where}: unsupported msgpack value of type {type(obj).__name__}")
 
 
-def unpackb(data: bytes, where: str = "message") -> Any:
+class _TooManyItems(Exception):
+    pass
+
+
+class _ItemCounter:
+    """msgpack's ``list_hook`` / ``object_hook``: counts each finished list or map and its entries, and stops the
+    decoding once the message holds more than ``limit`` (an inner container is finished, and counted, before
+    its parent goes on, so at most one list or map past the limit is ever built)."""
+
+    def __init__(self, limit: int) -> None:
+        self.remaining = limit
+
+    def __call__(self, container: Any) -> Any:
+        self.remaining -= 1 + len(container)
+        if self.remaining < 0:
+            raise _TooManyItems
+        return container
+
+
+def unpackb(data: bytes, where: str = "message", limits: DecodeLimits = DEFAULT_LIMITS) -> Any:
     """Deserialize one message strictly; raises :class:`WireError` naming the offending field."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"{where}: expected a binary frame, got {type(data).__name__}")
+    counter = _ItemCounter(limits.max_items)
     try:
         # raw=False: msgpack str → str, bin → bytes (the tags and array data are bin).
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as exc:  # msgpack raises ExtraData, FormatError, StackError, ValueError, ...
+        obj = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=False,
+            max_array_len=limits.max_collection_len,
+            max_map_len=limits.max_collection_len,
+            list_hook=counter,
+            object_hook=counter,
+        )
+    except _TooManyItems:
+        raise WireError(
+            f"{where}: more than {limits.max_items} lists, maps and entries in one message (the server's limit)"
+        ) from None
+    except ValueError as exc:
+        if "exceeds max_array_len" in str(exc) or "exceeds max_map_len" in str(exc):
+            raise WireError(
+                f"{where}: a list or map may have at most {limits.max_collection_len} entries ({exc})"
+            ) from None
+        raise WireError(f"{where}: not a valid msgpack message ({type(exc).__name__}: {exc})"[:400]) from None
+    except Exception as exc:  # msgpack raises ExtraData, FormatError, StackError, ...
         raise WireError(f"{where}: not a valid msgpack message ({type(exc).__name__}: {exc})"[:400]) from None
     return _decode(obj, where, 0)
 
 
-def unpack_observation(data: bytes) -> dict[str, Any]:
+def unpack_observation(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, Any]:
     """One observation message: a map of string keys (values may nest, e.g. ALOHA's ``images``)."""
-    obj = unpackb(data, "observation")
+    obj = unpackb(data, "observation", limits)
     if not isinstance(obj, dict):
         raise WireError(f"observation: expected a map of observation keys, got {type(obj).__name__}")
     return obj
 
 
-__all__ = ["ALLOWED_KINDS", "WireError", "packb", "unpack_observation", "unpackb"]
+__all__ = [
+    "ALLOWED_KINDS",
+    "DEFAULT_LIMITS",
+    "ERROR_FRAMES_PARAM",
+    "DecodeLimits",
+    "WireError",
+    "packb",
+    "unpack_observation",
+    "unpackb",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import re
@@ -12,9 +13,37 @@ from pathlib import Path
 from typing import Any
 
 from .config import ServeConfig
-from .keymap import KEYMAP_CHOICES
+from .keymap import KEYMAP_CHOICES, can_tokenize_text
 
 logger = logging.getLogger(__name__)
+
+#: The packages of the ``[serve]`` extra (the server, its client and the load test need both).
+SERVE_EXTRA_MODULES = ("websockets", "msgpack")
+
+
+def require_serve_extra(command: str) -> None:
+    """Raise ImportError naming ``pip install 'embodied-accel[serve]'`` if a package of the extra is missing."""
+    missing = []
+    for module in SERVE_EXTRA_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ImportError(
+            f"embodied-accel {command} needs the [serve] extra ({', '.join(missing)} is not installed): "
+            "pip install 'embodied-accel[serve]'"
+        )
+
+
+def _token_ids(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        ids = ()
+    if not ids or min(ids) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token ids (ints >= 0) such as 2,7,9, got {text!r}")
+    return ids
 
 
 def _positive_float(text: str) -> float:
@@ -61,7 +90,25 @@ def add_server_options(parser: argparse.ArgumentParser, positive_int: Callable[[
             metavar="MAP",
             help=f"observation keys: {', '.join(KEYMAP_CHOICES)} or a JSON file (default: auto, per message)",
         )
-        group.add_argument("--default-prompt", help="instruction for requests that carry none")
+        instruction = group.add_mutually_exclusive_group()
+        instruction.add_argument(
+            "--default-prompt", help="instruction for requests that carry none (needs a tokenizer)"
+        )
+        instruction.add_argument(
+            "--default-token-ids",
+            type=_token_ids,
+            metavar="IDS",
+            help="instruction token ids (e.g. 2,7,9) for requests without token ids when the model has no tokenizer "
+            "(their text prompt is not used) or for requests that carry no instruction",
+        )
+        group.add_argument(
+            "--drain-timeout",
+            type=_positive_float,
+            default=ServeConfig.drain_timeout_s,
+            metavar="S",
+            help="on SIGINT / SIGTERM: seconds to answer the requests in flight and close every connection; "
+            f"connections still open then are cut (default: {ServeConfig.drain_timeout_s:g})",
+        )
         group.add_argument("--log-json", action="store_true", help="log one JSON object per line")
     group.add_argument(
         "--max-batch", type=positive_int, default=ServeConfig.max_batch, help="requests per model call (default: 8)"
@@ -107,8 +154,31 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
     for name in ("host", "port", "max_message_bytes", "request_timeout_s", "keymap", "default_prompt"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
+    if hasattr(args, "default_token_ids"):
+        fields["default_token_ids"] = args.default_token_ids
+    if hasattr(args, "drain_timeout"):
+        fields["drain_timeout_s"] = args.drain_timeout
     fields.update(overrides)
     return ServeConfig(**fields)
+
+
+def check_instruction_source(policy: Any, config: ServeConfig) -> None:
+    """Refuse a server that could not read the instruction of an openpi request (a text ``prompt``): the
+    model has no tokenizer and no ``--default-token-ids`` stand in; or ``--default-prompt`` without a tokenizer."""
+    if can_tokenize_text(policy):
+        return
+    name = getattr(getattr(policy, "config", None), "name", type(policy).__name__)
+    fixes = (
+        "pass --tokenizer FILE (the PaliGemma tokenizer.model), or --default-token-ids IDS (e.g. 2,7,9: the "
+        "instruction of every request that brings no token ids of its own)"
+    )
+    if config.default_prompt is not None:
+        raise ValueError(f"--default-prompt needs a tokenizer, and {name} has none: {fixes}")
+    if config.default_token_ids is None:
+        raise ValueError(
+            f"{name} has no tokenizer, so it cannot read the text prompt that openpi clients send and every such "
+            f"request would fail: {fixes}"
+        )
 
 
 def use_json_logs() -> None:
@@ -126,8 +196,16 @@ def run_serve(policy: Any, args: argparse.Namespace, announce: Callable[[str], N
 
     if args.log_json:
         use_json_logs()
-    server = PolicyServer(policy, serve_config(args))
+    config = serve_config(args)
+    server = PolicyServer(policy, config)  # checks the key map
+    check_instruction_source(policy, config)
     name = getattr(getattr(policy, "config", None), "name", type(policy).__name__)
+    if config.default_token_ids is not None and not can_tokenize_text(policy):
+        logger.warning(
+            "%s has no tokenizer: text prompts are not used; requests without token ids get --default-token-ids %s",
+            name,
+            ",".join(map(str, config.default_token_ids)),
+        )
 
     def ready() -> None:
         announce(f"serving {name} on {server.url} (keymap {server.mapper.name}); Ctrl-C stops")
@@ -188,7 +266,7 @@ def loadtest_record(stats: dict[str, Any], args: argparse.Namespace, *, in_proce
         "aten_ops_per_call": None,
         "kernel_launches_per_call": None,
         "device_busy_fraction": None,
-        "peak_mem_mb": stats["server_rss_after_mb"],
+        "peak_mem_mb": stats["server_rss_peak_mb"],  # the server's largest sampled RSS
         "versions": env["versions"],
         "git_sha": env["git_sha"],
         "date": env["date"],
@@ -196,7 +274,7 @@ def loadtest_record(stats: dict[str, Any], args: argparse.Namespace, *, in_proce
     for key in (
         "p99_ms", "min_ms", "max_ms", "throughput_rps", "wall_s", "clients", "requests_per_client",
         "warmup_per_client", "ok", "errors", "error_samples", "model_calls", "mean_batch_size",
-        "server_rss_before_mb", "server_rss_after_mb", "server_rss_growth_mb", "server_rss_peak_mb",
+        "server_rss_before_mb", "server_rss_final_mb", "server_rss_growth_mb", "server_rss_peak_mb",
         "server_rss_trend_mb", "server_rss_samples",
     ):  # fmt: skip
         record[key] = stats[key]
@@ -244,10 +322,13 @@ def loadtest_summary(stats: dict[str, Any], path: Path | None) -> str:
 
 
 __all__ = [
+    "SERVE_EXTRA_MODULES",
     "add_loadtest_options",
     "add_server_options",
+    "check_instruction_source",
     "loadtest_record",
     "loadtest_summary",
+    "require_serve_extra",
     "run_loadtest_command",
     "run_serve",
     "serve_config",

@@ -27,12 +27,17 @@ Needs numpy only.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .text import list_keys
+
+logger = logging.getLogger(__name__)
 
 TOKENS_KEY = "observation.language.tokens"
 TOKEN_MASK_KEY = "observation.language.attention_mask"
@@ -130,12 +135,15 @@ class ObservationMapper:
         *,
         has_tokenizer: bool,
         default_prompt: str | None = None,
+        default_token_ids: Sequence[int] | None = None,
     ) -> None:
         if isinstance(keymap, str) and keymap not in ("auto", "identity"):
             keymap = load_keymap(keymap)
         self.keymap = keymap
         self.image_keys, self.state_key = tuple(image_keys), state_key
         self.has_tokenizer, self.default_prompt = has_tokenizer, default_prompt
+        self.default_token_ids = None if default_token_ids is None else np.asarray(default_token_ids, np.int64)
+        self._reported_both_forms = False
 
     @property
     def name(self) -> str:
@@ -157,7 +165,7 @@ class ObservationMapper:
                 return keymap
         known = "; ".join(km.describe() for km in CONVENTIONS.values())
         raise KeyMapError(
-            f"observation: cannot tell which robot's keys these are (got {', '.join(sorted(flat)) or 'none'}); "
+            f"observation: cannot tell which robot's keys these are (got {list_keys(flat)}); "
             f"expected {known}; or the model's own keys ({', '.join(self.image_keys)}, {self.state_key})"
         )
 
@@ -199,22 +207,53 @@ class ObservationMapper:
         return out, origin
 
     def _instruction(self, flat, out: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
-        """Keep one form of the instruction: text if the model can tokenize it, else token ids."""
+        """Keep one form of the instruction: text if the model can tokenize it, else token ids.
+
+        A request without token ids gets ``default_token_ids`` when it has no instruction, or only text that the
+        model cannot tokenize (openpi robots always send a text ``prompt``); one without any instruction gets
+        ``default_prompt``."""
         text_keys = [key for key in TEXT_KEYS if key in out]
         if text_keys and TOKENS_KEY in out:
+            if not self._reported_both_forms:  # once per server: robots send the same kind of message every tick
+                self._reported_both_forms = True
+                used, ignored = ("text", "token ids") if self.has_tokenizer else ("token ids", "text")
+                logger.warning(
+                    "requests carry the instruction both as text (%s) and as token ids (%r): using the %s, ignoring "
+                    "the %s (the model %s a tokenizer)",
+                    ", ".join(map(repr, text_keys)), TOKENS_KEY, used, ignored, "has" if self.has_tokenizer else "has no",
+                )  # fmt: skip
             if self.has_tokenizer:
                 out.pop(TOKENS_KEY)
                 out.pop(TOKEN_MASK_KEY, None)
             else:
                 for key in text_keys:
                     out.pop(key)
+        elif TOKENS_KEY not in out and self.default_token_ids is not None and not (text_keys and self.has_tokenizer):
+            for key in text_keys:
+                out.pop(key)
+            out.pop(TOKEN_MASK_KEY, None)
+            out[TOKENS_KEY], origin[TOKENS_KEY] = self.default_token_ids.copy(), "--default-token-ids"
         elif not text_keys and TOKENS_KEY not in out and self.default_prompt is not None:
             out["prompt"], origin["prompt"] = self.default_prompt, "--default-prompt"
         return out
 
 
+def can_tokenize_text(policy: Any) -> bool:
+    """Whether ``policy`` can read a text instruction; else it needs token ids. Our policies say so themselves
+    (``text_instructions_supported``); for another policy object, whether its processor has a tokenizer."""
+    supported = getattr(policy, "text_instructions_supported", None)
+    if supported is not None:
+        return bool(supported)
+    return getattr(getattr(policy, "processor", None), "tokenizer", None) is not None
+
+
 def _state_part(value: Any, wire: str) -> np.ndarray:
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError):  # a ragged nested list
+        raise KeyMapError(
+            f"observation[{wire!r}]: expected a numeric vector or scalar, got a nested list of unequal lengths"
+        ) from None
     if arr.ndim > 1 or arr.dtype.kind not in "biuf":
         raise KeyMapError(
             f"observation[{wire!r}]: expected a numeric vector or scalar, got shape {arr.shape} dtype {arr.dtype}"
@@ -237,6 +276,7 @@ __all__ = [
     "KeyMapError",
     "ObservationMapper",
     "annotate",
+    "can_tokenize_text",
     "flatten",
     "load_keymap",
 ]

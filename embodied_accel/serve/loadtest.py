@@ -3,10 +3,11 @@
 Every client holds one websocket connection and sends its next observation as soon as the previous answer
 arrives (a robot that never idles). After ``warmup`` untimed requests per client, the server's resident memory
 is read from ``/metrics``; then the timed requests run, the memory is sampled every second, and read again at
-the end. One reading moves by tens of MB as the allocator takes and returns batch buffers, so the leak indicator
-is ``server_rss_trend_mb``: the mean of the last quarter of the samples minus the mean of the first quarter.
-Latency is the client's round trip (pack, send, server, receive, unpack). Needs numpy, msgpack and websockets
-(no torch).
+the end: ``server_rss_peak_mb`` is the largest of these readings (a sampled peak: a spike shorter than the
+sampling interval can be missed), ``server_rss_final_mb`` the last. One reading moves by tens of MB as the
+allocator takes and returns batch buffers, so the leak indicator is ``server_rss_trend_mb``: the mean of the last
+quarter of the samples minus the mean of the first quarter. Latency is the client's round trip (pack, send,
+server, receive, unpack). Needs numpy, msgpack and websockets (no torch).
 """
 
 from __future__ import annotations
@@ -153,7 +154,8 @@ async def run_loadtest_async(
     calls = after.get(f"{PREFIX}model_calls_total", 0.0) - before.get(f"{PREFIX}model_calls_total", 0.0)
     batched = after.get(f"{PREFIX}batch_size_sum", 0.0) - before.get(f"{PREFIX}batch_size_sum", 0.0)
     rss_before = before.get("process_resident_memory_bytes")
-    rss_after = after.get("process_resident_memory_bytes")
+    rss_final = after.get("process_resident_memory_bytes")
+    rss_readings = rss_samples + [rss / 2**20 for rss in (rss_before, rss_final) if rss is not None]
 
     quarter = len(rss_samples) // 4
     trend = float(np.mean(rss_samples[-quarter:]) - np.mean(rss_samples[:quarter])) if quarter else None
@@ -180,9 +182,9 @@ async def run_loadtest_async(
         "model_calls": int(calls),
         "mean_batch_size": batched / calls if calls else None,
         "server_rss_before_mb": rss_before / 2**20 if rss_before is not None else None,
-        "server_rss_after_mb": rss_after / 2**20 if rss_after is not None else None,
-        "server_rss_growth_mb": (rss_after - rss_before) / 2**20 if None not in (rss_before, rss_after) else None,
-        "server_rss_peak_mb": max(rss_samples) if rss_samples else None,
+        "server_rss_final_mb": rss_final / 2**20 if rss_final is not None else None,
+        "server_rss_growth_mb": (rss_final - rss_before) / 2**20 if None not in (rss_before, rss_final) else None,
+        "server_rss_peak_mb": max(rss_readings) if rss_readings else None,  # the largest reading, not the last
         "server_rss_trend_mb": trend,
         "server_rss_samples": len(rss_samples),
         "metadata": metadata,
@@ -191,7 +193,7 @@ async def run_loadtest_async(
 
 def run_loadtest(url: str, **kwargs: Any) -> dict[str, Any]:
     """Blocking :func:`run_loadtest_async`: ``p50_ms``, ``p99_ms``, ``throughput_rps``, ``errors``,
-    ``server_rss_before_mb`` / ``_after_mb``, ``model_calls``, ``mean_batch_size``, the server's metadata, ..."""
+    ``server_rss_before_mb`` / ``_final_mb`` / ``_peak_mb``, ``model_calls``, ``mean_batch_size``, the server's metadata, ..."""
     return asyncio.run(run_loadtest_async(url, **kwargs))
 
 
@@ -209,8 +211,8 @@ def format_summary(stats: Mapping[str, Any]) -> str:
         f"mean {ms(stats['mean_ms'])}, max {ms(stats['max_ms'])}",
         f"throughput: {stats['throughput_rps']:.1f} requests/s; {stats['model_calls']} model calls"
         + (f", mean batch {stats['mean_batch_size']:.2f}" if stats["mean_batch_size"] else ""),
-        f"server RSS: {mb(stats['server_rss_before_mb'])} before, {mb(stats['server_rss_after_mb'])} after "
-        f"(growth {mb(stats['server_rss_growth_mb'])}); peak {mb(stats['server_rss_peak_mb'])}, "
+        f"server RSS: {mb(stats['server_rss_before_mb'])} before, {mb(stats['server_rss_final_mb'])} final "
+        f"(growth {mb(stats['server_rss_growth_mb'])}); sampled peak {mb(stats['server_rss_peak_mb'])}, "
         f"trend {mb(stats['server_rss_trend_mb'])} over {stats['server_rss_samples']} samples",
     ]
     lines += [f"error:      {e}" for e in stats["error_samples"]]

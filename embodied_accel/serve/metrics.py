@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .text import for_log
+
 PREFIX = "embodied_accel_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -24,6 +26,11 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 #: Why a request failed (the ``kind`` label of ``errors_total``).
 ERROR_KINDS = ("decode", "observation", "oversized", "timeout", "internal", "shutdown")
+#: Why a received request got no reply (the ``reason`` label of ``requests_dropped_total``): it was queued behind a
+#: refused request on a connection that the refusal closed (openpi's protocol); its client closed the connection
+#: (or the connection broke) before the reply was sent; it was still unanswered when the shutdown's drain timeout
+#: cut its connection.
+DROP_REASONS = ("after_error", "client_gone", "drain_timeout")
 
 
 class Histogram:
@@ -69,8 +76,9 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.started = time.time()
-        self.requests = {"ok": 0, "error": 0}
+        self.requests = {"ok": 0, "error": 0, "dropped": 0}
         self.errors = dict.fromkeys(ERROR_KINDS, 0)
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
         self.model_calls = 0
         self.connections_open = 0
         self.connections_total = 0
@@ -92,6 +100,11 @@ class Metrics:
         with self._lock:
             self.requests["error"] += 1
             self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    def request_dropped(self, reason: str) -> None:
+        with self._lock:
+            self.requests["dropped"] += 1
+            self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
     def model_call(self, batch: int, seconds: float) -> None:
         with self._lock:
@@ -129,14 +142,23 @@ class Metrics:
             metric(
                 "requests_total",
                 "counter",
-                "Inference requests answered, by outcome.",
+                "Requests by outcome: ok (answered), error (refused: see errors_total), dropped (no reply could be "
+                "sent: see requests_dropped_total).",
                 (f'requests_total{{outcome="{k}"}} {v}' for k, v in self.requests.items()),
             )
             metric(
                 "errors_total",
                 "counter",
-                "Failed requests by kind (decode, observation, oversized, timeout, internal, shutdown).",
+                "Refused requests by kind (decode, observation, oversized, timeout, internal, shutdown).",
                 (f'errors_total{{kind="{k}"}} {v}' for k, v in self.errors.items()),
+            )
+            metric(
+                "requests_dropped_total",
+                "counter",
+                "Received requests that got no reply, by reason: after_error (queued behind a refused request on a "
+                "connection the refusal closed), client_gone (the connection closed first), drain_timeout (cut by "
+                "the shutdown's drain timeout).",
+                (f'requests_dropped_total{{reason="{k}"}} {v}' for k, v in self.dropped.items()),
             )
             metric("model_calls_total", "counter", "Batched model calls.", [f"model_calls_total {self.model_calls}"])
             metric("batch_size", "histogram", "Requests per model call.", self.batch_size.lines("batch_size"))
@@ -215,14 +237,20 @@ class JsonFormatter(logging.Formatter):
 
 
 def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
-    """Log ``event key=value ...``; the fields also travel as the record's ``fields`` (see JsonFormatter)."""
+    """Log ``event key=value ...``; the fields also travel as the record's ``fields`` (see JsonFormatter).
+
+    String values are clipped, and written as their escaped ``repr`` when they hold a newline or another
+    unprintable character, so that client-supplied text (map keys in an error message) cannot forge a log line.
+    """
     if logger.isEnabledFor(level):
+        fields = {k: for_log(v) for k, v in fields.items()}
         text = " ".join(f"{k}={v}" for k, v in fields.items())
         logger.log(level, "%s %s", event, text, extra={"fields": {"event": event, **fields}})
 
 
 __all__ = [
     "CONTENT_TYPE",
+    "DROP_REASONS",
     "ERROR_KINDS",
     "Histogram",
     "JsonFormatter",

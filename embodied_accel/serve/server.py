@@ -4,15 +4,20 @@ Protocol (openpi-client 0.1.2's ``WebsocketClientPolicy``): on connect the serve
 metadata; then each binary frame is one observation (see :mod:`.codec`) and is answered by one binary frame
 ``{"actions": [horizon, action_dim] float32, "server_timing": {"infer_ms", "queue_ms", "batch_size",
 "prev_total_ms" (from the second answer on: the previous request's time in the server, receipt to reply sent)}}``.
-A failed request is answered by a text frame with the error, then close code 1011 (1001 when the server is
-shutting down); a message over ``max_message_bytes`` is refused by the websocket layer (close code 1009) before
-it is read. ``GET /healthz`` answers 200 and ``GET /metrics`` the Prometheus text, on the same port.
+A refused request is answered by a text frame with the error, then close code 1011 (1001 when the server is
+shutting down). A client that connects with ``?error_frames=1`` in its URL (our :class:`~.client.PolicyClient`)
+gets the refusal as a binary message ``{"error": {"kind": ..., "message": ...}}`` instead, and its connection
+stays open. A message over ``max_message_bytes`` is refused by the websocket layer (close code 1009) before it
+is read. ``GET /healthz`` answers 200 (503 while draining) and ``GET /metrics`` the Prometheus text, on the
+same port.
 
-Per connection, a reader task decodes and queues observations (at most ``max_inflight_per_connection`` ahead)
-and the connection's handler answers them strictly in arrival order. A slow or stalled client holds only its
-own tasks: the batch loop never waits on a socket, and the model runs on the inference thread
-(:mod:`.batching`). Shutdown (:meth:`PolicyServer.request_stop`, SIGINT, SIGTERM) stops accepting connections and
-messages, answers every request already received, then closes the connections with 1001.
+Per connection, a reader task receives messages (at most ``max_inflight_per_connection`` unfinished), decodes
+and maps each on the decoder thread (a large or hostile message never stalls the event loop; what a message may
+expand to is bounded, see :class:`~.codec.DecodeLimits`) and queues it, and the connection's handler answers them
+strictly in arrival order. Every received request ends in exactly one way, counted in ``requests_total``:
+answered (``ok``), refused (``error``, by kind), or ``dropped`` when no reply can be sent (by reason). A slow or
+stalled client holds only its own tasks: the batch loop never waits on a socket, and the model runs on the
+inference thread (:mod:`.batching`). Shutdown (:meth:`PolicyServer.shutdown`) keeps to ``drain_timeout_s``.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import logging
 import signal
 import threading
 import time
+import urllib.parse
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from websockets.asyncio.server import Request as HTTPRequest
@@ -35,10 +42,11 @@ from websockets.frames import CloseCode
 
 from .. import __version__
 from .batching import Batcher, RequestError, Result, make_runner
-from .codec import WireError, packb, unpack_observation
+from .codec import DEFAULT_LIMITS, ERROR_FRAMES_PARAM, WireError, packb, unpack_observation
 from .config import ServeConfig
-from .keymap import KeyMapError, ObservationMapper, annotate
+from .keymap import KeyMapError, ObservationMapper, annotate, can_tokenize_text
 from .metrics import CONTENT_TYPE, Metrics, log_event
+from .text import clip
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +66,34 @@ class _Failed:
 
 
 _EOF = object()  # the reader is done: no more requests on this connection
+_CLOSE = object()  # shutdown: answer what was received before this, then close with 1001
+
+
+class _Gone(Exception):
+    """The connection closed (or was cut) while a request waited for its answer."""
 
 
 @dataclasses.dataclass(eq=False)
 class _Connection:
     id: int
     peer: str
+    ws: ServerConnection
+    error_frames: bool  # refusals are error messages and the connection stays open
+    replies: asyncio.Queue  # _Pending | _Failed | _EOF | _CLOSE, in arrival order
+    slots: asyncio.Semaphore  # requests received and not yet finished (max_inflight_per_connection)
+    closed: asyncio.Future  # resolved when the connection is closed (by the client, the network or a cut)
+    finished: asyncio.Event  # the handler has returned
+    reader: asyncio.Task | None = None
     prev_total_ms: float | None = None
+    refused: bool = False  # openpi mode: a refusal closed the connection; what is queued behind it is dropped
+    cut: bool = False  # aborted by the shutdown's drain timeout
+
+
+def wants_error_frames(path: str) -> bool:
+    """Whether the websocket URL's query asks for error messages (``?error_frames=1``) instead of openpi's
+    text frame + close 1011."""
+    values = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query).get(ERROR_FRAMES_PARAM, [""])
+    return values[-1].lower() in ("1", "true", "yes")
 
 
 def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) -> dict[str, Any]:
@@ -91,6 +120,8 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
         meta["device_name"] = platform_mod.detect().device_name
     if hasattr(policy, "dtype"):
         meta["dtype"] = str(policy.dtype).removeprefix("torch.")
+    if mapper.default_token_ids is not None:
+        meta["default_token_ids"] = mapper.default_token_ids.tolist()
     meta.update(
         tokenizer=mapper.has_tokenizer,
         keymap=mapper.name,
@@ -120,24 +151,26 @@ class PolicyServer:
         self.metrics = Metrics()
         self.runner = make_runner(policy, self.config.noise_seed, self.config.num_steps, self.config.max_batch)
         io = getattr(policy, "io", None)
-        processor = getattr(policy, "processor", None)
         self.mapper = ObservationMapper(
             self.config.keymap if io is not None else "identity",
             io.image_keys if io is not None else (),
             io.state_key if io is not None else "observation.state",
-            has_tokenizer=getattr(processor, "tokenizer", None) is not None,
+            has_tokenizer=can_tokenize_text(policy),
             default_prompt=self.config.default_prompt,
+            default_token_ids=self.config.default_token_ids,
         )
+        self.decode_limits = DEFAULT_LIMITS
         self.metadata = build_metadata(policy, self.config, self.mapper)
         packb(self.metadata)  # fail now, not on the first connection, if an entry cannot be sent
         self.port: int | None = None
         self._ids = itertools.count(1)
         self._batcher: Batcher | None = None
+        self._decoder: ThreadPoolExecutor | None = None
         self._ws_server: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
-        self._connections: set[ServerConnection] = set()
+        self._connections: dict[int, _Connection] = {}
         self._inflight = 0
         self._draining = False
         self._stopped = False
@@ -156,13 +189,11 @@ class PolicyServer:
         self._stop, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
         self._batcher = Batcher(
-            self.runner,
-            self.metrics,
-            max_batch=cfg.max_batch,
-            batch_wait_s=cfg.batch_wait_ms / 1e3,
-            senders=lambda: self.metrics.connections_open,
+            self.runner, self.metrics, max_batch=cfg.max_batch, batch_wait_s=cfg.batch_wait_ms / 1e3
         )
         self._batcher.start()
+        # Messages are decoded and mapped here, off the event loop: a large message never stalls other clients.
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embodied-accel-decode")
         self._ws_server = await serve(
             self._handle,
             cfg.host,
@@ -184,6 +215,7 @@ class PolicyServer:
             batch_wait_ms=cfg.batch_wait_ms,
             max_message_bytes=cfg.max_message_bytes,
             request_timeout_s=cfg.request_timeout_s,
+            drain_timeout_s=cfg.drain_timeout_s,
         )
 
     async def run(self, *, handle_signals: bool = False, ready: Any = None) -> None:
@@ -213,28 +245,55 @@ class PolicyServer:
             self._loop.call_soon_threadsafe(self._stop.set)
 
     async def shutdown(self) -> None:
-        """Stop accepting, answer every request already received, close connections (1001), stop the batcher."""
+        """Drain, then stop; done within ``drain_timeout_s`` (plus a model call that is running, if any).
+
+        1. Draining: the port stays open, ``/healthz`` answers 503 (so a load balancer takes the server out),
+           a new websocket connection is refused with HTTP 503, and a message that arrives is refused with a
+           ``shutdown`` error; every request already received is answered.
+        2. When nothing is in flight (or the time left is the close reserve: a quarter of the drain timeout, at
+           most 1 s), each connection stops reading, answers what it received, and closes with 1001.
+        3. At the drain timeout, connections that have not closed (a client that does not read its answers) are
+           cut; their unanswered requests count as dropped (``drain_timeout``).
+        4. The listener closes and the batcher stops.
+        """
         if self._draining or self._ws_server is None:
             return
         self._draining = True
+        assert self._idle is not None and self._batcher is not None and self._decoder is not None
+        drain_s = self.config.drain_timeout_s
         started = time.monotonic()
-        log_event(logger, logging.INFO, "shutting_down", inflight=self._inflight)
-        self._ws_server.close(close_connections=False)  # no new connections; open ones stay for now
-        assert self._idle is not None
+        deadline = started + drain_s
+        close_reserve_s = min(1.0, drain_s / 4)
+        log_event(
+            logger, logging.INFO, "shutting_down", inflight=self._inflight, connections=len(self._connections),
+            drain_timeout_s=drain_s,
+        )  # fmt: skip
         try:
-            await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_s)
+            await asyncio.wait_for(self._idle.wait(), max(deadline - close_reserve_s - time.monotonic(), 0.0))
         except TimeoutError:
-            log_event(
-                logger, logging.WARNING, "drain_timeout", inflight=self._inflight, timeout_s=self.config.drain_timeout_s
-            )
-        connections = list(self._connections)
-        if connections:
-            await asyncio.gather(
-                *(ws.close(CloseCode.GOING_AWAY, "server shutting down") for ws in connections), return_exceptions=True
-            )
-        await self._ws_server.wait_closed()
-        assert self._batcher is not None
+            log_event(logger, logging.WARNING, "drain_timeout", inflight=self._inflight, timeout_s=drain_s)
+        connections = list(self._connections.values())
+        for conn in connections:
+            if conn.reader is not None:
+                conn.reader.cancel()
+            conn.replies.put_nowait(_CLOSE)
+        await _wait_finished(connections, deadline - time.monotonic())
+        stuck = [conn for conn in connections if not conn.finished.is_set()]
+        for conn in stuck:
+            conn.cut = True
+            if not conn.closed.done():
+                conn.closed.set_result(None)
+            conn.ws.transport.abort()
+        if stuck:
+            log_event(logger, logging.WARNING, "connections_cut", count=len(stuck), conns=[c.id for c in stuck])
+            await _wait_finished(stuck, 1.0)
+        self._ws_server.close(close_connections=False)
+        try:
+            await asyncio.wait_for(self._ws_server.wait_closed(), 1.0)
+        except TimeoutError:
+            log_event(logger, logging.WARNING, "listener_close_timeout")
         await self._batcher.stop()
+        self._decoder.shutdown(wait=False, cancel_futures=True)
         self._stopped = True
         log_event(logger, logging.INFO, "stopped", seconds=round(time.monotonic() - started, 3))
 
@@ -252,6 +311,8 @@ class PolicyServer:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = CONTENT_TYPE
             return response
+        if self._draining:  # no new websocket connections while draining
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
         return None  # everything else: the websocket handshake
 
     # ---- connections
@@ -265,28 +326,47 @@ class PolicyServer:
             self._idle.clear()
 
     async def _handle(self, ws: ServerConnection) -> None:
-        conn = _Connection(next(self._ids), _peer(ws))
-        self._connections.add(ws)
+        if self._draining:  # its handshake finished just as the drain began
+            await ws.close(CloseCode.GOING_AWAY, "server shutting down")
+            return
+        loop = asyncio.get_running_loop()
+        conn = _Connection(
+            id=next(self._ids),
+            peer=_peer(ws),
+            ws=ws,
+            error_frames=wants_error_frames(ws.request.path if ws.request is not None else ""),
+            replies=asyncio.Queue(),
+            slots=asyncio.Semaphore(self.config.max_inflight_per_connection),
+            closed=loop.create_future(),
+            finished=asyncio.Event(),
+        )
+        self._connections[conn.id] = conn
+        assert self._batcher is not None
+        self._batcher.add_source(conn.id)
         self.metrics.connection(True)
-        log_event(logger, logging.INFO, "connection_opened", conn=conn.id, peer=conn.peer)
-        replies: asyncio.Queue = asyncio.Queue(maxsize=self.config.max_inflight_per_connection)
-        reader: asyncio.Task | None = None
+        log_event(
+            logger, logging.INFO, "connection_opened", conn=conn.id, peer=conn.peer, error_frames=conn.error_frames
+        )
         try:
-            await ws.send(packb(self.metadata))
-            reader = asyncio.create_task(self._read(ws, conn, replies))
-            await self._answer(ws, conn, replies)
-        except ConnectionClosed:
+            await ws.send(packb({**self.metadata, "error_frames": conn.error_frames}))
+            conn.reader = asyncio.create_task(self._read(conn))
+            await self._answer(conn)
+        except (ConnectionClosed, _Gone):
             pass
         finally:
-            if reader is not None:
-                reader.cancel()
-                await asyncio.gather(reader, return_exceptions=True)
-            while not replies.empty():  # received but never answered: the connection is gone
-                item = replies.get_nowait()
-                if item is not _EOF:
-                    self._finish(item)
-            self._connections.discard(ws)
+            if conn.reader is not None:
+                conn.reader.cancel()
+                (outcome,) = await asyncio.gather(conn.reader, return_exceptions=True)
+                if isinstance(outcome, Exception):
+                    logger.error("connection %d: the reader failed", conn.id, exc_info=outcome)
+            while not conn.replies.empty():  # received but never answered
+                item = conn.replies.get_nowait()
+                if isinstance(item, (_Pending, _Failed)):
+                    self._drop(conn, item)
+            del self._connections[conn.id]
+            self._batcher.forget(conn.id)
             self.metrics.connection(False)
+            conn.finished.set()
             log_event(
                 logger,
                 logging.INFO,
@@ -297,93 +377,158 @@ class PolicyServer:
                 reason=ws.close_reason,
             )
 
-    async def _read(self, ws: ServerConnection, conn: _Connection, replies: asyncio.Queue) -> None:
-        """Receive, decode and queue requests until the connection ends or one request fails."""
-        while True:
-            try:
-                data = await ws.recv()
-            except ConnectionClosedError as exc:
-                if exc.sent is not None and exc.sent.code == CloseCode.MESSAGE_TOO_BIG:
-                    self.metrics.request_failed("oversized")
-                    log_event(
-                        logger, logging.WARNING, "request_failed", conn=conn.id, kind="oversized", error=exc.sent.reason
-                    )
-                await replies.put(_EOF)
-                return
-            except ConnectionClosed:
-                await replies.put(_EOF)
-                return
-            received = time.monotonic()
-            if self._draining:
-                item: Any = _Failed("shutdown", "server is shutting down", received)
-            else:
-                item = self._submit(data, received)
-            self._track(+1)
-            try:
-                await replies.put(item)
-            except asyncio.CancelledError:
-                self._finish(item)
-                raise
-            if isinstance(item, _Failed):
-                return
+    async def _read(self, conn: _Connection) -> None:
+        """Receive, decode and queue requests until the connection ends (or, in openpi mode, one is refused)."""
+        try:
+            while True:
+                await conn.slots.acquire()  # at most max_inflight_per_connection received and unfinished
+                try:
+                    data = await conn.ws.recv()
+                except ConnectionClosed as exc:
+                    if (
+                        isinstance(exc, ConnectionClosedError)
+                        and exc.sent
+                        and exc.sent.code == CloseCode.MESSAGE_TOO_BIG
+                    ):
+                        self.metrics.request_failed("oversized")  # refused unread by the websocket layer
+                        log_event(
+                            logger, logging.WARNING, "request_failed", conn=conn.id, kind="oversized",
+                            error=exc.sent.reason,
+                        )  # fmt: skip
+                    if not conn.closed.done():
+                        conn.closed.set_result(None)
+                    return
+                received = time.monotonic()
+                self._track(+1)
+                try:
+                    if self._draining:
+                        item: _Pending | _Failed = _Failed("shutdown", "server is shutting down", received)
+                    else:
+                        item = await self._submit(conn, data, received)
+                except asyncio.CancelledError:  # the connection ended while the message was being decoded
+                    self.metrics.request_dropped("drain_timeout" if conn.cut else "client_gone")
+                    self._track(-1)
+                    raise
+                conn.replies.put_nowait(item)
+                if isinstance(item, _Failed) and not conn.error_frames:
+                    return  # openpi: the refusal closes the connection; nothing after it is read
+        finally:
+            conn.replies.put_nowait(_EOF)
 
-    def _submit(self, data: bytes | str, received: float) -> _Pending | _Failed:
-        """Decode and map one message and queue it for inference; or the error to answer with."""
+    async def _submit(self, conn: _Connection, data: bytes | str, received: float) -> _Pending | _Failed:
+        """Decode and map one message (on the decoder thread) and queue it for inference; or the refusal.
+
+        Any failure ends this request only: a message that breaks the decoder in an unforeseen way is an
+        ``internal`` error for its sender, never a stuck connection."""
         try:
             if isinstance(data, str):
                 raise WireError("message: expected a binary msgpack frame, got a text frame")
-            observation, origin = self.mapper(unpack_observation(data))
+            loop = asyncio.get_running_loop()
+            observation, origin = await loop.run_in_executor(self._decoder, self._decode, data)
         except WireError as exc:
             return _Failed("decode", str(exc), received)
-        except KeyMapError as exc:
+        except (KeyMapError, ValueError, TypeError) as exc:  # the observation's content (e.g. a ragged list)
             return _Failed("observation", str(exc), received)
+        except Exception as exc:
+            logger.error("connection %d: reading a message failed", conn.id, exc_info=exc)
+            return _Failed(
+                "internal", f"internal server error while reading the message ({type(exc).__name__})", received
+            )
         assert self._batcher is not None
-        return _Pending(self._batcher.submit(observation, received), received, origin)
+        return _Pending(self._batcher.submit(observation, received, conn.id), received, origin)
 
-    def _finish(self, item: _Pending | _Failed) -> None:
-        if isinstance(item, _Pending) and not item.future.done():
-            item.future.cancel()  # the batcher skips it
-        self._track(-1)
+    def _decode(self, data: bytes) -> tuple[dict[str, Any], dict[str, str]]:
+        return self.mapper(unpack_observation(data, self.decode_limits))
 
-    async def _answer(self, ws: ServerConnection, conn: _Connection, replies: asyncio.Queue) -> None:
-        """Answer queued requests in arrival order; stop after the first failure."""
+    async def _answer(self, conn: _Connection) -> None:
+        """Answer queued requests in arrival order; in openpi mode, close the connection after a refusal."""
         while True:
-            item = await replies.get()
+            item = await conn.replies.get()
             if item is _EOF:
                 return
+            if item is _CLOSE:
+                await conn.ws.close(CloseCode.GOING_AWAY, "server shutting down")
+                return
             try:
-                if isinstance(item, _Failed):
-                    await self._send_error(ws, conn, item.kind, item.message)
-                    return
-                remaining = self.config.request_timeout_s - (time.monotonic() - item.received)
-                try:
-                    result: Result = await asyncio.wait_for(item.future, max(remaining, 0.0))
-                except TimeoutError:
-                    message = f"request timed out after {self.config.request_timeout_s:g} s in the server"
-                    await self._send_error(ws, conn, "timeout", message)
-                    return
-                except RequestError as exc:
-                    await self._send_error(ws, conn, exc.kind, annotate(exc.message, item.origin))
-                    return
+                refused_kind = await self._reply(conn, item)
+            finally:
+                conn.slots.release()
+            if refused_kind is not None and not conn.error_frames:
+                conn.refused = True
+                code = CloseCode.GOING_AWAY if refused_kind == "shutdown" else CloseCode.INTERNAL_ERROR
+                await conn.ws.close(code, f"{refused_kind} error")
+                return
+
+    async def _reply(self, conn: _Connection, item: _Pending | _Failed) -> str | None:
+        """Send one request's answer, or its refusal (then the error kind is returned)."""
+        if isinstance(item, _Failed):
+            kind, message = item.kind, item.message
+        else:
+            remaining = max(self.config.request_timeout_s - (time.monotonic() - item.received), 0.0)
+            await asyncio.wait({item.future, conn.closed}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if not item.future.done() and conn.closed.done():
+                self._drop(conn, item)
+                raise _Gone
+            error = None if not item.future.done() or item.future.cancelled() else item.future.exception()
+            if not item.future.done():
+                item.future.cancel()  # the batcher skips it
+                kind, message = "timeout", f"request timed out after {self.config.request_timeout_s:g} s in the server"
+            elif isinstance(error, RequestError):
+                kind, message = error.kind, annotate(error.message, item.origin)
+            elif error is not None or item.future.cancelled():
+                kind, message = "internal", f"internal server error ({type(error).__name__})"
+            else:
+                result: Result = item.future.result()
                 timing = {"infer_ms": result.infer_ms, "queue_ms": result.queue_ms, "batch_size": result.batch_size}
                 if conn.prev_total_ms is not None:
                     timing["prev_total_ms"] = conn.prev_total_ms
-                await ws.send(packb({"actions": result.actions, "server_timing": timing}))
+                await self._send(conn, item, packb({"actions": result.actions, "server_timing": timing}))
                 total = time.monotonic() - item.received
                 conn.prev_total_ms = total * 1e3
                 self.metrics.request_done(total)
-            finally:
-                self._finish(item)
-
-    async def _send_error(self, ws: ServerConnection, conn: _Connection, kind: str, message: str) -> None:
+                self._track(-1)
+                return None
+        message = clip(message)
+        if conn.error_frames:
+            frame: bytes | str = packb({"error": {"kind": kind, "message": message}})
+        else:
+            frame = f"{kind} error: {message}"  # a text frame: openpi-client raises RuntimeError with it
+        await self._send(conn, item, frame)
         self.metrics.request_failed(kind)
-        log_event(logger, logging.WARNING, "request_failed", conn=conn.id, kind=kind, error=message[:500])
-        code = CloseCode.GOING_AWAY if kind == "shutdown" else CloseCode.INTERNAL_ERROR
+        self._track(-1)
+        log_event(logger, logging.WARNING, "request_failed", conn=conn.id, kind=kind, error=message)
+        return kind
+
+    async def _send(self, conn: _Connection, item: _Pending | _Failed, frame: bytes | str) -> None:
         try:
-            await ws.send(f"{kind} error: {message}")  # a text frame: openpi-client raises RuntimeError with it
-            await ws.close(code, f"{kind} error")
+            await conn.ws.send(frame)
         except ConnectionClosed:
-            pass
+            self._drop(conn, item)
+            raise
+
+    def _drop(self, conn: _Connection, item: _Pending | _Failed) -> None:
+        """A received request that gets no reply: count it, and let the batcher skip it."""
+        if isinstance(item, _Pending):
+            if not item.future.done():
+                item.future.cancel()
+            elif not item.future.cancelled():
+                item.future.exception()  # retrieved: asyncio does not report it as never retrieved
+        reason = "after_error" if conn.refused else "drain_timeout" if conn.cut else "client_gone"
+        self.metrics.request_dropped(reason)
+        self._track(-1)
+        log_event(logger, logging.INFO, "request_dropped", conn=conn.id, reason=reason)
+
+
+async def _wait_finished(connections: list[_Connection], timeout_s: float) -> None:
+    """Wait until every connection's handler has returned, or ``timeout_s``."""
+    waiters = [asyncio.ensure_future(conn.finished.wait()) for conn in connections if not conn.finished.is_set()]
+    if not waiters:
+        return
+    try:
+        await asyncio.wait(waiters, timeout=max(timeout_s, 0.0))
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 class ServerThread:
@@ -439,4 +584,4 @@ class ServerThread:
         self.stop()
 
 
-__all__ = ["PolicyServer", "ServeConfig", "ServerThread", "build_metadata"]
+__all__ = ["PolicyServer", "ServeConfig", "ServerThread", "build_metadata", "wants_error_frames"]

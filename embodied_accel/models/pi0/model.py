@@ -10,7 +10,13 @@ One call of :meth:`Pi0Model.sample_actions`:
 3. **Denoising loop**: ``num_steps`` Euler steps from t = 1 (noise) to 0. Each step embeds the noisy
    actions with the time, runs the expert over the 50 action tokens attending to the cache in place,
    and updates ``x ← x + dt · v``. Everything that depends only on the step schedule (pi0's time
-   features, pi0.5's adaRMS modulation) is computed once per schedule and cached.
+   features, pi0.5's adaRMS modulation) is computed once per schedule (:class:`StepSchedule`).
+
+The model is a pure function of its weights, the inputs and the static buffers it is handed
+(:class:`Pi0Buffers`: the KV cache, the rotary table, the step schedule). It builds them on request
+(:meth:`Pi0Model.new_kv_cache`, :meth:`~Pi0Model.rotary_table`, :meth:`~Pi0Model.step_schedule`) but never keeps
+them: the runtime owns them (:mod:`embodied_accel.runtime.buffers`), allocates them per shape bucket before any
+capture, and frees them when no captured call needs them. A direct call without buffers allocates its own.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ...nn.gemma import GemmaTower
 from ...nn.kv_cache import AttentionSlots, StaticKVCache
 from ...nn.siglip import SiglipVisionTower
 from ...ops import OpSet
+from ...ops.contract import AttentionMask, RopeTables
 from .config import Pi0Config
 
 
@@ -43,12 +50,35 @@ def euler_schedule(num_steps: int) -> list[float]:
     return [float(torch.tensor(1.0 + step * dt, dtype=torch.float32)) for step in range(num_steps)]
 
 
+@dataclass(frozen=True, eq=False)
+class StepSchedule:
+    """Everything that depends only on the Euler schedule of ``num_steps`` steps, one entry per step.
+
+    pi0: the time half of ``action_time_mlp_in`` (a ``[1, De]`` bias row); pi0.5: the adaRMS modulation of every
+    expert layer and of the final norm.
+    """
+
+    num_steps: int
+    per_step: tuple
+
+
+@dataclass(frozen=True, eq=False)
+class Pi0Buffers:
+    """The static buffers one call reads; the runtime owns them. Larger ones serve smaller calls: a call uses the
+    cache's leading rows and positions and the table's leading positions."""
+
+    kv_cache: StaticKVCache  # [depth, 2, B_max, Hkv, L_max, Dh]
+    rope_cos: torch.Tensor  # [L_max, Dh] fp32, positions 0 .. L_max - 1
+    rope_sin: torch.Tensor  # [L_max, Dh] fp32
+    schedule: StepSchedule
+
+
 @dataclass(frozen=True)
 class PrefixContext:
     """What the denoising loop reads after :meth:`Pi0Model.prefill` (views into the static cache)."""
 
-    rope_tables: object
-    attention_mask: torch.Tensor
+    rope_tables: RopeTables
+    attention_mask: AttentionMask
     slots: list[AttentionSlots]
 
 
@@ -86,101 +116,72 @@ class Pi0Model(nn.Module):
             self.time_mlp_out_weight = nn.Parameter(torch.empty(de, de))
             self.time_mlp_out_bias = nn.Parameter(torch.empty(de))
 
-        # One KV cache sized for the largest bucket seen (smaller buckets use its leading rows); a cache
-        # outgrown by a larger bucket is kept, since a captured CUDA graph may still read it by address.
-        self._kv_cache: StaticKVCache | None = None
-        self._outgrown_kv_caches: list[StaticKVCache] = []
-        self._schedule_cache: dict[tuple[int, torch.device], object] = {}
-        self._rope_cache: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    # ------------------------------------------------------------------ static buffers (owned by the caller)
 
-    # ------------------------------------------------------------------ per-call constants
-
-    def reset_caches(self) -> None:
-        """Forget everything derived from the weights (call after changing them)."""
-        self._kv_cache = None
-        self._outgrown_kv_caches.clear()
-        self._schedule_cache.clear()
-        self._rope_cache.clear()
-
-    def _rope_table(self, device: torch.device, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin for positions ``0 .. length-1`` as ``[length, head_dim]`` fp32 tables (θ = 10000).
-
-        Built once per device and sequence length (one per shape bucket).
-        """
-        key = (torch.device(device), length)
-        cached = self._rope_cache.get(key)
-        if cached is None:
-            cfg = self.config.vlm
-            inv_freq = 1.0 / (
-                cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
-            )
-            positions = torch.arange(length, dtype=torch.float32)
-            freqs = positions[:, None] * inv_freq[None, :]
-            angles = torch.cat([freqs, freqs], dim=-1)
-            cached = self._rope_cache[key] = (angles.cos().to(device), angles.sin().to(device))
-        return cached
-
-    def _rope_tables(self, positions: torch.Tensor, sequence_length: int):
-        """Per-call rotary tables for ``positions: [B, S]`` (int64, all < ``sequence_length``)."""
-        cos_table, sin_table = self._rope_table(positions.device, sequence_length)
-        cfg = self.config.vlm
-        cos = F.embedding(positions, cos_table).to(self.compute_dtype)
-        sin = F.embedding(positions, sin_table).to(self.compute_dtype)
-        return self.ops.prepare_rope(cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.num_heads + 2 * cfg.num_kv_heads)
+    def prefix_length(self, num_cameras: int, num_tokens: int) -> int:
+        """Prefix positions of a call: every camera's image tokens, then the prompt."""
+        return num_cameras * self.config.vision.num_patches + num_tokens
 
     def sequence_length(self, prefix_len: int) -> int:
         """Cache positions of one call: the prefix, pi0's state token, the action tokens."""
         cfg = self.config
         return prefix_len + (1 if cfg.has_state_token else 0) + cfg.action_horizon
 
+    def new_kv_cache(self, batch: int, length: int, device) -> StaticKVCache:
+        """A zeroed KV cache for ``batch`` rows and ``length`` positions of every VLM layer."""
+        cfg = self.config.vlm
+        return StaticKVCache(cfg.depth, batch, cfg.num_kv_heads, length, cfg.head_dim, self.compute_dtype, device)
+
+    def rotary_table(self, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for positions ``0 .. length-1`` as ``[length, head_dim]`` fp32 tables (θ from the config)."""
+        cfg = self.config.vlm
+        inv_freq = 1.0 / (
+            cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim)
+        )
+        positions = torch.arange(length, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]
+        angles = torch.cat([freqs, freqs], dim=-1)
+        return angles.cos().to(device), angles.sin().to(device)
+
     @torch.no_grad()
-    def ensure_buffers(self, batch: int, num_cameras: int, num_tokens: int, num_steps: int | None, device) -> None:
-        """Allocate what a call of this shape bucket needs (KV cache, RoPE table, step schedule) up front.
+    def step_schedule(self, num_steps: int, device) -> StepSchedule:
+        """Everything that depends only on the step schedule (see :class:`StepSchedule`), from the weights."""
+        if not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
+        cfg, ops, de = self.config, self.ops, self.config.expert.width
+        times = torch.tensor(euler_schedule(num_steps), dtype=torch.float32)
+        time_emb = sinusoidal_time_embedding(times, de, cfg.min_period, cfg.max_period)
+        time_emb = time_emb.to(device=device, dtype=self.action_in_proj_weight.dtype)  # [steps, De]
+        if cfg.has_state_token:
+            time_part = ops.linear(time_emb, self.action_time_mlp_in_weight[de:], self.action_time_mlp_in_bias)
+            return StepSchedule(num_steps, tuple(time_part[s : s + 1].contiguous() for s in range(num_steps)))
+        cond = F.silu(ops.linear(time_emb, self.time_mlp_in_weight, self.time_mlp_in_bias))
+        cond = F.silu(ops.linear(cond, self.time_mlp_out_weight, self.time_mlp_out_bias))
+        per_layer = [layer.norm_conditioning(cond, self.compute_dtype) for layer in self.expert.layers]
+        layer_conds = [[per_layer[i][s] for i in range(len(per_layer))] for s in range(num_steps)]
+        final = self.expert.final_norm_conditioning(cond)
+        return StepSchedule(num_steps, tuple(zip(layer_conds, final, strict=True)))
 
-        A call allocates these itself when missing; a captured call needs them to exist before capture,
-        so that it only reads them (no allocation or Python-side state change inside the graph).
-        """
-        cfg = self.config
-        total_len = self.sequence_length(num_cameras * cfg.vision.num_patches + num_tokens)
-        device = torch.device(device)
-        self._cache(batch, total_len, device)
-        self._rope_table(device, total_len)
-        self._schedule(cfg.num_steps if num_steps is None else num_steps, device)
+    def new_buffers(self, batch: int, num_cameras: int, num_tokens: int, num_steps: int, device) -> Pi0Buffers:
+        """Buffers sized exactly for one call (a direct call of the model; the runtime shares larger ones)."""
+        length = self.sequence_length(self.prefix_length(num_cameras, num_tokens))
+        cos, sin = self.rotary_table(length, device)
+        return Pi0Buffers(self.new_kv_cache(batch, length, device), cos, sin, self.step_schedule(num_steps, device))
 
-    def _cache(self, batch: int, length: int, device: torch.device) -> StaticKVCache:
-        cfg, cache = self.config.vlm, self._kv_cache
-        if cache is None or not cache.fits(batch, length) or cache.buffer.device != torch.device(device):
-            if cache is not None:
-                self._outgrown_kv_caches.append(cache)
-                batch, length = max(batch, cache.batch), max(length, cache.max_len)
-            cache = self._kv_cache = StaticKVCache(
-                cfg.depth, batch, cfg.num_kv_heads, length, cfg.head_dim, self.compute_dtype, device
+    def rope_tables(self, positions: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor) -> RopeTables:
+        """Per-pass rotary tables for ``positions: [B, S]`` (int64, within the ``[L, Dh]`` tables of
+        :meth:`rotary_table`)."""
+        cfg = self.config.vlm
+        cos = F.embedding(positions, cos_table).to(self.compute_dtype)
+        sin = F.embedding(positions, sin_table).to(self.compute_dtype)
+        return self.ops.prepare_rope(cos, sin, cfg.num_heads + cfg.num_kv_heads, cfg.num_heads + 2 * cfg.num_kv_heads)
+
+    def _check_buffers(self, buffers: Pi0Buffers, batch: int, length: int) -> None:
+        if not buffers.kv_cache.fits(batch, length) or buffers.rope_cos.shape[0] < length:
+            raise ValueError(
+                f"buffers too small for a call of batch {batch} and {length} positions: KV cache batch "
+                f"{buffers.kv_cache.batch} x {buffers.kv_cache.max_len} positions, rotary table {buffers.rope_cos.shape[0]}"
             )
-        return cache
-
-    def _schedule(self, num_steps: int, device: torch.device):
-        """Everything that depends only on the step schedule, computed once per ``num_steps``.
-
-        pi0: the time half of ``action_time_mlp_in`` per step (``[1, De]`` bias rows).
-        pi0.5: the adaRMS modulation of every expert layer and the final norm per step.
-        """
-        key = (num_steps, torch.device(device))
-        if key not in self._schedule_cache:
-            cfg, ops, de = self.config, self.ops, self.config.expert.width
-            times = torch.tensor(euler_schedule(num_steps), dtype=torch.float32)
-            time_emb = sinusoidal_time_embedding(times, de, cfg.min_period, cfg.max_period)
-            time_emb = time_emb.to(device=device, dtype=self.action_in_proj_weight.dtype)  # [steps, De]
-            if cfg.has_state_token:
-                time_part = ops.linear(time_emb, self.action_time_mlp_in_weight[de:], self.action_time_mlp_in_bias)
-                self._schedule_cache[key] = [time_part[s : s + 1].contiguous() for s in range(num_steps)]
-            else:
-                cond = F.silu(ops.linear(time_emb, self.time_mlp_in_weight, self.time_mlp_in_bias))
-                cond = F.silu(ops.linear(cond, self.time_mlp_out_weight, self.time_mlp_out_bias))
-                per_layer = [layer.norm_conditioning(cond, self.compute_dtype) for layer in self.expert.layers]
-                layer_conds = [[per_layer[i][s] for i in range(len(per_layer))] for s in range(num_steps)]
-                final = self.expert.final_norm_conditioning(cond)
-                self._schedule_cache[key] = list(zip(layer_conds, final, strict=True))
-        return self._schedule_cache[key]
 
     # ------------------------------------------------------------------ the call
 
@@ -201,7 +202,7 @@ class Pi0Model(nn.Module):
         return prefix, torch.cat([image_valid, token_masks], dim=1)
 
     @torch.no_grad()
-    def prefill(self, images, image_masks, tokens, token_masks, state) -> PrefixContext:
+    def prefill(self, buffers: Pi0Buffers, images, image_masks, tokens, token_masks, state) -> PrefixContext:
         """Prefix pass (and pi0's state token) into the static cache; constants for the loop.
 
         ``images: [B, N, 3, 224, 224]`` in [-1, 1], ``image_masks: [B, N]`` bool, ``tokens,
@@ -209,21 +210,26 @@ class Pi0Model(nn.Module):
         """
         cfg, ops, dtype = self.config, self.ops, self.compute_dtype
         batch, horizon, device = tokens.shape[0], cfg.action_horizon, tokens.device
+        heads = cfg.vlm.num_heads
 
         # 1. prefix pass: the VLM writes K/V for every prefix position into the static cache.
         prefix, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
         prefix_len = prefix.shape[1]
         state_len = 1 if cfg.has_state_token else 0
         total_len = self.sequence_length(prefix_len)
-        cache = self._cache(batch, total_len, device)
-        positions = torch.cumsum(prefix_valid, dim=1) - 1
+        self._check_buffers(buffers, batch, total_len)
+        cache = buffers.kv_cache
+        # Each valid token's position counts the valid tokens before it. Invalid tokens (a missing camera, prompt
+        # padding) are hidden from every query, so their position is irrelevant; clamping keeps the leading ones
+        # (a row without its first camera) at 0 instead of -1, which would index outside the rotary table.
+        positions = (torch.cumsum(prefix_valid, dim=1) - 1).clamp_(min=0)
         may_attend = prefix_valid[:, None, :] & prefix_valid[:, :, None]  # prefix-LM over valid tokens
         self.vlm(
             prefix.reshape(batch * prefix_len, -1),
             batch,
             prefix_len,
-            self._rope_tables(positions, total_len),
-            ops.prepare_attention_mask(may_attend, dtype),
+            self.rope_tables(positions, buffers.rope_cos, buffers.rope_sin),
+            ops.prepare_attention_mask(may_attend, dtype, heads),
             cache.slots(0, prefix_len, prefix_len, batch),
             kv_only=True,
         )
@@ -237,8 +243,8 @@ class Pi0Model(nn.Module):
                 state_hidden.to(dtype),
                 batch,
                 1,
-                self._rope_tables(num_valid, total_len),
-                ops.prepare_attention_mask(F.pad(prefix_valid, (0, 1), value=True)[:, None, :], dtype),
+                self.rope_tables(num_valid, buffers.rope_cos, buffers.rope_sin),
+                ops.prepare_attention_mask(F.pad(prefix_valid, (0, 1), value=True)[:, None, :], dtype, heads),
                 cache.slots(prefix_len, prefix_len + 1, prefix_len + 1, batch),
                 kv_only=True,
             )
@@ -248,23 +254,21 @@ class Pi0Model(nn.Module):
         action_positions = num_valid + state_len + torch.arange(horizon, device=device)[None, :]
         action_may_attend = F.pad(prefix_valid, (0, state_len + horizon), value=True)[:, None, :]
         return PrefixContext(
-            rope_tables=self._rope_tables(action_positions, total_len),
-            attention_mask=ops.prepare_attention_mask(action_may_attend.expand(batch, horizon, -1), dtype),
+            rope_tables=self.rope_tables(action_positions, buffers.rope_cos, buffers.rope_sin),
+            attention_mask=ops.prepare_attention_mask(action_may_attend.expand(batch, horizon, -1), dtype, heads),
             slots=cache.slots(suffix_start, suffix_start + horizon, suffix_start + horizon, batch),
         )
 
     @torch.no_grad()
-    def denoise(self, context: PrefixContext, noise: torch.Tensor, num_steps: int | None = None) -> torch.Tensor:
-        """Euler integration from t = 1 (``noise``) to t = 0; returns ``[B, horizon, max_action_dim]`` fp32."""
-        num_steps = self.config.num_steps if num_steps is None else num_steps
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-        schedule = self._schedule(num_steps, noise.device)
-        dt = -1.0 / num_steps
+    def denoise(self, buffers: Pi0Buffers, context: PrefixContext, noise: torch.Tensor) -> torch.Tensor:
+        """Euler integration from t = 1 (``noise``) to t = 0 over ``buffers.schedule``; returns
+        ``[B, horizon, max_action_dim]`` fp32."""
+        schedule = buffers.schedule
+        dt = -1.0 / schedule.num_steps
         x_t = noise.to(torch.float32)
-        for step in range(num_steps):
+        for step_constants in schedule.per_step:
             velocity = self.denoise_step(
-                x_t, schedule[step], context.rope_tables, context.attention_mask, context.slots
+                x_t, step_constants, context.rope_tables, context.attention_mask, context.slots
             )
             x_t = x_t.add(velocity, alpha=dt)
         return x_t
@@ -277,17 +281,23 @@ class Pi0Model(nn.Module):
         tokens: torch.Tensor,  # [B, L] int64
         token_masks: torch.Tensor,  # [B, L] bool
         state: torch.Tensor | None,  # [B, max_state_dim] normalized (pi0; ignored by pi0.5)
-        noise: torch.Tensor | None = None,  # [B, horizon, max_action_dim]
+        noise: torch.Tensor,  # [B, horizon, max_action_dim]: the flow's sample at t = 1
         num_steps: int | None = None,
-        generator: torch.Generator | None = None,
+        *,
+        buffers: Pi0Buffers | None = None,
     ) -> torch.Tensor:
-        """Sample an action chunk ``[B, horizon, max_action_dim]`` (normalized action space, fp32)."""
-        cfg = self.config
-        if noise is None:
-            shape = (tokens.shape[0], cfg.action_horizon, cfg.max_action_dim)
-            noise = torch.randn(shape, generator=generator, dtype=torch.float32, device=tokens.device)
-        context = self.prefill(images, image_masks, tokens, token_masks, state)
-        return self.denoise(context, noise, num_steps)
+        """Sample an action chunk ``[B, horizon, max_action_dim]`` (normalized action space, fp32).
+
+        ``buffers`` come from the runtime (their schedule sets the number of steps); without them the call
+        allocates its own for ``num_steps`` (default: the config's).
+        """
+        if buffers is None:
+            steps = self.config.num_steps if num_steps is None else num_steps
+            buffers = self.new_buffers(tokens.shape[0], images.shape[1], tokens.shape[1], steps, tokens.device)
+        elif num_steps is not None and num_steps != buffers.schedule.num_steps:
+            raise ValueError(f"num_steps={num_steps} but the buffers hold a {buffers.schedule.num_steps}-step schedule")
+        context = self.prefill(buffers, images, image_masks, tokens, token_masks, state)
+        return self.denoise(buffers, context, noise)
 
     def denoise_step(self, x_t, step_constants, rope_tables, attention_mask, slots) -> torch.Tensor:
         """Velocity ``v(x_t, t)`` for one step: ``[B, horizon, A]`` → ``[B, horizon, A]`` (fp32)."""

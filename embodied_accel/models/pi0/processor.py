@@ -115,7 +115,11 @@ class ValidatedObservation:
 class Pi0Processor:
     """Robot observation dicts → :class:`ModelInputs` / :class:`RawInputs`; model actions → robot actions (numpy)."""
 
-    def __init__(self, config: Pi0Config, io: IOSpec, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(
+        self, config: Pi0Config, io: IOSpec, tokenizer: Tokenizer | None = None, *, tokenizer_searched: str = ""
+    ) -> None:
+        """``tokenizer_searched``: where the tokenizer was looked for when there is none (named in the error a text
+        instruction then gets)."""
         if io.state_dim > config.max_state_dim:
             raise ValueError(f"{config.name}: state_dim {io.state_dim} exceeds max_state_dim {config.max_state_dim}")
         if io.action_dim > config.max_action_dim:
@@ -125,6 +129,7 @@ class Pi0Processor:
         self.config = config
         self.io = io
         self.tokenizer = tokenizer
+        self.tokenizer_searched = tokenizer_searched
         self.known_keys = frozenset((*io.image_keys, io.state_key, TASK_KEY, PROMPT_KEY, TOKENS_KEY, TOKEN_MASK_KEY))
         self._reported_unknown_keys: set[str] = set()
 
@@ -329,9 +334,11 @@ class Pi0Processor:
         if not isinstance(task, str):
             raise ObservationError(f"{field_name}: expected the instruction as a str, got {type(task).__name__}")
         if self.tokenizer is None:
+            searched = f" (searched: {self.tokenizer_searched})" if self.tokenizer_searched else ""
             raise ObservationError(
-                f"{field_name}: text instructions need the PaliGemma tokenizer; pass token ids in {TOKENS_KEY!r} "
-                f"or provide the tokenizer file ({TOKENIZER_FILE} in the checkpoint directory or --tokenizer)"
+                f"{field_name}: text instructions need the PaliGemma tokenizer and none was found{searched}; pass "
+                f"token ids in {TOKENS_KEY!r} or provide the tokenizer file ({TOKENIZER_FILE} in the checkpoint "
+                "directory, tokenizer= / --tokenizer, or the Hugging Face cache of google/paligemma-3b-pt-224)"
             )
         text = format_prompt(self.config.family, task, normalized_state)
         ids = np.asarray(self.tokenizer.encode(text), dtype=np.int64)
@@ -382,6 +389,45 @@ def _int_vector(value: Any, field_name: str, what: str, allow_bool: bool = False
     return arr
 
 
+def _compaction(image_masks: torch.Tensor, token_masks: torch.Tensor, token_bucket: int) -> tuple[list[int], int]:
+    """Camera slots some row has (all of them if none has any) and the bucketed prompt length."""
+    present = image_masks.any(dim=0).tolist()  # [N]
+    slots = [i for i, has in enumerate(present) if has] or list(range(len(present)))
+    used = token_masks.any(dim=0).nonzero()
+    longest = int(used.max()) + 1 if used.numel() else 1
+    return slots, min(token_masks.shape[1], -(-longest // token_bucket) * token_bucket)
+
+
+def compact_inputs(inputs: ModelInputs, token_bucket: int) -> ModelInputs:
+    """Drop the camera slots missing from every row and the prompt padding past the longest prompt.
+
+    The prompt length is rounded up to a multiple of ``token_bucket`` (capped at the padded length), so
+    calls fall into a few shape buckets. This is exact: a masked token is hidden from every query and
+    does not advance the positions of the tokens after it, so removing it changes no valid output, and
+    a robot whose observation lacks a camera pays nothing for that camera.
+    """
+    slots, length = _compaction(inputs.image_masks, inputs.token_masks, token_bucket)
+    return ModelInputs(
+        images=inputs.images[:, slots] if len(slots) < inputs.images.shape[1] else inputs.images,
+        image_masks=inputs.image_masks[:, slots],
+        tokens=inputs.tokens[:, :length],
+        token_masks=inputs.token_masks[:, :length],
+        state=inputs.state,
+    )
+
+
+def compact_raw_inputs(raw: RawInputs, token_bucket: int) -> RawInputs:
+    """:func:`compact_inputs` for the device path's raw inputs (same slots, same prompt length)."""
+    slots, length = _compaction(raw.image_masks, raw.token_masks, token_bucket)
+    return RawInputs(
+        frames=tuple(raw.frames[i] for i in slots),
+        image_masks=raw.image_masks[:, slots],
+        tokens=raw.tokens[:, :length],
+        token_masks=raw.token_masks[:, :length],
+        state=raw.state,
+    )
+
+
 __all__ = [
     "IOSpec",
     "ModelInputs",
@@ -390,4 +436,6 @@ __all__ = [
     "RawInputs",
     "Tokenizer",
     "ValidatedObservation",
+    "compact_inputs",
+    "compact_raw_inputs",
 ]

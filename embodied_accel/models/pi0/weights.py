@@ -13,14 +13,18 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from .config import GEMMA_VARIANTS, Pi0Config, get_preset, with_overrides
+from ...nn.gemma import GemmaConfig
+from ...nn.siglip import SiglipConfig
+from .config import GEMMA_VARIANTS, PRESETS, Pi0Config, get_preset, with_overrides
 
 logger = logging.getLogger(__name__)
 
@@ -189,27 +193,276 @@ def _family_of(checkpoint_dir: Path) -> tuple[str, dict]:
     return family, cfg
 
 
-def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None) -> Pi0Config:
-    """The architecture of a checkpoint: a named preset, or LeRobot's config.json variants.
+# ---------------------------------------------------------------------------------------------------------------
+# The architecture a checkpoint's tensors describe
+# ---------------------------------------------------------------------------------------------------------------
 
-    With ``preset``, the checkpoint's family must match the preset's.
+#: The architecture fields the tensor shapes of a checkpoint determine, with the words a message uses for them.
+ARCHITECTURE_FIELDS: dict[str, str] = {
+    "family": "family",
+    "vision.width": "vision width",
+    "vision.depth": "vision depth",
+    "vision.mlp_dim": "vision MLP width",
+    "vision.patch_size": "vision patch size",
+    "vision.image_size": "vision image size",
+    "vlm.width": "VLM width",
+    "vlm.depth": "VLM depth",
+    "vlm.mlp_dim": "VLM MLP width",
+    "vlm.query_width": "VLM query width (heads x head_dim)",
+    "vlm.kv_width": "VLM key/value width (KV heads x head_dim)",
+    "expert.width": "action expert width",
+    "expert.depth": "action expert depth",
+    "expert.mlp_dim": "action expert MLP width",
+    "expert.query_width": "action expert query width (heads x head_dim)",
+    "expert.kv_width": "action expert key/value width (KV heads x head_dim)",
+    "vocab_size": "vocabulary size",
+    "max_action_dim": "action width (max_action_dim)",
+    "max_state_dim": "state width (max_state_dim)",
+}
+#: The fields that say which network it is (the rest, max_state/action_dim, are padding widths of the robot IO).
+_NETWORK_FIELDS = tuple(f for f in ARCHITECTURE_FIELDS if f not in ("max_action_dim", "max_state_dim"))
+#: LeRobot's Gemma variants all have 8 query heads; a checkpoint stores heads x head_dim, not the two apart.
+ASSUMED_GEMMA_HEADS = 8
+#: SigLIP So400m's head count, assumed for a vision tower no preset has (a checkpoint does not store it either).
+ASSUMED_SIGLIP_HEADS = 16
+_FAMILY_WORDS = {
+    "pi0": "pi0 (plain RMSNorm weights, a state projection)",
+    "pi05": "pi0.5 (adaRMS norm weights, no state projection)",
+}
+
+
+def _depth(shapes: dict[str, tuple[int, ...]], prefix: str) -> int | None:
+    layer = re.compile(re.escape(prefix) + r"\.layers\.(\d+)\.")
+    indices = {int(m.group(1)) for key in shapes if (m := layer.match(key))}
+    return max(indices) + 1 if indices else None
+
+
+def architecture_from_shapes(shapes: dict[str, tuple[int, ...]]) -> dict[str, object]:
+    """What the tensor shapes of a LeRobot pi0 / pi0.5 state dict (keys without ``model.``) say about the network.
+
+    Returns the :data:`ARCHITECTURE_FIELDS` that the tensors present determine; a field whose tensor is missing is
+    left out. Attention head counts are not among them: a checkpoint stores ``heads x head_dim`` as one width.
+    """
+    found: dict[str, object] = {}
+
+    def take(field_name: str, key: str, dim: int) -> None:
+        if key in shapes and len(shapes[key]) > dim:
+            found[field_name] = int(shapes[key][dim])
+
+    if f"{EXPERT}.norm.dense.weight" in shapes or f"{EXPERT}.layers.0.input_layernorm.dense.weight" in shapes:
+        found["family"] = "pi05"
+    elif f"{EXPERT}.norm.weight" in shapes or "state_proj.weight" in shapes:
+        found["family"] = "pi0"
+    take("vision.width", f"{VISION}.embeddings.patch_embedding.weight", 0)
+    take("vision.patch_size", f"{VISION}.embeddings.patch_embedding.weight", 2)
+    take("vision.mlp_dim", f"{VISION}.encoder.layers.0.mlp.fc1.weight", 0)
+    position_key = f"{VISION}.embeddings.position_embedding.weight"
+    if position_key in shapes and "vision.patch_size" in found:
+        side = math.isqrt(shapes[position_key][0])
+        if side * side == shapes[position_key][0]:
+            found["vision.image_size"] = side * int(found["vision.patch_size"])
+    embed_key = f"{VLM}.embed_tokens.weight" if f"{VLM}.embed_tokens.weight" in shapes else TIED_EMBEDDING_KEY
+    take("vocab_size", embed_key, 0)
+    take("vlm.width", embed_key, 1)
+    for tower, prefix in (("vlm", VLM), ("expert", EXPERT)):
+        layer0 = f"{prefix}.layers.0"
+        take(f"{tower}.width", f"{layer0}.self_attn.q_proj.weight", 1)
+        take(f"{tower}.mlp_dim", f"{layer0}.mlp.gate_proj.weight", 0)
+        take(f"{tower}.query_width", f"{layer0}.self_attn.q_proj.weight", 0)
+        take(f"{tower}.kv_width", f"{layer0}.self_attn.k_proj.weight", 0)
+    for tower, prefix in (("vision", f"{VISION}.encoder"), ("vlm", VLM), ("expert", EXPERT)):
+        depth = _depth(shapes, prefix)
+        if depth is not None:
+            found[f"{tower}.depth"] = depth
+    take("max_action_dim", "action_in_proj.weight", 1)
+    take("max_state_dim", "state_proj.weight", 1)
+    return found
+
+
+def architecture_of(config: Pi0Config) -> dict[str, object]:
+    """The :data:`ARCHITECTURE_FIELDS` of ``config`` (what a checkpoint for it must show)."""
+    fields: dict[str, object] = {"family": config.family}
+    v = config.vision
+    fields.update({
+        "vision.width": v.width, "vision.depth": v.depth, "vision.mlp_dim": v.mlp_dim,
+        "vision.patch_size": v.patch_size, "vision.image_size": v.image_size,
+    })  # fmt: skip
+    for tower in ("vlm", "expert"):
+        g = getattr(config, tower)
+        fields.update({
+            f"{tower}.width": g.width, f"{tower}.depth": g.depth, f"{tower}.mlp_dim": g.mlp_dim,
+            f"{tower}.query_width": g.num_heads * g.head_dim, f"{tower}.kv_width": g.num_kv_heads * g.head_dim,
+        })  # fmt: skip
+    fields.update(vocab_size=config.vocab_size, max_action_dim=config.max_action_dim)
+    if config.has_state_token:
+        fields["max_state_dim"] = config.max_state_dim
+    return fields
+
+
+def matching_preset(found: dict[str, object]) -> str | None:
+    """The preset whose network (family, towers, vocabulary) the checkpoint's tensors show, if any."""
+    for name, preset in PRESETS.items():
+        expected = architecture_of(preset)
+        if all(found.get(f) == expected.get(f) for f in _NETWORK_FIELDS if f in expected):
+            return name
+    return None
+
+
+def describe_architecture_mismatch(
+    config: Pi0Config, found: dict[str, object], expected_from: str | None = None
+) -> list[str]:
+    """One line per architecture field where the checkpoint's tensors (``found``) and ``config`` disagree, then a
+    hint at what to do; empty if they agree. ``expected_from`` says where ``config`` came from (e.g. "preset 'pi0'")."""
+    source = expected_from or f"{config.name!r}"
+    expected = architecture_of(config)
+    lines = []
+    if "family" in found and found["family"] != config.family:
+        lines.append(
+            f"the checkpoint is {_FAMILY_WORDS[str(found['family'])]} but {source} is {_FAMILY_WORDS[config.family]}"
+        )
+    for field_name, label in ARCHITECTURE_FIELDS.items():
+        if field_name == "family" or field_name not in found or field_name not in expected:
+            continue
+        if found[field_name] != expected[field_name]:
+            lines.append(f"{label}: {found[field_name]} in the checkpoint, {expected[field_name]} in {source}")
+    if not lines:
+        return []
+    preset = matching_preset(found)
+    if preset is not None and preset != config.name:
+        lines.append(
+            f"the checkpoint has the architecture of preset {preset!r}: pass --preset {preset} "
+            f"(preset={preset!r}), or load it without a preset to read the architecture from the checkpoint"
+        )
+    else:
+        smaller = any(
+            isinstance(found.get(f), int) and found[f] < expected[f]  # type: ignore[operator]
+            for f in ("vlm.width", "vision.width", "expert.width")
+            if f in found
+        )
+        lines.append(
+            ("is this a reduced config? " if smaller else "")
+            + "load it without a preset (no --preset) to read the architecture from the checkpoint"
+        )
+    return lines
+
+
+def _gemma_from_tensors(tower: str, found: dict[str, object], where: Path) -> GemmaConfig:
+    query_width, kv_width = int(found[f"{tower}.query_width"]), int(found[f"{tower}.kv_width"])  # type: ignore[arg-type]
+    head_dim, rest = divmod(query_width, ASSUMED_GEMMA_HEADS)
+    if rest or head_dim == 0 or kv_width % head_dim:
+        raise CheckpointError(
+            f"{where}: cannot split the {tower} attention into heads: query width {query_width}, key/value width "
+            f"{kv_width} (assumed {ASSUMED_GEMMA_HEADS} query heads, as every LeRobot Gemma variant has); "
+            "pass --preset for this architecture"
+        )
+    return GemmaConfig(
+        width=int(found[f"{tower}.width"]),  # type: ignore[arg-type]
+        depth=int(found[f"{tower}.depth"]),  # type: ignore[arg-type]
+        mlp_dim=int(found[f"{tower}.mlp_dim"]),  # type: ignore[arg-type]
+        num_heads=ASSUMED_GEMMA_HEADS,
+        num_kv_heads=kv_width // head_dim,
+        head_dim=head_dim,
+    )
+
+
+def _config_from_tensors(family: str, found: dict[str, object], where: Path) -> Pi0Config:
+    """A config for the network the tensors show: a preset's when one matches, else built from the shapes."""
+    missing = [ARCHITECTURE_FIELDS[f] for f in _NETWORK_FIELDS if f not in found]
+    if missing:
+        raise CheckpointError(
+            f"{where}: cannot read the architecture from the tensors (nothing gives the {', '.join(missing)}); "
+            "is this a LeRobot pi0 / pi0.5 model.safetensors?"
+        )
+    preset = matching_preset(found)
+    if preset is not None:
+        config = PRESETS[preset]
+        logger.info("%s: the tensors have the architecture of preset %s", where, preset)
+    else:
+        width = int(found["vision.width"])  # type: ignore[arg-type]
+        if width % ASSUMED_SIGLIP_HEADS:
+            raise CheckpointError(
+                f"{where}: cannot split the vision attention (width {width}) into {ASSUMED_SIGLIP_HEADS} heads; "
+                "pass --preset for this architecture"
+            )
+        vision = SiglipConfig(
+            width=width,
+            depth=int(found["vision.depth"]),  # type: ignore[arg-type]
+            num_heads=ASSUMED_SIGLIP_HEADS,
+            mlp_dim=int(found["vision.mlp_dim"]),  # type: ignore[arg-type]
+            patch_size=int(found["vision.patch_size"]),  # type: ignore[arg-type]
+            image_size=int(found["vision.image_size"]),  # type: ignore[arg-type]
+        )
+        vlm, expert = _gemma_from_tensors("vlm", found, where), _gemma_from_tensors("expert", found, where)
+        logger.warning(
+            "%s: no preset has this architecture; read from the tensors, except the attention head counts, which a "
+            "checkpoint does not store: assumed %d vision heads (head_dim %d), %d query / %d KV heads of %d for the "
+            "VLM and %d / %d of %d for the action expert; pass --preset if they differ",
+            where, vision.num_heads, vision.head_dim, vlm.num_heads, vlm.num_kv_heads, vlm.head_dim,
+            expert.num_heads, expert.num_kv_heads, expert.head_dim,
+        )  # fmt: skip
+        config = replace(
+            PRESETS[family],
+            name=f"{family}-custom",
+            vision=vision,
+            vlm=vlm,
+            expert=expert,
+            vocab_size=int(found["vocab_size"]),  # type: ignore[arg-type]
+        )
+    return replace(config, bundled_tokenizer=None)  # a checkpoint brings (or names) its own tokenizer
+
+
+def checkpoint_shapes(checkpoint_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of a checkpoint directory's ``model.safetensors`` (keys without ``model.``), read from its
+    header only."""
+    path = Path(checkpoint_dir) / "model.safetensors"
+    if not path.is_file():
+        raise CheckpointError(f"{checkpoint_dir}: no model.safetensors")
+    reader = SafetensorsReader(path)
+    return {key.removeprefix("model."): reader.shape(key) for key in reader.keys()}
+
+
+def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None) -> Pi0Config:
+    """The architecture of a LeRobot pi0 / pi0.5 checkpoint directory.
+
+    Without ``preset`` it is read from the checkpoint: the family from ``config.json``'s ``type`` (checked against
+    the tensors), widths, depths, MLP widths, vocabulary and the vision tower's patch and image size from the tensor
+    shapes in ``model.safetensors``' header (no tensor is read), horizon, token length, steps and the time-embedding
+    periods from ``config.json``. A checkpoint does not store attention head counts: they come from the preset with
+    the same network when there is one, else LeRobot's Gemma convention (8 query heads) and SigLIP So400m's 16 vision
+    heads are assumed, with a warning. With ``preset``, that preset's architecture is used and must match the
+    tensors. Any disagreement raises :class:`CheckpointError` that summarizes it first (e.g. "VLM width: 64 in the
+    checkpoint, 2048 in preset 'pi0'") and says what to do.
     """
     checkpoint_dir = Path(checkpoint_dir)
     family, cfg = _family_of(checkpoint_dir)
+    shapes = checkpoint_shapes(checkpoint_dir)
+    found = architecture_from_shapes(shapes)
+    weights_path = checkpoint_dir / "model.safetensors"
+    if found.get("family", family) != family:
+        raise CheckpointError(
+            f"{checkpoint_dir}: config.json says 'type': {family!r}, but {weights_path.name} is "
+            f"{_FAMILY_WORDS[str(found['family'])]}; the config and the weights come from different policies"
+        )
     if preset is not None:
         config = get_preset(preset)
         if config.family != family:
             raise CheckpointError(
-                f"{checkpoint_dir}: checkpoint is a {family} policy but preset {preset!r} is {config.family}"
+                f"{checkpoint_dir}: checkpoint is a {family} policy but preset {preset!r} is {config.family}: "
+                f"{_FAMILY_WORDS[family]} was requested as {_FAMILY_WORDS[config.family]}; "
+                "load it without a preset to read the architecture from the checkpoint"
             )
+        expected_from = f"preset {preset!r}"
     else:
-        config = get_preset(family)
-        try:
-            vlm = GEMMA_VARIANTS[cfg.get("paligemma_variant", "gemma_2b")]
-            expert = GEMMA_VARIANTS[cfg.get("action_expert_variant", "gemma_300m")]
-        except KeyError as exc:
-            raise CheckpointError(f"{checkpoint_dir}/config.json: unknown Gemma variant {exc}") from None
-        config = with_overrides(config, name=family, vlm=vlm, expert=expert)
+        config = _config_from_tensors(family, found, weights_path)
+        expected_from = "config.json"
+        variants = (cfg.get("paligemma_variant"), cfg.get("action_expert_variant"))
+        named = [GEMMA_VARIANTS.get(v) for v in variants if v is not None]
+        if any(g is not None and g.width != t.width for g, t in zip(named, (config.vlm, config.expert), strict=False)):
+            logger.info(
+                "%s: config.json names the variants %s, the tensors are narrower (VLM width %d, action expert width "
+                "%d): using the tensors",
+                checkpoint_dir, " / ".join(str(v) for v in variants), config.vlm.width, config.expert.width,
+            )  # fmt: skip
     overrides = {}
     for ours, theirs in (
         ("action_horizon", "chunk_size"),
@@ -226,21 +479,28 @@ def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None
     if resolution is not None:
         if len(resolution) != 2 or resolution[0] != resolution[1]:
             raise CheckpointError(f"{checkpoint_dir}/config.json: image_resolution must be square, got {resolution}")
-        overrides["vision"] = type(config.vision)(**{**config.vision.__dict__, "image_size": int(resolution[0])})
-    return with_overrides(config, **overrides)
+        overrides["vision"] = replace(config.vision, image_size=int(resolution[0]))
+    config = with_overrides(config, **overrides)
+    problems = describe_architecture_mismatch(config, found, expected_from)
+    if problems:
+        details = _tensor_report(*_resolve_rules(weight_rules(config), set(shapes), shapes)[1:])
+        raise CheckpointError(_mismatch_message(weights_path, config, problems, details))
+    return config
 
 
-def build_state_dict(
-    rules: list[WeightRule],
-    read,  # callable: key -> tensor (keys without "model.")
-    available: set[str],
-    shapes: dict[str, tuple[int, ...]],
-    dtype: torch.dtype,
-    device: torch.device,
-    embed_scale: float,
-    progress: bool = False,
-) -> dict[str, torch.Tensor]:
-    """Apply ``rules`` to the checkpoint; raise :class:`CheckpointError` listing every problem."""
+def _mismatch_message(path: Path | str, config: Pi0Config, problems: list[str], details: str) -> str:
+    summary = "\n".join(f"  - {line}" for line in problems)
+    return f"{path} does not match {config.name}:\n{summary}" + (f"\n{details}" if details else "")
+
+
+#: At most this many tensor names are listed per kind of problem (missing, unexpected, wrong shape).
+LISTED_TENSORS = 10
+
+
+def _resolve_rules(
+    rules: list[WeightRule], available: set[str], shapes: dict[str, tuple[int, ...]]
+) -> tuple[list[tuple[WeightRule, list[str]]], list[str], list[str], list[str]]:
+    """The checkpoint keys each rule reads, and the missing, unexpected and mis-shaped tensors."""
     missing, mismatched = [], []
     resolved: list[tuple[WeightRule, list[str]]] = []
     for rule in rules:
@@ -262,15 +522,44 @@ def build_state_dict(
         resolved.append((rule, keys))
     used = {k for _, keys in resolved for k in keys}
     unexpected = sorted(available - used - set(IGNORED_KEYS))
+    return resolved, missing, unexpected, mismatched
+
+
+def _tensor_report(missing: list[str], unexpected: list[str], mismatched: list[str]) -> str:
+    """The tensor-by-tensor problems, at most :data:`LISTED_TENSORS` names of each kind."""
+    parts = []
+    for what, names in (("missing", missing), ("unexpected", unexpected), ("of the wrong shape", mismatched)):
+        if not names:
+            continue
+        more = f"\n  ... and {len(names) - LISTED_TENSORS} more" if len(names) > LISTED_TENSORS else ""
+        label = (
+            f"{len(names)} tensor(s) of the wrong shape"
+            if what == "of the wrong shape"
+            else f"{len(names)} {what} tensor(s)"
+        )
+        parts.append(f"{label}:\n  " + "\n  ".join(names[:LISTED_TENSORS]) + more)
+    return "\n".join(parts)
+
+
+def build_state_dict(
+    rules: list[WeightRule],
+    read,  # callable: key -> tensor (keys without "model.")
+    available: set[str],
+    shapes: dict[str, tuple[int, ...]],
+    dtype: torch.dtype,
+    device: torch.device,
+    embed_scale: float,
+    progress: bool = False,
+    explain: Callable[[], str] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Apply ``rules`` to the checkpoint; raise :class:`CheckpointError` listing every problem (at most
+    :data:`LISTED_TENSORS` names of each kind), after ``explain()``'s summary when given."""
+    resolved, missing, unexpected, mismatched = _resolve_rules(rules, available, shapes)
     if missing or mismatched or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing tensor(s):\n  " + "\n  ".join(missing))
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected tensor(s):\n  " + "\n  ".join(unexpected))
-        if mismatched:
-            parts.append(f"{len(mismatched)} tensor(s) of the wrong shape:\n  " + "\n  ".join(mismatched))
-        raise CheckpointError("checkpoint does not match the model:\n" + "\n".join(parts))
+        report = _tensor_report(missing, unexpected, mismatched)
+        if explain is not None:
+            raise CheckpointError(f"{explain()}\n{report}")
+        raise CheckpointError(f"checkpoint does not match the model:\n{report}")
 
     state: dict[str, torch.Tensor] = {}
     for rule, keys in tqdm(resolved, desc="loading weights", unit="tensor", disable=not progress):
@@ -301,6 +590,15 @@ _SAFETENSORS_DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
+#: Bytes per element of every dtype the safetensors format defines (also those we cannot read into torch).
+_SAFETENSORS_ITEM_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
+    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+#: The safetensors format caps its JSON header at 100 MB.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+#: The first line of a git-lfs pointer file (what a clone without ``git lfs`` leaves in place of the weights).
+GIT_LFS_POINTER_PREFIX = b"version https://git-lfs.github.com/spec/v1"
 
 
 class SafetensorsReader:
@@ -310,22 +608,83 @@ class SafetensorsReader:
     model that way peaks near twice its size; reading each tensor into its own buffer keeps the peak at
     the model plus one tensor. Format: an 8-byte little-endian header size, a JSON header
     ``{name: {dtype, shape, data_offsets: [begin, end]}}``, then the raw data.
+
+    The header is checked when the file is opened, before anything is allocated from it: its length against the
+    file size, its JSON, and every tensor's dtype, shape and data offsets (inside the file, and as long as dtype and
+    shape say). A git-lfs pointer in place of the weights is recognized. Every problem is a
+    :class:`CheckpointError` naming the file.
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            size_bytes = f.read(8)
-            if len(size_bytes) != 8:
-                raise CheckpointError(f"{self.path}: not a safetensors file (too short)")
-            header_size = int.from_bytes(size_bytes, "little")
-            try:
-                header = json.loads(f.read(header_size))
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise CheckpointError(f"{self.path}: not a safetensors file ({exc})") from None
+        try:
+            file_size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                start = f.read(len(GIT_LFS_POINTER_PREFIX))
+                if start == GIT_LFS_POINTER_PREFIX:
+                    raise CheckpointError(self._lfs_pointer_message(file_size))
+                f.seek(0)
+                size_bytes = f.read(8)
+                if len(size_bytes) != 8:
+                    raise CheckpointError(f"{self.path}: not a safetensors file (only {file_size} bytes long)")
+                header_size = int.from_bytes(size_bytes, "little")
+                if header_size > min(file_size - 8, _MAX_HEADER_BYTES):
+                    raise CheckpointError(
+                        f"{self.path}: not a safetensors file, or a truncated one: its first 8 bytes give a header of "
+                        f"{header_size} bytes, but the file is {file_size} bytes long"
+                    )
+                header_bytes = f.read(header_size)
+        except OSError as exc:
+            raise CheckpointError(f"{self.path}: cannot read ({exc})") from None
+        try:
+            header = json.loads(header_bytes)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CheckpointError(f"{self.path}: not a safetensors file (its header is not JSON: {exc})") from None
+        if not isinstance(header, dict):
+            raise CheckpointError(f"{self.path}: not a safetensors file (its header is not a JSON object)")
         self.data_start = 8 + header_size
         header.pop("__metadata__", None)
+        data_size = file_size - self.data_start
+        for key, entry in header.items():
+            self._check_entry(key, entry, data_size)
         self.entries = header
+
+    def _lfs_pointer_message(self, file_size: int) -> str:
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        size = re.search(r"^size (\d+)$", text, flags=re.MULTILINE)
+        real = f" (the real file is {int(size.group(1)) / 2**30:.2f} GiB)" if size else ""
+        return (
+            f"{self.path}: this is a git-lfs pointer ({file_size} bytes of text), not the weights{real}: "
+            f"run `git lfs pull` in {self.path.parent.resolve()} (or download the checkpoint with its large files)"
+        )
+
+    def _check_entry(self, key: str, entry, data_size: int) -> None:
+        where = f"{self.path}: tensor {key!r}"
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{where}: expected {{dtype, shape, data_offsets}} in the header, got {entry!r}")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in _SAFETENSORS_ITEM_BYTES:
+            raise CheckpointError(f"{where}: unknown dtype {dtype!r}; known: {', '.join(_SAFETENSORS_ITEM_BYTES)}")
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise CheckpointError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise CheckpointError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, got {offsets!r}")
+        begin, end = offsets
+        if end > data_size:
+            raise CheckpointError(
+                f"{where}: its data ends at byte {end} of the data section, but the file holds only {data_size} bytes "
+                "of data (a truncated or damaged file)"
+            )
+        expected = math.prod(shape) * _SAFETENSORS_ITEM_BYTES[dtype]
+        if end - begin != expected:
+            raise CheckpointError(
+                f"{where}: {dtype} {shape} needs {expected} bytes, but its data_offsets span {end - begin} bytes"
+            )
 
     def keys(self) -> list[str]:
         return list(self.entries)
@@ -356,19 +715,26 @@ def load_checkpoint_weights(model, checkpoint_dir: str | Path, device, progress:
     reader = SafetensorsReader(path)
     strip = {k: (k.removeprefix("model.")) for k in reader.keys()}
     by_short = {short: raw for raw, short in strip.items()}
+    shapes = {short: reader.shape(raw) for raw, short in strip.items()}
+
+    def explain() -> str:
+        problems = describe_architecture_mismatch(config, architecture_from_shapes(shapes))
+        summary = "".join(f"\n  - {line}" for line in problems)
+        return f"{path} does not match {config.name}:{summary}"
+
     state = build_state_dict(
         rules,
         read=lambda key: reader.get_tensor(by_short[key]),
         available=set(by_short),
-        shapes={short: reader.shape(raw) for raw, short in strip.items()},
+        shapes=shapes,
         dtype=model.compute_dtype,
         device=torch.device(device),
         embed_scale=math.sqrt(config.vlm.width),
         progress=progress,
+        explain=explain,
     )
     model.load_state_dict(state, strict=True, assign=True)
     model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)
-    model.reset_caches()
     logger.info("loaded %d tensors from %s", len(state), path)
 
 
@@ -399,4 +765,3 @@ def init_random_weights(model, seed: int, device) -> None:
         state[name] = value.to(dtype=dtype, device=device)
     model.load_state_dict(state, strict=True, assign=True)
     model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)
-    model.reset_caches()

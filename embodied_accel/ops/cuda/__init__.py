@@ -9,59 +9,33 @@ Projections stay on cuBLAS through the reference ``linear`` (bias and residual i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from .. import CUDA_ATTENTION_KERNELS, reference
+from ..contract import AttentionMask, RopeTables
 
 
-@dataclass
-class CudaAttentionMask:
-    """One pass's boolean ``may_attend [B, Sq, Sk]`` (what the Triton kernel reads) and what SDPA needs from it,
-    each built once and reused by every layer (and step) that reads the same mask: the additive mask
-    ``[B, 1, Sq, Sk]`` (built by the sdpa choice's ``prepare_attention_mask``, or on first use) and its rows
-    repeated per query head for :func:`packed_mqa_attention` (on first use)."""
-
-    may_attend: torch.Tensor
-    dtype: torch.dtype
-    _additive: torch.Tensor | None = None
-    _rows: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    @property
-    def additive(self) -> torch.Tensor:
-        """``[B, 1, Sq, Sk]`` in ``dtype``: 0 where a query may attend, ``MASKED_SCORE`` elsewhere."""
-        additive = self._additive
-        if additive is None:
-            additive = reference.prepare_attention_mask(self.may_attend, self.dtype)
-            if not torch.compiler.is_compiling():  # under torch.compile the graph dedups it instead
-                self._additive = additive
-        return additive
-
-    def rows(self, heads: int) -> torch.Tensor:
-        """``[B, 1, Sq * heads, Sk]``, row ``s * heads + h`` = query ``s`` of head ``h``."""
-        packed = self._rows.get(heads)
-        if packed is None:
-            additive = self.additive
-            batch, _, seq, keys = additive.shape
-            packed = additive[:, 0, :, None, :].expand(batch, seq, heads, keys).reshape(batch, 1, seq * heads, keys)
-            if not torch.compiler.is_compiling():  # under torch.compile the graph dedups it instead
-                self._rows[heads] = packed
-        return packed
+def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_heads: int) -> AttentionMask:
+    """For the sdpa choice: the additive mask and its rows repeated per query head (what
+    :func:`packed_mqa_attention` reads), both built once per pass, in rows padded to a multiple of
+    :data:`~embodied_accel.ops.contract.MASK_KEY_ALIGNMENT` keys."""
+    batch, seq, keys = may_attend.shape
+    packed = reference.padded_additive_mask(may_attend[:, :, None, :].expand(batch, seq, num_heads, keys), dtype)
+    return AttentionMask(
+        may_attend,
+        additive=packed[:, :, 0][:, None],  # [B, 1, Sq, Sk]: head 0's rows of the packed mask
+        kernel_mask=packed.view(batch, 1, seq * num_heads, keys),  # row s * H + h = query s of head h
+    )
 
 
-def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> CudaAttentionMask:
-    """For the sdpa choice: the additive mask is built here, once per pass."""
-    return CudaAttentionMask(may_attend, dtype, reference.prepare_attention_mask(may_attend, dtype))
-
-
-def prepare_boolean_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype) -> CudaAttentionMask:
+def prepare_boolean_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_heads: int) -> AttentionMask:
     """For the triton choice: the kernel reads ``may_attend`` itself; nothing is built."""
-    return CudaAttentionMask(may_attend, dtype)
+    return AttentionMask(may_attend)
 
 
-def packed_mqa_attention(q, k, v, mask: CudaAttentionMask | None, scale: float) -> torch.Tensor:
+def packed_mqa_attention(q, k, v, mask: AttentionMask | None, scale: float) -> torch.Tensor:
     """Attention for one shared K/V head (Gemma's MQA) as a single-head SDPA over ``Sq * H`` query rows.
 
     ``q: [B, H, Sq, D]``, ``k, v: [B, 1, Sk, D]``. With a mask, SDPA's flash kernel is out and ``enable_gqa``
@@ -70,29 +44,19 @@ def packed_mqa_attention(q, k, v, mask: CudaAttentionMask | None, scale: float) 
     ordered (query, head), so the output comes back as a ``[B, H, Sq, D]`` view of ``[B, Sq, H, D]`` memory:
     the caller's ``transpose(1, 2).reshape(B * Sq, H * D)`` is then free. Other head layouts go to the reference.
     """
-    additive = None if mask is None else mask.additive
     batch, heads, seq, dim = q.shape
-    if k.shape[1] != 1 or heads == 1:
-        return reference.attention(q, k, v, additive, scale)
+    packed_mask = None if mask is None else mask.kernel_mask
+    if k.shape[1] != 1 or heads == 1 or (packed_mask is not None and packed_mask.shape[-2] != seq * heads):
+        return reference.attention(q, k, v, mask, scale)
     packed_q = q.transpose(1, 2).reshape(batch, 1, seq * heads, dim)
-    packed_mask = None if mask is None else mask.rows(heads)
     out = F.scaled_dot_product_attention(packed_q, k, v, attn_mask=packed_mask, scale=scale)
     return out.view(batch, seq, heads, dim).transpose(1, 2)
 
 
-@dataclass(frozen=True)
-class CudaRopeTables:
-    """cos/sin ``[B, S, D]`` and how many leading heads of the merged tensor to rotate."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    rotated_heads: int
-
-
 ATTENTION_NOTES = {
     "sdpa": "PyTorch SDPA with the MQA query heads packed as rows of one head (fused mask-capable kernels: "
-    "memory-efficient, cuDNN), mask rows built once per pass; other head layouts and unmasked calls on the "
-    "reference SDPA",
+    "memory-efficient, cuDNN), mask rows built once per pass, padded to 8 keys (no per-call copy in SDPA); other "
+    "head layouts and unmasked calls on the reference SDPA",
     "triton": "Triton flash attention (ops/cuda/attention.py): one program per block of (query, head) rows of a "
     "K/V group, boolean mask read per tile, keys split over programs when the grid is small; unmasked calls "
     "(SigLIP) on the reference SDPA",
@@ -108,7 +72,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     from . import int8_gemm, kernels
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
-        return CudaRopeTables(cos, sin, rotated_heads)
+        return RopeTables(cos, sin, rotated_heads, total_heads)  # the kernels read cos / sin themselves
 
     def rope(x, tables):
         return kernels.rope(x, tables.cos, tables.sin, tables.rotated_heads)
@@ -119,7 +83,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
             return reference.split_store_kv(rope(qkv, tables), kv_write)
         return kernels.rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
 
-    def triton_attention(q, k, v, mask: CudaAttentionMask | None, scale: float) -> torch.Tensor:
+    def triton_attention(q, k, v, mask: AttentionMask | None, scale: float) -> torch.Tensor:
         """Masked attention on the Triton kernel (:func:`.attention.mqa_attention`): any ``H % Hkv == 0`` layout,
         the boolean mask read per tile, the output a ``[B, H, Sq, D]`` view of ``[B, Sq, H, D]`` memory.
 

@@ -1,0 +1,413 @@
+"""A ready-to-run pi0 / pi0.5 policy: processor + model + the runtime that executes it, behind ``infer``.
+
+The policy glues three owners together: the processor (:mod:`embodied_accel.models.pi0.processor`: observation
+dicts in, robot actions out), the model (a pure function of weights, inputs and buffers), and the runtime
+(:class:`~embodied_accel.runtime.executor.BucketedCall`: which static buffers a call's shape bucket reads, and the
+call captured against them). What a bucket needs is declared here, in :meth:`Pi0Policy.plan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import platform as platform_mod
+from ..errors import ObservationError
+from ..models.pi0.config import PRESETS, Pi0Config, get_preset, report_memory_need
+from ..models.pi0.device_processing import DeviceProcessing
+from ..models.pi0.io_spec import IOSpec, load_io_spec
+from ..models.pi0.model import Pi0Buffers, Pi0Model
+from ..models.pi0.processor import (
+    ModelInputs,
+    Pi0Processor,
+    RawInputs,
+    ValidatedObservation,
+    compact_inputs,
+    compact_raw_inputs,
+)
+from ..models.pi0.tokenizer import locate_tokenizer
+from ..models.pi0.weights import (
+    config_from_checkpoint,
+    init_random_weights,
+    load_checkpoint_weights,
+)
+from ..ops import OpSet, get_ops
+from ..runtime import check_capture, prepare_capture
+from ..runtime.buffers import BufferSpec, StaticBuffers
+from ..runtime.cudagraph import GraphBackend
+from ..runtime.executor import BucketedCall
+from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
+
+logger = logging.getLogger(__name__)
+
+#: Camera slots of the random-weight presets (LeRobot's pi0 camera names); ``num_views`` picks the first N.
+PRESET_IMAGE_KEYS = (
+    "observation.images.base_0_rgb",
+    "observation.images.left_wrist_0_rgb",
+    "observation.images.right_wrist_0_rgb",
+)
+PRESET_VIEWS, PRESET_STATE_DIM, PRESET_ACTION_DIM = 2, 8, 7
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Pi0Bucket:
+    """The static shape of one call: what its buffers and its captured graph depend on."""
+
+    batch: int
+    cameras: int  # camera slots after compaction
+    tokens: int  # prompt length after compaction (a multiple of the token bucket, or the full padded length)
+    num_steps: int
+
+
+class Pi0Policy:
+    """pi0 / pi0.5 with its processor and runtime. Build it with :func:`load_pi0_policy` (or ``load_policy``).
+
+    ``plat`` / ``graph_backend`` replace the detected platform and the real CUDA graph capture (tests run the
+    ``cudagraph`` modes on the CPU through a replay stand-in this way).
+    """
+
+    #: Prompts are trimmed to a multiple of this many tokens (few distinct shapes, see compact_inputs).
+    token_bucket = 16
+
+    def __init__(
+        self,
+        model: Pi0Model,
+        processor: Pi0Processor,
+        *,
+        source: str,
+        random_weights: bool,
+        device,
+        capture: str = "eager",
+        plat: platform_mod.Platform | None = None,
+        graph_backend: GraphBackend | None = None,
+    ):
+        self.model, self.processor = model, processor
+        self.source, self.random_weights = source, random_weights
+        self.device = platform_mod.normalize_device(device)
+        self.capture = capture
+        self.device_processing = DeviceProcessing(model.config, processor.io).to(self.device)
+        #: The one owner of the static buffers (KV cache, rotary table, step schedules) of every call below.
+        self.buffers = StaticBuffers()
+        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graph_backend=graph_backend)
+        #: The whole call on the device: uploaded observation bytes → robot actions (what ``infer`` runs).
+        self.whole_call = BucketedCall(self._whole_call, self.plan, self.assemble, **runtime)
+        #: The model alone: model inputs (host-processed) → normalized action chunk.
+        self.model_call = BucketedCall(self._model_call, self.plan, self.assemble, **runtime)
+
+    config: Pi0Config = property(lambda self: self.model.config)  # type: ignore[assignment]
+    family: str = property(lambda self: self.model.config.family)  # type: ignore[assignment]
+    io: IOSpec = property(lambda self: self.processor.io)  # type: ignore[assignment]
+    ops: OpSet = property(lambda self: self.model.ops)  # type: ignore[assignment]
+    backend: str = property(lambda self: self.model.ops.backend)  # type: ignore[assignment]
+    dtype: torch.dtype = property(lambda self: self.model.compute_dtype)  # type: ignore[assignment]
+
+    @property
+    def text_instructions_supported(self) -> bool:
+        """Whether text instructions can be tokenized (else observations must carry token ids)."""
+        return self.processor.tokenizer is not None
+
+    @property
+    def capture_seconds(self) -> float | None:
+        """Seconds spent capturing CUDA graphs so far (every bucket of both calls); None in other modes."""
+        seconds = [s for s in (self.whole_call.capture_seconds, self.model_call.capture_seconds) if s is not None]
+        return sum(seconds) if seconds else None
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    # ---- the runtime's view: buckets and their buffers
+
+    def bucket(self, batch: int, cameras: int, tokens: int, num_steps: int | None) -> Pi0Bucket:
+        steps = self.config.num_steps if num_steps is None else num_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"num_steps: expected an int >= 1, got {steps!r}")
+        return Pi0Bucket(batch, cameras, tokens, steps)
+
+    def plan(self, bucket: Pi0Bucket) -> dict[str, BufferSpec]:
+        """The static buffers a call of ``bucket`` reads: a KV cache and a rotary table, and the step schedule of its
+        number of steps.
+
+        The cache and the table are sized for the longest sequence the policy takes (every camera slot, the full
+        prompt), not for the bucket: one allocation then serves every prompt and camera bucket of a batch size, so
+        no bucket retires a buffer that another bucket's capture reads (a retired buffer means a recapture).
+        """
+        model, device, cfg = self.model, self.device, self.config
+        cameras, tokens = max(bucket.cameras, len(self.io.image_keys)), max(bucket.tokens, cfg.max_token_len)
+        length = model.sequence_length(model.prefix_length(cameras, tokens))
+        return {
+            "kv_cache": BufferSpec(lambda cap: model.new_kv_cache(cap[0], cap[1], device), (bucket.batch, length)),
+            "rotary_table": BufferSpec(lambda cap: model.rotary_table(cap[0], device), (length,)),
+            "schedule": BufferSpec(lambda _: model.step_schedule(bucket.num_steps, device), key=bucket.num_steps),
+        }
+
+    @staticmethod
+    def assemble(values: dict[str, Any]) -> Pi0Buffers:
+        cos, sin = values["rotary_table"]
+        return Pi0Buffers(values["kv_cache"], cos, sin, values["schedule"])
+
+    def reserve(self, max_batch: int, num_steps: int | None = None) -> None:
+        """Allocate the buffers of the largest call ahead of time (every camera, the full prompt, ``max_batch``
+        rows): every smaller call reuses them, so none is allocated while serving."""
+        self.whole_call.reserve(self.bucket(max_batch, len(self.io.image_keys), self.config.max_token_len, num_steps))
+
+    # ---- the pieces (what the server and the benchmark drive)
+
+    def validate(self, observation: Mapping[str, Any], where: str = "observation") -> ValidatedObservation:
+        """Check one observation on the host (raises :class:`ObservationError` naming the field)."""
+        return self.processor.validate(observation, where)
+
+    def prepare(
+        self, observation: Mapping[str, Any] | Sequence[Mapping[str, Any]], compact: bool = True
+    ) -> ModelInputs:
+        """Observation dict (or list of them) → model inputs on the policy's device (the host processor).
+
+        ``compact`` drops what no token can see before the model runs (see :func:`compact_inputs`).
+        """
+        inputs = self.processor(observation)
+        if compact:
+            inputs = compact_inputs(inputs, self.token_bucket)
+        return inputs.to(self.device)
+
+    def prepare_raw(
+        self, observation: Mapping[str, Any] | Sequence[Mapping[str, Any]], compact: bool = True
+    ) -> RawInputs | None:
+        """Observation dict (or list) → validated bytes on the device, for :meth:`run` (None when camera sizes
+        differ between rows). Only this host-side packing and the upload happen outside the call."""
+        raw = self.processor.raw_inputs(observation)
+        return None if raw is None else self._upload(raw, compact)
+
+    def _upload(self, raw: RawInputs, compact: bool = True) -> RawInputs:
+        return (compact_raw_inputs(raw, self.token_bucket) if compact else raw).to(self.device)
+
+    def make_noise(self, batch: int, noise=None, seed: int | None = None) -> torch.Tensor:
+        """Initial flow sample ``[B, horizon, max_action_dim]``: given, seeded, or fresh N(0, 1)."""
+        cfg = self.config
+        shape = (batch, cfg.action_horizon, cfg.max_action_dim)
+        if noise is None:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+        noise = torch.as_tensor(np.asarray(noise) if not isinstance(noise, torch.Tensor) else noise)
+        if noise.ndim == 2:
+            noise = noise.unsqueeze(0).expand(batch, -1, -1)
+        if tuple(noise.shape) != shape:
+            raise ObservationError(
+                f"noise: expected shape {list(shape[1:])} or {list(shape)} (horizon, max_action_dim), "
+                f"got {list(noise.shape)}"
+            )
+        if not noise.is_floating_point() or not torch.isfinite(noise).all():
+            raise ObservationError("noise: expected finite floating-point values")
+        return noise.to(device=self.device, dtype=torch.float32)
+
+    def sample(self, inputs: ModelInputs, noise: torch.Tensor | None = None, num_steps: int | None = None):
+        """The model call alone: model inputs → normalized action chunk ``[B, horizon, max_action_dim]``."""
+        batch, cameras = inputs.images.shape[:2]
+        bucket = self.bucket(batch, cameras, inputs.tokens.shape[1], num_steps)
+        noise = self.make_noise(batch) if noise is None else noise
+        return self.model_call(
+            bucket, inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state, noise
+        )
+
+    def run(self, raw: RawInputs, noise: torch.Tensor | None = None, num_steps: int | None = None) -> torch.Tensor:
+        """The whole call on the device: uploaded observation bytes → robot actions ``[B, horizon, action_dim]``.
+
+        Image resizing and scaling, camera masking, state normalization, the model, and action
+        un-normalization all run inside the one captured call.
+        """
+        bucket = self.bucket(raw.batch_size, len(raw.frames), raw.tokens.shape[1], num_steps)
+        noise = self.make_noise(raw.batch_size) if noise is None else noise
+        return self.whole_call(bucket, raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise)
+
+    def _whole_call(self, buffers: Pi0Buffers, frames, image_masks, tokens, token_masks, state, noise):
+        processing = self.device_processing
+        images = processing.images(frames, image_masks)
+        chunk = self.model.sample_actions(
+            images, image_masks, tokens, token_masks, processing.state(state), noise, buffers=buffers
+        )
+        return processing.actions(chunk)
+
+    def _model_call(self, buffers: Pi0Buffers, images, image_masks, tokens, token_masks, state, noise):
+        return self.model.sample_actions(images, image_masks, tokens, token_masks, state, noise, buffers=buffers)
+
+    def stage_fns(self, inputs: ModelInputs, num_steps: int | None = None) -> dict[str, Callable[[], object]]:
+        """Callables for timing the stages of one call apart, eagerly: vision, prefix (incl. vision), denoise."""
+        model = self.model
+        batch, cameras = inputs.images.shape[:2]
+        buffers = self.model_call.bound_buffers(self.bucket(batch, cameras, inputs.tokens.shape[1], num_steps))
+        noise = self.make_noise(inputs.batch_size, seed=0)
+        args = (inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
+        context = model.prefill(buffers, *args)
+
+        def vision():
+            with torch.no_grad():
+                return model.embed_images(inputs.images)
+
+        return {
+            "vision": vision,
+            "prefix": lambda: model.prefill(buffers, *args),
+            "denoise": lambda: model.denoise(buffers, context, noise),
+        }
+
+    def measured_call(self, observations: Sequence[Mapping[str, Any]], num_steps: int | None = None):
+        """The call a benchmark times, and its number of camera views: observation bytes (validated and packed
+        on the host once) uploaded, the whole captured call, actions copied back to the host."""
+        raw = self.processor.raw_inputs(observations)
+        if raw is None:
+            raise ObservationError("observation: camera sizes differ between batch rows")
+        raw = compact_raw_inputs(raw, self.token_bucket)
+
+        def call() -> object:
+            return self.run(raw.to(self.device), num_steps=num_steps).to("cpu")
+
+        return call, len(raw.frames)
+
+    # ---- end to end
+
+    def run_validated(
+        self, rows: Sequence[ValidatedObservation], *, noise=None, seed: int | None = None, num_steps=None
+    ) -> np.ndarray:
+        """Validated observations (:meth:`validate`) → robot actions ``[B, horizon, action_dim]`` float32.
+
+        The device path when the rows pack into one upload; a batch whose camera frames differ in size between
+        rows goes through the host processor instead (same results).
+        """
+        raw = self.processor.pack_raw(rows)
+        if raw is not None:
+            raw = self._upload(raw)
+            actions = self.run(raw, self.make_noise(raw.batch_size, noise, seed), num_steps)
+            return actions.to(device="cpu").numpy()
+        logger.debug("camera sizes differ between rows; processing this batch on the host")
+        inputs = compact_inputs(self.processor.pack_model_inputs(rows), self.token_bucket).to(self.device)
+        chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed), num_steps)
+        return self.processor.postprocess(chunk)
+
+    def infer_batch(
+        self, observations: Sequence[Mapping[str, Any]], *, noise=None, seed: int | None = None, num_steps=None
+    ) -> dict[str, Any]:
+        """Observations → ``{"actions": [B, horizon, action_dim] float32, "infer_ms": float}``."""
+        start = time.perf_counter()
+        rows = self.processor.validate_batch(observations)
+        actions = self.run_validated(rows, noise=noise, seed=seed, num_steps=num_steps)
+        return {"actions": actions, "infer_ms": (time.perf_counter() - start) * 1e3}
+
+    def infer(self, observation: Mapping[str, Any], *, noise=None, seed: int | None = None, num_steps=None):
+        """One observation → ``{"actions": [horizon, action_dim] float32, "infer_ms": float}``."""
+        if not isinstance(observation, Mapping):
+            raise ObservationError(f"observation: expected a dict, got {type(observation).__name__}")
+        result = self.infer_batch([observation], noise=noise, seed=seed, num_steps=num_steps)
+        result["actions"] = result["actions"][0]
+        return result
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
+
+
+def load_pi0_policy(
+    preset_or_checkpoint: str,
+    *,
+    backend: str = "auto",
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    preset: str | None = None,
+    tokenizer: str | Path | None = None,
+    num_views: int | None = None,
+    capture: str = "eager",
+    progress: bool = True,
+    cuda_attention: str = "sdpa",
+) -> Pi0Policy:
+    """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir.
+
+    ``cuda_attention`` picks the cuda backend's attention kernel: ``sdpa`` (packed multi-query SDPA) or
+    ``triton`` (the Triton flash-attention kernel); see :func:`embodied_accel.ops.get_ops`.
+    """
+    compute_dtype = _resolve_dtype(dtype)
+    check_capture(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
+    prepare_capture(capture)  # process settings the mode needs before the first device allocation
+    device = platform_mod.normalize_device(device)
+    ops = get_ops(backend, cuda_attention=cuda_attention)
+    path = Path(preset_or_checkpoint)
+    is_checkpoint = path.is_dir()
+    if is_checkpoint:
+        config = config_from_checkpoint(path, preset)
+        io = load_io_spec(path, config.family)
+    elif preset_or_checkpoint in PRESETS:
+        if preset is not None:
+            raise ValueError("preset: only used with a checkpoint directory; pass the preset name directly")
+        config = get_preset(preset_or_checkpoint)
+        io = IOSpec.identity(PRESET_IMAGE_KEYS[:PRESET_VIEWS], PRESET_STATE_DIM, PRESET_ACTION_DIM)
+    else:
+        raise ValueError(
+            f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a preset; presets: {', '.join(PRESETS)}"
+        )
+    if num_views is not None:
+        io = _with_views(io, num_views, is_checkpoint)
+    search = locate_tokenizer(config, explicit=tokenizer or None, checkpoint_dir=path if is_checkpoint else None)
+    report_memory_need(config, compute_dtype, device)  # INFO; a warning when the weights exceed free host memory
+
+    with torch.device("meta"):
+        model = Pi0Model(config, ops, compute_dtype)
+    if is_checkpoint:
+        load_checkpoint_weights(model, path, device, progress=progress)
+    else:
+        init_random_weights(model, seed, device)
+        logging.getLogger(RANDOM_WEIGHTS_LOGGER).warning(
+            "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
+        )
+    model.eval().requires_grad_(False)  # inference weights hold no autograd state
+    processor = Pi0Processor(config, io, search.tokenizer, tokenizer_searched=search.describe_searched())
+    return Pi0Policy(
+        model,
+        processor,
+        source=str(preset_or_checkpoint),
+        random_weights=not is_checkpoint,
+        device=device,
+        capture=capture,
+    )
+
+
+def _with_views(io: IOSpec, num_views: int, is_checkpoint: bool) -> IOSpec:
+    """Use ``num_views`` camera slots. Dropping a slot is exact for a camera that would be missing
+    (its tokens are masked from everyone and do not advance positions)."""
+    if not isinstance(num_views, int) or num_views < 1:
+        raise ValueError(f"num_views: expected a positive int, got {num_views!r}")
+    keys = io.image_keys
+    if num_views <= len(keys):
+        keys = keys[:num_views]
+    elif is_checkpoint:
+        raise ValueError(f"num_views: the checkpoint has {len(keys)} cameras ({', '.join(keys)}); got {num_views}")
+    else:
+        pool = PRESET_IMAGE_KEYS + tuple(f"observation.images.camera_{i}" for i in range(len(PRESET_IMAGE_KEYS), 8))
+        if num_views > len(pool):
+            raise ValueError(f"num_views: at most {len(pool)} cameras are supported, got {num_views}")
+        keys = pool[:num_views]
+    return dataclasses.replace(io, image_keys=keys)
+
+
+def _is_lerobot_pi0_checkpoint(path: Path, config: dict[str, Any] | None) -> bool:
+    return config is not None and config.get("type") in ("pi0", "pi05")
+
+
+FAMILY = PolicyFamily(
+    name="pi0",
+    presets=tuple(PRESETS),
+    recognizes=_is_lerobot_pi0_checkpoint,
+    load=load_pi0_policy,
+    describe_checkpoint='a LeRobot pi0 / pi0.5 directory (config.json with "type": "pi0" or "pi05", model.safetensors)',
+)
