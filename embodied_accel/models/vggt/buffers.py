@@ -128,11 +128,11 @@ def build_vggt_buffers(
     if config.enable_track:
         t = config.track
         fh, fw = int(patch_hw[0] * p / 2), int(patch_hw[1] * p / 2)
-        track_pos = sincos_grid_embedding(3 * t.features + 4, (fh, fw)).to(device, dtype)
+        track_pos = sincos_grid_embedding(3 * t.features + 4, (fh, fw)).to(device)  # the tracker runs in fp32
         offsets = torch.linspace(-t.corr_radius, t.corr_radius, 2 * t.corr_radius + 1)
         dy, dx = torch.meshgrid(offsets, offsets, indexing="ij")
         corr_delta = torch.stack([dy, dx], dim=-1).view(1, 2 * t.corr_radius + 1, 2 * t.corr_radius + 1, 2)
-        corr_delta = corr_delta.to(device, dtype)
+        corr_delta = corr_delta.to(device)
     return VggtBuffers(
         batch=batch,
         frames=frames,

@@ -146,7 +146,7 @@ class VggtRunner:
         buffers = self.buffers(bucket)
         images = images.to(self.device, non_blocking=True)
         if query_points is not None:
-            query_points = query_points.to(self.device, self.model.compute_dtype)
+            query_points = query_points.to(self.device, torch.float32)
         start = time.perf_counter()
         layers = self.model.aggregate(images, buffers, self.parallel)
         self.plat.synchronize()

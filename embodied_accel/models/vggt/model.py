@@ -174,8 +174,17 @@ class VggtOutputs:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
 
 
+#: Parameters kept in fp32 whatever the compute dtype: the camera head (a few tokens per frame, refined over
+#: iterations) and the tracker (pixel coordinates, correlations); both are cheap next to the aggregator.
+FP32_PREFIXES = ("camera_head.", "track_head.tracker.")
+
+
 class VggtModel(nn.Module):
-    """The VGGT network on the op layer; weights come from :mod:`.weights`."""
+    """The VGGT network on the op layer; weights come from :mod:`.weights`.
+
+    The aggregator and the DPT heads run in ``compute_dtype``; the camera head and the tracker in fp32
+    (:data:`FP32_PREFIXES`), on their inputs cast up.
+    """
 
     def __init__(self, config: VggtConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -227,7 +236,7 @@ class VggtModel(nn.Module):
         batch = buffers.batch
         start = config.patch_start
         if self.camera_head is not None:
-            camera_tokens = layers[config.depth - 1][:, :, 0]
+            camera_tokens = layers[config.depth - 1][:, :, 0].float()
             if parallel is not None:
                 camera_tokens = parallel.gather_frames(camera_tokens, dim=1)
             out.pose_enc_list = self.camera_head(camera_tokens)
@@ -257,9 +266,9 @@ class VggtModel(nn.Module):
             if query_points.dim() != 3 or query_points.shape[0] != batch or query_points.shape[-1] != 2:
                 raise ValueError(f"query_points must be [B={batch}, N, 2] pixels; got {list(query_points.shape)}")
             fmaps = self.track_head.feature_extractor(dense, buffers.patch_hw, None, frames_chunk_size)
-            fmaps = fmaps.view(batch, frames, *fmaps.shape[1:])
+            fmaps = fmaps.view(batch, frames, *fmaps.shape[1:]).float()
             if parallel is not None:
                 fmaps = parallel.gather_frames(fmaps, dim=1)
-            tracks, out.vis, out.conf = self.track_head.tracker(query_points.to(fmaps.dtype), fmaps, buffers)
+            tracks, out.vis, out.conf = self.track_head.tracker(query_points.float(), fmaps, buffers)
             out.track_list, out.track = tracks, tracks[-1]
         return out

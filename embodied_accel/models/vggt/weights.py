@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from ...errors import CheckpointError
 from ..pi0.weights import SafetensorsReader
 from .config import VggtConfig, get_preset
+from .model import FP32_PREFIXES
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +229,8 @@ def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device,
     state = {}
     for name, shape, keys in tqdm(plan, desc="loading weights", unit="tensor", disable=not progress):
         tensor = _transform(name, [source.get(k) for k in keys], shape)
-        state[name] = tensor.to(device=device, dtype=dtype)
+        target = torch.float32 if name.startswith(FP32_PREFIXES) else dtype
+        state[name] = tensor.to(device=device, dtype=target)
     return state
 
 
@@ -277,7 +279,10 @@ def init_random_weights(model, seed: int, device) -> None:
     if model.track_head is not None:
         for suffix in ("weight_t", "bias"):
             state[f"track_head.tracker.updateformer.flow_head.{suffix}"] *= 0.05
-    state = {k: v.to(device=device, dtype=model.compute_dtype) for k, v in state.items()}
+    state = {
+        k: v.to(device=device, dtype=torch.float32 if k.startswith(FP32_PREFIXES) else model.compute_dtype)
+        for k, v in state.items()
+    }
     for name, value in state.items():
         if value.dim() == 4:
             state[name] = value.contiguous(memory_format=torch.channels_last)
