@@ -106,7 +106,7 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         from .plans import VGGT_W8A8_PLAN
 
         replaced = attach_w8a8(model, VGGT_W8A8_PLAN)
-        say(f"W8A8: {len(replaced)} linear layers int8 (attention projections and heads kept in {args.dtype})")
+        say(f"W8A8: {len(replaced)} linear layers int8; kept in the model dtype: {VGGT_W8A8_PLAN.keep}")
     target = args.image_size or model.config.image_size
     frames = load_frames(paths, args.mode, target, model.config.patch_size)
     images = frames.images
