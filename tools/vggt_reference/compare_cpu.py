@@ -124,7 +124,7 @@ def main() -> int:
         ops = {k: count_ops(fn)[0] for k, fn in calls.items()}
         ref, got = results["upstream"], results["ours"]
         diffs = {
-            k: (getattr(got, k) - ref[k]).abs().max().item() for k in ("pose_enc", "depth", "world_points", "track")
+            k: (getattr(got, k) - ref[k]).abs().max().item() for k in compared
         }
         entry = {k: {**stats(times[k]), "aten_ops_per_call": ops[k]} for k in calls}
         entry["ours_over_upstream_mean"] = entry["ours"]["mean_ms"] / entry["upstream"]["mean_ms"]
