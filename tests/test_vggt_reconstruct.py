@@ -97,6 +97,8 @@ def test_bad_image_folders_are_clear_errors(tmp_path, capsys, setup, fragment):
         (["-o", "scene.obj"], "expected a .ply"),
         (["--preset", "vggt-tiny"], "--preset describes a --checkpoint"),
         (["--ulysses-degree", "2"], "--sp hybrid"),
+        (["--frames-chunk-size", "0"], "integer >= 1"),
+        (["--conf-percentile", "120"], "percentile in [0, 100]"),
     ],
 )
 def test_bad_flags_are_clear_errors(tmp_path, capsys, argv, fragment, monkeypatch):
@@ -196,7 +198,9 @@ def test_full_size_loader_reads_exactly_the_released_layout():
     with torch.device("meta"):
         model = VggtModel(config, get_ops("reference"))
     load_checkpoint_weights(model, source, "meta", progress=False)
-    assert sum(p.numel() for p in model.parameters()) == sum(
-        torch.Size(s).numel() for k, s in layout.items() if k not in IGNORED_KEYS
-    ) == 1_256_536_492
+    assert (
+        sum(p.numel() for p in model.parameters())
+        == sum(torch.Size(s).numel() for k, s in layout.items() if k not in IGNORED_KEYS)
+        == 1_256_536_492
+    )
     assert model.aggregator.frame_blocks[23].attn.qkv.weight_t.shape == (1024, 3072)

@@ -123,9 +123,7 @@ def main() -> int:
                     times[key].append(time.perf_counter() - start)
         ops = {k: count_ops(fn)[0] for k, fn in calls.items()}
         ref, got = results["upstream"], results["ours"]
-        diffs = {
-            k: (getattr(got, k) - ref[k]).abs().max().item() for k in compared
-        }
+        diffs = {k: (getattr(got, k) - ref[k]).abs().max().item() for k in compared}
         entry = {k: {**stats(times[k]), "aten_ops_per_call": ops[k]} for k in calls}
         entry["ours_over_upstream_mean"] = entry["ours"]["mean_ms"] / entry["upstream"]["mean_ms"]
         entry["ours_over_upstream_p50"] = entry["ours"]["p50_ms"] / entry["upstream"]["p50_ms"]
