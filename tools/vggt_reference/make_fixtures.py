@@ -26,9 +26,10 @@ The state dict is saved under upstream's key names (``model.safetensors``, the l
 ``model.pt`` / the commercial checkpoint's safetensors) with the mixin-style ``config.json``.
 
 It records the key and shape of every tensor of upstream's full-size ``VGGT()`` (``vggt1b_layout.json.gz``: the
-released checkpoint's layout, built on the meta device) and runs upstream's ``load_and_preprocess_images`` (``crop`` and ``pad``) on three small synthetic PNGs it
-writes into the fixture, and records a SHA-256 of each preprocessed tensor (values are k/255, so the hash of the
-uint8 image is exact) so the processor test needs no large arrays.
+released checkpoint's layout, built on the meta device), and runs upstream's ``load_and_preprocess_images``
+(``crop`` and ``pad``) on three small synthetic PNGs it writes into the fixture, recording a SHA-256 of each
+preprocessed tensor (values are k/255, so the hash of the uint8 image is exact): the processor test needs no
+large arrays.
 """
 
 from __future__ import annotations
