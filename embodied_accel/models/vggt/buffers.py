@@ -123,7 +123,8 @@ def build_vggt_buffers(
     kinds = (torch.arange(frames) + first_frame != 0).long().repeat(batch).to(device)
     dpt_pos = None
     if config.enable_depth or config.enable_point:
-        dpt_pos = dpt_position_embeddings(config.point_dpt(), h, w, device, dtype)
+        heads = 2 if (config.enable_depth and config.enable_point) else 1  # run as one pass: channels stacked
+        dpt_pos = dpt_position_embeddings(config.point_dpt(), h, w, device, dtype, heads=heads)
     track_pos = corr_delta = None
     if config.enable_track:
         t = config.track
