@@ -42,7 +42,13 @@ from websockets.frames import CloseCode
 
 from .. import __version__
 from .batching import Batcher, RequestError, Result, make_runner
-from .codec import DEFAULT_LIMITS, ERROR_FRAMES_PARAM, WireError, packb, unpack_observation
+from .codec import (
+    DEFAULT_LIMITS,
+    ERROR_FRAMES_PARAM,
+    WireError,
+    packb,
+    unpack_observation,
+)
 from .config import ServeConfig
 from .keymap import KeyMapError, ObservationMapper, annotate, can_tokenize_text
 from .metrics import CONTENT_TYPE, Metrics, log_event
