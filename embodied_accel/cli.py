@@ -28,6 +28,7 @@ import numpy as np
 
 from . import __version__
 from .models.pi0.config import PRESETS
+from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .models.vggt import commands as vggt_commands
@@ -142,6 +143,17 @@ def _policy_options() -> argparse.ArgumentParser:
     )
     group.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="compute dtype (default: float32)")
     group.add_argument("--tokenizer", type=Path, metavar="FILE", help="PaliGemma SentencePiece tokenizer.model")
+    rtc = parent.add_argument_group("real-time chunking (requests that carry previous_actions)")
+    rtc.add_argument("--rtc-schedule", choices=SCHEDULES, help="soft mask over the overlap (default: linear)")
+    rtc.add_argument(
+        "--rtc-max-guidance",
+        type=serve_commands.non_negative_float,
+        metavar="W",
+        help="clip of the guidance weight (default: 10)",
+    )
+    rtc.add_argument(
+        "--rtc-execution-horizon", type=_positive_int, metavar="N", help="where the soft mask ends (default: 10)"
+    )
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parent
 
@@ -321,6 +333,24 @@ def _without_random_weights_warning() -> Iterator[None]:
         notice_logger.setLevel(level)
 
 
+def _rtc_option(args: argparse.Namespace) -> dict[str, Any]:
+    """``{"rtc": RtcSettings}`` when an --rtc-* flag is given (the policy's defaults otherwise)."""
+    given = {
+        name: value
+        for name, value in (
+            ("schedule", getattr(args, "rtc_schedule", None)),
+            ("max_guidance_weight", getattr(args, "rtc_max_guidance", None)),
+            ("execution_horizon", getattr(args, "rtc_execution_horizon", None)),
+        )
+        if value is not None
+    }
+    if not given:
+        return {}
+    from .nn.rtc import RtcSettings
+
+    return {"rtc": RtcSettings(**given)}
+
+
 def _load_policy(args: argparse.Namespace, num_views: int | None = None):
     """The policy the arguments name and its load time."""
     from . import load_policy
@@ -339,6 +369,7 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
         capture=args.capture,
         progress=_progress(args),
         cuda_attention=args.cuda_attention,
+        **_rtc_option(args),
     )
     logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
     return policy, time.perf_counter() - start
