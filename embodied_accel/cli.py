@@ -28,10 +28,10 @@ import numpy as np
 
 from . import __version__
 from .models.pi0.config import PRESETS
+from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
-from .models.vggt import commands as vggt_commands
 from .serve import commands as serve_commands
 
 logger = logging.getLogger(__name__)
