@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..pi0.weights import SafetensorsReader
+from ..safetensors_reader import SafetensorsReader
 from .config import VggtConfig, get_preset
 from .model import FP32_PREFIXES
 
