@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
@@ -258,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train_commands.add_train_command(add_command, _positive_int, _non_negative_int)
     eval_commands.add_eval_command(add_command, policy, _positive_int, _non_negative_int)
+    reconstruct = vggt_commands.add_reconstruct_parser(commands, BACKEND_NAMES, ("float32", "bfloat16", "float16"))
+    reconstruct.set_defaults(handler=cmd_reconstruct)
     return parser
 
 
@@ -810,6 +813,10 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     path = None if args.no_write else serve_commands.write_loadtest_record(record, args.out_dir)
     print(serve_commands.loadtest_summary(stats, path))
     return 0 if stats["errors"] == 0 else 1
+
+
+def cmd_reconstruct(args: argparse.Namespace) -> int:
+    return vggt_commands.run_reconstruct(args, print_fn=lambda line: print(line, flush=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,14 +26,14 @@ def test_swiglu(rows, width, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch,heads,kv_heads,seq,dim", [(1, 16, 8, 2, 128), (2, 4, 2, 7, 16), (1, 5, 1, 3, 8)])
-def test_qk_norm_rope_on_merged_qkv_views(batch, heads, kv_heads, seq, dim, dtype):
+def test_qk_rms_norm_rope_on_merged_qkv_views(batch, heads, kv_heads, seq, dim, dtype):
     total, normed = heads + 2 * kv_heads, heads + kv_heads
     qkv = (randn(batch, seq, total, dim) * 4).to(dtype).transpose(1, 2)  # the model's strided view
     weight = randn(normed, dim) * 0.3 + 1
     angles = torch.rand(batch, seq, dim // 2, device=DEVICE) * 100
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
-    out = cuda_ops.qk_norm_rope(qkv, weight, 1e-6, cuda_ops.prepare_rope(cos, sin, normed, total))
-    expected = reference.qk_norm_rope(
+    out = cuda_ops.qk_rms_norm_rope(qkv, weight, 1e-6, cuda_ops.prepare_rope(cos, sin, normed, total))
+    expected = reference.qk_rms_norm_rope(
         qkv.float(), weight, 1e-6, reference.prepare_rope(cos.float(), sin.float(), normed, total)
     )
     assert out.shape == qkv.shape and out.dtype == dtype
@@ -59,7 +59,7 @@ def test_groot_custom_ops_have_working_fake_implementations():
     checks = ("test_schema", "test_faketensor")
     torch.library.opcheck(groot_kernels.swiglu, (randn(4, 32),), test_utils=checks)
     qkv, w, table = randn(1, 4, 3, 16), randn(3, 16), randn(1, 3, 16)
-    torch.library.opcheck(groot_kernels.qk_norm_rope, (qkv, w, 1e-6, table, table), test_utils=checks)
+    torch.library.opcheck(groot_kernels.qk_rms_norm_rope, (qkv, w, 1e-6, table, table), test_utils=checks)
     x, v = randn(5, 32), randn(32)
     torch.library.opcheck(groot_kernels.ada_layer_norm_op, (x, v, v, 1e-5), test_utils=checks)
     torch.library.opcheck(groot_kernels.ada_layer_norm_op, (x, None, None, 1e-5), test_utils=checks)

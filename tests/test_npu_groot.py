@@ -21,15 +21,15 @@ def test_swiglu_and_ada_layer_norm(ops, dtype):  # noqa: F811
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_qk_norm_rope(ops, dtype):  # noqa: F811
+def test_qk_rms_norm_rope(ops, dtype):  # noqa: F811
     batch, heads, kv_heads, seq, dim = 2, 4, 2, 5, 16
     total, normed = heads + 2 * kv_heads, heads + kv_heads
     qkv = (randn(batch, seq, total, dim) * 3).to(dtype).transpose(1, 2)
     weight = randn(normed, dim) * 0.2 + 1
     angles = torch.rand(batch, seq, dim // 2) * 50
     cos, sin = torch.cat([angles.cos()] * 2, -1).to(dtype), torch.cat([angles.sin()] * 2, -1).to(dtype)
-    out = ops.qk_norm_rope(qkv, weight, 1e-6, ops.prepare_rope(cos, sin, normed, total))
-    expected = reference.qk_norm_rope(qkv.float(), weight, 1e-6,
+    out = ops.qk_rms_norm_rope(qkv, weight, 1e-6, ops.prepare_rope(cos, sin, normed, total))
+    expected = reference.qk_rms_norm_rope(qkv.float(), weight, 1e-6,
                                       reference.prepare_rope(cos.float(), sin.float(), normed, total))  # fmt: skip
     torch.testing.assert_close(out.float(), expected, **TOLERANCE[dtype])
     assert torch.equal(out[:, normed:], qkv[:, normed:])

@@ -62,7 +62,7 @@ class Qwen3Layer(nn.Module):
         heads, kv_heads, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         x = ops.rms_norm(hidden, self.input_norm_weight, cfg.eps)
         qkv = ops.linear(x, self.qkv_weight).view(batch, seq, cfg.qkv_heads, dh).transpose(1, 2)  # [B, Hall, S, Dh]
-        qkv = ops.qk_norm_rope(qkv, self.qk_norm_weight, cfg.eps, rope_tables)
+        qkv = ops.qk_rms_norm_rope(qkv, self.qk_norm_weight, cfg.eps, rope_tables)
         q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
         attn = ops.attention(q, k, v, attention_mask, dh**-0.5)  # [B, H, S, Dh]
         hidden = ops.linear(attn.transpose(1, 2).reshape(batch * seq, heads * dh), self.o_weight, residual=hidden)

@@ -39,9 +39,16 @@ OP_NAMES: tuple[str, ...] = (
     "attention",
     # first used by GR00T
     "swiglu",
-    "qk_norm_rope",
+    "qk_rms_norm_rope",
     "ada_layer_norm",
     "linear_into",
+    # ---- ops first used by VGGT
+    "gelu",
+    "prepare_rope_2d",
+    "qk_layer_norm_rope_2d",
+    "attention_lse",
+    "quantize_rows_int8",
+    "int8_linear",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.

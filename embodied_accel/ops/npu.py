@@ -68,7 +68,7 @@ OPERATORS: dict[str, str] = {
     "attention": "npu_fused_infer_attention_score",
     # first used by GR00T
     "swiglu": "npu_swiglu",
-    "qk_norm_rope": "npu_rms_norm",
+    "qk_rms_norm_rope": "npu_rms_norm",
     "ada_layer_norm": "npu_layer_norm_eval",
 }
 
@@ -78,6 +78,13 @@ NOT_FUSED: dict[str, str] = {
     "gelu_tanh": "npu_fast_gelu is x*sigmoid(1.702x), not GELU-tanh (up to ~2e-2 apart): aten gelu(tanh) instead",
     "geglu": "npu_fast_gelu is x*sigmoid(1.702x), not GELU-tanh (up to ~2e-2 apart): aten gelu(tanh) instead",
     "linear_into": "aten mm/addmm(out=) is the NPU's matmul already; no torch_npu operator needed",
+    # ---- ops first used by VGGT
+    "gelu": "aten gelu (erf) is one NPU kernel; npu_fast_gelu is a different function",
+    "prepare_rope_2d": "tables built once per image size on the reference",
+    "qk_layer_norm_rope_2d": "not mapped yet: aten layer_norm + rotation (candidate: npu_rotary_mul on each half)",
+    "attention_lse": "not mapped yet: the reference (candidate: npu_fused_infer_attention_score, softmax_lse_flag)",
+    "quantize_rows_int8": "not mapped yet: the reference (candidate: npu_dynamic_quant)",
+    "int8_linear": "not mapped yet: the reference (candidate: npu_quant_matmul)",
 }
 
 #: Conditions under which a served op still runs the reference for a call (static: dtype and shape only).
@@ -87,7 +94,7 @@ CONDITIONS: dict[str, str] = {
     "rope": "the reference when D is odd or >= 896, or B or heads >= 1000 (operator limits)",
     "add_rms_norm": "the reference when x and residual differ in dtype",
     "add_layer_norm": "the reference when x and residual differ in dtype",
-    "qk_norm_rope": "npu_rms_norm (unit gamma) per head, the per-head weights as an aten mul, then npu_rotary_mul; "
+    "qk_rms_norm_rope": "npu_rms_norm (unit gamma) per head, the per-head weights as an aten mul, then npu_rotary_mul; "
     "the reference with reference rope tables",
     "ada_layer_norm": "the reference when the modulation differs per row",
 }
@@ -325,11 +332,11 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return _npu.npu_swiglu(gate_up, dim=-1)
 
 
-def qk_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, tables) -> torch.Tensor:
+def qk_rms_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, tables) -> torch.Tensor:
     """Qwen3's per-head q/k RMSNorm (``npu_rms_norm`` with a unit gamma; the per-head weights ``[H + Hkv, D]``
     differ between Q and K heads, so they multiply afterwards) then :func:`rope` on the merged tensor."""
     if tables.layout != "BSHD":  # tables prepare_rope left to the reference
-        return reference.qk_norm_rope(qkv, norm_weight, eps, tables)
+        return reference.qk_rms_norm_rope(qkv, norm_weight, eps, tables)
     heads = norm_weight.shape[0]
     unit = torch.ones(qkv.shape[-1], dtype=qkv.dtype, device=qkv.device)
     normed = _npu.npu_rms_norm(qkv[:, :heads], unit, epsilon=eps)[0] * _as_dtype(norm_weight, qkv.dtype)[:, None]
@@ -369,7 +376,7 @@ def impls() -> tuple[dict[str, object], dict[str, str]]:
         "prepare_attention_mask": prepare_attention_mask,
         "attention": attention,
         "swiglu": swiglu,
-        "qk_norm_rope": qk_norm_rope,
+        "qk_rms_norm_rope": qk_rms_norm_rope,
         "ada_layer_norm": ada_layer_norm,
     }
     notes = {op: f"{OPERATORS[op]}; {CONDITIONS[op]}" for op in CONDITIONS}

@@ -22,7 +22,13 @@ import torch
 
 from .. import platform as platform_mod
 from ..models.groot.config import PRESETS, GrootConfig, get_preset
-from ..models.groot.model import BufferBuilders, GrootBucket, GrootBuffers, GrootModel, assemble_buffers
+from ..models.groot.model import (
+    BufferBuilders,
+    GrootBucket,
+    GrootBuffers,
+    GrootModel,
+    assemble_buffers,
+)
 from ..models.groot.processor import (
     ActionKey,
     EmbodimentSpec,

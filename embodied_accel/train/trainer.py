@@ -39,7 +39,8 @@ from ..data.samples import ActionChunkSamples, FeatureMap, GlobalBatchSampler, m
 from ..models.pi0.device_processing import DeviceProcessing
 from ..models.pi0.io_spec import DEFAULT_NORM, IOSpec
 from ..models.pi0.processor import Pi0Processor
-from ..models.pi0.weights import IGNORED_KEYS, SafetensorsReader
+from ..models.pi0.weights import IGNORED_KEYS
+from ..models.safetensors_reader import SafetensorsReader
 from .batches import TrainingCollator, model_inputs
 from .checkpoint import load_optimizer_state, load_trainable, resolve_checkpoint, save_checkpoint
 from .config import TrainSettings

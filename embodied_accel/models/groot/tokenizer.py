@@ -47,7 +47,15 @@ class QwenTokenizer:
     def __init__(self, directory: Path):
         try:
             import jinja2.sandbox
-            from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+            from tokenizers import (
+                AddedToken,
+                Regex,
+                Tokenizer,
+                decoders,
+                models,
+                normalizers,
+                pre_tokenizers,
+            )
         except ImportError as exc:
             raise ImportError(
                 f"the GR00T tokenizer needs the tokenizers and jinja2 packages: {EXTRA} ({exc})"

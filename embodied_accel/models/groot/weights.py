@@ -20,8 +20,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..pi0.weights import _SAFETENSORS_DTYPES, SafetensorsReader
-from .config import CHECKPOINT_DEFAULTS, EAGLE_BACKBONE, GrootConfig, get_preset, with_overrides
+from ..safetensors_reader import SAFETENSORS_DTYPES, SafetensorsReader
+from .config import (
+    CHECKPOINT_DEFAULTS,
+    EAGLE_BACKBONE,
+    GrootConfig,
+    get_preset,
+    with_overrides,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +322,7 @@ class ShardedCheckpoint:
             f.seek(reader.data_start + begin + slot * row)
             if f.readinto(memoryview(buffer.numpy())) != row:
                 raise CheckpointError(f"{reader.path}: tensor {key} is truncated")
-        return buffer.view(_SAFETENSORS_DTYPES[entry["dtype"]]).view(shape[1:])
+        return buffer.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(shape[1:])
 
 
 def build_state_dict(

@@ -69,7 +69,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     if attention not in CUDA_ATTENTION_KERNELS:
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
     from . import attention as attention_kernel
-    from . import groot_kernels, kernels
+    from . import groot_kernels, int8_gemm, kernels
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
         return RopeTables(cos, sin, rotated_heads, total_heads)  # the kernels read cos / sin themselves
@@ -83,11 +83,11 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
             return reference.split_store_kv(rope(qkv, tables), kv_write)
         return kernels.rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
 
-    def qk_norm_rope(qkv, norm_weight, eps, tables):
+    def qk_rms_norm_rope(qkv, norm_weight, eps, tables):
         if tables.rotated_heads != norm_weight.shape[0]:
-            return reference.qk_norm_rope(qkv, norm_weight, eps, reference.prepare_rope(
+            return reference.qk_rms_norm_rope(qkv, norm_weight, eps, reference.prepare_rope(
                 tables.cos, tables.sin, tables.rotated_heads, qkv.shape[1]))  # fmt: skip
-        return groot_kernels.qk_norm_rope(qkv, norm_weight, eps, tables.cos, tables.sin)
+        return groot_kernels.qk_rms_norm_rope(qkv, norm_weight, eps, tables.cos, tables.sin)
 
     def triton_attention(q, k, v, mask: AttentionMask | None, scale: float) -> torch.Tensor:
         """Masked attention on the Triton kernel (:func:`.attention.mqa_attention`): any ``H % Hkv == 0`` layout,
@@ -113,7 +113,9 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         "attention": packed_mqa_attention if attention == "sdpa" else triton_attention,
         # first used by GR00T
         "swiglu": groot_kernels.swiglu,
-        "qk_norm_rope": qk_norm_rope,
+        "qk_rms_norm_rope": qk_rms_norm_rope,
         "ada_layer_norm": groot_kernels.ada_layer_norm,
+        # ---- ops first used by VGGT
+        "int8_linear": int8_gemm.int8_linear,
     }
     return ops, {"attention": ATTENTION_NOTES[attention]}

@@ -41,7 +41,7 @@ def _(gate_up):
 
 
 @triton.jit
-def _qk_norm_rope_kernel(
+def _qk_rms_norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
     sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, so_b, so_h, so_s,
     n_heads, seq, normed_heads, eps, HALF: tl.constexpr, BLOCK: tl.constexpr,
@@ -76,8 +76,8 @@ def _qk_norm_rope_kernel(
     tl.store(out_row + cols + HALF, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@torch.library.custom_op("embodied_accel::qk_norm_rope", mutates_args=())
-def qk_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: torch.Tensor,
+@torch.library.custom_op("embodied_accel::qk_rms_norm_rope", mutates_args=())
+def qk_rms_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: torch.Tensor,
                  sin: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """``qkv: [B, H + 2*Hkv, S, D]`` (any strides), ``norm_weight: [H + Hkv, D]``, ``cos/sin: [B, S, D]``: per-head
     RMSNorm then RoPE on the Q and K heads, V copied; returns ``[B, H + 2*Hkv, S, D]`` in ``[B, S, heads, D]``
@@ -86,7 +86,7 @@ def qk_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: 
     cos, sin, weight = cos.contiguous(), sin.contiguous(), norm_weight.contiguous()
     out = torch.empty(batch, seq, heads, dim, dtype=qkv.dtype, device=qkv.device).transpose(1, 2)
     half = dim // 2
-    _qk_norm_rope_kernel[(batch * heads * seq,)](
+    _qk_rms_norm_rope_kernel[(batch * heads * seq,)](
         qkv, weight, cos, sin, out,
         qkv.stride(0), qkv.stride(1), qkv.stride(2), qkv.stride(3), cos.stride(0), cos.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
@@ -95,7 +95,7 @@ def qk_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, cos: 
     return out
 
 
-@qk_norm_rope.register_fake
+@qk_rms_norm_rope.register_fake
 def _(qkv, norm_weight, eps, cos, sin):
     batch, heads, seq, dim = qkv.shape
     return qkv.new_empty(batch, seq, heads, dim).transpose(1, 2)
