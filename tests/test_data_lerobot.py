@@ -132,3 +132,12 @@ def _wrist_frames_and_indices(rows):
     import torch
 
     return torch.stack([torch.from_numpy(r["frames"][CAMERAS[1]]) for r in rows]), [r["index"] for r in rows]
+
+
+def test_statistics_missing_from_the_files_come_from_the_data(tmp_path):
+    root, episodes = make_dataset(tmp_path / "ds", codec="h264")
+    (root / "meta/stats.json").unlink()
+    stats = LeRobotDataset(root).stats["action"]
+    actions = np.concatenate([e.columns["action"] for e in episodes]).astype(np.float64)
+    np.testing.assert_allclose(stats["q01"], np.quantile(actions, 0.01, axis=0), rtol=1e-6)
+    np.testing.assert_allclose(stats["std"], actions.std(0), rtol=1e-6)
