@@ -309,11 +309,11 @@ def _save(settings, parts: RunParts, optimizer, scheduler, step, samples_seen, p
         model = parts.model if full is None else _replica(parts.model, full)
         trainable_names = {n for n, p in parts.model.named_parameters() if p.requires_grad}
         trainable = {n: t for n, t in model.state_dict().items() if n in trainable_names}
-        if pretrained["base_lm_heads"] is None:
-            pretrained["base_lm_heads"] = _base_lm_heads(settings) or {}
+        lm_heads = _base_lm_heads(settings)  # read per save (3.2 GB at full size), not kept for the whole run
         save_checkpoint(
             Path(settings.out), step, model, trainable, optimizer_state, scheduler.state_dict(), parts.processor.io,
-            parts.dataset.stats, {"samples": samples_seen, "world_size": context.world_size}, **pretrained,
+            parts.dataset.stats, {"samples": samples_seen, "world_size": context.world_size},
+            **{**pretrained, "base_lm_heads": lm_heads},
         )  # fmt: skip
     context.barrier()
 
