@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .eval import commands as eval_commands
 from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
-from .eval import commands as eval_commands
 from .serve import commands as serve_commands
 from .train import commands as train_commands
 
