@@ -260,6 +260,10 @@ def guidance_cost(policy, num_steps: int, runs: int) -> dict[str, float]:
     medians = {f"{name}_p50_ms": float(np.median(values) * 1e3) for name, values in times.items()}
     medians["guided_over_plain"] = medians["guided_p50_ms"] / medians["plain_p50_ms"]
     medians["runs"] = runs
+    for name, observation in calls:  # host work per call, independent of the machine's load
+        _, ops, _ = harness.count_aten_ops(policy.infer, observation, seed=0, num_steps=num_steps)
+        medians[f"{name}_aten_ops"] = ops
+    medians["guided_over_plain_aten_ops"] = medians["guided_aten_ops"] / medians["plain_aten_ops"]
     return medians
 
 
@@ -362,7 +366,8 @@ def main() -> None:
             f"skip {row['skip']['departure_from_old_plan_mean']:.3f}  rtc {row['rtc']['departure_from_old_plan_mean']:.3f}"
         )
     print(
-        f"guided call {cost['guided_p50_ms']:.1f} ms vs plain {cost['plain_p50_ms']:.1f} ms (x{cost['guided_over_plain']:.3f})"
+        f"guided call {cost['guided_p50_ms']:.1f} ms vs plain {cost['plain_p50_ms']:.1f} ms (x{cost['guided_over_plain']:.3f}); "
+        f"aten ops {cost['guided_aten_ops']} vs {cost['plain_aten_ops']} (x{cost['guided_over_plain_aten_ops']:.3f})"
     )
 
 
