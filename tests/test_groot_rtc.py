@@ -229,6 +229,24 @@ def test_captured_guided_call_equals_eager_and_a_new_delay_is_not_a_new_graph():
     assert standin.captures == 1 and len(graphed.model_call_rtc.graphs) == 1
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+@pytest.mark.parametrize("mode", ["cudagraph", "compile+cudagraph"])
+def test_guided_cuda_graph_equals_eager_on_the_gpu(mode):
+    """Real CUDA graphs: guided calls with other delays, leftovers and row mixes replay one capture per bucket."""
+    settings = RtcSettings("exp", 5.0, 4)
+    eager = load("libero_panda", device="cuda", rtc=settings)
+    graphed = load("libero_panda", device="cuda", capture=mode, rtc=settings)
+    rows, noise = observations("libero_panda", eager.processor.spec), io()["libero_panda.noise"]
+    leftover = eager.infer_batch(rows, seed=1)["actions"]
+    for delays in ((0, 2), (3, None), (5, 1)):
+        requests = [row if d is None else {**row, "previous_actions": leftover[b][d // 2 :], "inference_delay": d}
+                    for b, (row, d) in enumerate(zip(rows, delays, strict=True))]  # fmt: skip
+        expected = eager.infer_batch(requests, noise=noise)["actions"]
+        np.testing.assert_allclose(graphed.infer_batch(requests, noise=noise)["actions"], expected, rtol=1e-4,
+                                   atol=1e-4)  # fmt: skip
+    assert len(graphed.model_call_rtc.graphs) == 1
+
+
 # ---- the processor: leftovers in robot units → the model's action space
 
 
