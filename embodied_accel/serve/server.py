@@ -135,6 +135,8 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
             "schedule": rtc.schedule,
             "max_guidance_weight": rtc.max_guidance_weight,
             "execution_horizon": rtc.execution_horizon,
+            # the longest leftover a request may carry: the actions a chunk returns
+            "max_previous_actions": getattr(io, "action_horizon", None) or meta.get("action_horizon"),
         }
     meta.update(
         tokenizer=mapper.has_tokenizer,
