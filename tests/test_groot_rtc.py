@@ -324,6 +324,24 @@ def test_relative_end_effector_leftovers_round_trip(fmt):
     np.testing.assert_allclose(mapped[..., 9:], gripper_expected, rtol=0, atol=1e-6)  # zero-range: 0
 
 
+def test_the_policy_reports_the_width_of_the_actions_it_returns():
+    """A relative end-effector pose decoded to a rotation vector comes back 6 wide (xyz + rotvec) from the model's 9
+    (xyz + rot6d): the policy's ``io.action_dim`` (the CLI's ``info``, the server's metadata) is the returned width."""
+    import copy
+
+    from embodied_accel.policies.groot import GrootPolicy
+
+    policy = load("libero_panda")
+    eef, gripper = policy.processor.spec.actions
+    for fmt, width in (("XYZ_ROT6D", 9), ("XYZ_ROTVEC", 6)):
+        processor = copy.copy(policy.processor)
+        processor.spec = dataclasses.replace(processor.spec, actions=(dataclasses.replace(eef, format=fmt), gripper))
+        other = GrootPolicy(policy.model, processor, source="libero_panda", random_weights=True, device="cpu")
+        assert other.io.action_dim == width + gripper.dim
+        _, inputs, chunk, per_key = returned_chunk(other, "libero_panda")
+        assert sum(value.shape[-1] for value in per_key.values()) == other.io.action_dim
+
+
 # ---- end to end: the server, the CLI, bad requests
 
 

@@ -76,7 +76,7 @@ class GrootIO:
     state_keys: tuple[str, ...]  # "state.<key>"
     state_dim: int  # raw state dims (all keys)
     action_keys: tuple[str, ...]
-    action_dim: int
+    action_dim: int  # the width of the returned actions (all keys; a relative pose as a rotation vector is 6 wide)
     action_horizon: int
     state_key: str = "state"  # the concatenated raw state, accepted instead of the state.<key> entries
     state_norm: str = ""
@@ -139,7 +139,7 @@ class GrootPolicy:
             state_keys=tuple(f"state.{s.key}" for s in spec.state),
             state_dim=spec.state_dim,
             action_keys=tuple(f"action.{a.key}" for a in spec.actions),
-            action_dim=spec.action_dim,
+            action_dim=sum(spec.returned_dims),
             action_horizon=spec.action_horizon,
             state_norm=state_norm,
             action_norm=action_norm,
