@@ -358,6 +358,7 @@ def test_server_guides_groot_requests_and_passes_per_key_leftovers():
     with ServerThread(PolicyServer(policy, config)) as running, PolicyClient(running.url) as client:
         rtc = client.metadata["real_time_chunking"]
         assert rtc["schedule"] == "exp" and rtc["max_guidance_weight"] == 5.0 and rtc["max_previous_actions"] == 6
+        assert client.metadata["action_horizon"] == 6, "the actions a chunk returns, not the model's horizon"
         plain = client.infer(obs)["actions"]
         guided = client.infer({**obs, "previous_actions": leftover["actions"][1:], "inference_delay": 2})["actions"]
         by_key = client.infer({**obs, "previous_actions": per_key, "inference_delay": 2})["actions"]
