@@ -110,19 +110,33 @@ class UpdateFormer(nn.Module):
             AttnBlock(hid, heads, ratio, ops, cross=True) for _ in range(cfg.depth)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [B, N, T, input_dim] -> [B, N, T, output_dim]
+    def initial_virtual_tokens(self) -> torch.Tensor:
+        """The virtual tracks after the first time block, ``[V, C]``: the same for every frame, scene, iteration.
+
+        A virtual track enters the first time block as one learned token repeated over the frames; attention over
+        identical tokens returns that token's value, so the block's output is the same at every frame and depends
+        only on the weights. It is computed once on one-frame sequences and broadcast over the frames.
+        """
+        return self.time_blocks[0](self.virtual_tracks, self.virtual_tracks.shape[0])
+
+    def forward(self, x: torch.Tensor, virtual0: torch.Tensor) -> torch.Tensor:
+        """``x [B, N, T, input_dim]`` → ``[B, N, T, output_dim]``; ``virtual0``: :meth:`initial_virtual_tokens`."""
         ops = self.ops
         batch, points, frames, _ = x.shape
         tokens = self.input_transform(ops.layer_norm(x, self.input_norm_weight, self.input_norm_bias, 1e-5))
         init_tokens = tokens
-        virtual = self.virtual_tracks[None, :, None].expand(batch, -1, frames, -1)
-        tokens = torch.cat([tokens, virtual], dim=1)  # [B, N + V, T, C]
-        total, hid = tokens.shape[1], tokens.shape[-1]
+        hid = tokens.shape[-1]
         space_every = len(self.time_blocks) // len(self.space_virtual_blocks)
         j = 0
         for i, time_block in enumerate(self.time_blocks):
             # time attention: one sequence of T frames per (scene, track); rows ordered (b, n, t)
-            tokens = time_block(tokens.reshape(-1, hid), batch * total).view(batch, total, frames, hid)
+            if i == 0:  # the virtual tracks' output of the first time block is virtual0
+                point = time_block(tokens.reshape(-1, hid), batch * points).view(batch, points, frames, hid)
+                virtual = virtual0[None, :, None].expand(batch, -1, frames, -1)
+                tokens = torch.cat([point, virtual], dim=1)  # [B, N + V, T, C]
+                total = tokens.shape[1]
+            else:
+                tokens = time_block(tokens.reshape(-1, hid), batch * total).view(batch, total, frames, hid)
             if i % space_every == 0:
                 # attention across tracks: one sequence per (scene, frame); rows ordered (b, t, n)
                 space = tokens.permute(0, 2, 1, 3).reshape(batch * frames, total, hid)
@@ -192,6 +206,7 @@ class Tracker(nn.Module):
         pos = sample_features(buffers.track_pos.expand(batch, -1, -1, -1), query).reshape(batch * points, 1, -1)
         ref = torch.cat([self.query_ref_token[:1], self.query_ref_token[1:].expand(frames - 1, -1)])  # [S, Dt]
         window = buffers.track_corr_delta
+        virtual0 = self.updateformer.initial_virtual_tokens()
         predictions = []
         for _ in range(cfg.iterations):
             levels = []
@@ -214,7 +229,7 @@ class Tracker(nn.Module):
             feats = track_feats.permute(0, 2, 1, 3).reshape(batch * points, frames, latent)
             x = torch.cat([flows_emb, corrs, feats], dim=2) + pos
             x = x + ref.to(x.dtype)
-            delta = self.updateformer(x.view(batch, points, frames, -1)).reshape(batch * points * frames, -1)
+            delta = self.updateformer(x.view(batch, points, frames, -1), virtual0).reshape(batch * points * frames, -1)
             feats = feats.reshape(-1, latent)
             normed = F.group_norm(delta[:, 2:], 1, self.ffeat_norm_weight, self.ffeat_norm_bias, 1e-5)
             feats = ops.gelu(self.ffeat_updater(normed)) + feats
