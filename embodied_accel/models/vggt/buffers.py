@@ -39,7 +39,10 @@ class VggtBuffers:
     rope: object  # ops.prepare_rope_2d tables for the tokens of one frame
     dpt_pos: DptPositionEmbeddings | None  # shared by the depth and point heads
     track_pos: torch.Tensor | None  # [1, 3 * track features + 4, H / 2, W / 2]: the tracker's sin/cos grid
-    track_corr_delta: torch.Tensor | None  # [1, 2r + 1, 2r + 1, 2] offsets of the correlation window (x, y)
+    # The tracker's correlation windows in grid_sample's normalized units, level by level (pyramid of L levels):
+    # the grid of level i is ``coords * scale[i] + offset[i]`` for coordinates in level-0 feature pixels (x, y).
+    track_corr_scale: torch.Tensor | None  # [L, 1, 1, 1, 2]
+    track_corr_offset: torch.Tensor | None  # [L, 1, 1, (2r + 1)^2, 2]
 
     @property
     def tokens_per_frame(self) -> int:
@@ -87,6 +90,28 @@ def sincos_grid_embedding(dim: int, grid_hw: tuple[int, int]) -> torch.Tensor:
     return emb.reshape(1, gh, gw, dim).permute(0, 3, 1, 2).contiguous()
 
 
+def correlation_windows(levels: int, radius: int, fmap_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tracker's ``(2r + 1)²`` window around a point, at every level of its correlation pyramid (level i: the
+    feature map average-pooled ``i`` times by 2), as ``grid_sample`` coordinates (``align_corners=True``).
+
+    A point at level-0 pixel ``c`` (x, y) samples level i at pixels ``c / 2^i + delta`` (window offsets ``delta``
+    from -r to r; the first offset coordinate comes from the row index of the window, as upstream lays it out),
+    i.e. normalized ``(c / 2^i + delta) * 2 / (size_i - 1) - 1``. Returns ``(scale [L, 1, 1, 1, 2], offset
+    [L, 1, 1, (2r + 1)^2, 2])`` with ``normalized = c * scale + offset`` (fp32).
+    """
+    offsets = torch.linspace(-radius, radius, 2 * radius + 1)
+    dy, dx = torch.meshgrid(offsets, offsets, indexing="ij")
+    delta = torch.stack([dy, dx], dim=-1).view(-1, 2)  # [(2r+1)^2, 2]
+    h, w = fmap_hw
+    scales, shifts = [], []
+    for i in range(levels):
+        unit = torch.tensor([2.0 / max(w - 1, 1), 2.0 / max(h - 1, 1)])  # one level-i pixel, normalized
+        scales.append(unit / 2**i)
+        shifts.append(delta * unit - 1.0)
+        h, w = h // 2, w // 2  # avg_pool2d(2, stride=2)
+    return torch.stack(scales).view(levels, 1, 1, 1, 2), torch.stack(shifts).view(levels, 1, 1, -1, 2)
+
+
 def build_vggt_buffers(
     model,
     batch: int,
@@ -125,15 +150,13 @@ def build_vggt_buffers(
     if config.enable_depth or config.enable_point:
         heads = 2 if (config.enable_depth and config.enable_point) else 1  # run as one pass: channels stacked
         dpt_pos = dpt_position_embeddings(config.point_dpt(), h, w, device, dtype, heads=heads)
-    track_pos = corr_delta = None
+    track_pos = corr_scale = corr_offset = None
     if config.enable_track:
         t = config.track
         fh, fw = int(patch_hw[0] * p / 2), int(patch_hw[1] * p / 2)
         track_pos = sincos_grid_embedding(3 * t.features + 4, (fh, fw)).to(device)  # the tracker runs in fp32
-        offsets = torch.linspace(-t.corr_radius, t.corr_radius, 2 * t.corr_radius + 1)
-        dy, dx = torch.meshgrid(offsets, offsets, indexing="ij")
-        corr_delta = torch.stack([dy, dx], dim=-1).view(1, 2 * t.corr_radius + 1, 2 * t.corr_radius + 1, 2)
-        corr_delta = corr_delta.to(device)
+        corr_scale, corr_offset = correlation_windows(t.corr_levels, t.corr_radius, (fh, fw))
+        corr_scale, corr_offset = corr_scale.to(device), corr_offset.to(device)
     return VggtBuffers(
         batch=batch,
         frames=frames,
@@ -147,5 +170,6 @@ def build_vggt_buffers(
         rope=rope,
         dpt_pos=dpt_pos,
         track_pos=track_pos,
-        track_corr_delta=corr_delta,
+        track_corr_scale=corr_scale,
+        track_corr_offset=corr_offset,
     )

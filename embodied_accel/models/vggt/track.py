@@ -152,14 +152,16 @@ class UpdateFormer(nn.Module):
         return self.flow_head(ops.layer_norm(tokens, self.output_norm_weight, self.output_norm_bias, 1e-5))
 
 
-def flow_embedding(flows: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sin/cos embedding of 2-D flows ``[M, T, 2]`` → ``[M, T, 2 * dim]`` (x then y; sin, cos interleaved)."""
-    div_term = torch.arange(0, dim, 2, device=flows.device, dtype=torch.float32) * (1000.0 / dim)
-    parts = []
-    for axis in (0, 1):
-        angles = flows[..., axis : axis + 1] * div_term
-        parts.append(torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(-2))
-    return torch.cat(parts, dim=-1)
+def flow_frequencies(dim: int, device: torch.device) -> torch.Tensor:
+    """The flow embedding's ``dim / 2`` frequencies (fp32)."""
+    return torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (1000.0 / dim)
+
+
+def flow_embedding(flows: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+    """Sin/cos embedding of 2-D flows ``[M, T, 2]`` → ``[M, T, 4 * len(frequencies)]`` (x then y; sin, cos
+    interleaved)."""
+    angles = flows[..., None] * frequencies  # [M, T, 2, F]
+    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(-3)
 
 
 class Tracker(nn.Module):
@@ -197,46 +199,45 @@ class Tracker(nn.Module):
         fmaps = ops.layer_norm(fmaps.permute(0, 1, 3, 4, 2), self.fmap_norm_weight, self.fmap_norm_bias, 1e-5)
         fmaps = fmaps.permute(0, 1, 4, 2, 3)  # [B, S, C, H', W']
         query = query_points / float(cfg.stride)
-        coords = query.reshape(batch, 1, points, 2).repeat(1, frames, 1, 1)
-        track_feats = sample_features(fmaps[:, 0], query).unsqueeze(1).repeat(1, frames, 1, 1)  # [B, S, N, C]
-        pyramid = [fmaps]
+        coords = query.reshape(batch, 1, points, 2).repeat(1, frames, 1, 1)  # [B, S, N, 2]
+        feats = sample_features(fmaps[:, 0], query).unsqueeze(2).repeat(1, 1, frames, 1)  # [B, N, S, C]
+        feats = feats.view(batch * points, frames, latent)
+        pyramid = [fmaps.reshape(batch * frames, latent, fh, fw)]
         for _ in range(cfg.corr_levels - 1):
-            level = F.avg_pool2d(pyramid[-1].reshape(batch * frames, latent, *pyramid[-1].shape[-2:]), 2, stride=2)
-            pyramid.append(level.view(batch, frames, latent, *level.shape[-2:]))
+            pyramid.append(F.avg_pool2d(pyramid[-1], 2, stride=2))
+        # Per call, not per iteration: the position + query/other-frame token added to every input, the flow
+        # embedding's frequencies; per bucket (buffers): each level's window in grid_sample's normalized units.
         pos = sample_features(buffers.track_pos.expand(batch, -1, -1, -1), query).reshape(batch * points, 1, -1)
         ref = torch.cat([self.query_ref_token[:1], self.query_ref_token[1:].expand(frames - 1, -1)])  # [S, Dt]
-        window = buffers.track_corr_delta
+        pos_ref = pos + ref
+        frequencies = flow_frequencies(latent // 2, query.device)
         virtual0 = self.updateformer.initial_virtual_tokens()
         predictions = []
         for _ in range(cfg.iterations):
-            levels = []
-            for i, fmap in enumerate(pyramid):
-                # Bilinear sampling is linear, so sampling each track's correlation map in its window equals the
-                # dot product of the track's feature with the feature map sampled in that window (zero outside):
-                # C values per window point instead of a whole H x W correlation map per track.
-                h, w = fmap.shape[-2:]
-                centre = coords.reshape(batch * frames, points, 1, 1, 2) / (2**i)
-                grid = (centre + window).reshape(batch * frames, -1, 1, 2)  # [B*S, N*(2r+1)^2, 1, 2]
-                sampled = grid_sample_pixels(fmap.reshape(batch * frames, latent, h, w), grid, "zeros")
-                sampled = sampled.view(batch, frames, latent, points, -1)  # [B, S, C, N, (2r+1)^2]
-                corr = torch.einsum("bsnc,bscnw->bsnw", track_feats, sampled) / math.sqrt(latent)
-                levels.append(corr)
-            corrs = torch.cat(levels, dim=-1).permute(0, 2, 1, 3).reshape(batch * points, frames, -1)
+            # Bilinear sampling is linear, so sampling each track's correlation map in its window equals the dot
+            # product of the track's feature with the feature map sampled in that window (zero outside): C values
+            # per window point instead of a whole H x W correlation map per track. All levels' windows at once:
+            grids = torch.addcmul(buffers.track_corr_offset, coords.view(1, batch * frames, points, 1, 2),
+                                  buffers.track_corr_scale)  # [L, B*S, N, (2r+1)^2, 2], normalized  # fmt: skip
+            windows = [
+                F.grid_sample(fmap, grid.view(batch * frames, -1, 1, 2), align_corners=True)
+                for fmap, grid in zip(pyramid, grids, strict=True)
+            ]  # L × [B*S, C, N (2r+1)^2, 1] → [B*S, C, N, L (2r+1)^2]
+            sampled = torch.cat([w.view(batch * frames, latent, points, -1) for w in windows], dim=-1)
+            track_feats = feats.view(batch, points, frames, latent).transpose(1, 2).reshape(-1, points, latent)
+            corrs = torch.einsum("bnc,bcnw->bnw", track_feats, sampled).div_(math.sqrt(latent))
+            corrs = corrs.view(batch, frames, points, -1).transpose(1, 2).reshape(batch * points, frames, -1)
             corrs = self.corr_fc2(ops.gelu(self.corr_fc1(corrs)))
-            flows = (coords - coords[:, :1]).permute(0, 2, 1, 3).reshape(batch * points, frames, 2)
+            flows = (coords - coords[:, :1]).transpose(1, 2).reshape(batch * points, frames, 2)
             scaled = flows / cfg.max_scale
-            flows_emb = torch.cat([flow_embedding(flows, latent // 2), scaled, scaled], dim=-1)
-            feats = track_feats.permute(0, 2, 1, 3).reshape(batch * points, frames, latent)
-            x = torch.cat([flows_emb, corrs, feats], dim=2) + pos
-            x = x + ref.to(x.dtype)
+            x = torch.cat([flow_embedding(flows, frequencies), scaled, scaled, corrs, feats], dim=2) + pos_ref
             delta = self.updateformer(x.view(batch, points, frames, -1), virtual0).reshape(batch * points * frames, -1)
-            feats = feats.reshape(-1, latent)
-            normed = F.group_norm(delta[:, 2:], 1, self.ffeat_norm_weight, self.ffeat_norm_bias, 1e-5)
-            feats = ops.gelu(self.ffeat_updater(normed)) + feats
-            track_feats = feats.view(batch, points, frames, latent).permute(0, 2, 1, 3)
-            coords = coords + delta[:, :2].reshape(batch, points, frames, 2).permute(0, 2, 1, 3)
+            normed = ops.layer_norm(delta[:, 2:], self.ffeat_norm_weight, self.ffeat_norm_bias, 1e-5)  # GroupNorm(1)
+            feats = (ops.gelu(self.ffeat_updater(normed)) + feats.view(-1, latent)).view(batch * points, frames, -1)
+            coords = coords + delta[:, :2].view(batch, points, frames, 2).transpose(1, 2)
             coords = torch.cat([query.unsqueeze(1), coords[:, 1:]], dim=1)  # the query frame stays fixed
             predictions.append(coords * cfg.stride)
+        track_feats = feats.view(batch, points, frames, latent).transpose(1, 2)
         flat = track_feats.reshape(-1, latent)
         vis = torch.sigmoid(self.vis_predictor(flat)).view(batch, frames, points)
         conf = torch.sigmoid(self.conf_predictor(flat)).view(batch, frames, points)
