@@ -97,17 +97,32 @@ def checkpoint_key(name: str) -> str:
     return name
 
 
-def checkpoint_sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
-    """Upstream key(s) and their expected shapes for our parameter ``name`` of ``shape``."""
+def paired_block_diagonal(model) -> dict[str, list[tuple[int, ...]]]:
+    """Our parameters of the paired depth / point heads that are block-diagonal (one block per head; see
+    ``DptHead.block_diagonal_parameters``): full name → each head's block shape."""
+    if getattr(model, "dense_heads", None) is None:
+        return {}
+    return {PAIRED_PREFIX + k: v for k, v in model.dense_heads.block_diagonal_parameters().items()}
+
+
+def checkpoint_sources(
+    name: str, shape: tuple[int, ...], block_diagonal: dict[str, list[tuple[int, ...]]] | None = None
+) -> list[tuple[str, tuple[int, ...]]]:
+    """Upstream key(s) and their expected shapes for our parameter ``name`` of ``shape``; ``block_diagonal``:
+    :func:`paired_block_diagonal` of the model."""
     if name.endswith("attn.qk_norm_weight") or name.endswith("attn.qk_norm_bias"):
         kind = name.rsplit("_", 1)[-1]
         base = name[: -len(f"qk_norm_{kind}")]
         return [(checkpoint_key(f"{base}{which}_norm_{kind}"), (shape[-1],)) for which in ("q", "k")]
     if name.startswith(PAIRED_PREFIX) and ".heads." not in name:
-        # stacked head after head along the output channels (grouped convolutions): one slice per head
         rest = name[len(PAIRED_PREFIX) :]
+        keys = [checkpoint_key(f"{head}.{rest}") for head in PAIRED_HEADS]
+        blocks = (block_diagonal or {}).get(name)
+        if blocks is not None:  # a block-diagonal GEMM: each head's 1×1 convolution is one diagonal block
+            return [(key, block + ((1, 1) if len(block) == 2 else ())) for key, block in zip(keys, blocks, strict=True)]
+        # stacked head after head along the output channels (grouped convolutions): one slice per head
         per_head = (shape[0] // len(PAIRED_HEADS), *shape[1:])
-        return [(checkpoint_key(f"{head}.{rest}"), per_head) for head in PAIRED_HEADS]
+        return [(key, per_head) for key in keys]
     key = checkpoint_key(name)
     if name.endswith(".weight_t"):
         out_in = (shape[1], shape[0])
@@ -121,7 +136,9 @@ def checkpoint_sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tup
 
 
 def _transform(name: str, tensors: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
-    if name.startswith(PAIRED_PREFIX) and len(tensors) == len(PAIRED_HEADS):  # one slice per head
+    if name.startswith(PAIRED_PREFIX) and len(tensors) == len(PAIRED_HEADS):  # one slice or block per head
+        if name.endswith(".weight_t"):  # block-diagonal [out, in] → its transposed view
+            return torch.block_diag(*[t.reshape(t.shape[0], t.shape[1]) for t in tensors]).t()
         tensor = torch.cat(tensors, dim=0)
         return tensor.contiguous(memory_format=torch.channels_last) if tensor.dim() == 4 else tensor
     if len(tensors) == 2:  # Q/K norms → [2, 1, head_dim]
@@ -133,6 +150,11 @@ def _transform(name: str, tensors: list[torch.Tensor], shape: tuple[int, ...]) -
         # A transposed *view* of the checkpoint's [out, in] matrix (the GEMM layout nn.Linear uses).
         return tensor.reshape(shape[1], shape[0]).t()
     return tensor.reshape(shape)
+
+
+def block_diagonal_mask(blocks: list[tuple[int, ...]]) -> torch.Tensor:
+    """``[in, out]`` ones on each head's diagonal block, zeros elsewhere (blocks as ``(out, in)``)."""
+    return torch.block_diag(*[torch.ones(block[1], block[0]) for block in blocks])
 
 
 class StateDictSource:
@@ -223,9 +245,10 @@ def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, pres
 def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device, progress: bool = False):
     """Our state dict from the checkpoint; raises :class:`CheckpointError` listing every problem."""
     available = source.keys()
+    block_diagonal = paired_block_diagonal(model)
     missing, mismatched, plan = [], [], []
     for name, param in model.named_parameters():
-        sources = checkpoint_sources(name, tuple(param.shape))
+        sources = checkpoint_sources(name, tuple(param.shape), block_diagonal)
         for key, shape in sources:
             if key not in available:
                 missing.append(key)
@@ -289,6 +312,9 @@ def init_random_weights(model, seed: int, device) -> None:
         else:
             value = 0.5 * randn
         state[name] = value
+    for name, blocks in paired_block_diagonal(model).items():
+        if name.endswith(".weight_t"):  # the paired heads stay independent; N(0, 1 / fan-in of one head's block)
+            state[name] = state[name] * block_diagonal_mask(blocks) * math.sqrt(len(blocks))
     if model.camera_head is not None:
         fc2_t, bias = state["camera_head.pose_fc2.weight_t"], state["camera_head.pose_fc2.bias"]
         fc2_t[:, 7:] *= 0.1
