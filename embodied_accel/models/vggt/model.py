@@ -136,6 +136,9 @@ class CameraHead(nn.Module):
         batch, frames, dim = camera_tokens.shape
         tokens = ops.layer_norm(camera_tokens, self.token_norm_weight, self.token_norm_bias, 1e-5)
         normed = layer_norm_no_affine(tokens, 1e-6)
+        # FoV (the last two values) through a ReLU, the rest as is: max(pred, floor) with floor -inf / 0
+        floor = torch.zeros_like(self.empty_pose_tokens)
+        floor[:7] = -torch.inf
         pred = None
         predictions = []
         for _ in range(self.config.camera.iterations):
@@ -144,14 +147,15 @@ class CameraHead(nn.Module):
             else:
                 module_input = self.embed_pose(pred)
             shift, scale, gate = self.modulation(F.silu(module_input)).chunk(3, dim=-1)
-            x = gate * (normed * (1 + scale) + shift) + tokens
+            # tokens + gate * (normed * (1 + scale) + shift), in three ops
+            x = torch.addcmul(tokens, gate, torch.addcmul(shift, normed, 1 + scale))
             x = x.reshape(batch * frames, dim)
             for block in self.trunk:
                 x = block(x, groups=batch)
             x = ops.layer_norm(x, self.trunk_norm_weight, self.trunk_norm_bias, 1e-5)
             delta = self.pose_fc2(ops.gelu(self.pose_fc1(x))).view(batch, frames, -1)
             pred = delta if pred is None else pred + delta
-            predictions.append(torch.cat([pred[..., :7], F.relu(pred[..., 7:])], dim=-1))
+            predictions.append(torch.maximum(pred, floor))
         return predictions
 
 
