@@ -124,31 +124,31 @@ class UpdateFormer(nn.Module):
         ops = self.ops
         batch, points, frames, _ = x.shape
         tokens = self.input_transform(ops.layer_norm(x, self.input_norm_weight, self.input_norm_bias, 1e-5))
-        init_tokens = tokens
-        hid = tokens.shape[-1]
+        init_tokens, hid = tokens, tokens.shape[-1]
         space_every = len(self.time_blocks) // len(self.space_virtual_blocks)
-        j = 0
+        # The query points' and the virtual tracks' tokens travel apart as [B, tracks, T, C] (views where possible);
+        # they are concatenated only for the time blocks after the first.
+        point = virt = None
         for i, time_block in enumerate(self.time_blocks):
             # time attention: one sequence of T frames per (scene, track); rows ordered (b, n, t)
             if i == 0:  # the virtual tracks' output of the first time block is virtual0
                 point = time_block(tokens.reshape(-1, hid), batch * points).view(batch, points, frames, hid)
-                virtual = virtual0[None, :, None].expand(batch, -1, frames, -1)
-                tokens = torch.cat([point, virtual], dim=1)  # [B, N + V, T, C]
-                total = tokens.shape[1]
+                virt = virtual0[None, :, None].expand(batch, -1, frames, -1)
             else:
-                tokens = time_block(tokens.reshape(-1, hid), batch * total).view(batch, total, frames, hid)
+                tracks = torch.cat([point, virt], dim=1)  # [B, N + V, T, C], rows (b, n, t)
+                tracks = time_block(tracks.view(-1, hid), tracks.shape[0] * tracks.shape[1]).view(tracks.shape)
+                point, virt = tracks[:, :points], tracks[:, points:]
             if i % space_every == 0:
                 # attention across tracks: one sequence per (scene, frame); rows ordered (b, t, n)
-                space = tokens.permute(0, 2, 1, 3).reshape(batch * frames, total, hid)
-                point = space[:, :points].reshape(-1, hid)
-                virt = space[:, points:].reshape(-1, hid)
-                virt = self.space_virtual2point_blocks[j](virt, batch * frames, point)
-                virt = self.space_virtual_blocks[j](virt, batch * frames)
-                point = self.space_point2virtual_blocks[j](point, batch * frames, virt)
-                space = torch.cat([point.view(batch * frames, points, hid), virt.view(batch * frames, -1, hid)], dim=1)
-                tokens = space.view(batch, frames, total, hid).permute(0, 2, 1, 3)
-                j += 1
-        tokens = tokens[:, :points] + init_tokens
+                j = i // space_every
+                point_rows = point.transpose(1, 2).reshape(-1, hid)
+                virt_rows = virt.transpose(1, 2).reshape(-1, hid)
+                virt_rows = self.space_virtual2point_blocks[j](virt_rows, batch * frames, point_rows)
+                virt_rows = self.space_virtual_blocks[j](virt_rows, batch * frames)
+                point_rows = self.space_point2virtual_blocks[j](point_rows, batch * frames, virt_rows)
+                point = point_rows.view(batch, frames, points, hid).transpose(1, 2)
+                virt = virt_rows.view(batch, frames, -1, hid).transpose(1, 2)
+        tokens = init_tokens + point
         return self.flow_head(ops.layer_norm(tokens, self.output_norm_weight, self.output_norm_bias, 1e-5))
 
 
