@@ -2,8 +2,9 @@
 
 A bucket is (batch, frames, image height, image width) plus, under sequence parallelism, which frames of the scene
 this process holds. Everything here depends only on the bucket and on the loaded weights (the interpolated DINOv2
-position embedding), never on the images: 2-D RoPE tables, the DPT heads' uv position embeddings, the tracker's
-sin/cos grid, the special-token selection per frame, the key padding bias of sequence-parallel global attention.
+position embedding, the tracker's virtual tracks after its first time block), never on the images: 2-D RoPE tables,
+the DPT heads' uv position embeddings, the tracker's sin/cos grid and correlation windows, the special-token
+selection per frame, the key padding bias of sequence-parallel global attention.
 Build them before capture, rebuild them after loading other weights; the model never caches tensors itself.
 """
 
@@ -43,6 +44,7 @@ class VggtBuffers:
     # the grid of level i is ``coords * scale[i] + offset[i]`` for coordinates in level-0 feature pixels (x, y).
     track_corr_scale: torch.Tensor | None  # [L, 1, 1, 1, 2]
     track_corr_offset: torch.Tensor | None  # [L, 1, 1, (2r + 1)^2, 2]
+    track_virtual0: torch.Tensor | None  # [V, C]: the virtual tracks after the first time block (UpdateFormer)
 
     @property
     def tokens_per_frame(self) -> int:
@@ -150,13 +152,15 @@ def build_vggt_buffers(
     if config.enable_depth or config.enable_point:
         heads = 2 if (config.enable_depth and config.enable_point) else 1  # run as one pass: channels stacked
         dpt_pos = dpt_position_embeddings(config.point_dpt(), h, w, device, dtype, heads=heads)
-    track_pos = corr_scale = corr_offset = None
+    track_pos = corr_scale = corr_offset = virtual0 = None
     if config.enable_track:
         t = config.track
         fh, fw = int(patch_hw[0] * p / 2), int(patch_hw[1] * p / 2)
         track_pos = sincos_grid_embedding(3 * t.features + 4, (fh, fw)).to(device)  # the tracker runs in fp32
         corr_scale, corr_offset = correlation_windows(t.corr_levels, t.corr_radius, (fh, fw))
         corr_scale, corr_offset = corr_scale.to(device), corr_offset.to(device)
+        with torch.no_grad():
+            virtual0 = model.track_head.tracker.updateformer.initial_virtual_tokens()
     return VggtBuffers(
         batch=batch,
         frames=frames,
@@ -172,4 +176,5 @@ def build_vggt_buffers(
         track_pos=track_pos,
         track_corr_scale=corr_scale,
         track_corr_offset=corr_offset,
+        track_virtual0=virtual0,
     )

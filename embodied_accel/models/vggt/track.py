@@ -115,7 +115,8 @@ class UpdateFormer(nn.Module):
 
         A virtual track enters the first time block as one learned token repeated over the frames; attention over
         identical tokens returns that token's value, so the block's output is the same at every frame and depends
-        only on the weights. It is computed once on one-frame sequences and broadcast over the frames.
+        only on the weights: computed on one-frame sequences when a bucket's buffers are built
+        (``VggtBuffers.track_virtual0``) and broadcast over the frames.
         """
         return self.time_blocks[0](self.virtual_tracks, self.virtual_tracks.shape[0])
 
@@ -206,12 +207,13 @@ class Tracker(nn.Module):
         for _ in range(cfg.corr_levels - 1):
             pyramid.append(F.avg_pool2d(pyramid[-1], 2, stride=2))
         # Per call, not per iteration: the position + query/other-frame token added to every input, the flow
-        # embedding's frequencies; per bucket (buffers): each level's window in grid_sample's normalized units.
+        # embedding's frequencies; per bucket (buffers): each level's window in grid_sample's normalized units and
+        # the virtual tracks after the first time block.
         pos = sample_features(buffers.track_pos.expand(batch, -1, -1, -1), query).reshape(batch * points, 1, -1)
         ref = torch.cat([self.query_ref_token[:1], self.query_ref_token[1:].expand(frames - 1, -1)])  # [S, Dt]
         pos_ref = pos + ref
         frequencies = flow_frequencies(latent // 2, query.device)
-        virtual0 = self.updateformer.initial_virtual_tokens()
+        virtual0 = buffers.track_virtual0
         predictions = []
         for _ in range(cfg.iterations):
             # Bilinear sampling is linear, so sampling each track's correlation map in its window equals the dot
