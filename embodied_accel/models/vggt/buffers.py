@@ -32,10 +32,11 @@ class VggtBuffers:
     frames: int  # frames of this call (this process's shard under sequence parallelism)
     image_hw: tuple[int, int]
     patch_hw: tuple[int, int]
-    image_mean: torch.Tensor  # [3, 1, 1]
-    image_std: torch.Tensor  # [3, 1, 1]
+    image_scale: torch.Tensor  # [3]: 1 / std of the ImageNet normalization
+    image_shift: torch.Tensor  # [3]: -mean / std
     special_index: torch.Tensor  # [batch * frames] int64: 0 = the scene's reference frame, 1 = any other frame
-    patch_pos_embed: torch.Tensor  # [patch_h * patch_w, width]: DINOv2's position embedding at this grid
+    patch_pos_embed: torch.Tensor  # [patch_h * patch_w, width]: DINOv2's position embedding at this grid + the
+    # patch projection's bias
     prefix_tokens: torch.Tensor  # [1 + registers, width]: DINOv2's class token (+ its position) and registers
     rope: object  # ops.prepare_rope_2d tables for the tokens of one frame
     dpt_pos: DptPositionEmbeddings | None  # shared by the depth and point heads
@@ -140,8 +141,9 @@ def build_vggt_buffers(
     grid = config.patch_embed.pretrain_image_size // p
     with torch.no_grad():
         pos = model.aggregator.patch_embed.pos_embed.detach()
-        patch_pos = interpolate_patch_pos_embed(pos, grid, patch_hw).to(device, dtype)
         pe = model.aggregator.patch_embed
+        patch_pos = interpolate_patch_pos_embed(pos, grid, patch_hw) + pe.proj.bias.detach().float()
+        patch_pos = patch_pos.to(device, dtype)
         prefix = torch.cat([pe.cls_token.detach() + pos[0].to(pe.cls_token.dtype), pe.register_tokens.detach()])
         prefix = prefix.to(device, dtype)
     positions = token_positions(patch_hw, config.patch_start)
@@ -166,8 +168,10 @@ def build_vggt_buffers(
         frames=frames,
         image_hw=(h, w),
         patch_hw=patch_hw,
-        image_mean=torch.tensor(IMAGE_MEAN).view(3, 1, 1).to(device, dtype),
-        image_std=torch.tensor(IMAGE_STD).view(3, 1, 1).to(device, dtype),
+        image_scale=(1.0 / torch.tensor(IMAGE_STD, dtype=torch.float64)).to(device, dtype),
+        image_shift=(-torch.tensor(IMAGE_MEAN, dtype=torch.float64) / torch.tensor(IMAGE_STD, dtype=torch.float64)).to(
+            device, dtype
+        ),
         special_index=kinds,
         patch_pos_embed=patch_pos,
         prefix_tokens=prefix,

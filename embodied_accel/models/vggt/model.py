@@ -62,10 +62,21 @@ class PatchEmbed(nn.Module):
         self.norm_bias = nn.Parameter(torch.empty(width))
 
     def forward(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
-        """``images [N, 3, H, W]`` (normalized) → patch tokens ``[N, patches, C]``."""
-        n, width = images.shape[0], self.config.width
-        patches = F.conv2d(images, self.proj.weight, self.proj.bias, stride=self.config.patch_size)
-        patches = patches.flatten(2).transpose(1, 2) + buffers.patch_pos_embed  # [N, patches, C]
+        """``images [N, 3, H, W]`` in [0, 1] → patch tokens ``[N, patches, C]``.
+
+        The patch projection (a 14×14 convolution with stride 14) as one GEMM per image on its patches: the
+        ImageNet normalization writes the patches out in the kernel's channels-last order (one op), and the bias
+        rides with the position embedding (``buffers.patch_pos_embed``) in the GEMM's addend.
+        """
+        n, _, h, w = images.shape
+        p, width = self.config.patch_size, self.config.width
+        pixels = images.view(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3], a view
+        patches = images.new_empty(pixels.shape)
+        torch.addcmul(buffers.image_shift, pixels, buffers.image_scale, out=patches)  # (x - mean) / std
+        kernel_t = self.proj.weight.permute(0, 2, 3, 1).reshape(width, -1).t()  # [p·p·3, C]
+        patches = torch.baddbmm(
+            buffers.patch_pos_embed, patches.view(n, -1, kernel_t.shape[0]), kernel_t.expand(n, -1, -1)
+        )  # [N, patches, C]
         tokens = torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
         seq = tokens.shape[1]
         hidden = tokens.reshape(n * seq, width)
@@ -93,8 +104,7 @@ class Aggregator(nn.Module):
         """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read."""
         config = self.config
         batch, frames, _, height, width = images.shape
-        normalized = (images - buffers.image_mean) / buffers.image_std
-        patches = self.patch_embed(normalized.view(batch * frames, 3, height, width), buffers)
+        patches = self.patch_embed(images.view(batch * frames, 3, height, width), buffers)
         special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
         tokens = torch.cat([special, patches], dim=1)  # [B*S, P, C]
         per_frame, c = tokens.shape[1], config.width
