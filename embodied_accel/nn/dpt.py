@@ -73,37 +73,61 @@ class ResidualConvUnit(nn.Module):
         return out.add_(x)
 
 
-def grouped_conv1x1(x: torch.Tensor, conv: Conv2d) -> torch.Tensor:
-    """``conv``, a grouped 1×1 convolution, on a channels-last image ``x [N, C, H, W]``: one GEMM per group on the
-    NHWC rows (a batched GEMM), written straight into a channels-last output. The same arithmetic as the
-    convolution; faster on CPUs, where PyTorch runs grouped 1×1 convolutions group by group through its slow path
-    (16 channels in 2 groups: 3-4×), and without the wasted half of one block-diagonal GEMM. Inference only: the
-    GEMM writes into its output (``out=``), which autograd does not support."""
-    n, c, h, w = x.shape
-    groups = conv.groups
-    c_in, c_out = c // groups, conv.weight.shape[0] // groups
-    rows = x.permute(0, 2, 3, 1).reshape(-1, groups, c_in).transpose(0, 1)  # [G, N*H*W, c_in], a view
-    out = x.new_empty(n, h, w, groups * c_out)
-    weight_t = conv.weight.reshape(groups, c_out, c_in).transpose(1, 2)  # [G, c_in, c_out]
-    torch.baddbmm(conv.bias.view(groups, 1, c_out), rows, weight_t, out=out.view(-1, groups, c_out).transpose(0, 1))
-    return out.permute(0, 3, 1, 2)
+class GroupedConv1x1(nn.Module):
+    """A (grouped) 1×1 convolution on a channels-last image, run as one batched GEMM on its NHWC rows (one GEMM
+    per group) written straight into a channels-last output.
+
+    The same arithmetic as the convolution; on CPUs faster than PyTorch's grouped 1×1 convolutions, which run group
+    by group through its slow path (16 channels in 2 groups: 3-4×), and without the wasted half of one
+    block-diagonal GEMM. The kernel is kept in the GEMM layout, ``weight_t [G, C_in, C_out]`` (the loader lays it
+    out). Inference only: the GEMM writes into its output (``out=``), which autograd does not support.
+    """
+
+    def __init__(self, channels: int, groups: int = 1):
+        super().__init__()
+        self.groups = groups
+        self.weight_t = nn.Parameter(torch.empty(groups, channels // groups, channels // groups))
+        self.bias = nn.Parameter(torch.empty(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [N, C, H, W]``, channels-last → ``[N, C, H, W]``, channels-last."""
+        n, c, h, w = x.shape
+        groups, c_in, c_out = self.weight_t.shape
+        rows = x.permute(0, 2, 3, 1).reshape(-1, groups, c_in).transpose(0, 1)  # [G, N*H*W, c_in], a view
+        out = x.new_empty(n, h, w, groups * c_out)
+        bias = self.bias.view(groups, 1, c_out)
+        torch.baddbmm(bias, rows, self.weight_t, out=out.view(-1, groups, c_out).transpose(0, 1))
+        return out.permute(0, 3, 1, 2)
 
 
-def patch_conv_transpose(x: torch.Tensor, conv: Conv2d) -> torch.Tensor:
-    """``conv``, a transposed convolution whose stride equals its kernel size ``k`` (each input pixel paints its own
-    k×k output patch, no overlap), on a channels-last image ``x [N, C, H, W]`` → ``[N, C', k·H, k·W]``,
-    channels-last: per group one GEMM of the NHWC rows with the kernel as a ``[C_in, k·k·C_out]`` matrix, then one
-    copy that lays the patches out. The same sums as the convolution (one product per output value); PyTorch's CPU
-    transposed convolutions are 2-3× slower for the DPT's small inputs."""
-    n, c, h, w = x.shape
-    groups, k = conv.groups, conv.weight.shape[-1]
-    c_in, c_out = c // groups, conv.weight.shape[1]
-    rows = x.permute(0, 2, 3, 1).reshape(-1, groups, c_in).transpose(0, 1)  # [G, N*H*W, c_in], a view
-    kernel = conv.weight.permute(0, 2, 3, 1).reshape(groups, c_in, k * k * c_out)  # columns (ky, kx, out)
-    bias = conv.bias.view(groups, 1, 1, c_out).expand(groups, 1, k * k, c_out).reshape(groups, 1, -1)
-    patches = torch.baddbmm(bias, rows, kernel).view(groups, n, h, w, k, k, c_out)
-    out = patches.permute(1, 2, 4, 3, 5, 0, 6).reshape(n, h * k, w * k, groups * c_out)  # NHWC
-    return out.permute(0, 3, 1, 2)
+class PatchConvTranspose2d(nn.Module):
+    """A (grouped) transposed convolution whose stride equals its kernel size ``k`` (each input pixel paints its
+    own k×k output patch, no overlap) on a channels-last image: per group one GEMM of the NHWC rows with the kernel
+    as a ``[C_in, k·k·C_out]`` matrix, then one copy that lays the patches out channels-last.
+
+    The same sums as the convolution (one product per output value); PyTorch's CPU transposed convolutions are 2-3×
+    slower for the DPT's small inputs. ``weight [G, C_in, k·k·C_out]`` (columns: ky, kx, output channel; the loader
+    lays the checkpoint's ``[G·C_in, C_out, k, k]`` kernel out so), ``bias [G·C_out]``.
+    """
+
+    def __init__(self, channels: int, kernel: int, groups: int = 1):
+        super().__init__()
+        self.kernel, self.groups = kernel, groups
+        per_group = channels // groups
+        self.weight = nn.Parameter(torch.empty(groups, per_group, kernel * kernel * per_group))
+        self.bias = nn.Parameter(torch.empty(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [N, C, H, W]``, channels-last → ``[N, C, k·H, k·W]``, channels-last."""
+        n, c, h, w = x.shape
+        groups, c_in, columns = self.weight.shape
+        k = self.kernel
+        c_out = columns // (k * k)
+        rows = x.permute(0, 2, 3, 1).reshape(-1, groups, c_in).transpose(0, 1)  # [G, N*H*W, c_in], a view
+        bias = self.bias.view(groups, 1, 1, c_out).expand(groups, 1, k * k, c_out).reshape(groups, 1, columns)
+        patches = torch.baddbmm(bias, rows, self.weight).view(groups, n, h, w, k, k, c_out)
+        out = patches.permute(1, 2, 4, 3, 5, 0, 6).reshape(n, h * k, w * k, groups * c_out)  # NHWC
+        return out.permute(0, 3, 1, 2)
 
 
 class FusionBlock(nn.Module):
@@ -114,7 +138,7 @@ class FusionBlock(nn.Module):
         if has_residual:
             self.res_unit1 = ResidualConvUnit(features, groups)
         self.res_unit2 = ResidualConvUnit(features, groups)
-        self.out_conv = Conv2d(groups * features, groups * features, 1, groups=groups)
+        self.out_conv = GroupedConv1x1(groups * features, groups)
         self.has_residual = has_residual
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor:
@@ -122,7 +146,7 @@ class FusionBlock(nn.Module):
             x = x + self.res_unit1(skip)
         x = self.res_unit2(x)
         x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)  # channels-last in, channels-last out
-        return self.out_conv.conv(x) if self.out_conv.groups == 1 else grouped_conv1x1(x, self.out_conv)
+        return self.out_conv(x)
 
 
 def uv_position_embedding(
@@ -231,8 +255,8 @@ class DptHead(nn.Module):
         g = len(cfgs)
         c, f = cfg.out_channels, cfg.features
         self.heads = nn.ModuleList(DptHeadInput(head, ops) for head in cfgs)
-        self.resize0 = Conv2d(g * c[0], g * c[0], 4, transposed=True, groups=g)
-        self.resize1 = Conv2d(g * c[1], g * c[1], 2, transposed=True, groups=g)
+        self.resize0 = PatchConvTranspose2d(g * c[0], 4, groups=g)
+        self.resize1 = PatchConvTranspose2d(g * c[1], 2, groups=g)
         self.resize3 = Conv2d(g * c[3], g * c[3], 3, groups=g)
         self.layer_rn = nn.ModuleList(Conv2d(g * oc, g * f, 3, bias=False, groups=g) for oc in c)
         self.refine = nn.ModuleList(
@@ -304,9 +328,9 @@ class DptHead(nn.Module):
             if cfg.pos_embed:
                 x = x + pos.projected[i]
             if i == 0:
-                x = patch_conv_transpose(x, self.resize0)  # ×4
+                x = self.resize0(x)  # ×4
             elif i == 1:
-                x = patch_conv_transpose(x, self.resize1)  # ×2
+                x = self.resize1(x)  # ×2
             elif i == 3:
                 x = self.resize3.conv(x, stride=2, padding=1)
             scales.append(x)

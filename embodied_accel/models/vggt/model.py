@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn.dpt import Conv2d, DptHead
+from ...nn.dpt import DptHead
 from ...nn.linear import Linear
 from ...nn.vit import AttendFn, VitBlock, layer_norm_no_affine
 from ...ops import OpSet
@@ -52,7 +52,7 @@ class PatchEmbed(nn.Module):
         super().__init__()
         pe, width, p = config.patch_embed, config.width, config.patch_size
         self.config, self.ops = config, ops
-        self.proj = Conv2d(3, width, p)
+        self.proj = Linear(p * p * 3, width, ops)  # the 14×14 patch kernel as a GEMM matrix, rows (ky, kx, channel)
         grid = pe.pretrain_image_size // p
         self.cls_token = nn.Parameter(torch.empty(1, width))
         self.pos_embed = nn.Parameter(torch.empty(1 + grid * grid, width))  # read by the buffers (per image size)
@@ -73,7 +73,7 @@ class PatchEmbed(nn.Module):
         pixels = images.view(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3], a view
         patches = images.new_empty(pixels.shape)
         torch.addcmul(buffers.image_shift, pixels, buffers.image_scale, out=patches)  # (x - mean) / std
-        kernel_t = self.proj.weight.permute(0, 2, 3, 1).reshape(width, -1).t()  # [p·p·3, C]
+        kernel_t = self.proj.weight_t  # [p·p·3, C]
         patches = torch.baddbmm(
             buffers.patch_pos_embed, patches.view(n, -1, kernel_t.shape[0]), kernel_t.expand(n, -1, -1)
         )  # [N, patches, C]
