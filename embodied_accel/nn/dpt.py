@@ -146,7 +146,7 @@ class FusionBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor:
         if skip is not None:
-            x = x + self.res_unit1(skip)
+            x = self.res_unit1(skip).add_(x)  # the unit's output is a fresh tensor: summed in place
         x = self.res_unit2(x)
         x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)  # channels-last in, channels-last out
         return self.out_conv(x)
@@ -207,7 +207,7 @@ def dpt_position_embeddings(
 
 def inverse_log(y: torch.Tensor) -> torch.Tensor:
     """``sign(y) * (exp(|y|) - 1)``."""
-    return torch.sign(y) * torch.expm1(torch.abs(y))
+    return torch.expm1(torch.abs(y)).mul_(torch.sign(y))
 
 
 _VALUE_ACTIVATIONS = {
@@ -217,7 +217,7 @@ _VALUE_ACTIVATIONS = {
     "relu": F.relu,
     "sigmoid": torch.sigmoid,
 }
-_CONF_ACTIVATIONS = {"expp1": lambda c: 1 + c.exp(), "expp0": torch.exp, "sigmoid": torch.sigmoid}
+_CONF_ACTIVATIONS = {"expp1": lambda c: c.exp().add_(1), "expp0": torch.exp, "sigmoid": torch.sigmoid}
 
 
 class DptHeadInput(nn.Module):
@@ -329,7 +329,7 @@ class DptHead(nn.Module):
             # convolutions below run channels-last, several times faster on CPUs than NCHW for these shapes).
             x = x.view(n, ph, pw, -1).permute(0, 3, 1, 2)
             if cfg.pos_embed:
-                x = x + pos.projected[i]
+                x = x.add_(pos.projected[i])  # x views the projection's fresh output
             if i == 0:
                 x = self.resize0(x)  # ×4
             elif i == 1:
@@ -346,7 +346,7 @@ class DptHead(nn.Module):
         size = (int(ph * cfg.patch_size / cfg.down_ratio), int(pw * cfg.patch_size / cfg.down_ratio))
         out = F.interpolate(out, size=size, mode="bilinear", align_corners=True)
         if cfg.pos_embed:
-            out = out + pos.output
+            out = out.add_(pos.output)  # the interpolation's fresh output
         if cfg.feature_only:
             return out
         hidden = F.relu(self.output_conv2a.conv(out, padding=1), inplace=True)  # [N, heads * 32, H, W], channels-last
