@@ -70,7 +70,7 @@ class PatchEmbed(nn.Module):
         """
         n, _, h, w = images.shape
         p, width = self.config.patch_size, self.config.width
-        pixels = images.view(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3], a view
+        pixels = images.reshape(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3]
         patches = images.new_empty(pixels.shape)
         torch.addcmul(buffers.image_shift, pixels, buffers.image_scale, out=patches)  # (x - mean) / std
         kernel_t = self.proj.weight_t  # [p·p·3, C]
@@ -104,7 +104,7 @@ class Aggregator(nn.Module):
         """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read."""
         config = self.config
         batch, frames, _, height, width = images.shape
-        patches = self.patch_embed(images.view(batch * frames, 3, height, width), buffers)
+        patches = self.patch_embed(images.reshape(batch * frames, 3, height, width), buffers)
         special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
         tokens = torch.cat([special, patches], dim=1)  # [B*S, P, C]
         per_frame, c = tokens.shape[1], config.width
