@@ -65,3 +65,34 @@ def test_paired_heads_equal_separate_heads():
         (points_conf, ref_points_conf),
     ):
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)  # exp / inv_log amplify 1e-7 rounding
+
+
+def test_gemm_convolutions_equal_the_convolutions_they_replace():
+    """The DPT's 1×1 and ×k transposed convolutions run as GEMMs on kernels the loader lays out (GEMM_KERNELS)."""
+    from embodied_accel.models.vggt.weights import _gemm_kernel_layout, _gemm_kernel_source_shape, gemm_kernel_kind
+    from embodied_accel.nn.dpt import GroupedConv1x1, PatchConvTranspose2d
+
+    gen = torch.Generator().manual_seed(2)
+    for groups in (1, 2):
+        x = torch.randn(3, 8 * groups, 5, 7, generator=gen).contiguous(memory_format=torch.channels_last)
+        conv = GroupedConv1x1(8 * groups, groups).requires_grad_(False)
+        kind = gemm_kernel_kind("dense_heads.refine.0.out_conv.weight_t")
+        per_head = _gemm_kernel_source_shape(kind, tuple(conv.weight_t.shape))
+        kernels = [torch.randn(per_head, generator=gen) for _ in range(groups)]
+        conv.weight_t.copy_(_gemm_kernel_layout(kind, kernels))
+        conv.bias.copy_(torch.randn(8 * groups, generator=gen))
+        ref = torch.nn.functional.conv2d(x, torch.cat(kernels), conv.bias, groups=groups)
+        torch.testing.assert_close(conv(x), ref, rtol=1e-5, atol=1e-5)
+        assert conv(x).is_contiguous(memory_format=torch.channels_last)
+
+        for k in (2, 4):
+            up = PatchConvTranspose2d(8 * groups, k, groups).requires_grad_(False)
+            kind = gemm_kernel_kind(f"dense_heads.resize{k // 4}.weight")
+            per_head = _gemm_kernel_source_shape(kind, tuple(up.weight.shape))
+            assert per_head == (8, 8, k, k)
+            kernels = [torch.randn(per_head, generator=gen) for _ in range(groups)]
+            up.weight.copy_(_gemm_kernel_layout(kind, kernels))
+            up.bias.copy_(torch.randn(8 * groups, generator=gen))
+            ref = torch.nn.functional.conv_transpose2d(x, torch.cat(kernels), up.bias, stride=k, groups=groups)
+            torch.testing.assert_close(up(x), ref, rtol=1e-5, atol=1e-5)
+            assert up(x).is_contiguous(memory_format=torch.channels_last)
