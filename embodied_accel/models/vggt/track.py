@@ -226,16 +226,17 @@ class Tracker(nn.Module):
                 for fmap, grid in zip(pyramid, grids, strict=True)
             ]  # L × [B*S, C, N (2r+1)^2, 1] → [B*S, C, N, L (2r+1)^2]
             sampled = torch.cat([w.view(batch * frames, latent, points, -1) for w in windows], dim=-1)
-            track_feats = feats.view(batch, points, frames, latent).transpose(1, 2).reshape(-1, points, latent)
-            corrs = torch.einsum("bnc,bcnw->bnw", track_feats, sampled).div_(math.sqrt(latent))
-            corrs = corrs.view(batch, frames, points, -1).transpose(1, 2).reshape(batch * points, frames, -1)
+            # the tracks' features [B, N, S, C] against the windows [B, S, C, N, W]: rows (b, n, s) as the MLP takes them
+            sampled = sampled.view(batch, frames, latent, points, -1)
+            corrs = torch.einsum("bnsc,bscnw->bnsw", feats.view(batch, points, frames, latent), sampled)
+            corrs = corrs.div_(math.sqrt(latent)).view(batch * points, frames, -1)
             corrs = self.corr_fc2(ops.gelu(self.corr_fc1(corrs)))
             flows = (coords - coords[:, :1]).transpose(1, 2).reshape(batch * points, frames, 2)
             scaled = flows / cfg.max_scale
-            x = torch.cat([flow_embedding(flows, frequencies), scaled, scaled, corrs, feats], dim=2) + pos_ref
+            x = torch.cat([flow_embedding(flows, frequencies), scaled, scaled, corrs, feats], dim=2).add_(pos_ref)
             delta = self.updateformer(x.view(batch, points, frames, -1), virtual0).reshape(batch * points * frames, -1)
             normed = ops.layer_norm(delta[:, 2:], self.ffeat_norm_weight, self.ffeat_norm_bias, 1e-5)  # GroupNorm(1)
-            feats = (ops.gelu(self.ffeat_updater(normed)) + feats.view(-1, latent)).view(batch * points, frames, -1)
+            feats = ops.gelu(self.ffeat_updater(normed)).add_(feats.view(-1, latent)).view(batch * points, frames, -1)
             coords = coords + delta[:, :2].view(batch, points, frames, 2).transpose(1, 2)
             coords = torch.cat([query.unsqueeze(1), coords[:, 1:]], dim=1)  # the query frame stays fixed
             predictions.append(coords * cfg.stride)
