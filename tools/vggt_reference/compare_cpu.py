@@ -11,8 +11,8 @@ and a longer 8-frame sequence) with the same query points, calls interleaved (ou
 warm-up, one thread. Upstream runs under ``torch.no_grad()``, as its README calls it; ours runs as ``VggtRunner``
 calls it, under ``torch.inference_mode()``. For reference, upstream is also timed under ``torch.inference_mode()``
 (``upstream_inference_mode``, interleaved with the others). Per implementation and case: mean / p50 / p90 ms per
-call, aten ops per call (a dispatch-mode count, hardware independent), and the largest output difference. One JSON
-file per run goes to ``bench/results``, with the load average before and after the run.
+call, aten ops per call (a dispatch-mode count under inference mode, hardware independent), and the largest output
+difference. One JSON file per run goes to ``bench/results``, with the load average before and after the run.
 """
 
 from __future__ import annotations
@@ -45,8 +45,11 @@ class OpCounter(TorchDispatchMode):
 
 
 def count_ops(fn) -> tuple[int, collections.Counter]:
+    """Ops dispatched by one call, counted for every implementation under ``torch.inference_mode()`` (the mode
+    ``VggtRunner`` runs in): the mode decides where composite ops (reshape, layer_norm, conv2d, ...) are counted, so
+    all counts are taken in the same one."""
     counter = OpCounter()
-    with counter, torch.no_grad():
+    with counter, torch.inference_mode():
         fn()
     return sum(counter.counts.values()), counter.counts
 
