@@ -1,4 +1,5 @@
-"""DPT heads run as one pass (grouped convolutions over stacked channels) equal the same heads run separately."""
+"""DPT heads run as one pass (grouped convolutions over stacked channels, a block-diagonal last 1×1 GEMM) equal the
+same heads run separately."""
 
 import torch
 
@@ -19,16 +20,34 @@ def randomize(module, seed):
 def test_paired_heads_equal_separate_heads():
     config = get_preset("vggt-tiny")
     depth_cfg, point_cfg = config.depth_dpt(), config.point_dpt()
-    pair = DptHead((depth_cfg, point_cfg), OPS)
+    pair = DptHead((depth_cfg, point_cfg), OPS).requires_grad_(False)  # inference weights, as the loader leaves them
     randomize(pair, 0)
-    single = {name: DptHead(cfg, OPS) for name, cfg in (("depth", depth_cfg), ("point", point_cfg))}
+    blocks = pair.block_diagonal_parameters()
+    assert set(blocks) == {"output_conv2b.weight_t", "output_conv2b.bias"}
+    with torch.no_grad():
+        for name, shapes in blocks.items():
+            if name.endswith("weight_t"):  # zeros off the diagonal blocks: the heads stay independent
+                mask = torch.block_diag(*[torch.ones(s[1], s[0]) for s in shapes])
+                pair.get_parameter(name).mul_(mask)
+    single = {
+        name: DptHead(cfg, OPS).requires_grad_(False) for name, cfg in (("depth", depth_cfg), ("point", point_cfg))
+    }
+    assert single["depth"].block_diagonal_parameters() == {}
     for k, head in enumerate(single.values()):
         with torch.no_grad():
             for name, p in head.named_parameters():
+                full = pair.get_parameter(name.replace("heads.0.", f"heads.{k}."))
                 if name.startswith("heads.0."):
-                    p.copy_(pair.get_parameter(name.replace("heads.0.", f"heads.{k}.")))
+                    p.copy_(full)
+                elif name in blocks:  # the k-th diagonal block (weight_t: [in, out]) or bias slice
+                    out_start = sum(s[0] for s in blocks[name][:k])
+                    out_rows = slice(out_start, out_start + blocks[name][k][0])
+                    if name.endswith("weight_t"):
+                        in_start = sum(s[1] for s in blocks[name][:k])
+                        p.copy_(full[in_start : in_start + blocks[name][k][1], out_rows])
+                    else:
+                        p.copy_(full[out_rows])
                 else:  # the k-th slice of the stacked tensor
-                    full = pair.get_parameter(name)
                     p.copy_(full.chunk(2, dim=0)[k])
     frames, (ph, pw) = 3, (3, 5)
     gen = torch.Generator().manual_seed(1)
@@ -46,3 +65,34 @@ def test_paired_heads_equal_separate_heads():
         (points_conf, ref_points_conf),
     ):
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)  # exp / inv_log amplify 1e-7 rounding
+
+
+def test_gemm_convolutions_equal_the_convolutions_they_replace():
+    """The DPT's 1×1 and ×k transposed convolutions run as GEMMs on kernels the loader lays out (GEMM_KERNELS)."""
+    from embodied_accel.models.vggt.weights import _gemm_kernel_layout, _gemm_kernel_source_shape, gemm_kernel_kind
+    from embodied_accel.nn.dpt import GroupedConv1x1, PatchConvTranspose2d
+
+    gen = torch.Generator().manual_seed(2)
+    for groups in (1, 2):
+        x = torch.randn(3, 8 * groups, 5, 7, generator=gen).contiguous(memory_format=torch.channels_last)
+        conv = GroupedConv1x1(8 * groups, groups).requires_grad_(False)
+        kind = gemm_kernel_kind("dense_heads.refine.0.out_conv.weight_t")
+        per_head = _gemm_kernel_source_shape(kind, tuple(conv.weight_t.shape))
+        kernels = [torch.randn(per_head, generator=gen) for _ in range(groups)]
+        conv.weight_t.copy_(_gemm_kernel_layout(kind, kernels))
+        conv.bias.copy_(torch.randn(8 * groups, generator=gen))
+        ref = torch.nn.functional.conv2d(x, torch.cat(kernels), conv.bias, groups=groups)
+        torch.testing.assert_close(conv(x), ref, rtol=1e-5, atol=1e-5)
+        assert conv(x).is_contiguous(memory_format=torch.channels_last)
+
+        for k in (2, 4):
+            up = PatchConvTranspose2d(8 * groups, k, groups).requires_grad_(False)
+            kind = gemm_kernel_kind(f"dense_heads.resize{k // 4}.weight")
+            per_head = _gemm_kernel_source_shape(kind, tuple(up.weight.shape))
+            assert per_head == (8, 8, k, k)
+            kernels = [torch.randn(per_head, generator=gen) for _ in range(groups)]
+            up.weight.copy_(_gemm_kernel_layout(kind, kernels))
+            up.bias.copy_(torch.randn(8 * groups, generator=gen))
+            ref = torch.nn.functional.conv_transpose2d(x, torch.cat(kernels), up.bias, stride=k, groups=groups)
+            torch.testing.assert_close(up(x), ref, rtol=1e-5, atol=1e-5)
+            assert up(x).is_contiguous(memory_format=torch.channels_last)

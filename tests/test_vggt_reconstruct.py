@@ -187,7 +187,12 @@ def test_full_size_loader_reads_exactly_the_released_layout():
 
     from embodied_accel.models.vggt.config import get_preset
     from embodied_accel.models.vggt.model import VggtModel
-    from embodied_accel.models.vggt.weights import IGNORED_KEYS, config_for_checkpoint, load_checkpoint_weights
+    from embodied_accel.models.vggt.weights import (
+        IGNORED_KEYS,
+        config_for_checkpoint,
+        load_checkpoint_weights,
+        paired_block_diagonal,
+    )
     from embodied_accel.ops import get_ops
 
     with gzip.open(FIXTURE / "vggt1b_layout.json.gz", "rt", encoding="utf-8") as f:
@@ -198,8 +203,15 @@ def test_full_size_loader_reads_exactly_the_released_layout():
     with torch.device("meta"):
         model = VggtModel(config, get_ops("reference"))
     load_checkpoint_weights(model, source, "meta", progress=False)
+    # the paired depth / point heads' last 1×1 GEMM holds both heads' matrices as blocks of one (zeros between)
+    padding = sum(
+        model.get_parameter(name).numel() - sum(out * inp for out, inp in blocks)
+        for name, blocks in paired_block_diagonal(model).items()
+        if name.endswith("weight_t")
+    )
+    assert padding == 64 * 6 - 32 * (2 + 4)
     assert (
-        sum(p.numel() for p in model.parameters())
+        sum(p.numel() for p in model.parameters()) - padding
         == sum(torch.Size(s).numel() for k, s in layout.items() if k not in IGNORED_KEYS)
         == 1_256_536_492
     )

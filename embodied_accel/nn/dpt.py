@@ -73,6 +73,66 @@ class ResidualConvUnit(nn.Module):
         return out.add_(x)
 
 
+class GroupedConv1x1(nn.Module):
+    """A (grouped) 1×1 convolution on a channels-last image, run as GEMMs on its NHWC rows: one GEMM, or with
+    groups one batched GEMM (a GEMM per group) whose results are interleaved into the channels-last output.
+
+    The same arithmetic as the convolution; on CPUs faster than PyTorch's grouped 1×1 convolutions, which run group
+    by group through its slow path (16 channels in 2 groups: 3-4×), and without the wasted half of one
+    block-diagonal GEMM. The kernel is kept in the GEMM layout, ``weight_t [G, C_in, C_out]`` (the loader lays it
+    out). Inference only: the batched GEMM writes into its output (``out=``), which autograd does not support.
+    """
+
+    def __init__(self, channels: int, groups: int = 1):
+        super().__init__()
+        self.groups = groups
+        self.weight_t = nn.Parameter(torch.empty(groups, channels // groups, channels // groups))
+        self.bias = nn.Parameter(torch.empty(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [N, C, H, W]``, channels-last → ``[N, C, H, W]``, channels-last."""
+        n, c, h, w = x.shape
+        groups, c_in, c_out = self.weight_t.shape
+        if groups == 1:
+            out = torch.addmm(self.bias, x.permute(0, 2, 3, 1).reshape(-1, c), self.weight_t[0])
+            return out.view(n, h, w, c_out).permute(0, 3, 1, 2)
+        rows = x.permute(0, 2, 3, 1).reshape(-1, groups, c_in).transpose(0, 1)  # [G, N*H*W, c_in], a view
+        out = x.new_empty(n, h, w, groups * c_out)
+        bias = self.bias.view(groups, 1, c_out)
+        torch.baddbmm(bias, rows, self.weight_t, out=out.view(-1, groups, c_out).transpose(0, 1))
+        return out.permute(0, 3, 1, 2)
+
+
+class PatchConvTranspose2d(nn.Module):
+    """A (grouped) transposed convolution whose stride equals its kernel size ``k`` (each input pixel paints its
+    own k×k output patch, no overlap) on a channels-last image: per group one GEMM of the NHWC rows with the kernel
+    as a ``[C_in, k·k·C_out]`` matrix, then one copy that lays the patches out channels-last.
+
+    The same sums as the convolution (one product per output value); PyTorch's CPU transposed convolutions are 2-3×
+    slower for the DPT's small inputs. ``weight [G, C_in, k·k·C_out]`` (columns: ky, kx, output channel; the loader
+    lays the checkpoint's ``[G·C_in, C_out, k, k]`` kernel out so), ``bias [G·C_out]``.
+    """
+
+    def __init__(self, channels: int, kernel: int, groups: int = 1):
+        super().__init__()
+        self.kernel, self.groups = kernel, groups
+        per_group = channels // groups
+        self.weight = nn.Parameter(torch.empty(groups, per_group, kernel * kernel * per_group))
+        self.bias = nn.Parameter(torch.empty(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [N, C, H, W]``, channels-last → ``[N, C, k·H, k·W]``, channels-last."""
+        n, c, h, w = x.shape
+        groups, c_in, columns = self.weight.shape
+        k = self.kernel
+        c_out = columns // (k * k)
+        rows = x.permute(0, 2, 3, 1).reshape(-1, groups, c_in).transpose(0, 1)  # [G, N*H*W, c_in], a view
+        bias = self.bias.view(groups, 1, 1, c_out).expand(groups, 1, k * k, c_out).reshape(groups, 1, columns)
+        patches = torch.baddbmm(bias, rows, self.weight).view(groups, n, h, w, k, k, c_out)
+        out = patches.permute(1, 2, 4, 3, 5, 0, 6).reshape(n, h * k, w * k, groups * c_out)  # NHWC
+        return out.permute(0, 3, 1, 2)
+
+
 class FusionBlock(nn.Module):
     """RefineNet fusion: ``out_conv(upsample(rcu2(x + rcu1(skip))))`` (no skip for the coarsest level)."""
 
@@ -81,15 +141,15 @@ class FusionBlock(nn.Module):
         if has_residual:
             self.res_unit1 = ResidualConvUnit(features, groups)
         self.res_unit2 = ResidualConvUnit(features, groups)
-        self.out_conv = Conv2d(groups * features, groups * features, 1, groups=groups)
+        self.out_conv = GroupedConv1x1(groups * features, groups)
         self.has_residual = has_residual
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor:
         if skip is not None:
-            x = x + self.res_unit1(skip)
+            x = self.res_unit1(skip).add_(x)  # the unit's output is a fresh tensor: summed in place
         x = self.res_unit2(x)
-        x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
-        return self.out_conv.conv(x)
+        x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)  # channels-last in, channels-last out
+        return self.out_conv(x)
 
 
 def uv_position_embedding(
@@ -147,7 +207,7 @@ def dpt_position_embeddings(
 
 def inverse_log(y: torch.Tensor) -> torch.Tensor:
     """``sign(y) * (exp(|y|) - 1)``."""
-    return torch.sign(y) * torch.expm1(torch.abs(y))
+    return torch.expm1(torch.abs(y)).mul_(torch.sign(y))
 
 
 _VALUE_ACTIVATIONS = {
@@ -157,20 +217,18 @@ _VALUE_ACTIVATIONS = {
     "relu": F.relu,
     "sigmoid": torch.sigmoid,
 }
-_CONF_ACTIVATIONS = {"expp1": lambda c: 1 + c.exp(), "expp0": torch.exp, "sigmoid": torch.sigmoid}
+_CONF_ACTIVATIONS = {"expp1": lambda c: c.exp().add_(1), "expp0": torch.exp, "sigmoid": torch.sigmoid}
 
 
 class DptHeadInput(nn.Module):
-    """What each head of a :class:`DptHead` has of its own: the token LayerNorm, the four projections and the last
-    1×1 convolution (as a GEMM on NHWC rows)."""
+    """What each head of a :class:`DptHead` has of its own: the token LayerNorm and the four projections (1×1
+    convolutions as GEMMs)."""
 
     def __init__(self, cfg: DptConfig, ops: OpSet):
         super().__init__()
         self.norm_weight = nn.Parameter(torch.empty(cfg.dim_in))
         self.norm_bias = nn.Parameter(torch.empty(cfg.dim_in))
         self.projects = nn.ModuleList(Linear(cfg.dim_in, oc, ops) for oc in cfg.out_channels)  # 1×1 convs as GEMMs
-        if not cfg.feature_only:
-            self.output_conv2b = Linear(cfg.head_hidden, cfg.output_dim, ops)
 
 
 _PER_HEAD_FIELDS = ("output_dim", "activation", "conf_activation")
@@ -180,9 +238,10 @@ class DptHead(nn.Module):
     """One DPT head, or several of the same shape run as one pass (VGGT's depth and point heads).
 
     Tokens of four layers → per-pixel ``(values [N, H, W, C-1], confidence [N, H, W])`` per head, or features. With
-    several heads, each has its own LayerNorm, projections and last 1×1 convolution; every convolution in between
-    runs once for all heads as a grouped convolution over their stacked channels (head after head), which is the
-    same arithmetic as separate convolutions, with half the calls.
+    several heads, each has its own LayerNorm and projections; every convolution after them runs once for all heads
+    over their stacked channels (head after head), as grouped convolutions, except the last 1×1 convolution: one
+    GEMM on NHWC rows with a block-diagonal matrix (:meth:`block_diagonal_parameters`; the heads' outputs differ in
+    width). Both are the same arithmetic as separate heads, in fewer and faster calls.
     """
 
     def __init__(self, cfgs: DptConfig | tuple[DptConfig, ...], ops: OpSet):
@@ -199,8 +258,8 @@ class DptHead(nn.Module):
         g = len(cfgs)
         c, f = cfg.out_channels, cfg.features
         self.heads = nn.ModuleList(DptHeadInput(head, ops) for head in cfgs)
-        self.resize0 = Conv2d(g * c[0], g * c[0], 4, transposed=True, groups=g)
-        self.resize1 = Conv2d(g * c[1], g * c[1], 2, transposed=True, groups=g)
+        self.resize0 = PatchConvTranspose2d(g * c[0], 4, groups=g)
+        self.resize1 = PatchConvTranspose2d(g * c[1], 2, groups=g)
         self.resize3 = Conv2d(g * c[3], g * c[3], 3, groups=g)
         self.layer_rn = nn.ModuleList(Conv2d(g * oc, g * f, 3, bias=False, groups=g) for oc in c)
         self.refine = nn.ModuleList(
@@ -212,6 +271,20 @@ class DptHead(nn.Module):
         else:
             self.output_conv1 = Conv2d(g * f, g * (f // 2), 3, groups=g)
             self.output_conv2a = Conv2d(g * (f // 2), g * cfg.head_hidden, 3, groups=g)
+            self.output_conv2b = Linear(g * cfg.head_hidden, sum(head.output_dim for head in cfgs), ops)
+
+    def block_diagonal_parameters(self) -> dict[str, list[tuple[int, ...]]]:
+        """The parameters that hold one diagonal block per head (zeros elsewhere) when several heads run as one
+        pass: name → each head's block, ``(out, in)`` for the ``weight_t`` matrices (stored ``[in, out]``) and
+        ``(out,)`` for their biases (concatenated). Empty for a single head."""
+        if len(self.cfgs) == 1:
+            return {}
+        blocks = {}
+        if not self.cfg.feature_only:
+            hidden = self.cfg.head_hidden
+            blocks["output_conv2b.weight_t"] = [(head.output_dim, hidden) for head in self.cfgs]
+            blocks["output_conv2b.bias"] = [(head.output_dim,) for head in self.cfgs]
+        return blocks
 
     def forward(
         self,
@@ -256,11 +329,11 @@ class DptHead(nn.Module):
             # convolutions below run channels-last, several times faster on CPUs than NCHW for these shapes).
             x = x.view(n, ph, pw, -1).permute(0, 3, 1, 2)
             if cfg.pos_embed:
-                x = x + pos.projected[i]
+                x = x.add_(pos.projected[i])  # x views the projection's fresh output
             if i == 0:
-                x = self.resize0.conv_transpose(x, stride=4)
+                x = self.resize0(x)  # ×4
             elif i == 1:
-                x = self.resize1.conv_transpose(x, stride=2)
+                x = self.resize1(x)  # ×2
             elif i == 3:
                 x = self.resize3.conv(x, stride=2, padding=1)
             scales.append(x)
@@ -273,17 +346,16 @@ class DptHead(nn.Module):
         size = (int(ph * cfg.patch_size / cfg.down_ratio), int(pw * cfg.patch_size / cfg.down_ratio))
         out = F.interpolate(out, size=size, mode="bilinear", align_corners=True)
         if cfg.pos_embed:
-            out = out + pos.output
+            out = out.add_(pos.output)  # the interpolation's fresh output
         if cfg.feature_only:
             return out
         hidden = F.relu(self.output_conv2a.conv(out, padding=1), inplace=True)  # [N, heads * 32, H, W], channels-last
         n, c, h, w = hidden.shape
-        rows = hidden.permute(0, 2, 3, 1).reshape(-1, c)  # NHWC rows, a view
-        width = c // len(self.heads)
-        results = []
-        for k, (head, head_cfg) in enumerate(zip(self.heads, self.cfgs, strict=True)):
-            part = rows if len(self.heads) == 1 else rows[:, k * width : (k + 1) * width]
-            fmap = head.output_conv2b(part).view(n, h, w, -1)  # [N, H, W, C]
+        fmaps = self.output_conv2b(hidden.permute(0, 2, 3, 1).reshape(-1, c))  # NHWC rows: [N*H*W, sum of outputs]
+        results, start = [], 0
+        for head_cfg in self.cfgs:
+            fmap = fmaps[:, start : start + head_cfg.output_dim].view(n, h, w, -1)  # [N, H, W, C]
+            start += head_cfg.output_dim
             values = _VALUE_ACTIVATIONS[head_cfg.activation](fmap[..., :-1])
             conf = _CONF_ACTIVATIONS[head_cfg.conf_activation](fmap[..., -1])
             results.append((values, conf))

@@ -2,8 +2,9 @@
 
 A bucket is (batch, frames, image height, image width) plus, under sequence parallelism, which frames of the scene
 this process holds. Everything here depends only on the bucket and on the loaded weights (the interpolated DINOv2
-position embedding), never on the images: 2-D RoPE tables, the DPT heads' uv position embeddings, the tracker's
-sin/cos grid, the special-token selection per frame, the key padding bias of sequence-parallel global attention.
+position embedding, the tracker's virtual tracks after its first time block), never on the images: 2-D RoPE tables,
+the DPT heads' uv position embeddings, the tracker's sin/cos grid and correlation windows, the special-token
+selection per frame, the key padding bias of sequence-parallel global attention.
 Build them before capture, rebuild them after loading other weights; the model never caches tensors itself.
 """
 
@@ -31,15 +32,20 @@ class VggtBuffers:
     frames: int  # frames of this call (this process's shard under sequence parallelism)
     image_hw: tuple[int, int]
     patch_hw: tuple[int, int]
-    image_mean: torch.Tensor  # [3, 1, 1]
-    image_std: torch.Tensor  # [3, 1, 1]
+    image_scale: torch.Tensor  # [3]: 1 / std of the ImageNet normalization
+    image_shift: torch.Tensor  # [3]: -mean / std
     special_index: torch.Tensor  # [batch * frames] int64: 0 = the scene's reference frame, 1 = any other frame
-    patch_pos_embed: torch.Tensor  # [patch_h * patch_w, width]: DINOv2's position embedding at this grid
+    patch_pos_embed: torch.Tensor  # [patch_h * patch_w, width]: DINOv2's position embedding at this grid + the
+    # patch projection's bias
     prefix_tokens: torch.Tensor  # [1 + registers, width]: DINOv2's class token (+ its position) and registers
     rope: object  # ops.prepare_rope_2d tables for the tokens of one frame
     dpt_pos: DptPositionEmbeddings | None  # shared by the depth and point heads
     track_pos: torch.Tensor | None  # [1, 3 * track features + 4, H / 2, W / 2]: the tracker's sin/cos grid
-    track_corr_delta: torch.Tensor | None  # [1, 2r + 1, 2r + 1, 2] offsets of the correlation window (x, y)
+    # The tracker's correlation windows in grid_sample's normalized units, level by level (pyramid of L levels):
+    # the grid of level i is ``coords * scale[i] + offset[i]`` for coordinates in level-0 feature pixels (x, y).
+    track_corr_scale: torch.Tensor | None  # [L, 1, 1, 1, 2]
+    track_corr_offset: torch.Tensor | None  # [L, 1, 1, (2r + 1)^2, 2]
+    track_virtual0: torch.Tensor | None  # [V, C]: the virtual tracks after the first time block (UpdateFormer)
 
     @property
     def tokens_per_frame(self) -> int:
@@ -87,6 +93,28 @@ def sincos_grid_embedding(dim: int, grid_hw: tuple[int, int]) -> torch.Tensor:
     return emb.reshape(1, gh, gw, dim).permute(0, 3, 1, 2).contiguous()
 
 
+def correlation_windows(levels: int, radius: int, fmap_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tracker's ``(2r + 1)²`` window around a point, at every level of its correlation pyramid (level i: the
+    feature map average-pooled ``i`` times by 2), as ``grid_sample`` coordinates (``align_corners=True``).
+
+    A point at level-0 pixel ``c`` (x, y) samples level i at pixels ``c / 2^i + delta`` (window offsets ``delta``
+    from -r to r; the first offset coordinate comes from the row index of the window, as upstream lays it out),
+    i.e. normalized ``(c / 2^i + delta) * 2 / (size_i - 1) - 1``. Returns ``(scale [L, 1, 1, 1, 2], offset
+    [L, 1, 1, (2r + 1)^2, 2])`` with ``normalized = c * scale + offset`` (fp32).
+    """
+    offsets = torch.linspace(-radius, radius, 2 * radius + 1)
+    dy, dx = torch.meshgrid(offsets, offsets, indexing="ij")
+    delta = torch.stack([dy, dx], dim=-1).view(-1, 2)  # [(2r+1)^2, 2]
+    h, w = fmap_hw
+    scales, shifts = [], []
+    for i in range(levels):
+        unit = torch.tensor([2.0 / max(w - 1, 1), 2.0 / max(h - 1, 1)])  # one level-i pixel, normalized
+        scales.append(unit / 2**i)
+        shifts.append(delta * unit - 1.0)
+        h, w = h // 2, w // 2  # avg_pool2d(2, stride=2)
+    return torch.stack(scales).view(levels, 1, 1, 1, 2), torch.stack(shifts).view(levels, 1, 1, -1, 2)
+
+
 def build_vggt_buffers(
     model,
     batch: int,
@@ -113,8 +141,9 @@ def build_vggt_buffers(
     grid = config.patch_embed.pretrain_image_size // p
     with torch.no_grad():
         pos = model.aggregator.patch_embed.pos_embed.detach()
-        patch_pos = interpolate_patch_pos_embed(pos, grid, patch_hw).to(device, dtype)
         pe = model.aggregator.patch_embed
+        patch_pos = interpolate_patch_pos_embed(pos, grid, patch_hw) + pe.proj.bias.detach().float()
+        patch_pos = patch_pos.to(device, dtype)
         prefix = torch.cat([pe.cls_token.detach() + pos[0].to(pe.cls_token.dtype), pe.register_tokens.detach()])
         prefix = prefix.to(device, dtype)
     positions = token_positions(patch_hw, config.patch_start)
@@ -125,27 +154,31 @@ def build_vggt_buffers(
     if config.enable_depth or config.enable_point:
         heads = 2 if (config.enable_depth and config.enable_point) else 1  # run as one pass: channels stacked
         dpt_pos = dpt_position_embeddings(config.point_dpt(), h, w, device, dtype, heads=heads)
-    track_pos = corr_delta = None
+    track_pos = corr_scale = corr_offset = virtual0 = None
     if config.enable_track:
         t = config.track
         fh, fw = int(patch_hw[0] * p / 2), int(patch_hw[1] * p / 2)
         track_pos = sincos_grid_embedding(3 * t.features + 4, (fh, fw)).to(device)  # the tracker runs in fp32
-        offsets = torch.linspace(-t.corr_radius, t.corr_radius, 2 * t.corr_radius + 1)
-        dy, dx = torch.meshgrid(offsets, offsets, indexing="ij")
-        corr_delta = torch.stack([dy, dx], dim=-1).view(1, 2 * t.corr_radius + 1, 2 * t.corr_radius + 1, 2)
-        corr_delta = corr_delta.to(device)
+        corr_scale, corr_offset = correlation_windows(t.corr_levels, t.corr_radius, (fh, fw))
+        corr_scale, corr_offset = corr_scale.to(device), corr_offset.to(device)
+        with torch.no_grad():
+            virtual0 = model.track_head.tracker.updateformer.initial_virtual_tokens()
     return VggtBuffers(
         batch=batch,
         frames=frames,
         image_hw=(h, w),
         patch_hw=patch_hw,
-        image_mean=torch.tensor(IMAGE_MEAN).view(3, 1, 1).to(device, dtype),
-        image_std=torch.tensor(IMAGE_STD).view(3, 1, 1).to(device, dtype),
+        image_scale=(1.0 / torch.tensor(IMAGE_STD, dtype=torch.float64)).to(device, dtype),
+        image_shift=(-torch.tensor(IMAGE_MEAN, dtype=torch.float64) / torch.tensor(IMAGE_STD, dtype=torch.float64)).to(
+            device, dtype
+        ),
         special_index=kinds,
         patch_pos_embed=patch_pos,
         prefix_tokens=prefix,
         rope=rope,
         dpt_pos=dpt_pos,
         track_pos=track_pos,
-        track_corr_delta=corr_delta,
+        track_corr_scale=corr_scale,
+        track_corr_offset=corr_offset,
+        track_virtual0=virtual0,
     )

@@ -127,7 +127,7 @@ class VggtRunner:
     def release(self) -> None:
         self.static_buffers.clear()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def __call__(
         self,
         images: torch.Tensor,

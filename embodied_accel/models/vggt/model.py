@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn.dpt import Conv2d, DptHead
+from ...nn.dpt import DptHead
 from ...nn.linear import Linear
 from ...nn.vit import AttendFn, VitBlock, layer_norm_no_affine
 from ...ops import OpSet
@@ -52,7 +52,7 @@ class PatchEmbed(nn.Module):
         super().__init__()
         pe, width, p = config.patch_embed, config.width, config.patch_size
         self.config, self.ops = config, ops
-        self.proj = Conv2d(3, width, p)
+        self.proj = Linear(p * p * 3, width, ops)  # the 14×14 patch kernel as a GEMM matrix, rows (ky, kx, channel)
         grid = pe.pretrain_image_size // p
         self.cls_token = nn.Parameter(torch.empty(1, width))
         self.pos_embed = nn.Parameter(torch.empty(1 + grid * grid, width))  # read by the buffers (per image size)
@@ -62,10 +62,21 @@ class PatchEmbed(nn.Module):
         self.norm_bias = nn.Parameter(torch.empty(width))
 
     def forward(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
-        """``images [N, 3, H, W]`` (normalized) → patch tokens ``[N, patches, C]``."""
-        n, width = images.shape[0], self.config.width
-        patches = F.conv2d(images, self.proj.weight, self.proj.bias, stride=self.config.patch_size)
-        patches = patches.flatten(2).transpose(1, 2) + buffers.patch_pos_embed  # [N, patches, C]
+        """``images [N, 3, H, W]`` in [0, 1] → patch tokens ``[N, patches, C]``.
+
+        The patch projection (a 14×14 convolution with stride 14) as one GEMM per image on its patches: the
+        ImageNet normalization writes the patches out in the kernel's channels-last order (one op), and the bias
+        rides with the position embedding (``buffers.patch_pos_embed``) in the GEMM's addend.
+        """
+        n, _, h, w = images.shape
+        p, width = self.config.patch_size, self.config.width
+        pixels = images.reshape(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3]
+        patches = images.new_empty(pixels.shape)
+        torch.addcmul(buffers.image_shift, pixels, buffers.image_scale, out=patches)  # (x - mean) / std
+        kernel_t = self.proj.weight_t  # [p·p·3, C]
+        patches = torch.baddbmm(
+            buffers.patch_pos_embed, patches.view(n, -1, kernel_t.shape[0]), kernel_t.expand(n, -1, -1)
+        )  # [N, patches, C]
         tokens = torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
         seq = tokens.shape[1]
         hidden = tokens.reshape(n * seq, width)
@@ -93,8 +104,7 @@ class Aggregator(nn.Module):
         """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read."""
         config = self.config
         batch, frames, _, height, width = images.shape
-        normalized = (images - buffers.image_mean) / buffers.image_std
-        patches = self.patch_embed(normalized.view(batch * frames, 3, height, width), buffers)
+        patches = self.patch_embed(images.reshape(batch * frames, 3, height, width), buffers)
         special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
         tokens = torch.cat([special, patches], dim=1)  # [B*S, P, C]
         per_frame, c = tokens.shape[1], config.width
@@ -136,6 +146,9 @@ class CameraHead(nn.Module):
         batch, frames, dim = camera_tokens.shape
         tokens = ops.layer_norm(camera_tokens, self.token_norm_weight, self.token_norm_bias, 1e-5)
         normed = layer_norm_no_affine(tokens, 1e-6)
+        # FoV (the last two values) through a ReLU, the rest as is: max(pred, floor) with floor -inf / 0
+        floor = torch.zeros_like(self.empty_pose_tokens)
+        floor[:7] = -torch.inf
         pred = None
         predictions = []
         for _ in range(self.config.camera.iterations):
@@ -144,14 +157,15 @@ class CameraHead(nn.Module):
             else:
                 module_input = self.embed_pose(pred)
             shift, scale, gate = self.modulation(F.silu(module_input)).chunk(3, dim=-1)
-            x = gate * (normed * (1 + scale) + shift) + tokens
+            # tokens + gate * (normed * (1 + scale) + shift), in three ops
+            x = torch.addcmul(tokens, gate, torch.addcmul(shift, normed, 1 + scale))
             x = x.reshape(batch * frames, dim)
             for block in self.trunk:
                 x = block(x, groups=batch)
             x = ops.layer_norm(x, self.trunk_norm_weight, self.trunk_norm_bias, 1e-5)
             delta = self.pose_fc2(ops.gelu(self.pose_fc1(x))).view(batch, frames, -1)
             pred = delta if pred is None else pred + delta
-            predictions.append(torch.cat([pred[..., :7], F.relu(pred[..., 7:])], dim=-1))
+            predictions.append(torch.maximum(pred, floor))
         return predictions
 
 

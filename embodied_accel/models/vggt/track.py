@@ -110,42 +110,59 @@ class UpdateFormer(nn.Module):
             AttnBlock(hid, heads, ratio, ops, cross=True) for _ in range(cfg.depth)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [B, N, T, input_dim] -> [B, N, T, output_dim]
+    def initial_virtual_tokens(self) -> torch.Tensor:
+        """The virtual tracks after the first time block, ``[V, C]``: the same for every frame, scene, iteration.
+
+        A virtual track enters the first time block as one learned token repeated over the frames; attention over
+        identical tokens returns that token's value, so the block's output is the same at every frame and depends
+        only on the weights: computed on one-frame sequences when a bucket's buffers are built
+        (``VggtBuffers.track_virtual0``) and broadcast over the frames.
+        """
+        return self.time_blocks[0](self.virtual_tracks, self.virtual_tracks.shape[0])
+
+    def forward(self, x: torch.Tensor, virtual0: torch.Tensor) -> torch.Tensor:
+        """``x [B, N, T, input_dim]`` → ``[B, N, T, output_dim]``; ``virtual0``: :meth:`initial_virtual_tokens`."""
         ops = self.ops
         batch, points, frames, _ = x.shape
         tokens = self.input_transform(ops.layer_norm(x, self.input_norm_weight, self.input_norm_bias, 1e-5))
-        init_tokens = tokens
-        virtual = self.virtual_tracks[None, :, None].expand(batch, -1, frames, -1)
-        tokens = torch.cat([tokens, virtual], dim=1)  # [B, N + V, T, C]
-        total, hid = tokens.shape[1], tokens.shape[-1]
+        init_tokens, hid = tokens, tokens.shape[-1]
         space_every = len(self.time_blocks) // len(self.space_virtual_blocks)
-        j = 0
+        # The query points' and the virtual tracks' tokens travel apart as [B, tracks, T, C] (views where possible);
+        # they are concatenated only for the time blocks after the first.
+        point = virt = None
         for i, time_block in enumerate(self.time_blocks):
             # time attention: one sequence of T frames per (scene, track); rows ordered (b, n, t)
-            tokens = time_block(tokens.reshape(-1, hid), batch * total).view(batch, total, frames, hid)
+            if i == 0:  # the virtual tracks' output of the first time block is virtual0
+                point = time_block(tokens.reshape(-1, hid), batch * points).view(batch, points, frames, hid)
+                virt = virtual0[None, :, None].expand(batch, -1, frames, -1)
+            else:
+                tracks = torch.cat([point, virt], dim=1)  # [B, N + V, T, C], rows (b, n, t)
+                tracks = time_block(tracks.view(-1, hid), tracks.shape[0] * tracks.shape[1]).view(tracks.shape)
+                point, virt = tracks[:, :points], tracks[:, points:]
             if i % space_every == 0:
                 # attention across tracks: one sequence per (scene, frame); rows ordered (b, t, n)
-                space = tokens.permute(0, 2, 1, 3).reshape(batch * frames, total, hid)
-                point = space[:, :points].reshape(-1, hid)
-                virt = space[:, points:].reshape(-1, hid)
-                virt = self.space_virtual2point_blocks[j](virt, batch * frames, point)
-                virt = self.space_virtual_blocks[j](virt, batch * frames)
-                point = self.space_point2virtual_blocks[j](point, batch * frames, virt)
-                space = torch.cat([point.view(batch * frames, points, hid), virt.view(batch * frames, -1, hid)], dim=1)
-                tokens = space.view(batch, frames, total, hid).permute(0, 2, 1, 3)
-                j += 1
-        tokens = tokens[:, :points] + init_tokens
+                j = i // space_every
+                point_rows = point.transpose(1, 2).reshape(-1, hid)
+                virt_rows = virt.transpose(1, 2).reshape(-1, hid)
+                virt_rows = self.space_virtual2point_blocks[j](virt_rows, batch * frames, point_rows)
+                virt_rows = self.space_virtual_blocks[j](virt_rows, batch * frames)
+                point_rows = self.space_point2virtual_blocks[j](point_rows, batch * frames, virt_rows)
+                point = point_rows.view(batch, frames, points, hid).transpose(1, 2)
+                virt = virt_rows.view(batch, frames, -1, hid).transpose(1, 2)
+        tokens = init_tokens + point
         return self.flow_head(ops.layer_norm(tokens, self.output_norm_weight, self.output_norm_bias, 1e-5))
 
 
-def flow_embedding(flows: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sin/cos embedding of 2-D flows ``[M, T, 2]`` → ``[M, T, 2 * dim]`` (x then y; sin, cos interleaved)."""
-    div_term = torch.arange(0, dim, 2, device=flows.device, dtype=torch.float32) * (1000.0 / dim)
-    parts = []
-    for axis in (0, 1):
-        angles = flows[..., axis : axis + 1] * div_term
-        parts.append(torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(-2))
-    return torch.cat(parts, dim=-1)
+def flow_frequencies(dim: int, device: torch.device) -> torch.Tensor:
+    """The flow embedding's ``dim / 2`` frequencies (fp32)."""
+    return torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (1000.0 / dim)
+
+
+def flow_embedding(flows: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
+    """Sin/cos embedding of 2-D flows ``[M, T, 2]`` → ``[M, T, 4 * len(frequencies)]`` (x then y; sin, cos
+    interleaved)."""
+    angles = flows[..., None] * frequencies  # [M, T, 2, F]
+    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(-3)
 
 
 class Tracker(nn.Module):
@@ -183,45 +200,47 @@ class Tracker(nn.Module):
         fmaps = ops.layer_norm(fmaps.permute(0, 1, 3, 4, 2), self.fmap_norm_weight, self.fmap_norm_bias, 1e-5)
         fmaps = fmaps.permute(0, 1, 4, 2, 3)  # [B, S, C, H', W']
         query = query_points / float(cfg.stride)
-        coords = query.reshape(batch, 1, points, 2).repeat(1, frames, 1, 1)
-        track_feats = sample_features(fmaps[:, 0], query).unsqueeze(1).repeat(1, frames, 1, 1)  # [B, S, N, C]
-        pyramid = [fmaps]
+        coords = query.reshape(batch, 1, points, 2).repeat(1, frames, 1, 1)  # [B, S, N, 2]
+        feats = sample_features(fmaps[:, 0], query).unsqueeze(2).repeat(1, 1, frames, 1)  # [B, N, S, C]
+        feats = feats.view(batch * points, frames, latent)
+        pyramid = [fmaps.reshape(batch * frames, latent, fh, fw)]
         for _ in range(cfg.corr_levels - 1):
-            level = F.avg_pool2d(pyramid[-1].reshape(batch * frames, latent, *pyramid[-1].shape[-2:]), 2, stride=2)
-            pyramid.append(level.view(batch, frames, latent, *level.shape[-2:]))
+            pyramid.append(F.avg_pool2d(pyramid[-1], 2, stride=2))
+        # Per call, not per iteration: the position + query/other-frame token added to every input, the flow
+        # embedding's frequencies; per bucket (buffers): each level's window in grid_sample's normalized units and
+        # the virtual tracks after the first time block.
         pos = sample_features(buffers.track_pos.expand(batch, -1, -1, -1), query).reshape(batch * points, 1, -1)
         ref = torch.cat([self.query_ref_token[:1], self.query_ref_token[1:].expand(frames - 1, -1)])  # [S, Dt]
-        window = buffers.track_corr_delta
+        pos_ref = pos + ref
+        frequencies = flow_frequencies(latent // 2, query.device)
+        virtual0 = buffers.track_virtual0
         predictions = []
         for _ in range(cfg.iterations):
-            levels = []
-            for i, fmap in enumerate(pyramid):
-                # Bilinear sampling is linear, so sampling each track's correlation map in its window equals the
-                # dot product of the track's feature with the feature map sampled in that window (zero outside):
-                # C values per window point instead of a whole H x W correlation map per track.
-                h, w = fmap.shape[-2:]
-                centre = coords.reshape(batch * frames, points, 1, 1, 2) / (2**i)
-                grid = (centre + window).reshape(batch * frames, -1, 1, 2)  # [B*S, N*(2r+1)^2, 1, 2]
-                sampled = grid_sample_pixels(fmap.reshape(batch * frames, latent, h, w), grid, "zeros")
-                sampled = sampled.view(batch, frames, latent, points, -1)  # [B, S, C, N, (2r+1)^2]
-                corr = torch.einsum("bsnc,bscnw->bsnw", track_feats, sampled) / math.sqrt(latent)
-                levels.append(corr)
-            corrs = torch.cat(levels, dim=-1).permute(0, 2, 1, 3).reshape(batch * points, frames, -1)
+            # Bilinear sampling is linear, so sampling each track's correlation map in its window equals the dot
+            # product of the track's feature with the feature map sampled in that window (zero outside): C values
+            # per window point instead of a whole H x W correlation map per track. All levels' windows at once:
+            grids = torch.addcmul(buffers.track_corr_offset, coords.view(1, batch * frames, points, 1, 2),
+                                  buffers.track_corr_scale)  # [L, B*S, N, (2r+1)^2, 2], normalized  # fmt: skip
+            windows = [
+                F.grid_sample(fmap, grid.view(batch * frames, -1, 1, 2), align_corners=True)
+                for fmap, grid in zip(pyramid, grids, strict=True)
+            ]  # L × [B*S, C, N (2r+1)^2, 1] → [B*S, C, N, L (2r+1)^2]
+            sampled = torch.cat([w.view(batch * frames, latent, points, -1) for w in windows], dim=-1)
+            # the tracks' features [B, N, S, C] against the windows [B, S, C, N, W]: rows (b, n, s) as the MLP takes them
+            sampled = sampled.view(batch, frames, latent, points, -1)
+            corrs = torch.einsum("bnsc,bscnw->bnsw", feats.view(batch, points, frames, latent), sampled)
+            corrs = corrs.div_(math.sqrt(latent)).view(batch * points, frames, -1)
             corrs = self.corr_fc2(ops.gelu(self.corr_fc1(corrs)))
-            flows = (coords - coords[:, :1]).permute(0, 2, 1, 3).reshape(batch * points, frames, 2)
+            flows = (coords - coords[:, :1]).transpose(1, 2).reshape(batch * points, frames, 2)
             scaled = flows / cfg.max_scale
-            flows_emb = torch.cat([flow_embedding(flows, latent // 2), scaled, scaled], dim=-1)
-            feats = track_feats.permute(0, 2, 1, 3).reshape(batch * points, frames, latent)
-            x = torch.cat([flows_emb, corrs, feats], dim=2) + pos
-            x = x + ref.to(x.dtype)
-            delta = self.updateformer(x.view(batch, points, frames, -1)).reshape(batch * points * frames, -1)
-            feats = feats.reshape(-1, latent)
-            normed = F.group_norm(delta[:, 2:], 1, self.ffeat_norm_weight, self.ffeat_norm_bias, 1e-5)
-            feats = ops.gelu(self.ffeat_updater(normed)) + feats
-            track_feats = feats.view(batch, points, frames, latent).permute(0, 2, 1, 3)
-            coords = coords + delta[:, :2].reshape(batch, points, frames, 2).permute(0, 2, 1, 3)
+            x = torch.cat([flow_embedding(flows, frequencies), scaled, scaled, corrs, feats], dim=2).add_(pos_ref)
+            delta = self.updateformer(x.view(batch, points, frames, -1), virtual0).reshape(batch * points * frames, -1)
+            normed = ops.layer_norm(delta[:, 2:], self.ffeat_norm_weight, self.ffeat_norm_bias, 1e-5)  # GroupNorm(1)
+            feats = ops.gelu(self.ffeat_updater(normed)).add_(feats.view(-1, latent)).view(batch * points, frames, -1)
+            coords = coords + delta[:, :2].view(batch, points, frames, 2).transpose(1, 2)
             coords = torch.cat([query.unsqueeze(1), coords[:, 1:]], dim=1)  # the query frame stays fixed
             predictions.append(coords * cfg.stride)
+        track_feats = feats.view(batch, points, frames, latent).transpose(1, 2)
         flat = track_feats.reshape(-1, latent)
         vis = torch.sigmoid(self.vis_predictor(flat)).view(batch, frames, points)
         conf = torch.sigmoid(self.conf_predictor(flat)).view(batch, frames, points)

@@ -5,10 +5,10 @@ with ``model.safetensors`` and ``config.json``), or any single ``.pt`` / ``.pth`
 upstream's key names (a training checkpoint's ``{"model": state_dict}`` and a ``module.`` prefix are unwrapped).
 
 The name mapping is a table of data (:data:`RENAMES`, applied in order to each of our parameter names) plus one
-transform per parameter kind (linear weights are transposed views, 1×1 projection convs become GEMM weights, the
-special tokens lose their leading singleton dims, Q/K norms are stacked). A missing, unexpected or mis-shaped
-tensor is an error that lists them all; nothing is ever randomly initialised. DINOv2's ``mask_token`` (used only
-in training) is the one checkpoint tensor that is never read.
+transform per parameter kind (linear weights are transposed views, convolutions that run as GEMMs get their kernels
+laid out as GEMM matrices (:data:`GEMM_KERNELS`), the special tokens lose their leading singleton dims, Q/K norms are
+stacked). A missing, unexpected or mis-shaped tensor is an error that lists them all; nothing is ever randomly
+initialised. DINOv2's ``mask_token`` (used only in training) is the one checkpoint tensor that is never read.
 """
 
 from __future__ import annotations
@@ -89,6 +89,42 @@ PAIRED_HEADS = ("depth_head", "point_head")
 #: Our GEMMs that are 1×1 convolutions in the checkpoint (weights ``[out, in, 1, 1]``).
 _CONV1X1_LINEARS = (".projects.", ".output_conv2b.")
 
+#: Convolutions we run as GEMMs, whose kernels are stored in the GEMM layout (see nn/dpt.py and the patch
+#: embedding): pattern on our parameter name → kind. ``patch``: DINOv2's ``[C, 3, p, p]`` patch kernel as
+#: ``weight_t [p·p·3, C]`` (rows ky, kx, channel); ``conv1x1``: per head ``[out, in, 1, 1]`` as ``[G, in, out]``;
+#: ``patch_transposed``: per head a ``[in, out, k, k]`` transposed kernel as ``[G, in, k·k·out]`` (columns ky, kx,
+#: out; the DPT's resize layers keep their width: out = in). ``G``: the heads run as one pass (one per head).
+GEMM_KERNELS: tuple[tuple[str, str], ...] = (
+    (r"^aggregator\.patch_embed\.proj\.weight_t$", "patch"),
+    (r"\.refine\.\d+\.out_conv\.weight_t$", "conv1x1"),
+    (r"\.resize[01]\.weight$", "patch_transposed"),
+)
+
+
+def gemm_kernel_kind(name: str) -> str | None:
+    return next((kind for pattern, kind in GEMM_KERNELS if re.search(pattern, name)), None)
+
+
+def _gemm_kernel_source_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """One head's checkpoint kernel shape for our GEMM-layout parameter of ``shape``."""
+    if kind == "patch":
+        patch = math.isqrt(shape[0] // 3)
+        return (shape[1], 3, patch, patch)
+    if kind == "conv1x1":
+        return (shape[2], shape[1], 1, 1)
+    channels = shape[1]  # patch_transposed: out = in
+    kernel = math.isqrt(shape[2] // channels)
+    return (channels, channels, kernel, kernel)
+
+
+def _gemm_kernel_layout(kind: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+    if kind == "patch":  # a transposed view of [C, p, p, 3]
+        (kernel,) = tensors
+        return kernel.permute(0, 2, 3, 1).reshape(kernel.shape[0], -1).t()
+    if kind == "conv1x1":
+        return torch.stack([t.reshape(t.shape[0], t.shape[1]).t() for t in tensors])
+    return torch.stack([t.permute(0, 2, 3, 1).reshape(t.shape[0], -1) for t in tensors])  # patch_transposed
+
 
 def checkpoint_key(name: str) -> str:
     """The upstream key of our parameter ``name`` (Q/K norm: see :func:`checkpoint_sources`)."""
@@ -97,17 +133,38 @@ def checkpoint_key(name: str) -> str:
     return name
 
 
-def checkpoint_sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
-    """Upstream key(s) and their expected shapes for our parameter ``name`` of ``shape``."""
+def paired_block_diagonal(model) -> dict[str, list[tuple[int, ...]]]:
+    """Our parameters of the paired depth / point heads that are block-diagonal (one block per head; see
+    ``DptHead.block_diagonal_parameters``): full name → each head's block shape."""
+    if getattr(model, "dense_heads", None) is None:
+        return {}
+    return {PAIRED_PREFIX + k: v for k, v in model.dense_heads.block_diagonal_parameters().items()}
+
+
+def checkpoint_sources(
+    name: str, shape: tuple[int, ...], block_diagonal: dict[str, list[tuple[int, ...]]] | None = None
+) -> list[tuple[str, tuple[int, ...]]]:
+    """Upstream key(s) and their expected shapes for our parameter ``name`` of ``shape``; ``block_diagonal``:
+    :func:`paired_block_diagonal` of the model."""
     if name.endswith("attn.qk_norm_weight") or name.endswith("attn.qk_norm_bias"):
         kind = name.rsplit("_", 1)[-1]
         base = name[: -len(f"qk_norm_{kind}")]
         return [(checkpoint_key(f"{base}{which}_norm_{kind}"), (shape[-1],)) for which in ("q", "k")]
-    if name.startswith(PAIRED_PREFIX) and ".heads." not in name:
-        # stacked head after head along the output channels (grouped convolutions): one slice per head
+    paired = name.startswith(PAIRED_PREFIX) and ".heads." not in name
+    kind = gemm_kernel_kind(name)
+    if kind is not None:
         rest = name[len(PAIRED_PREFIX) :]
+        keys = [checkpoint_key(f"{head}.{rest}") for head in PAIRED_HEADS] if paired else [checkpoint_key(name)]
+        return [(key, _gemm_kernel_source_shape(kind, shape)) for key in keys]
+    if paired:
+        rest = name[len(PAIRED_PREFIX) :]
+        keys = [checkpoint_key(f"{head}.{rest}") for head in PAIRED_HEADS]
+        blocks = (block_diagonal or {}).get(name)
+        if blocks is not None:  # a block-diagonal GEMM: each head's 1×1 convolution is one diagonal block
+            return [(key, block + ((1, 1) if len(block) == 2 else ())) for key, block in zip(keys, blocks, strict=True)]
+        # stacked head after head along the output channels (grouped convolutions): one slice per head
         per_head = (shape[0] // len(PAIRED_HEADS), *shape[1:])
-        return [(checkpoint_key(f"{head}.{rest}"), per_head) for head in PAIRED_HEADS]
+        return [(key, per_head) for key in keys]
     key = checkpoint_key(name)
     if name.endswith(".weight_t"):
         out_in = (shape[1], shape[0])
@@ -121,7 +178,12 @@ def checkpoint_sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tup
 
 
 def _transform(name: str, tensors: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
-    if name.startswith(PAIRED_PREFIX) and len(tensors) == len(PAIRED_HEADS):  # one slice per head
+    kind = gemm_kernel_kind(name)
+    if kind is not None:
+        return _gemm_kernel_layout(kind, tensors)
+    if name.startswith(PAIRED_PREFIX) and len(tensors) == len(PAIRED_HEADS):  # one slice or block per head
+        if name.endswith(".weight_t"):  # block-diagonal [out, in] → its transposed view
+            return torch.block_diag(*[t.reshape(t.shape[0], t.shape[1]) for t in tensors]).t()
         tensor = torch.cat(tensors, dim=0)
         return tensor.contiguous(memory_format=torch.channels_last) if tensor.dim() == 4 else tensor
     if len(tensors) == 2:  # Q/K norms → [2, 1, head_dim]
@@ -133,6 +195,11 @@ def _transform(name: str, tensors: list[torch.Tensor], shape: tuple[int, ...]) -
         # A transposed *view* of the checkpoint's [out, in] matrix (the GEMM layout nn.Linear uses).
         return tensor.reshape(shape[1], shape[0]).t()
     return tensor.reshape(shape)
+
+
+def block_diagonal_mask(blocks: list[tuple[int, ...]]) -> torch.Tensor:
+    """``[in, out]`` ones on each head's diagonal block, zeros elsewhere (blocks as ``(out, in)``)."""
+    return torch.block_diag(*[torch.ones(block[1], block[0]) for block in blocks])
 
 
 class StateDictSource:
@@ -223,9 +290,10 @@ def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, pres
 def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device, progress: bool = False):
     """Our state dict from the checkpoint; raises :class:`CheckpointError` listing every problem."""
     available = source.keys()
+    block_diagonal = paired_block_diagonal(model)
     missing, mismatched, plan = [], [], []
     for name, param in model.named_parameters():
-        sources = checkpoint_sources(name, tuple(param.shape))
+        sources = checkpoint_sources(name, tuple(param.shape), block_diagonal)
         for key, shape in sources:
             if key not in available:
                 missing.append(key)
@@ -281,14 +349,20 @@ def init_random_weights(model, seed: int, device) -> None:
             value = 0.05 * randn
         elif leaf == "pos_embed":
             value = 0.2 * randn
+        elif leaf == "weight_t" and len(shape) == 3:  # per-group GEMM matrices [G, in, out]
+            value = randn / math.sqrt(shape[1])
         elif leaf == "weight_t":
             value = (randn.t() / math.sqrt(shape[0])).t()  # [out, in] memory like a checkpoint
+        elif leaf == "weight" and ".resize" in name:  # transposed kernels as [G, in, k·k·out]
+            value = randn / math.sqrt(shape[1])
         elif leaf == "weight" and len(shape) == 4:
-            fan_in = shape[0] if ".resize" in name else shape[1] * shape[2] * shape[3]
-            value = randn / math.sqrt(fan_in)
+            value = randn / math.sqrt(shape[1] * shape[2] * shape[3])
         else:
             value = 0.5 * randn
         state[name] = value
+    for name, blocks in paired_block_diagonal(model).items():
+        if name.endswith(".weight_t"):  # the paired heads stay independent; N(0, 1 / fan-in of one head's block)
+            state[name] = state[name] * block_diagonal_mask(blocks) * math.sqrt(len(blocks))
     if model.camera_head is not None:
         fc2_t, bias = state["camera_head.pose_fc2.weight_t"], state["camera_head.pose_fc2.bias"]
         fc2_t[:, 7:] *= 0.1
