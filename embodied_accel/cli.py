@@ -30,6 +30,7 @@ from . import __version__
 from .models.pi0.config import PRESETS
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
+from .models.vggt import commands as vggt_commands
 from .serve import commands as serve_commands
 
 logger = logging.getLogger(__name__)
@@ -226,6 +227,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve_commands.add_server_options(load, _positive_int, network=False)
     _observation_option(load)
     load.set_defaults(handler=cmd_loadtest)
+
+    reconstruct = vggt_commands.add_reconstruct_parser(commands, BACKEND_NAMES, ("float32", "bfloat16", "float16"))
+    reconstruct.set_defaults(handler=cmd_reconstruct)
     return parser
 
 
@@ -731,6 +735,10 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     path = None if args.no_write else serve_commands.write_loadtest_record(record, args.out_dir)
     print(serve_commands.loadtest_summary(stats, path))
     return 0 if stats["errors"] == 0 else 1
+
+
+def cmd_reconstruct(args: argparse.Namespace) -> int:
+    return vggt_commands.run_reconstruct(args, print_fn=lambda line: print(line, flush=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_explicit_and_auto_selection(torch_npu):
     ops = get_ops("npu", NPU)
     assert ops.backend == "npu"
     assert set(ops.fused) == set(npu_backend.OPERATORS)
-    assert set(ops.fallback) == {"linear", "gelu_tanh", "geglu"}  # each with its reason in the notes
+    assert set(ops.fallback) == set(npu_backend.NOT_FUSED)  # each with its reason in the notes
     assert all(op in ops.notes for op in ops.fallback)
     assert "npu_fast_gelu" in ops.notes["gelu_tanh"] and "float32" in ops.notes["attention"]
     assert get_ops("auto", NPU).backend == "npu"

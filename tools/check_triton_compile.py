@@ -218,7 +218,7 @@ def model_launches(dtype: torch.dtype, batch: int, views: int = 2, tokens: int =
 
 
 def op_launches(dtype: torch.dtype, batch: int, seq: int = 51) -> None:
-    """Ops of the cuda backend that pi0 and pi0.5 do not call themselves, at the models' shapes.
+    """Ops of the cuda backend that pi0 and pi0.5 do not call themselves, at their models' shapes.
 
     ``rope`` (rotate Q and K of a merged ``[B, 8 + 2, S, 256]`` projection, no cache write) is served for
     callers without a static cache.
@@ -228,6 +228,14 @@ def op_launches(dtype: torch.dtype, batch: int, seq: int = 51) -> None:
     qkv = torch.randn(batch, seq, 10, 256, dtype=dtype).transpose(1, 2)
     cos, sin = torch.randn(batch, seq, 256, dtype=dtype), torch.randn(batch, seq, 256, dtype=dtype)
     kernels.rope(qkv, cos, sin, 9)
+    # W8A8 (VGGT's plan): the aggregator MLPs at full width, ``batch`` frames of 1041 tokens (518x392 crops)
+    from embodied_accel.ops.cuda import int8_gemm
+
+    tokens = batch * 1041
+    for fan_in, fan_out in ((1024, 4096), (4096, 1024)):
+        x_q = torch.randint(-127, 128, (tokens, fan_in), dtype=torch.int8)
+        w_q = torch.randint(-127, 128, (fan_out, fan_in), dtype=torch.int8).t()
+        int8_gemm.int8_linear(x_q, torch.rand(tokens), w_q, torch.rand(fan_out), torch.randn(fan_out, dtype=dtype), dtype)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,13 @@ OP_NAMES: tuple[str, ...] = (
     "rope_store_kv",
     "prepare_attention_mask",
     "attention",
+    # ---- ops first used by VGGT
+    "gelu",
+    "prepare_rope_2d",
+    "qk_norm_rope",
+    "attention_lse",
+    "quantize_rows_int8",
+    "int8_linear",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.

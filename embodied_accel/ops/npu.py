@@ -73,6 +73,13 @@ NOT_FUSED: dict[str, str] = {
     "linear": "aten mm/addmm is the NPU's matmul already; no torch_npu operator needed",
     "gelu_tanh": "npu_fast_gelu is x*sigmoid(1.702x), not GELU-tanh (up to ~2e-2 apart): aten gelu(tanh) instead",
     "geglu": "npu_fast_gelu is x*sigmoid(1.702x), not GELU-tanh (up to ~2e-2 apart): aten gelu(tanh) instead",
+    # ---- ops first used by VGGT
+    "gelu": "aten gelu (erf) is one NPU kernel; npu_fast_gelu is a different function",
+    "prepare_rope_2d": "tables built once per image size on the reference",
+    "qk_norm_rope": "not mapped yet: aten layer_norm + rotation (candidate: npu_rotary_mul on each half)",
+    "attention_lse": "not mapped yet: the reference (candidate: npu_fused_infer_attention_score, softmax_lse_flag)",
+    "quantize_rows_int8": "not mapped yet: the reference (candidate: npu_dynamic_quant)",
+    "int8_linear": "not mapped yet: the reference (candidate: npu_quant_matmul)",
 }
 
 #: Conditions under which a served op still runs the reference for a call (static: dtype and shape only).

@@ -15,6 +15,7 @@ Conventions shared by all backends:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -218,3 +219,108 @@ def attention(
     """
     additive = None if mask is None else mask.additive
     return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+
+
+# ---- ops first used by VGGT
+
+
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU with the exact erf form (``nn.GELU()``), as DINOv2 / VGGT use."""
+    return F.gelu(x)
+
+
+@dataclass(frozen=True)
+class Rope2DTables:
+    """Per-token 2-D rotary tables for :func:`qk_norm_rope`: the first half of each head's channels rotates with the
+    token's row position, the second half with its column position (each half in the half-rotation layout)."""
+
+    cos: torch.Tensor  # [P, 1, 1, D]
+    sin_signed: torch.Tensor  # [P, 1, 1, D]; sin with the rotation's sign folded in
+
+
+def prepare_rope_2d(cos: torch.Tensor, sin: torch.Tensor) -> Rope2DTables:
+    """Tables for ``P`` tokens from ``cos``/``sin`` ``[P, D]`` (``D = 2 * half``, each half ``cat([f, f])``).
+
+    Called once per image size when the buffers of a shape bucket are built, never inside a call.
+    """
+    tokens, dim = cos.shape
+    quarter = dim // 4
+    sign = torch.cat([cos.new_full((quarter,), -1.0), cos.new_ones(quarter)]).repeat(2)
+    return Rope2DTables(cos.view(tokens, 1, 1, dim).contiguous(), (sin * sign).view(tokens, 1, 1, dim).contiguous())
+
+
+def qk_norm_rope(
+    qk: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    tables: Rope2DTables | None,
+) -> torch.Tensor:
+    """Per-head LayerNorm of Q and K (QK-norm), then 2-D RoPE, on the merged ``qk: [N, P, 2, H, D]``.
+
+    ``weight``/``bias``: ``[2, 1, D]`` (Q's row, K's row) or ``None`` for no QK-norm; ``tables`` from
+    :func:`prepare_rope_2d` for ``P`` tokens or ``None`` for no rotation. Returns a new ``[N, P, 2, H, D]`` tensor:
+    ``x' = n * cos + rotate(n) * sin`` where ``rotate`` maps each half ``[a | b]`` of ``D`` to ``[-b | a]``.
+    """
+    out = qk
+    if weight is not None:
+        out = torch.addcmul(bias, F.layer_norm(qk, (qk.shape[-1],), None, None, eps), weight)
+    if tables is not None:
+        dim = qk.shape[-1]
+        rotated = torch.roll(out.unflatten(-1, (2, dim // 2)), dim // 4, dims=-1).flatten(-2)
+        out = torch.addcmul(out * tables.cos, rotated, tables.sin_signed)
+    return out
+
+
+def attention_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention that also returns the log-sum-exp of each query row, for merging partial results.
+
+    ``q: [B, H, Sq, D]``, ``k, v: [B, H, Sk, D]``, ``key_bias``: an additive ``[Sk]`` float bias (0 for keys that
+    count, a large negative finite number for padding) or ``None``. Returns ``(out [B, H, Sq, D] in q.dtype,
+    lse [B, H, Sq] in fp32)``, ``lse = log(sum_k exp(scale * q.k + bias))``. A row whose keys are all padding
+    gets a finite, very negative ``lse``, so merging it contributes exactly nothing.
+    """
+    mask = None if key_bias is None else key_bias.to(q.dtype).view(1, 1, 1, -1)
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
+        return out, lse.float()
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale)
+    if mask is not None:
+        scores = scores + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.exp(scores - lse[..., None]), v.float())
+    return out.to(q.dtype), lse
+
+
+def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic symmetric per-row (per-token) int8 quantization of ``x [M, K]``.
+
+    ``scale = max|x_row| / 127`` (fp32, at least 1e-12), ``q = round_half_even(x / scale)`` in [-127, 127].
+    Returns ``(q int8 [M, K], scale fp32 [M])``.
+    """
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1) / 127.0).clamp_min(1e-12)
+    q = torch.round(xf / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def int8_linear(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight_q_t: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``(x_q @ weight_q_t) * x_scale[:, None] * weight_scale[None, :] + bias`` with exact int32 accumulation.
+
+    ``x_q: [M, K]`` int8 with per-row scales ``[M]``; ``weight_q_t: [K, N]`` int8 with per-output-channel scales
+    ``[N]``; the epilogue in fp32 (this order), the result in ``out_dtype``.
+    """
+    acc = torch._int_mm(x_q, weight_q_t)
+    out = acc.float() * x_scale[:, None] * weight_scale[None, :]
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)

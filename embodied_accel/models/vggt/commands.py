@@ -1,0 +1,175 @@
+"""``embodied-accel reconstruct IMAGES_DIR -o scene.ply``: images of one scene → cameras, depth, coloured points.
+
+Outputs next to ``-o`` (``scene.ply``): ``scene_cameras.json`` (per image: extrinsics, intrinsics), ``scene_depth/``
+(per image: ``<name>_depth.png`` / ``_conf.png`` previews and ``.npy`` arrays), the point cloud ``scene.ply``
+(filtered by confidence) and, with ``--glb``, ``scene.glb``. Under ``torchrun --nproc-per-node N`` with ``--sp``,
+the frames are split across the processes (sequence-parallel global attention); rank 0 writes the outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .config import PRESETS
+from .processor import MODES, list_images, load_frames
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "vggt_sample"
+DEFAULT_PRESET = "vggt-tiny"
+SP_MODES = ("ulysses", "ring", "hybrid")
+
+
+def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.ArgumentParser:
+    """Register the subcommand on ``commands`` (argparse sub-parsers); returns its parser."""
+    p = commands.add_parser("reconstruct", help="3-D reconstruction of a folder of images with VGGT")
+    p.add_argument("images", nargs="?", type=Path, metavar="IMAGES_DIR",
+                   help="folder with the frames of one scene (default: the bundled sample, with --model)")  # fmt: skip
+    p.add_argument("-o", "--output", type=Path, default=Path("scene.ply"), help="point cloud .ply (default: scene.ply)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", type=Path, metavar="PATH",
+                        help="VGGT weights: model.pt, a .safetensors file, or a directory holding one")  # fmt: skip
+    source.add_argument(
+        "--model",
+        choices=tuple(PRESETS),
+        metavar="PRESET",
+        help=f"a preset with seeded random weights (default without --checkpoint: {DEFAULT_PRESET})",
+    )
+    p.add_argument("--preset", choices=tuple(PRESETS), metavar="PRESET", help="with --checkpoint: its architecture")
+    p.add_argument("--backend", choices=backend_names, default="auto", help="op backend (default: auto)")
+    p.add_argument("--dtype", choices=dtype_names, default="float32", help="compute dtype (default: float32)")
+    p.add_argument("--mode", choices=MODES, default="crop", help="preprocessing: crop (default) or pad")
+    p.add_argument("--image-size", type=int, metavar="PX", help="frame width (crop) / side (pad), default: the model's")
+    p.add_argument("--frames-chunk-size", type=int, default=8, help="frames per dense-head chunk (default: 8)")
+    p.add_argument("--conf-percentile", type=float, default=50.0,
+                   help="keep points at or above this percentile of confidence (default: 50)")  # fmt: skip
+    p.add_argument("--points-from", choices=("depth", "pointmap"), default="depth",
+                   help="world points from depth + cameras (default) or the point head")  # fmt: skip
+    p.add_argument("--max-points", type=int, default=1_000_000, help="at most this many points (default: 1e6)")
+    p.add_argument("--glb", action="store_true", help="also write the point cloud as .glb")
+    p.add_argument("--sp", choices=SP_MODES, help="sequence parallelism across torchrun processes")
+    p.add_argument("--ulysses-degree", type=int, help="with --sp hybrid: processes per Ulysses group")
+    p.add_argument("--quant", choices=("w8a8",), help="int8 weights and activations for the planned linear layers")
+    p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights (default: 0)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def _outputs(path: Path) -> dict[str, Path]:
+    if path.suffix.lower() != ".ply":
+        raise ValueError(f"-o {path}: expected a .ply file name")
+    stem = path.with_suffix("")
+    return {
+        "ply": path,
+        "glb": stem.with_suffix(".glb"),
+        "cameras": Path(f"{stem}_cameras.json"),
+        "depth": Path(f"{stem}_depth"),
+    }
+
+
+def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
+    from . import export
+    from .geometry import depth_to_world_points, pose_encoding_to_cameras
+    from .loading import VggtRunner, load_vggt_model, normalize_device
+
+    outputs = _outputs(args.output)
+    progress = not args.no_progress
+    world = _init_parallel(args)
+    rank = 0 if world is None else world.rank
+    say = print_fn if rank == 0 else (lambda *a, **k: None)
+    if args.checkpoint is None and args.preset is not None:
+        raise ValueError("--preset describes a --checkpoint; for random weights use --model PRESET")
+    source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_PRESET)
+    folder = args.images
+    if folder is None:
+        if args.checkpoint is not None:
+            raise ValueError("IMAGES_DIR is required with --checkpoint (the bundled sample is for the tiny preset)")
+        folder = SAMPLE_DIR
+    paths = list_images(folder)
+    device = normalize_device(None if world is None else world.device)
+    t0 = time.perf_counter()
+    model, random_weights = load_vggt_model(
+        source, preset=args.preset, backend=args.backend, dtype=args.dtype, device=device, seed=args.seed,
+        progress=progress and rank == 0,
+    )  # fmt: skip
+    if random_weights:
+        say(f"NOTE: {source} has seeded random weights (seed {args.seed}): the geometry is not meaningful; "
+            "pass --checkpoint for a trained VGGT")  # fmt: skip
+    if args.quant:
+        from ...quant import attach_w8a8
+        from .plans import VGGT_W8A8_PLAN
+
+        replaced = attach_w8a8(model, VGGT_W8A8_PLAN)
+        say(f"W8A8: {len(replaced)} linear layers int8 (attention projections and heads kept in {args.dtype})")
+    target = args.image_size or model.config.image_size
+    frames = load_frames(paths, args.mode, target, model.config.patch_size)
+    images = frames.images
+    load_s = time.perf_counter() - t0
+    say(f"{len(paths)} frames from {folder} -> {images.shape[-2]}x{images.shape[-1]} ({args.mode}); model "
+        f"{model.config.name} on {device} ({args.backend}, {args.dtype}); loaded in {load_s:.2f} s")  # fmt: skip
+    parallel, local, first = None, images, 0
+    if world is not None:
+        from ...parallel import shard_frames
+
+        cfg = model.config
+        tokens = cfg.patch_start + (images.shape[-2] // cfg.patch_size) * (images.shape[-1] // cfg.patch_size)
+        parallel, local = shard_frames(
+            images.to(device), tokens, args.sp, model.ops, args.ulysses_degree, cfg.num_heads
+        )
+        first = parallel.first_frame
+    runner = VggtRunner(model, device, parallel)
+    with tqdm(total=2, desc="reconstruct", unit="stage", disable=not progress or rank != 0) as bar:
+
+        def stage_done(name: str) -> None:
+            bar.set_postfix_str(f"{name} done")
+            bar.update(1)
+
+        out = runner(local, frames_chunk_size=args.frames_chunk_size, first_frame=first, on_stage=stage_done)
+    times = runner.last_times
+    if world is not None:
+        for name in ("depth", "depth_conf", "world_points", "world_points_conf"):
+            setattr(out, name, parallel.gather_frames(getattr(out, name), dim=1))
+        if rank != 0:
+            return 0
+    say(f"stages: aggregator {times.aggregator_s * 1e3:.1f} ms, heads {times.heads_s * 1e3:.1f} ms"
+        + ("" if world is None else f" (rank 0 of {world.size}, --sp {args.sp})"))  # fmt: skip
+    image_hw = tuple(images.shape[-2:])
+    extrinsics, intrinsics = pose_encoding_to_cameras(out.pose_enc[0].float().cpu(), image_hw)
+    depth = out.depth[0, ..., 0].float().cpu()
+    depth_conf = out.depth_conf[0].float().cpu()
+    if args.points_from == "depth":
+        points, conf = depth_to_world_points(depth, extrinsics, intrinsics), depth_conf
+    else:
+        points, conf = out.world_points[0].float().cpu(), out.world_points_conf[0].float().cpu()
+    colors = (images.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
+    names = [p.stem for p in paths]
+    outputs["ply"].parent.mkdir(parents=True, exist_ok=True)
+    export.write_cameras(outputs["cameras"], [p.name for p in paths], extrinsics.numpy(), intrinsics.numpy(), image_hw)
+    export.write_depth_previews(outputs["depth"], depth.numpy(), depth_conf.numpy(), names)
+    kept, kept_colors = export.filter_points(
+        points.numpy(), colors, conf.numpy(), args.conf_percentile, args.max_points
+    )
+    export.write_ply(outputs["ply"], kept, kept_colors)
+    written = [outputs["ply"], outputs["cameras"], outputs["depth"]]
+    if args.glb:
+        export.write_glb(outputs["glb"], kept, kept_colors)
+        written.append(outputs["glb"])
+    say(f"{len(kept)} points (confidence >= p{args.conf_percentile:g}); wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _init_parallel(args: argparse.Namespace):
+    """The process group of a ``torchrun`` launch when ``--sp`` is given (``None`` otherwise)."""
+    if args.sp is None:
+        if args.ulysses_degree is not None:
+            raise ValueError("--ulysses-degree applies to --sp hybrid")
+        return None
+    from ...parallel.frames import FrameParallelWorld
+
+    return FrameParallelWorld.from_environment()

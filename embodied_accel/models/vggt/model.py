@@ -1,0 +1,265 @@
+"""VGGT: images of one scene → cameras, depth, point maps and tracks in one feed-forward call.
+
+1. **Patch embedding** (DINOv2 ViT with registers): each frame → patch tokens.
+2. **Aggregator**: per frame, 1 camera token + registers (the scene's first frame gets its own pair) + patches;
+   ``depth`` rounds of a *frame* block (attention within each frame) then a *global* block (attention across all
+   frames of the scene), with QK-norm, 2-D RoPE and LayerScale. The outputs of the rounds the heads read are kept
+   as ``[frame | global]`` concatenations ``[B, S, P, 2C]``.
+3. **Heads**: the camera head refines a pose encoding from the last round's camera tokens (attention across
+   frames); DPT heads turn four rounds' patch tokens into depth and world points with confidences (frames in
+   chunks); the track head tracks query points of the first frame through all frames.
+
+The forward is a pure function of the weights, the images and :class:`~.buffers.VggtBuffers` (the per-shape
+constants). Under sequence parallelism each process holds a shard of the frames: frame blocks need nothing from
+the others, global blocks attend through the sequence-parallel attention, the camera and track heads gather what
+they need across frames, and the dense heads run on the local frames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...nn.dpt import Conv2d, DptHead
+from ...nn.linear import Linear
+from ...nn.vit import AttendFn, VitBlock, layer_norm_no_affine
+from ...ops import OpSet
+from .buffers import VggtBuffers
+from .config import VggtConfig
+from .track import TrackHead
+
+
+class FrameParallel(Protocol):
+    """What a sequence-parallel run hands the forward (:class:`embodied_accel.parallel.FrameShards`).
+
+    ``attend``: the global blocks' attention over the whole scene; ``gather_frames(x, dim)``: the scene's frames of
+    ``x`` (this process's shard along ``dim``) from every process, in scene order, padding frames dropped.
+    """
+
+    attend: AttendFn
+
+    def gather_frames(self, x: torch.Tensor, dim: int) -> torch.Tensor: ...
+
+
+class PatchEmbed(nn.Module):
+    """DINOv2: 14×14 patches → linear → + position → [cls, registers, patches] → blocks → LayerNorm → patches."""
+
+    def __init__(self, config: VggtConfig, ops: OpSet):
+        super().__init__()
+        pe, width, p = config.patch_embed, config.width, config.patch_size
+        self.config, self.ops = config, ops
+        self.proj = Conv2d(3, width, p)
+        grid = pe.pretrain_image_size // p
+        self.cls_token = nn.Parameter(torch.empty(1, width))
+        self.pos_embed = nn.Parameter(torch.empty(1 + grid * grid, width))  # read by the buffers (per image size)
+        self.register_tokens = nn.Parameter(torch.empty(pe.num_register_tokens, width))
+        self.blocks = nn.ModuleList(VitBlock(config.patch_embed_block(), ops) for _ in range(pe.depth))
+        self.norm_weight = nn.Parameter(torch.empty(width))
+        self.norm_bias = nn.Parameter(torch.empty(width))
+
+    def forward(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
+        """``images [N, 3, H, W]`` (normalized) → patch tokens ``[N, patches, C]``."""
+        n, width = images.shape[0], self.config.width
+        patches = F.conv2d(images, self.proj.weight, self.proj.bias, stride=self.config.patch_size)
+        patches = patches.flatten(2).transpose(1, 2) + buffers.patch_pos_embed  # [N, patches, C]
+        tokens = torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
+        seq = tokens.shape[1]
+        hidden = tokens.reshape(n * seq, width)
+        for block in self.blocks:
+            hidden = block(hidden, groups=n)
+        prefix = buffers.prefix_tokens.shape[0]
+        out = hidden.view(n, seq, width)[:, prefix:]
+        return self.ops.layer_norm(out, self.norm_weight, self.norm_bias, self.config.patch_embed.norm_eps)
+
+
+class Aggregator(nn.Module):
+    def __init__(self, config: VggtConfig, ops: OpSet):
+        super().__init__()
+        self.config, self.ops = config, ops
+        width = config.width
+        self.patch_embed = PatchEmbed(config, ops)
+        self.camera_token = nn.Parameter(torch.empty(2, 1, width))  # [reference frame, other frames]
+        self.register_token = nn.Parameter(torch.empty(2, config.num_register_tokens, width))
+        self.frame_blocks = nn.ModuleList(VitBlock(config.aggregator_block(), ops) for _ in range(config.depth))
+        self.global_blocks = nn.ModuleList(VitBlock(config.aggregator_block(), ops) for _ in range(config.depth))
+
+    def forward(
+        self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
+    ) -> dict[int, torch.Tensor]:
+        """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read."""
+        config = self.config
+        batch, frames, _, height, width = images.shape
+        normalized = (images - buffers.image_mean) / buffers.image_std
+        patches = self.patch_embed(normalized.view(batch * frames, 3, height, width), buffers)
+        special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
+        tokens = torch.cat([special, patches], dim=1)  # [B*S, P, C]
+        per_frame, c = tokens.shape[1], config.width
+        hidden = tokens.reshape(-1, c)
+        kept = set(config.kept_layers)
+        outputs = {}
+        for i in range(config.depth):
+            frame_out = self.frame_blocks[i](hidden, groups=batch * frames, rope=buffers.rope)
+            hidden = self.global_blocks[i](frame_out, groups=batch, rope=buffers.rope, attend=global_attend)
+            if i in kept:
+                shape = (batch, frames, per_frame, c)
+                outputs[i] = torch.cat([frame_out.view(shape), hidden.view(shape)], dim=-1)
+        return outputs
+
+
+class CameraHead(nn.Module):
+    """Camera tokens → pose encoding (translation, quaternion xyzw, FoV h/w), refined over ``iterations``.
+
+    Each iteration embeds the current estimate, modulates the normalized tokens with it (adaLN: shift, scale,
+    gate), runs the trunk (attention across frames) and adds the predicted update.
+    """
+
+    def __init__(self, config: VggtConfig, ops: OpSet):
+        super().__init__()
+        self.config, self.ops = config, ops
+        dim, pose = 2 * config.width, config.camera.pose_dim
+        self.token_norm_weight, self.token_norm_bias = nn.Parameter(torch.empty(dim)), nn.Parameter(torch.empty(dim))
+        self.trunk = nn.ModuleList(VitBlock(config.camera_block(), ops) for _ in range(config.camera.trunk_depth))
+        self.trunk_norm_weight, self.trunk_norm_bias = nn.Parameter(torch.empty(dim)), nn.Parameter(torch.empty(dim))
+        self.empty_pose_tokens = nn.Parameter(torch.empty(pose))
+        self.embed_pose = Linear(pose, dim, ops)
+        self.modulation = Linear(dim, 3 * dim, ops)
+        self.pose_fc1 = Linear(dim, dim // 2, ops)
+        self.pose_fc2 = Linear(dim // 2, pose, ops)
+
+    def forward(self, camera_tokens: torch.Tensor) -> list[torch.Tensor]:
+        """``camera_tokens [B, S, 2C]`` → the activated pose encoding ``[B, S, 9]`` of every iteration."""
+        ops = self.ops
+        batch, frames, dim = camera_tokens.shape
+        tokens = ops.layer_norm(camera_tokens, self.token_norm_weight, self.token_norm_bias, 1e-5)
+        normed = layer_norm_no_affine(tokens, 1e-6)
+        pred = None
+        predictions = []
+        for _ in range(self.config.camera.iterations):
+            if pred is None:
+                module_input = self.embed_pose(self.empty_pose_tokens.expand(batch, frames, -1))
+            else:
+                module_input = self.embed_pose(pred)
+            shift, scale, gate = self.modulation(F.silu(module_input)).chunk(3, dim=-1)
+            x = gate * (normed * (1 + scale) + shift) + tokens
+            x = x.reshape(batch * frames, dim)
+            for block in self.trunk:
+                x = block(x, groups=batch)
+            x = ops.layer_norm(x, self.trunk_norm_weight, self.trunk_norm_bias, 1e-5)
+            delta = self.pose_fc2(ops.gelu(self.pose_fc1(x))).view(batch, frames, -1)
+            pred = delta if pred is None else pred + delta
+            predictions.append(torch.cat([pred[..., :7], F.relu(pred[..., 7:])], dim=-1))
+        return predictions
+
+
+@dataclass
+class VggtOutputs:
+    """One call's predictions (``B`` scenes, ``S`` frames, ``H × W`` pixels, ``N`` query points)."""
+
+    pose_enc: torch.Tensor | None = None  # [B, S, 9], last iteration
+    pose_enc_list: list[torch.Tensor] | None = None
+    depth: torch.Tensor | None = None  # [B, S, H, W, 1]
+    depth_conf: torch.Tensor | None = None  # [B, S, H, W]
+    world_points: torch.Tensor | None = None  # [B, S, H, W, 3]
+    world_points_conf: torch.Tensor | None = None  # [B, S, H, W]
+    track: torch.Tensor | None = None  # [B, S, N, 2] pixels, last iteration
+    track_list: list[torch.Tensor] | None = None
+    vis: torch.Tensor | None = None  # [B, S, N]
+    conf: torch.Tensor | None = None  # [B, S, N]
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
+
+
+class VggtModel(nn.Module):
+    """The VGGT network on the op layer; weights come from :mod:`.weights`."""
+
+    def __init__(self, config: VggtConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        config.validate()
+        self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
+        self.aggregator = Aggregator(config, ops)
+        self.camera_head = CameraHead(config, ops) if config.enable_camera else None
+        self.depth_head = DptHead(config.depth_dpt(), ops) if config.enable_depth else None
+        self.point_head = DptHead(config.point_dpt(), ops) if config.enable_point else None
+        self.track_head = TrackHead(config, ops) if config.enable_track else None
+
+    def forward(
+        self,
+        images: torch.Tensor,
+        buffers: VggtBuffers,
+        query_points: torch.Tensor | None = None,
+        frames_chunk_size: int | None = 8,
+        parallel: FrameParallel | None = None,
+    ) -> VggtOutputs:
+        """``images [B, S, 3, H, W]`` in [0, 1] (this process's frames), ``query_points [B, N, 2]`` pixels of the
+        scene's first frame (optional) → :class:`VggtOutputs` for these frames (camera and tracks: all frames of
+        the scene)."""
+        layers = self.aggregate(images, buffers, parallel)
+        return self.run_heads(layers, buffers, query_points, frames_chunk_size, parallel)
+
+    def aggregate(self, images: torch.Tensor, buffers: VggtBuffers, parallel: FrameParallel | None = None):
+        if images.dim() != 5 or images.shape[2] != 3:
+            raise ValueError(f"images must be [B, S, 3, H, W]; got {list(images.shape)}")
+        if (images.shape[0], images.shape[1], tuple(images.shape[-2:])) != (
+            buffers.batch,
+            buffers.frames,
+            buffers.image_hw,
+        ):
+            raise ValueError(
+                f"images {list(images.shape)} do not match the buffers' bucket (batch {buffers.batch}, frames "
+                f"{buffers.frames}, {buffers.image_hw[0]}x{buffers.image_hw[1]})"
+            )
+        return self.aggregator(images.to(self.compute_dtype), buffers, None if parallel is None else parallel.attend)
+
+    def run_heads(
+        self,
+        layers: dict[int, torch.Tensor],
+        buffers: VggtBuffers,
+        query_points: torch.Tensor | None = None,
+        frames_chunk_size: int | None = 8,
+        parallel: FrameParallel | None = None,
+    ) -> VggtOutputs:
+        config, out = self.config, VggtOutputs()
+        batch = buffers.batch
+        start = config.patch_start
+        if self.camera_head is not None:
+            camera_tokens = layers[config.depth - 1][:, :, 0]
+            if parallel is not None:
+                camera_tokens = parallel.gather_frames(camera_tokens, dim=1)
+            out.pose_enc_list = self.camera_head(camera_tokens)
+            out.pose_enc = out.pose_enc_list[-1]
+        dense = None
+        if (
+            self.depth_head is not None
+            or self.point_head is not None
+            or (self.track_head is not None and query_points is not None)
+        ):
+            dense = [
+                layers[i][:, :, start:].reshape(-1, layers[i].shape[2] - start, layers[i].shape[3])
+                for i in config.dpt_layers
+            ]
+        frames = buffers.frames
+        if self.depth_head is not None:
+            depth, conf = self.depth_head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)
+            out.depth, out.depth_conf = (
+                depth.view(batch, frames, *depth.shape[1:]),
+                conf.view(batch, frames, *conf.shape[1:]),
+            )
+        if self.point_head is not None:
+            pts, conf = self.point_head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)
+            out.world_points = pts.view(batch, frames, *pts.shape[1:])
+            out.world_points_conf = conf.view(batch, frames, *conf.shape[1:])
+        if self.track_head is not None and query_points is not None:
+            if query_points.dim() != 3 or query_points.shape[0] != batch or query_points.shape[-1] != 2:
+                raise ValueError(f"query_points must be [B={batch}, N, 2] pixels; got {list(query_points.shape)}")
+            fmaps = self.track_head.feature_extractor(dense, buffers.patch_hw, None, frames_chunk_size)
+            fmaps = fmaps.view(batch, frames, *fmaps.shape[1:])
+            if parallel is not None:
+                fmaps = parallel.gather_frames(fmaps, dim=1)
+            tracks, out.vis, out.conf = self.track_head.tracker(query_points.to(fmaps.dtype), fmaps, buffers)
+            out.track_list, out.track = tracks, tracks[-1]
+        return out

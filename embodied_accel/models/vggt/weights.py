@@ -1,0 +1,286 @@
+"""Strict loading of VGGT checkpoints as users have them into :class:`~.model.VggtModel`.
+
+Accepted: ``facebook/VGGT-1B``'s ``model.pt`` (a plain state dict), the hub-mixin / commercial layout (a directory
+with ``model.safetensors`` and ``config.json``), or any single ``.pt`` / ``.pth`` / ``.safetensors`` file with
+upstream's key names (a training checkpoint's ``{"model": state_dict}`` and a ``module.`` prefix are unwrapped).
+
+The name mapping is a table of data (:data:`RENAMES`, applied in order to each of our parameter names) plus one
+transform per parameter kind (linear weights are transposed views, 1×1 projection convs become GEMM weights, the
+special tokens lose their leading singleton dims, Q/K norms are stacked). A missing, unexpected or mis-shaped
+tensor is an error that lists them all; nothing is ever randomly initialised. DINOv2's ``mask_token`` (used only
+in training) is the one checkpoint tensor that is never read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ...errors import CheckpointError
+from ..pi0.weights import SafetensorsReader
+from .config import VggtConfig, get_preset
+
+logger = logging.getLogger(__name__)
+
+#: Checkpoint tensors that inference never reads.
+IGNORED_KEYS = ("aggregator.patch_embed.mask_token",)
+
+#: (pattern on our parameter name, replacement) applied in order, each with ``re.sub``: our name → upstream key.
+RENAMES: tuple[tuple[str, str], ...] = (
+    (r"^aggregator\.patch_embed\.proj\.", "aggregator.patch_embed.patch_embed.proj."),
+    (r"^camera_head\.modulation\.", "camera_head.poseLN_modulation.1."),
+    (r"^camera_head\.pose_fc(\d)\.", r"camera_head.pose_branch.fc\1."),
+    (r"\.resize(\d)\.", r".resize_layers.\1."),
+    (r"\.layer_rn\.0\.", ".scratch.layer1_rn."),
+    (r"\.layer_rn\.1\.", ".scratch.layer2_rn."),
+    (r"\.layer_rn\.2\.", ".scratch.layer3_rn."),
+    (r"\.layer_rn\.3\.", ".scratch.layer4_rn."),
+    (r"\.refine\.0\.", ".scratch.refinenet1."),
+    (r"\.refine\.1\.", ".scratch.refinenet2."),
+    (r"\.refine\.2\.", ".scratch.refinenet3."),
+    (r"\.refine\.3\.", ".scratch.refinenet4."),
+    (r"\.res_unit(\d)\.", r".resConfUnit\1."),
+    (r"\.output_conv1\.", ".scratch.output_conv1."),
+    (r"\.output_conv2a\.", ".scratch.output_conv2.0."),
+    (r"\.output_conv2b\.", ".scratch.output_conv2.2."),
+    (r"\.corr_fc(\d)\.", r".corr_mlp.fc\1."),
+    (r"\.(ffeat_updater|vis_predictor|conf_predictor)\.", r".\1.0."),
+    (r"\.virtual_tracks$", ".virual_tracks"),
+    (r"(space_(?:point2virtual|virtual2point)_blocks\.\d+)\.attn\.", r"\1.cross_attn."),
+    (r"\.attn\.in_proj\.weight_t$", ".attn.in_proj_weight"),
+    (r"\.attn\.in_proj\.bias$", ".attn.in_proj_bias"),
+    (r"\.cross_attn\.in_proj\.weight_t$", ".cross_attn.in_proj_weight"),
+    (r"\.cross_attn\.in_proj\.bias$", ".cross_attn.in_proj_bias"),
+    (r"((?:blocks|trunk)\.\d+)\.fc(\d)\.", r"\1.mlp.fc\2."),
+    (r"\.ls(\d)$", r".ls\1.gamma"),
+    (r"\.weight_t$", ".weight"),
+    (r"(?<!in_proj)_(weight|bias)$", r".\1"),
+)
+
+#: Our parameters whose checkpoint tensor has extra leading singleton dims: name suffix → checkpoint shape prefix.
+_SINGLETON_PREFIX = {
+    "patch_embed.cls_token": (1,),
+    "patch_embed.pos_embed": (1,),
+    "patch_embed.register_tokens": (1,),
+    "aggregator.camera_token": (1,),
+    "aggregator.register_token": (1,),
+    "empty_pose_tokens": (1, 1),
+    "query_ref_token": (1,),
+}
+
+
+#: Our GEMMs that are 1×1 convolutions in the checkpoint (weights ``[out, in, 1, 1]``).
+_CONV1X1_LINEARS = (".projects.", ".output_conv2b.")
+
+
+def checkpoint_key(name: str) -> str:
+    """The upstream key of our parameter ``name`` (Q/K norm: see :func:`checkpoint_sources`)."""
+    for pattern, replacement in RENAMES:
+        name = re.sub(pattern, replacement, name)
+    return name
+
+
+def checkpoint_sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...]]]:
+    """Upstream key(s) and their expected shapes for our parameter ``name`` of ``shape``."""
+    if name.endswith("attn.qk_norm_weight") or name.endswith("attn.qk_norm_bias"):
+        kind = name.rsplit("_", 1)[-1]
+        base = name[: -len(f"qk_norm_{kind}")]
+        return [(checkpoint_key(f"{base}{which}_norm_{kind}"), (shape[-1],)) for which in ("q", "k")]
+    key = checkpoint_key(name)
+    if name.endswith(".weight_t"):
+        out_in = (shape[1], shape[0])
+        return [(key, out_in + ((1, 1) if any(part in name for part in _CONV1X1_LINEARS) else ()))]
+    if name.endswith("virtual_tracks"):
+        return [(key, (1, shape[0], 1, shape[1]))]
+    for suffix, prefix in _SINGLETON_PREFIX.items():
+        if name.endswith(suffix):
+            return [(key, (*prefix, *shape))]
+    return [(key, shape)]
+
+
+def _transform(name: str, tensors: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+    if len(tensors) == 2:  # Q/K norms → [2, 1, head_dim]
+        return torch.stack(tensors).view(shape)
+    tensor = tensors[0]
+    if len(shape) == 4:  # convolution kernels: channels-last, as the heads' activations are (see nn/dpt.py)
+        return tensor.reshape(shape).contiguous(memory_format=torch.channels_last)
+    if name.endswith(".weight_t"):
+        # A transposed *view* of the checkpoint's [out, in] matrix (the GEMM layout nn.Linear uses).
+        return tensor.reshape(shape[1], shape[0]).t()
+    return tensor.reshape(shape)
+
+
+class StateDictSource:
+    """Tensors of a checkpoint file by upstream key (reads lazily from safetensors)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        if path.suffix == ".safetensors":
+            self._reader = SafetensorsReader(path)
+            raw_keys = self._reader.keys()
+            self._shapes = {k: self._reader.shape(k) for k in raw_keys}
+            self._tensors = None
+        elif path.suffix in (".pt", ".pth", ".bin"):
+            try:
+                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as exc:  # pickle / zip errors: the message names the file
+                raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({exc})") from None
+            if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+                state = state["model"]  # a training checkpoint
+            if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+                raise CheckpointError(f"{path}: expected a state dict of tensors")
+            self._tensors = state
+            self._shapes = {k: tuple(v.shape) for k, v in state.items()}
+            raw_keys = list(state)
+        else:
+            raise CheckpointError(f"{path}: unsupported checkpoint file (expected .pt, .pth or .safetensors)")
+        prefix = "module." if raw_keys and all(k.startswith("module.") for k in raw_keys) else ""
+        self._raw = {k[len(prefix) :]: k for k in raw_keys}
+
+    def keys(self) -> set[str]:
+        return set(self._raw)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self._shapes[self._raw[key]])
+
+    def get(self, key: str) -> torch.Tensor:
+        raw = self._raw[key]
+        return self._tensors[raw] if self._tensors is not None else self._reader.get_tensor(raw)
+
+
+def resolve_checkpoint(source: str | Path) -> tuple[Path, dict | None]:
+    """The weights file of ``source`` (a file, or a directory holding ``model.safetensors`` / ``model.pt``) and the
+    directory's ``config.json`` (or ``None``)."""
+    path = Path(source)
+    if path.is_file():
+        config_path = path.parent / "config.json"
+    elif path.is_dir():
+        candidates = [path / name for name in ("model.safetensors", "model.pt", "pytorch_model.bin")]
+        found = [c for c in candidates if c.is_file()]
+        if not found:
+            listing = ", ".join(sorted(p.name for p in path.iterdir())[:10]) or "nothing"
+            raise CheckpointError(f"{path}: no model.safetensors or model.pt (found {listing})")
+        config_path = path / "config.json"
+        path = found[0]
+    else:
+        raise CheckpointError(f"{source}: no such checkpoint file or directory")
+    config = None
+    if config_path.is_file():
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{config_path}: not valid JSON ({exc})") from None
+    return path, config
+
+
+def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, preset: str | None) -> VggtConfig:
+    """The architecture: ``preset`` if given, else the full-size ``vggt`` preset; head switches follow the
+    checkpoint's tensors, and the hub config's ``img_size`` / ``patch_size`` / ``embed_dim`` must agree."""
+    keys = source.keys()
+    if not any(k.startswith("aggregator.") for k in keys):
+        sample = ", ".join(sorted(keys)[:5])
+        raise CheckpointError(f"{source.path}: not a VGGT checkpoint (no aggregator.* tensors; found {sample}, ...)")
+    config = get_preset(preset or "vggt")
+    enable = {
+        f"enable_{h}": any(k.startswith(f"{h}_head.") for k in keys) for h in ("camera", "depth", "point", "track")
+    }
+    config = replace(config, **enable)
+    if hub_config:
+        for ours, theirs in (("image_size", "img_size"), ("patch_size", "patch_size"), ("width", "embed_dim")):
+            if theirs in hub_config and int(hub_config[theirs]) != getattr(config, ours):
+                raise CheckpointError(
+                    f"{source.path}: config.json says {theirs}={hub_config[theirs]} but preset {config.name!r} has "
+                    f"{ours}={getattr(config, ours)} (pass --preset for a custom size)"
+                )
+    return config
+
+
+def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device, progress: bool = False):
+    """Our state dict from the checkpoint; raises :class:`CheckpointError` listing every problem."""
+    available = source.keys()
+    missing, mismatched, plan = [], [], []
+    for name, param in model.named_parameters():
+        sources = checkpoint_sources(name, tuple(param.shape))
+        for key, shape in sources:
+            if key not in available:
+                missing.append(key)
+            elif source.shape(key) != shape:
+                mismatched.append(f"{key}: checkpoint {list(source.shape(key))}, expected {list(shape)}")
+        plan.append((name, tuple(param.shape), [k for k, _ in sources]))
+    used = {k for _, _, keys in plan for k in keys}
+    unexpected = sorted(available - used - set(IGNORED_KEYS))
+    if missing or mismatched or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} missing tensor(s):\n  " + "\n  ".join(missing))
+        if unexpected:
+            parts.append(f"{len(unexpected)} unexpected tensor(s):\n  " + "\n  ".join(unexpected))
+        if mismatched:
+            parts.append(f"{len(mismatched)} tensor(s) of the wrong shape:\n  " + "\n  ".join(mismatched))
+        raise CheckpointError(f"{source.path}: checkpoint does not match {model.config.name}:\n" + "\n".join(parts))
+    state = {}
+    for name, shape, keys in tqdm(plan, desc="loading weights", unit="tensor", disable=not progress):
+        tensor = _transform(name, [source.get(k) for k in keys], shape)
+        state[name] = tensor.to(device=device, dtype=dtype)
+    return state
+
+
+def load_checkpoint_weights(model, source: StateDictSource, device, progress: bool = True) -> None:
+    """Load the checkpoint into ``model`` (built on ``meta``) with ``load_state_dict(assign=True)``, strictly."""
+    state = build_state_dict(model, source, model.compute_dtype, torch.device(device), progress)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.requires_grad_(False)
+    model.ops.prepare_weights(model)
+    logger.info("loaded %d tensors from %s", len(state), source.path)
+
+
+def init_random_weights(model, seed: int, device) -> None:
+    """Seeded random weights (demos, tests, benchmarks without a checkpoint); NOT a trained model.
+
+    Linear / conv weights N(0, 1/fan_in), biases N(0, 0.05), norm weights N(1, 0.1), LayerScale N(0.5, 0.1), tokens
+    N(0, 0.5), DINOv2 positions N(0, 0.2); the camera head's FoV rows stay small with a bias near 1 rad and the
+    tracker's flow head is scaled down, so that cameras are finite and tracks stay near the image.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, param in model.named_parameters():
+        shape = tuple(param.shape)
+        leaf = name.rsplit(".", 1)[-1]
+        randn = torch.randn(shape, generator=generator)
+        if leaf in ("ls1", "ls2"):
+            value = 0.5 + 0.1 * randn
+        elif "norm" in leaf and leaf.endswith("weight"):
+            value = 1.0 + 0.1 * randn
+        elif leaf.endswith("bias"):
+            value = 0.05 * randn
+        elif leaf == "pos_embed":
+            value = 0.2 * randn
+        elif leaf == "weight_t":
+            value = (randn.t() / math.sqrt(shape[0])).t()  # [out, in] memory like a checkpoint
+        elif leaf == "weight" and len(shape) == 4:
+            fan_in = shape[0] if ".resize" in name else shape[1] * shape[2] * shape[3]
+            value = randn / math.sqrt(fan_in)
+        else:
+            value = 0.5 * randn
+        state[name] = value
+    if model.camera_head is not None:
+        fc2_t, bias = state["camera_head.pose_fc2.weight_t"], state["camera_head.pose_fc2.bias"]
+        fc2_t[:, 7:] *= 0.1
+        bias[7:] = 1.0 + 0.05 * torch.randn(2, generator=generator)
+    if model.track_head is not None:
+        for suffix in ("weight_t", "bias"):
+            state[f"track_head.tracker.updateformer.flow_head.{suffix}"] *= 0.05
+    state = {k: v.to(device=device, dtype=model.compute_dtype) for k, v in state.items()}
+    for name, value in state.items():
+        if value.dim() == 4:
+            state[name] = value.contiguous(memory_format=torch.channels_last)
+    model.load_state_dict(state, strict=True, assign=True)
+    model.requires_grad_(False)
+    model.ops.prepare_weights(model)

@@ -1,0 +1,242 @@
+"""DPT dense-prediction head (Ranftl et al., "Vision Transformers for Dense Prediction"), as VGGT uses it.
+
+Four transformer layers' patch tokens are LayerNormed, projected (1×1), resized to four scales (×4, ×2, ×1, ×½),
+fused coarse-to-fine by RefineNet blocks, upsampled to the image size and turned into per-pixel outputs. The
+sinusoidal "uv" position embeddings it adds depend only on the image size: they are built once per size
+(:func:`dpt_position_embeddings`) and handed to the forward.
+
+Quirk kept for parity: the residual units use in-place ReLUs, so a unit returns ``conv2(relu(conv1(relu(x)))) +
+relu(x)``, the residual being the *activated* input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import OpSet
+from .linear import Linear
+
+
+@dataclass(frozen=True)
+class DptConfig:
+    dim_in: int  # token width (VGGT: 2 × aggregator width)
+    patch_size: int = 14
+    features: int = 256
+    out_channels: tuple[int, int, int, int] = (256, 512, 1024, 1024)
+    layers: tuple[int, int, int, int] = (4, 11, 17, 23)  # which aggregator layers feed the four scales
+    output_dim: int = 4  # channels of the last conv (values + 1 confidence); unused with feature_only
+    activation: str = "inv_log"  # of the values: inv_log | exp | linear | relu | sigmoid
+    conf_activation: str = "expp1"  # of the confidence: expp1 | expp0 | sigmoid
+    pos_embed: bool = True
+    feature_only: bool = False  # return the fused features (track head) instead of predictions
+    down_ratio: int = 1
+    norm_eps: float = 1e-5
+    head_hidden: int = 32  # channels of the last hidden conv
+
+
+class Conv2d(nn.Module):
+    """Weights of a 2-D convolution (or a transposed one); applied functionally by the owner."""
+
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, bias: bool = True, transposed: bool = False):
+        super().__init__()
+        shape = (in_ch, out_ch, kernel, kernel) if transposed else (out_ch, in_ch, kernel, kernel)
+        self.weight = nn.Parameter(torch.empty(shape))
+        self.bias = nn.Parameter(torch.empty(out_ch)) if bias else None
+
+    def conv(self, x: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
+        return F.conv2d(x, self.weight, self.bias, stride=stride, padding=padding)
+
+    def conv_transpose(self, x: torch.Tensor, stride: int) -> torch.Tensor:
+        return F.conv_transpose2d(x, self.weight, self.bias, stride=stride)
+
+
+class ResidualConvUnit(nn.Module):
+    def __init__(self, features: int):
+        super().__init__()
+        self.conv1 = Conv2d(features, features, 3)
+        self.conv2 = Conv2d(features, features, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` is an intermediate that nobody reads afterwards: activated in place (the residual is relu(x))."""
+        x = F.relu(x, inplace=True)
+        out = self.conv2.conv(F.relu(self.conv1.conv(x, padding=1), inplace=True), padding=1)
+        return out.add_(x)
+
+
+class FusionBlock(nn.Module):
+    """RefineNet fusion: ``out_conv(upsample(rcu2(x + rcu1(skip))))`` (no skip for the coarsest level)."""
+
+    def __init__(self, features: int, has_residual: bool = True):
+        super().__init__()
+        if has_residual:
+            self.res_unit1 = ResidualConvUnit(features)
+        self.res_unit2 = ResidualConvUnit(features)
+        self.out_conv = Conv2d(features, features, 1)
+        self.has_residual = has_residual
+
+    def forward(self, x: torch.Tensor, skip: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor:
+        if skip is not None:
+            x = x + self.res_unit1(skip)
+        x = self.res_unit2(x)
+        x = F.interpolate(x, size=size, mode="bilinear", align_corners=True)
+        return self.out_conv.conv(x)
+
+
+def uv_position_embedding(
+    channels: int, height: int, width: int, aspect: float, omega_0: float = 100.0
+) -> torch.Tensor:
+    """The DPT head's sinusoidal embedding of a normalized uv grid: ``[channels, height, width]`` fp32, ×0.1.
+
+    The grid spans ±aspect/diag horizontally and ±1/diag vertically (diag = sqrt(aspect² + 1)), sampled at pixel
+    centres of a ``height × width`` map; u and v each get ``channels / 2`` sin/cos features computed in float64.
+    """
+    diag = (aspect**2 + 1.0) ** 0.5
+    span_x, span_y = aspect / diag, 1.0 / diag
+    xs = torch.linspace(-span_x * (width - 1) / width, span_x * (width - 1) / width, steps=width, dtype=torch.float32)
+    ys = torch.linspace(
+        -span_y * (height - 1) / height, span_y * (height - 1) / height, steps=height, dtype=torch.float32
+    )
+    uu, vv = torch.meshgrid(xs, ys, indexing="xy")  # [height, width] each
+
+    def sincos(pos: torch.Tensor, dim: int) -> torch.Tensor:
+        omega = torch.arange(dim // 2, dtype=torch.float64) / (dim / 2.0)
+        omega = 1.0 / omega_0**omega
+        angles = pos.reshape(-1).to(torch.float64)[:, None] * omega[None, :]
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).float()
+
+    emb = torch.cat([sincos(uu, channels // 2), sincos(vv, channels // 2)], dim=-1)  # [H*W, C]
+    return (emb.view(height, width, channels) * 0.1).permute(2, 0, 1).contiguous()
+
+
+@dataclass(frozen=True)
+class DptPositionEmbeddings:
+    """The DPT head's position embeddings for one image size: one per projected scale and one at full size."""
+
+    projected: tuple[torch.Tensor, ...]  # 4 × [1, out_channels[i], patch_h, patch_w], channels-last
+    output: torch.Tensor  # [1, features // 2, H / down_ratio, W / down_ratio], channels-last
+
+
+def dpt_position_embeddings(
+    cfg: DptConfig, height: int, width: int, device: torch.device, dtype: torch.dtype
+) -> DptPositionEmbeddings:
+    """Build the embeddings of a ``height × width`` image (parameter-free: heads of one config share them)."""
+    ph, pw = height // cfg.patch_size, width // cfg.patch_size
+    aspect = width / height
+    channels_last = torch.channels_last
+
+    def build(c: int, h: int, w: int) -> torch.Tensor:
+        return uv_position_embedding(c, h, w, aspect)[None].to(device, dtype).contiguous(memory_format=channels_last)
+
+    projected = tuple(build(c, ph, pw) for c in cfg.out_channels)
+    oh, ow = int(ph * cfg.patch_size / cfg.down_ratio), int(pw * cfg.patch_size / cfg.down_ratio)
+    output = build(cfg.features // 2, oh, ow)
+    return DptPositionEmbeddings(projected, output)
+
+
+def inverse_log(y: torch.Tensor) -> torch.Tensor:
+    """``sign(y) * (exp(|y|) - 1)``."""
+    return torch.sign(y) * torch.expm1(torch.abs(y))
+
+
+_VALUE_ACTIVATIONS = {
+    "inv_log": inverse_log,
+    "exp": torch.exp,
+    "linear": lambda y: y,
+    "relu": F.relu,
+    "sigmoid": torch.sigmoid,
+}
+_CONF_ACTIVATIONS = {"expp1": lambda c: 1 + c.exp(), "expp0": torch.exp, "sigmoid": torch.sigmoid}
+
+
+class DptHead(nn.Module):
+    """Tokens of four layers → per-pixel ``(values [N, H, W, C-1], confidence [N, H, W])`` or features."""
+
+    def __init__(self, cfg: DptConfig, ops: OpSet):
+        super().__init__()
+        if cfg.activation not in _VALUE_ACTIVATIONS or cfg.conf_activation not in _CONF_ACTIVATIONS:
+            raise ValueError(f"unknown DPT activation {cfg.activation!r} / {cfg.conf_activation!r}")
+        self.cfg, self.ops = cfg, ops
+        c, f = cfg.out_channels, cfg.features
+        self.norm_weight = nn.Parameter(torch.empty(cfg.dim_in))
+        self.norm_bias = nn.Parameter(torch.empty(cfg.dim_in))
+        self.projects = nn.ModuleList(Linear(cfg.dim_in, oc, ops) for oc in c)  # 1×1 convs as GEMMs on tokens
+        self.resize0 = Conv2d(c[0], c[0], 4, transposed=True)
+        self.resize1 = Conv2d(c[1], c[1], 2, transposed=True)
+        self.resize3 = Conv2d(c[3], c[3], 3)
+        self.layer_rn = nn.ModuleList(Conv2d(oc, f, 3, bias=False) for oc in c)
+        self.refine = nn.ModuleList(
+            [FusionBlock(f), FusionBlock(f), FusionBlock(f), FusionBlock(f, has_residual=False)]
+        )
+        if cfg.feature_only:
+            self.output_conv1 = Conv2d(f, f, 3)
+        else:
+            self.output_conv1 = Conv2d(f, f // 2, 3)
+            self.output_conv2a = Conv2d(f // 2, cfg.head_hidden, 3)
+            self.output_conv2b = Linear(cfg.head_hidden, cfg.output_dim, ops)  # a 1×1 conv as a GEMM on NHWC rows
+
+    def forward(
+        self,
+        layer_tokens: list[torch.Tensor],
+        patch_hw: tuple[int, int],
+        pos: DptPositionEmbeddings | None,
+        frames_chunk_size: int | None = 8,
+    ):
+        """``layer_tokens``: the four layers' patch tokens ``[N, patch_h * patch_w, dim_in]`` (N frames).
+
+        Frames are processed ``frames_chunk_size`` at a time (memory); each frame is independent, so the chunking
+        does not change the result. Returns ``features [N, F, H', W']`` with ``feature_only``, else
+        ``(values [N, H, W, output_dim - 1], confidence [N, H, W])``.
+        """
+        frames = layer_tokens[0].shape[0]
+        chunk = frames if not frames_chunk_size or frames_chunk_size >= frames else frames_chunk_size
+        outs = [
+            self._forward_frames([t[s : s + chunk] for t in layer_tokens], patch_hw, pos)
+            for s in range(0, frames, chunk)
+        ]
+        if len(outs) == 1:
+            return outs[0]
+        if self.cfg.feature_only:
+            return torch.cat(outs, dim=0)
+        return torch.cat([o[0] for o in outs], dim=0), torch.cat([o[1] for o in outs], dim=0)
+
+    def _forward_frames(self, layer_tokens: list[torch.Tensor], patch_hw: tuple[int, int], pos):
+        cfg, ops = self.cfg, self.ops
+        ph, pw = patch_hw
+        scales = []
+        for i, tokens in enumerate(layer_tokens):
+            n = tokens.shape[0]
+            x = ops.layer_norm(tokens.reshape(-1, cfg.dim_in), self.norm_weight, self.norm_bias, cfg.norm_eps)
+            # The projection's [N * h * w, C] rows are already an NHWC image: a channels-last view, no copy (the
+            # convolutions below run channels-last, several times faster on CPUs than NCHW for these shapes).
+            x = self.projects[i](x).view(n, ph, pw, -1).permute(0, 3, 1, 2)
+            if cfg.pos_embed:
+                x = x + pos.projected[i]
+            if i == 0:
+                x = self.resize0.conv_transpose(x, stride=4)
+            elif i == 1:
+                x = self.resize1.conv_transpose(x, stride=2)
+            elif i == 3:
+                x = self.resize3.conv(x, stride=2, padding=1)
+            scales.append(x)
+        rn = [conv.conv(x, padding=1) for conv, x in zip(self.layer_rn, scales, strict=True)]
+        out = self.refine[3](rn[3], None, rn[2].shape[2:])
+        out = self.refine[2](out, rn[2], rn[1].shape[2:])
+        out = self.refine[1](out, rn[1], rn[0].shape[2:])
+        out = self.refine[0](out, rn[0], (rn[0].shape[2] * 2, rn[0].shape[3] * 2))
+        out = self.output_conv1.conv(out, padding=1)
+        size = (int(ph * cfg.patch_size / cfg.down_ratio), int(pw * cfg.patch_size / cfg.down_ratio))
+        out = F.interpolate(out, size=size, mode="bilinear", align_corners=True)
+        if cfg.pos_embed:
+            out = out + pos.output
+        if cfg.feature_only:
+            return out
+        hidden = F.relu(self.output_conv2a.conv(out, padding=1), inplace=True)  # [N, 32, H, W], channels-last
+        n, c, h, w = hidden.shape
+        fmap = self.output_conv2b(hidden.permute(0, 2, 3, 1).reshape(-1, c)).view(n, h, w, -1)  # [N, H, W, C]
+        values = _VALUE_ACTIVATIONS[cfg.activation](fmap[..., :-1])
+        conf = _CONF_ACTIVATIONS[cfg.conf_activation](fmap[..., -1])
+        return values, conf

@@ -1,0 +1,97 @@
+"""W8A8 linear layers: int8 weights with static per-output-channel scales (computed once, at attach time) and int8
+activations with dynamic per-token scales (computed inside every call), int32 accumulation.
+
+A model family declares a :class:`QuantPlan`: which of its :class:`~embodied_accel.nn.linear.Linear` layers (by
+module name) run in W8A8; everything else (e.g. attention projections, heads) keeps the model's dtype. Attaching
+replaces exactly those named modules with :class:`W8A8Linear` (same call signature); no class or forward is
+patched, and a plan entry that names no Linear is an error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..nn.linear import Linear
+from ..ops import OpSet
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    """Which linear layers of a model run in W8A8: module names matching any ``include`` pattern and no ``exclude``
+    pattern (``re.fullmatch``); ``keep`` says in words what stays in the model's dtype (for logs and ``info``)."""
+
+    name: str
+    include: tuple[str, ...]
+    exclude: tuple[str, ...] = ()
+    keep: str = ""
+
+    def selects(self, module_name: str) -> bool:
+        return any(re.fullmatch(p, module_name) for p in self.include) and not any(
+            re.fullmatch(p, module_name) for p in self.exclude
+        )
+
+
+def quantize_weight_per_channel(weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight_t [in, out]`` → (int8 ``[in, out]`` contiguous, fp32 scales ``[out]``): symmetric, per output
+    channel, ``scale = max|w| / 127``, round half to even."""
+    w = weight_t.detach().float()
+    scale = (w.abs().amax(dim=0) / 127.0).clamp_min(1e-12)
+    q = torch.round(w / scale[None, :]).clamp_(-127, 127).to(torch.int8).contiguous()
+    return q, scale
+
+
+class W8A8Linear(nn.Module):
+    """Drop-in for :class:`Linear`: ``y = int8(x) @ int8(W) * scales + bias (+ residual)`` in the input's dtype."""
+
+    def __init__(self, weight_q_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, ops: OpSet):
+        super().__init__()
+        self.ops = ops
+        self.in_features, self.out_features = weight_q_t.shape
+        self.register_buffer("weight_q_t", weight_q_t)
+        self.register_buffer("weight_scale", weight_scale)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    @classmethod
+    def from_linear(cls, linear: Linear) -> W8A8Linear:
+        q, scale = quantize_weight_per_channel(linear.weight_t)
+        return cls(q, scale, linear.bias, linear.ops)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x_q, x_scale = self.ops.quantize_rows_int8(x.reshape(-1, self.in_features))
+        out = self.ops.int8_linear(x_q, x_scale, self.weight_q_t, self.weight_scale, self.bias, x.dtype)
+        if residual is not None:
+            out = out + residual.reshape(-1, self.out_features)
+        return out.view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, w8a8"
+
+
+def attach_w8a8(model: nn.Module, plan: QuantPlan) -> list[str]:
+    """Replace the plan's linear layers of ``model`` by :class:`W8A8Linear` (weights quantized now); returns their
+    names. Raises if the plan selects nothing, or selects a module that is not a :class:`Linear`."""
+    selected = [(name, module) for name, module in model.named_modules() if name and plan.selects(name)]
+    wrong = [f"{name} ({type(module).__name__})" for name, module in selected if not isinstance(module, Linear)]
+    if wrong:
+        raise ValueError(f"quant plan {plan.name!r} selects modules that are not linear layers: {', '.join(wrong[:5])}")
+    if not selected:
+        raise ValueError(f"quant plan {plan.name!r} selects no linear layer of {type(model).__name__}")
+    for name, module in selected:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, W8A8Linear.from_linear(module))
+    return [name for name, _ in selected]
+
+
+def quantized_bytes(model: nn.Module) -> dict[str, int]:
+    """Bytes of parameters and buffers by dtype (model size before / after quantization)."""
+    sizes: dict[str, int] = {}
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        key = str(tensor.dtype).replace("torch.", "")
+        sizes[key] = sizes.get(key, 0) + tensor.numel() * tensor.element_size()
+    return sizes

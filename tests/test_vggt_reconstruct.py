@@ -1,0 +1,162 @@
+"""``embodied-accel reconstruct``: a real run on the bundled sample, its output files, and bad input (empty or
+mixed folders, unreadable images, a non-VGGT or mismatched checkpoint, --sp outside torchrun) as clear errors."""
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from embodied_accel import cli
+from embodied_accel.models.vggt.commands import SAMPLE_DIR
+from embodied_accel.models.vggt.export import read_ply
+from embodied_accel.models.vggt.geometry import (
+    depth_to_world_points,
+    pose_auc,
+    pose_encoding_to_cameras,
+    quaternion_to_matrix,
+    relative_pose_errors,
+)
+from embodied_accel.models.vggt.loading import load_vggt_model
+from embodied_accel.models.vggt.weights import CheckpointError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "vggt_tiny"
+
+
+def run_cli(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_reconstruct_the_bundled_sample(tmp_path, capsys):
+    target = tmp_path / "out" / "scene.ply"
+    code, out, err = run_cli(capsys, "reconstruct", "-o", target, "--glb", "--no-progress")
+    assert code == 0, err
+    assert "random weights" in out and "stages: aggregator" in out and "heads" in out
+    frames = sorted(p.stem for p in SAMPLE_DIR.glob("*.png"))
+    cameras = json.loads((tmp_path / "out" / "scene_cameras.json").read_text())
+    assert [c["image"] for c in cameras["cameras"]] == [f"{f}.png" for f in frames]
+    assert np.array(cameras["cameras"][0]["extrinsics"]).shape == (3, 4)
+    assert np.array(cameras["cameras"][0]["intrinsics"]).shape == (3, 3)
+    depth_dir = tmp_path / "out" / "scene_depth"
+    for frame in frames:
+        for suffix in ("_depth.png", "_conf.png", "_depth.npy", "_conf.npy"):
+            assert (depth_dir / f"{frame}{suffix}").is_file()
+    depth = np.load(depth_dir / f"{frames[0]}_depth.npy")
+    assert depth.shape == tuple(cameras["image_size_hw"]) and np.isfinite(depth).all()
+    points, colors = read_ply(target)
+    total = len(frames) * depth.size
+    assert 0 < len(points) <= total and colors.dtype == np.uint8 and np.isfinite(points).all()
+    glb = (tmp_path / "out" / "scene.glb").read_bytes()
+    magic, version, length = struct.unpack("<III", glb[:12])
+    assert magic == 0x46546C67 and version == 2 and length == len(glb)
+
+
+def test_reconstruct_with_a_checkpoint_in_the_released_layout(tmp_path, capsys):
+    target = tmp_path / "scene.ply"
+    code, out, err = run_cli(capsys, "reconstruct", SAMPLE_DIR, "-o", target, "--checkpoint", FIXTURE,
+                             "--preset", "vggt-tiny", "--points-from", "pointmap", "--no-progress")  # fmt: skip
+    assert code == 0, err
+    assert "random weights" not in out and target.is_file()
+
+
+@pytest.mark.parametrize(
+    "setup, fragment",
+    [
+        ("empty", "no images"),
+        ("mixed", "mixes 1 image(s) with 1 other entry (notes.txt)"),
+        ("unreadable", "not a readable image"),
+        ("missing", "not a directory"),
+    ],
+)
+def test_bad_image_folders_are_clear_errors(tmp_path, capsys, setup, fragment):
+    folder = tmp_path / "images"
+    if setup != "missing":
+        folder.mkdir()
+    if setup in ("mixed", "unreadable"):
+        shutil.copy(next(SAMPLE_DIR.glob("*.png")), folder / "a.png")
+    if setup == "mixed":
+        (folder / "notes.txt").write_text("not a frame")
+    if setup == "unreadable":
+        (folder / "b.png").write_bytes(b"\x89PNG but not really")
+    code, _, err = run_cli(capsys, "reconstruct", folder, "-o", tmp_path / "s.ply", "--no-progress")
+    assert code == 2 and fragment in err, err
+    if setup == "unreadable":
+        assert "b.png" in err
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        (["--sp", "ring"], "torchrun"),
+        (["-o", "scene.obj"], "expected a .ply"),
+        (["--preset", "vggt-tiny"], "--preset describes a --checkpoint"),
+        (["--ulysses-degree", "2"], "--sp hybrid"),
+    ],
+)
+def test_bad_flags_are_clear_errors(tmp_path, capsys, argv, fragment, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    if "-o" not in argv:
+        argv = [*argv, "-o", str(tmp_path / "s.ply")]
+    code, _, err = run_cli(capsys, "reconstruct", *argv, "--no-progress")
+    assert code == 2 and fragment in err, err
+
+
+def test_non_vggt_checkpoint_is_refused(tmp_path, capsys):
+    save_file({"model.paligemma_with_expert.x.weight": torch.zeros(2, 2)}, tmp_path / "model.safetensors")
+    code, _, err = run_cli(capsys, "reconstruct", SAMPLE_DIR, "--checkpoint", tmp_path, "-o", tmp_path / "s.ply")
+    assert code == 2 and "not a VGGT checkpoint" in err
+
+
+def test_mismatched_checkpoint_lists_every_problem(tmp_path):
+    state = load_file(FIXTURE / "model.safetensors")
+    del state["aggregator.frame_blocks.0.attn.q_norm.weight"]
+    state["aggregator.extra.weight"] = torch.zeros(1)
+    state["depth_head.norm.weight"] = torch.zeros(3)
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError) as info:
+        load_vggt_model(tmp_path, preset="vggt-tiny", device="cpu", backend="reference", progress=False)
+    message = str(info.value)
+    assert "1 missing tensor(s):\n  aggregator.frame_blocks.0.attn.q_norm.weight" in message
+    assert "1 unexpected tensor(s):\n  aggregator.extra.weight" in message
+    assert "depth_head.norm.weight: checkpoint [3], expected [64]" in message
+
+
+def test_pt_file_and_module_prefix_load_like_safetensors(tmp_path):
+    state = {f"module.{k}": v for k, v in load_file(FIXTURE / "model.safetensors").items()}
+    torch.save({"model": state}, tmp_path / "model.pt")
+    a, _ = load_vggt_model(tmp_path / "model.pt", preset="vggt-tiny", device="cpu", backend="reference", progress=False)
+    b, _ = load_vggt_model(FIXTURE, preset="vggt-tiny", device="cpu", backend="reference", progress=False)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(x, y), name
+    assert not any(p.requires_grad for p in a.parameters())
+
+
+def test_hub_config_must_agree_with_the_preset(tmp_path):
+    shutil.copy(FIXTURE / "model.safetensors", tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps({"img_size": 518, "patch_size": 14, "embed_dim": 32}))
+    with pytest.raises(CheckpointError, match="img_size=518"):
+        load_vggt_model(tmp_path, preset="vggt-tiny", device="cpu", backend="reference", progress=False)
+
+
+def test_cameras_from_pose_encoding_and_unprojection():
+    angle = torch.tensor(0.3)
+    quat = torch.stack([torch.zeros(()), torch.sin(angle / 2), torch.zeros(()), torch.cos(angle / 2)])  # about y
+    enc = torch.cat([torch.tensor([0.1, -0.2, 0.5]), quat, torch.tensor([1.0, 1.2])])[None]
+    ext, intr = pose_encoding_to_cameras(enc, (40, 60))
+    rotation = quaternion_to_matrix(quat)
+    torch.testing.assert_close(rotation @ rotation.T, torch.eye(3), atol=1e-6, rtol=0)
+    assert intr[0, 0, 2] == 30 and intr[0, 1, 2] == 20
+    torch.testing.assert_close(intr[0, 1, 1], 20 / torch.tan(torch.tensor(0.5)))
+    depth = torch.rand(1, 40, 60) + 1
+    world = depth_to_world_points(depth, ext, intr)
+    cam = world[0] @ ext[0, :, :3].T + ext[0, :, 3]  # back to the camera frame
+    torch.testing.assert_close(cam[..., 2], depth[0], atol=1e-5, rtol=1e-5)
+    rot_err, trans_err = relative_pose_errors(torch.cat([ext, ext]), torch.cat([ext, ext]))
+    assert rot_err.abs().max() < 1e-3 and pose_auc(rot_err, trans_err.nan_to_num(0)) == 1.0

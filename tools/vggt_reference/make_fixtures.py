@@ -1,0 +1,298 @@
+#!/usr/bin/env python
+"""Generate the VGGT reference fixture ``tests/fixtures/vggt_tiny`` from the official implementation.
+
+NOT run by CI. Run it with a Python environment that can import the official ``vggt`` package from a local
+checkout (torch, numpy, pillow, einops; see ``tools/vggt_reference/README.md``)::
+
+    /path/to/venv/bin/python tools/vggt_reference/make_fixtures.py --vggt-repo /path/to/vggt
+
+The script imports and drives upstream's own ``VGGT`` / ``Aggregator`` / heads; no upstream code is copied here.
+Upstream's constructors fix most sizes inside the sub-modules, so the reduced model is assembled from upstream's
+real classes with smaller arguments (in this process only):
+
+* ``Aggregator(img_size=56, patch_size=14, embed_dim=32, depth=5, num_heads=4)``, whose DINOv2 patch embedding is
+  replaced by upstream's ``DinoVisionTransformer`` at width 32, depth 2, 4 heads, 4 registers (the structure of
+  ``vit_large``: LayerScale 1.0, bicubic antialiased position interpolation, no interpolation offset);
+* ``CameraHead(dim_in=64, trunk_depth=1, num_heads=4)``;
+* two ``DPTHead(dim_in=64, features=8, out_channels=[8, 16, 32, 32], intermediate_layer_idx=[1, 2, 3, 4])`` for
+  points (``inv_log``) and depth (``exp``);
+* ``TrackHead(dim_in=64, features=8, iters=2, corr_levels=3, corr_radius=2, hidden_size=32)`` whose DPT feature
+  extractor takes the same layers and whose tracker is upstream's ``BaseTrackerPredictor`` at depth 2.
+
+Every parameter (norm weights and biases, LayerScale, camera / register tokens included) is overwritten with
+seeded random values, then the model runs in fp32 on the CPU (one thread) on 3 frames of 56x56 and 3
+frames of 42x70 (a non-square size, so DINOv2's position embedding is interpolated), with 5 query points each.
+The state dict is saved under upstream's key names (``model.safetensors``, the layout of ``VGGT-1B``'s
+``model.pt`` / the commercial checkpoint's safetensors) with the mixin-style ``config.json``.
+
+It also runs upstream's ``load_and_preprocess_images`` (``crop`` and ``pad``) on three small synthetic PNGs it
+writes into the fixture, and records a SHA-256 of each preprocessed tensor (values are k/255, so the hash of the
+uint8 image is exact) so the processor test needs no large arrays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import platform
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+torch.set_num_threads(1)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures" / "vggt_tiny"
+
+# Must match the `vggt-tiny` preset of embodied_accel (models/vggt/config.py).
+TINY = dict(
+    img_size=56,
+    patch_size=14,
+    embed_dim=32,
+    depth=5,
+    num_heads=4,
+    dino_depth=2,
+    num_register_tokens=4,
+    camera_trunk_depth=1,
+    camera_heads=4,
+    dpt_features=8,
+    dpt_out_channels=[8, 16, 32, 32],
+    dpt_layers=[1, 2, 3, 4],
+    track_features=8,
+    track_iters=2,
+    track_corr_levels=3,
+    track_corr_radius=2,
+    track_hidden=32,
+    track_depth=2,
+)
+CASES = {"square": dict(frames=3, hw=(56, 56)), "wide": dict(frames=3, hw=(42, 70))}
+NUM_QUERIES = 5
+MODEL_SEED, DATA_SEED = 1234, 4321
+PREPROCESS_IMAGES = {"landscape.png": (45, 60, "RGB"), "portrait.png": (80, 37, "RGB"), "alpha.png": (50, 50, "RGBA")}
+
+
+def _install_torchvision_stub() -> None:
+    """``vggt.utils.load_fn`` imports torchvision only for ``transforms.ToTensor`` (PIL -> float CHW / 255); a CPU
+    torch from PyPI cannot import PyPI's torchvision, so that one transform is provided here."""
+    if "torchvision" in sys.modules:
+        return
+    try:
+        import torchvision  # noqa: F401
+
+        return
+    except Exception:
+        pass
+
+    class ToTensor:
+        def __call__(self, pic):
+            array = np.asarray(pic, dtype=np.uint8)
+            if array.ndim == 2:
+                array = array[:, :, None]
+            return torch.from_numpy(array.copy()).permute(2, 0, 1).float().div(255.0)
+
+    tv = types.ModuleType("torchvision")
+    transforms = types.ModuleType("torchvision.transforms")
+    transforms.ToTensor = ToTensor
+    tv.transforms = transforms
+    sys.modules["torchvision"] = tv
+    sys.modules["torchvision.transforms"] = transforms
+
+
+def build_upstream_tiny():
+    """The reduced VGGT out of upstream's own classes (see the module docstring)."""
+    from functools import partial
+
+    from vggt.heads.camera_head import CameraHead
+    from vggt.heads.dpt_head import DPTHead
+    from vggt.heads.track_head import TrackHead
+    from vggt.heads.track_modules.base_track_predictor import BaseTrackerPredictor
+    from vggt.layers import MemEffAttention
+    from vggt.layers.block import NestedTensorBlock
+    from vggt.layers.vision_transformer import DinoVisionTransformer
+    from vggt.models.aggregator import Aggregator
+    from vggt.models.vggt import VGGT
+
+    t = TINY
+    model = VGGT(img_size=t["img_size"], patch_size=t["patch_size"], embed_dim=t["embed_dim"],
+                 enable_camera=False, enable_point=False, enable_depth=False, enable_track=False)  # fmt: skip
+    model.aggregator = Aggregator(
+        img_size=t["img_size"], patch_size=t["patch_size"], embed_dim=t["embed_dim"], depth=t["depth"],
+        num_heads=t["num_heads"], num_register_tokens=t["num_register_tokens"], patch_embed="conv",
+    )  # fmt: skip
+    model.aggregator.patch_embed = DinoVisionTransformer(
+        img_size=t["img_size"], patch_size=t["patch_size"], embed_dim=t["embed_dim"], depth=t["dino_depth"],
+        num_heads=t["num_heads"], mlp_ratio=4, block_fn=partial(NestedTensorBlock, attn_class=MemEffAttention),
+        num_register_tokens=t["num_register_tokens"], interpolate_antialias=True, interpolate_offset=0.0,
+        block_chunks=0, init_values=1.0,
+    )  # fmt: skip
+    dim_in = 2 * t["embed_dim"]
+    model.camera_head = CameraHead(dim_in=dim_in, trunk_depth=t["camera_trunk_depth"], num_heads=t["camera_heads"])
+    dpt = dict(dim_in=dim_in, features=t["dpt_features"], out_channels=t["dpt_out_channels"],
+               intermediate_layer_idx=t["dpt_layers"])  # fmt: skip
+    model.point_head = DPTHead(output_dim=4, activation="inv_log", conf_activation="expp1", **dpt)
+    model.depth_head = DPTHead(output_dim=2, activation="exp", conf_activation="expp1", **dpt)
+    track = TrackHead(dim_in=dim_in, patch_size=t["patch_size"], features=t["track_features"], iters=t["track_iters"],
+                      corr_levels=t["track_corr_levels"], corr_radius=t["track_corr_radius"],
+                      hidden_size=t["track_hidden"])  # fmt: skip
+    track.feature_extractor = DPTHead(dim_in=dim_in, patch_size=t["patch_size"], features=t["track_features"],
+                                      out_channels=t["dpt_out_channels"], intermediate_layer_idx=t["dpt_layers"],
+                                      feature_only=True, down_ratio=2, pos_embed=False)  # fmt: skip
+    track.tracker = BaseTrackerPredictor(latent_dim=t["track_features"], predict_conf=True, stride=2,
+                                         corr_levels=t["track_corr_levels"], corr_radius=t["track_corr_radius"],
+                                         hidden_size=t["track_hidden"], depth=t["track_depth"])  # fmt: skip
+    model.track_head = track
+    return model.eval()
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Seeded random values for every parameter, chosen so every weight matters and activations stay O(1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            shape = tuple(param.shape)
+            leaf = name.rsplit(".", 1)[-1]
+            randn = torch.randn(shape, generator=gen)
+            if leaf == "gamma":  # LayerScale
+                value = 0.5 + 0.1 * randn
+            elif "norm" in name and leaf == "weight" and len(shape) == 1:
+                value = 1.0 + 0.1 * randn
+            elif leaf == "bias" or (("norm" in name) and leaf == "bias"):
+                value = 0.05 * randn
+            elif leaf in ("camera_token", "register_token", "cls_token", "register_tokens", "mask_token",
+                          "empty_pose_tokens", "query_ref_token", "virual_tracks"):  # fmt: skip
+                value = 0.5 * randn
+            elif leaf == "pos_embed":
+                value = 0.2 * randn
+            elif len(shape) >= 2:  # linear / conv / transposed conv weights, MHA in_proj
+                fan_in = shape[1] * math.prod(shape[2:]) if "resize_layers" not in name else shape[0]
+                value = randn / math.sqrt(max(fan_in, 1))
+            else:
+                value = 0.1 * randn
+            param.copy_(value)
+        # Keep the pose encoding well conditioned: small FoV rows, FoV bias ~ 1 rad (relu'd), and small track
+        # updates, so that random weights give finite intrinsics and tracks that stay near the image.
+        fc2 = model.camera_head.pose_branch.fc2
+        fc2.weight[7:].mul_(0.1)
+        fc2.bias[7:] = 1.0 + 0.05 * torch.randn(2, generator=gen)
+        model.track_head.tracker.updateformer.flow_head.weight.mul_(0.05)
+        model.track_head.tracker.updateformer.flow_head.bias.mul_(0.05)
+
+
+def make_inputs(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    inputs = {}
+    for case, spec in CASES.items():
+        h, w = spec["hw"]
+        inputs[f"{case}.images"] = torch.rand((spec["frames"], 3, h, w), generator=gen)
+        scale = torch.tensor([w - 1, h - 1], dtype=torch.float32)
+        inputs[f"{case}.query_points"] = torch.rand((NUM_QUERIES, 2), generator=gen) * scale
+    return inputs
+
+
+def write_preprocess_images(out: Path) -> list[Path]:
+    from PIL import Image
+
+    paths = []
+    for i, (name, (h, w, mode)) in enumerate(sorted(PREPROCESS_IMAGES.items())):
+        yy, xx = np.mgrid[0:h, 0:w]
+        rgb = np.stack([(xx * 255 // max(w - 1, 1)), (yy * 255 // max(h - 1, 1)), ((xx + yy + 40 * i) % 256)], -1)
+        if mode == "RGBA":
+            alpha = ((xx + yy) * 255 // (h + w - 2)).astype(np.uint8)
+            image = Image.fromarray(np.concatenate([rgb.astype(np.uint8), alpha[..., None]], -1), "RGBA")
+        else:
+            image = Image.fromarray(rgb.astype(np.uint8), "RGB")
+        path = out / "preprocess" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        image.save(path)
+        paths.append(path)
+    return paths
+
+
+def tensor_digest(images: torch.Tensor) -> dict:
+    """Exact fingerprint of a preprocessed batch (values are k/255): the SHA-256 of its uint8 image."""
+    as_uint8 = torch.round(images * 255.0).to(torch.uint8).contiguous().numpy()
+    assert np.array_equal(as_uint8.astype(np.float32) / 255.0, images.numpy()), "values are not k/255"
+    return {"shape": list(images.shape), "sha256": hashlib.sha256(as_uint8.tobytes()).hexdigest()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vggt-repo", type=Path, required=True, help="local checkout of the official vggt repository")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.vggt_repo.resolve()))
+    _install_torchvision_stub()
+    from safetensors.torch import save_file
+    from vggt.utils.load_fn import load_and_preprocess_images
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = build_upstream_tiny()
+    randomize_(model, MODEL_SEED)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, args.out / "model.safetensors")
+    (args.out / "config.json").write_text(
+        json.dumps({"img_size": TINY["img_size"], "patch_size": TINY["patch_size"], "embed_dim": TINY["embed_dim"]},
+                   indent=2) + "\n")  # fmt: skip
+
+    inputs = make_inputs(DATA_SEED)
+    outputs: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for case in CASES:
+            pred = model(inputs[f"{case}.images"], query_points=inputs[f"{case}.query_points"])
+            for key in ("pose_enc", "depth", "depth_conf", "world_points", "world_points_conf", "track", "vis", "conf"):
+                outputs[f"{case}.{key}"] = pred[key].contiguous()
+            for i, enc in enumerate(pred["pose_enc_list"]):
+                outputs[f"{case}.pose_enc_iter{i}"] = enc.clone()
+            if not torch.isfinite(torch.cat([t.flatten() for t in pred.values() if torch.is_tensor(t)])).all():
+                raise SystemExit(f"non-finite reference output in case {case}")
+    save_file({**inputs, **outputs}, args.out / "io.safetensors")
+
+    preprocess = {}
+    paths = write_preprocess_images(args.out)
+    for mode in ("crop", "pad"):
+        for path in paths:
+            preprocess[f"{mode}/{path.name}"] = tensor_digest(load_and_preprocess_images([str(path)], mode=mode))
+        preprocess[f"{mode}/all"] = tensor_digest(load_and_preprocess_images([str(p) for p in paths], mode=mode))
+
+    upstream_sha = None
+    head = args.vggt_repo / ".git" / "HEAD"
+    if head.is_file():
+        upstream_sha = head.read_text().strip()
+    meta = {
+        "tiny_config": TINY,
+        "cases": {k: {"frames": v["frames"], "hw": list(v["hw"])} for k, v in CASES.items()},
+        "num_queries": NUM_QUERIES,
+        "model_seed": MODEL_SEED,
+        "data_seed": DATA_SEED,
+        "preprocess": preprocess,
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "vggt_checkout": upstream_sha,
+        },  # fmt: skip
+    }
+    (args.out / "io.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+    # Self-check: strict reload into a fresh upstream model reproduces the outputs exactly.
+    from safetensors.torch import load_file
+
+    check = build_upstream_tiny()
+    check.load_state_dict(load_file(args.out / "model.safetensors"), strict=True)
+    with torch.no_grad():
+        again = check(inputs["square.images"], query_points=inputs["square.query_points"])
+    assert torch.equal(again["depth"], outputs["square.depth"]), "reloaded model differs"
+    total = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
+    print(f"wrote {args.out} ({total / 1024:.0f} KiB, {sum(v.numel() for v in state.values())} parameters)")
+    for key, value in outputs.items():
+        print(f"  {key:28s} {tuple(value.shape)} mean {value.float().mean():+.4f} std {value.float().std():.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
