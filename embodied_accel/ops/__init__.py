@@ -44,6 +44,9 @@ OP_NAMES: tuple[str, ...] = (
     "attention_lse",
     "quantize_rows_int8",
     "int8_linear",
+    # ---- ops first used by Hunyuan3D
+    "swiglu",
+    "ada_layer_norm",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.

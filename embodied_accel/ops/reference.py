@@ -324,3 +324,21 @@ def int8_linear(
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)
+
+
+# ---- ops first used by Hunyuan3D
+
+
+def swiglu(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation on the merged ``[a | b]`` projection (DINOv2-giant's FFN): ``silu(a) * b``."""
+    a, b = x.chunk(2, dim=-1)
+    return F.silu(a).mul_(b)
+
+
+def ada_layer_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
+    """AdaLN modulation (DiT / FLUX): ``layer_norm(x) * (1 + scale) + shift``, LayerNorm without affine weights.
+
+    ``scale_plus_one`` and ``shift`` broadcast against ``x`` (``[B or 1, 1, D]`` per step for a DiT); the caller
+    precomputes ``1 + scale`` once per step schedule. Output in ``x.dtype``.
+    """
+    return torch.addcmul(shift, F.layer_norm(x, (x.shape[-1],), None, None, eps), scale_plus_one)
