@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn.dit import DoubleStreamBlock, FinalLayer, MLPEmbedder, Modulation, SingleStreamBlock, timestep_embedding
+from ...nn.dit import (
+    DoubleStreamBlock,
+    FinalLayer,
+    MLPEmbedder,
+    Modulation,
+    SingleStreamBlock,
+    timestep_embedding,
+)
 from ...nn.linear import Linear
 from ...nn.vit import VitBlock
 from ...ops import OpSet

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,7 +192,7 @@ class CheckpointFile:
         self.path = path
         if path.suffix == ".safetensors":
             self._reader = SafetensorsReader(path)
-            self._shapes = {key: self._reader.shape(key) for key in self._reader.keys()}
+            self._shapes = {key: self._reader.shape(key) for key in self._reader.entries}
             self._tensors = None
         else:
             try:
