@@ -31,6 +31,7 @@ from .models.pi0.config import PRESETS
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .models.vggt import commands as vggt_commands
+from .pipelines import shape_command
 from .serve import commands as serve_commands
 
 logger = logging.getLogger(__name__)
@@ -230,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     reconstruct = vggt_commands.add_reconstruct_parser(commands, BACKEND_NAMES, ("float32", "bfloat16", "float16"))
     reconstruct.set_defaults(handler=cmd_reconstruct)
+
+    shape = shape_command.add_shape_parser(commands, BACKEND_NAMES, CAPTURE_MODES)
+    shape.set_defaults(handler=cmd_shape)
     return parser
 
 
@@ -739,6 +743,10 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 def cmd_reconstruct(args: argparse.Namespace) -> int:
     return vggt_commands.run_reconstruct(args, print_fn=lambda line: print(line, flush=True))
+
+
+def cmd_shape(args: argparse.Namespace) -> int:
+    return shape_command.run_shape(args, print_fn=lambda line: print(line, flush=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------

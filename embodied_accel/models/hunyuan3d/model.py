@@ -114,6 +114,17 @@ class StepModulation:
     single: tuple[Modulation, ...]
     final: Modulation
 
+    def flat(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor in a fixed order (a captured step takes them as plain tensor inputs)."""
+        mods = [m for img, txt in self.double for m in (*img, *txt)] + [*self.single, self.final]
+        return tuple(t for m in mods for t in (m.shift, m.scale_plus_one, m.gate))
+
+    @staticmethod
+    def from_flat(tensors, depth: int) -> StepModulation:
+        mods = [Modulation(*tensors[i : i + 3]) for i in range(0, len(tensors), 3)]
+        double = tuple((tuple(mods[4 * b : 4 * b + 2]), tuple(mods[4 * b + 2 : 4 * b + 4])) for b in range(depth))
+        return StepModulation(double, tuple(mods[4 * depth : -1]), mods[-1])
+
 
 class Hunyuan3DDiT(nn.Module):
     """The flow-matching DiT (see the module docstring). Velocity = :meth:`forward`; the pieces below are what a

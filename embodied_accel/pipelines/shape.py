@@ -1,0 +1,286 @@
+"""Image → 3-D mesh with Hunyuan3D-2: model + runtime + optional DiT cache, stage by stage.
+
+Stages (each timed): **conditioning** (DINOv2 on the processed image), **diffusion sampling** (the flow-matching
+loop; CFG batched), **volume decoding** (SDF logits on the octree grid, dense or hierarchical), **surface
+extraction** (marching cubes), **export** (the mesh file, by the caller).
+
+The runtime parts are the library's: one :class:`~embodied_accel.runtime.buffers.StaticBuffers` owns the static
+buffers (the conditioner's interpolated position table; every block's modulation for a step schedule, per number of
+steps and guidance), and each network call runs through a :class:`~embodied_accel.runtime.executor.BucketedCall`
+in the chosen capture mode (the DiT step with its step's modulation as tensor inputs, the decoder on fixed-size
+chunks of query points, so one captured graph serves every step or every chunk). The DiT cache attaches through
+:func:`dit_cache_plan`, this family's declaration of its blocks; a cached step runs its pieces eagerly (FBCache and
+TeaCache decide on the host between them).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import platform as platform_mod
+from ..cache import CacheConfig, CachedDiT, CacheReport, DiTCachePlan
+from ..models.hunyuan3d.config import PRESETS, Hunyuan3DConfig, get_preset
+from ..models.hunyuan3d.mesh import Mesh, marching_cubes
+from ..models.hunyuan3d.model import GeometryKV, Hunyuan3DModel, StepModulation
+from ..models.hunyuan3d.processor import process_image, read_image
+from ..models.hunyuan3d.sampler import make_schedule, sample
+from ..models.hunyuan3d.volume import check_octree_resolution, decode_dense, decode_hierarchical
+from ..models.hunyuan3d.weights import config_from_checkpoint, init_random_weights, load_checkpoint_weights
+from ..ops import get_ops
+from ..runtime import check_capture, prepare_capture
+from ..runtime.buffers import BufferSpec, StaticBuffers
+from ..runtime.cudagraph import GraphBackend
+from ..runtime.executor import BucketedCall
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
+DECODINGS = ("hierarchical", "dense")
+STAGES = ("conditioning", "diffusion sampling", "volume decoding", "surface extraction")
+
+
+@dataclass(frozen=True)
+class ShapeSettings:
+    """Runtime knobs of one generation (the architecture is the model's)."""
+
+    steps: int | None = None  # the model's default (50; 5 for turbo)
+    guidance: float = 5.0
+    octree_resolution: int = 384
+    decoding: str = "hierarchical"
+    min_resolution: int = 63
+    num_chunks: int = 8000  # query points per decoder call
+    bounds: float = 1.01
+    mc_level: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class ShapeResult:
+    mesh: Mesh | None
+    latents: torch.Tensor
+    grid: torch.Tensor | None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    cache_report: CacheReport | None = None
+    decoding_stats: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a DiT step reads besides the latents (a cache plan's ``ctx``)."""
+
+    txt: torch.Tensor
+    mods: StepModulation
+
+
+def dit_cache_plan(model: Hunyuan3DModel) -> DiTCachePlan:
+    """Hunyuan3D-2's DiT for the cache: the first double-stream block is "first"; the other double-stream blocks
+    and every single-stream block are what a cache may skip; the residual stream is the latent tokens; TeaCache
+    watches the first block's modulated latent input."""
+    dit = model.dit
+    return DiTCachePlan(
+        name="hunyuan3d-dit",
+        embed=lambda x, ctx: (dit.embed_latents(x), ctx.txt),
+        first_block=lambda h, ctx: dit.double_blocks[0](h[0], h[1], ctx.mods.double[0]),
+        rest=lambda h, ctx: dit.remaining_blocks(h[0], h[1], ctx.mods, start=1),
+        stream=lambda h: h[0],
+        head=lambda out, ctx: dit.head(out, ctx.mods),
+        modulated_input=lambda h, ctx: dit.double_blocks[0].modulated_input(h[0], ctx.mods.double[0]),
+    )
+
+
+@dataclass(frozen=True)
+class ShapeBucket:
+    steps: int
+    guidance: float | None  # only for guidance-distilled models (it is part of their modulation)
+
+
+class ShapePipeline:
+    """A loaded Hunyuan3D-2 model and the runtime that executes it; :meth:`generate` runs one image."""
+
+    def __init__(self, model: Hunyuan3DModel, *, device, capture: str = "eager", source: str = "",
+                 random_weights: bool = False, graph_backend: GraphBackend | None = None):  # fmt: skip
+        self.model, self.source, self.random_weights = model, source, random_weights
+        self.device = platform_mod.normalize_device(device)
+        self.capture = capture
+        self.buffers = StaticBuffers()
+        runtime = {"mode": capture, "buffers": self.buffers, "graph_backend": graph_backend}
+        self.conditioner_call = BucketedCall(self._condition, self.plan, dict, **runtime)
+        self.dit_call = BucketedCall(self._dit_step, lambda bucket: {}, dict, **runtime)
+        self.decoder_call = BucketedCall(self._query, lambda bucket: {}, dict, **runtime)
+
+    config: Hunyuan3DConfig = property(lambda self: self.model.config)  # type: ignore[assignment]
+
+    # ---- the runtime's view
+
+    def plan(self, bucket: ShapeBucket | None) -> dict[str, BufferSpec]:
+        """Static buffers: the conditioner's position table; with a bucket, its step schedule's modulations."""
+        specs = {"position_table": BufferSpec(lambda _: self.model.conditioner.position_table().to(self.device))}
+        if bucket is not None:
+            specs["modulations"] = BufferSpec(lambda _: self._modulations(bucket), key=(bucket.steps, bucket.guidance))
+        return specs
+
+    def _modulations(self, bucket: ShapeBucket) -> list[StepModulation]:
+        schedule = make_schedule(self.config, bucket.steps)
+        timesteps = torch.tensor(schedule.timesteps, dtype=torch.float32, device=self.device)
+        return self.model.dit.step_modulation(timesteps, bucket.guidance)
+
+    def _condition(self, buffers: dict, image: torch.Tensor) -> torch.Tensor:
+        return self.model.conditioner(image, buffers["position_table"])
+
+    def _dit_step(self, buffers: dict, x: torch.Tensor, txt: torch.Tensor, *flat_mods: torch.Tensor) -> torch.Tensor:
+        return self.model.dit(x, txt, StepModulation.from_flat(flat_mods, self.config.dit.depth))
+
+    def _query(self, buffers: dict, points: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return self.model.vae.query(points, GeometryKV(keys, values))[0]
+
+    # ---- one generation
+
+    def prepare_image(self, image: str | Path | np.ndarray) -> torch.Tensor:
+        array = read_image(image) if isinstance(image, (str, Path)) else image
+        return process_image(array, self.config.processor_size, self.config.border_ratio).to(self.device)
+
+    @torch.no_grad()
+    def generate(self, image: str | Path | np.ndarray | torch.Tensor, settings: ShapeSettings = ShapeSettings(),
+                 cache: CacheConfig | None = None, noise: torch.Tensor | None = None, progress: bool = False,
+                 extract_surface: bool = True) -> ShapeResult:  # fmt: skip
+        """One image (a file, a uint8 array, or an already processed ``[1, 3, S, S]`` tensor) → mesh."""
+        cfg, model = self.config, self.model
+        steps = cfg.default_steps if settings.steps is None else settings.steps
+        check_octree_resolution(settings.octree_resolution)
+        if settings.decoding not in DECODINGS:
+            raise ValueError(f"decoding: expected one of {', '.join(DECODINGS)}, got {settings.decoding!r}")
+        distilled = cfg.dit.guidance_embed
+        bucket = ShapeBucket(steps, float(settings.guidance) if distilled else None)
+        schedule = make_schedule(cfg, steps)
+        seconds: dict[str, float] = {}
+
+        start = time.perf_counter()
+        processed = image if isinstance(image, torch.Tensor) else self.prepare_image(image)
+        cond = self.conditioner_call(None, processed.to(self.device, model.compute_dtype))
+        classifier_free = not distilled
+        if classifier_free:
+            cond = torch.cat([cond, torch.zeros_like(cond)])
+        txt = model.dit.embed_condition(cond)
+        seconds["conditioning"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        mods = self.buffers.acquire(self.plan(bucket)).values["modulations"]
+        if noise is None:
+            generator = torch.Generator().manual_seed(settings.seed)
+            noise = torch.randn((1, cfg.vae.num_latents, cfg.vae.embed_dim), generator=generator)
+        noise = noise.to(self.device, model.compute_dtype)
+        report = None
+        if cache is not None and cache.method != "none":
+            cached = CachedDiT(dit_cache_plan(model), cache)
+            report = cached.begin(len(schedule.dts)).report
+            velocity = self._cached_velocity(cached, txt, mods, classifier_free and cache.separate_cfg)
+        else:
+            velocity = lambda x, i: self.dit_call(bucket, x, txt, *mods[i].flat())
+        latents = sample(velocity, noise, schedule, settings.guidance, classifier_free, progress)
+        seconds["diffusion sampling"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        decoded = model.vae.decode_latents(latents)
+        kv = model.vae.geometry_kv(decoded)
+        chunk_bucket = None
+
+        def query(points: torch.Tensor) -> torch.Tensor:
+            return self.decoder_call(chunk_bucket, points.to(model.compute_dtype), kv.keys, kv.values)
+
+        stats: dict[str, int] = {}
+        if settings.decoding == "dense":
+            grid = decode_dense(query, settings.octree_resolution, settings.bounds, settings.num_chunks, self.device,
+                                progress)  # fmt: skip
+            stats = {"queried_points": grid.numel(), "dense_points": grid.numel()}
+        else:
+            grid, stats = decode_hierarchical(query, settings.octree_resolution, settings.bounds, settings.num_chunks,
+                                              self.device, settings.mc_level, settings.min_resolution,
+                                              progress=progress)  # fmt: skip
+        seconds["volume decoding"] = time.perf_counter() - start
+
+        mesh = None
+        if extract_surface:
+            start = time.perf_counter()
+            mesh = marching_cubes(grid, settings.mc_level, settings.octree_resolution, settings.bounds)
+            seconds["surface extraction"] = time.perf_counter() - start
+        return ShapeResult(mesh, latents, grid, seconds, report, stats)
+
+    def _cached_velocity(self, cached: CachedDiT, txt: torch.Tensor, mods: list, separate: bool):
+        if not separate:
+            return lambda x, i: cached(x, StepContext(txt, mods[i]), i)
+        txt_cond, txt_uncond = txt.chunk(2)
+
+        def velocity(x: torch.Tensor, i: int) -> torch.Tensor:
+            x_cond, x_uncond = x.chunk(2)
+            v_cond = cached(x_cond, StepContext(txt_cond, mods[i]), i, stream="cond")
+            v_uncond = cached(x_uncond, StepContext(txt_uncond, mods[i]), i, stream="uncond")
+            return torch.cat([v_cond, v_uncond])
+
+        return velocity
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
+
+
+def load_shape_pipeline(
+    source: str | Path,
+    *,
+    backend: str = "auto",
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    capture: str = "eager",
+    progress: bool = True,
+    graph_backend: GraphBackend | None = None,
+) -> ShapePipeline:
+    """A pipeline from a released model directory (``config.yaml`` + weights) or a preset name (seeded random
+    weights)."""
+    compute_dtype = _resolve_dtype(dtype)
+    check_capture(capture)
+    prepare_capture(capture)
+    device = platform_mod.normalize_device(device)
+    ops = get_ops(backend)
+    path = Path(source)
+    if path.is_dir():
+        config = config_from_checkpoint(path)
+    elif str(source) in PRESETS:
+        config = get_preset(str(source))
+    else:
+        raise ValueError(
+            f"{source!r} is neither a Hunyuan3D-2 model directory (config.yaml + model.fp16.safetensors) nor a "
+            f"preset; presets: {', '.join(PRESETS)}"
+        )
+    with torch.device("meta"):
+        model = Hunyuan3DModel(config, ops, compute_dtype)
+    if path.is_dir():
+        load_checkpoint_weights(model, path, device, progress=progress)
+    else:
+        init_random_weights(model, seed, device)
+    model.eval().requires_grad_(False)
+    return ShapePipeline(model, device=device, capture=capture, source=str(source), random_weights=not path.is_dir(),
+                         graph_backend=graph_backend)  # fmt: skip
+
+
+__all__ = [
+    "DECODINGS",
+    "STAGES",
+    "ShapePipeline",
+    "ShapeResult",
+    "ShapeSettings",
+    "StepContext",
+    "dit_cache_plan",
+    "load_shape_pipeline",
+]
