@@ -1,0 +1,166 @@
+"""Hunyuan3D-2 shape pipeline: volume decoding, meshes, strict loading, the DiT cache on the model, the command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from embodied_accel.cache import CacheConfig
+from embodied_accel.cli import main
+from embodied_accel.errors import CheckpointError
+from embodied_accel.models.hunyuan3d.mesh import export_mesh, load_mesh
+from embodied_accel.models.hunyuan3d.metrics import compare_meshes
+from embodied_accel.pipelines.shape import ShapeSettings, load_shape_pipeline
+
+skimage = pytest.importorskip("skimage", reason="marching cubes needs scikit-image (the [shape] extra)")
+FIXTURE = Path(__file__).parent / "fixtures" / "hunyuan3d_tiny"
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    torch.set_num_threads(1)
+    return load_shape_pipeline(FIXTURE, progress=False)
+
+
+@pytest.fixture(scope="module")
+def image(pipeline):
+    return load_file(str(FIXTURE / "io.safetensors"))["pipeline.image"]
+
+
+def test_hierarchical_decoding_gives_the_dense_mesh(pipeline, image):
+    settings = ShapeSettings(steps=4, octree_resolution=40, min_resolution=10)
+    dense = pipeline.generate(image, ShapeSettings(**{**settings.__dict__, "decoding": "dense"}))
+    coarse = pipeline.generate(image, settings)
+    assert coarse.decoding_stats["queried_points"] != dense.decoding_stats["queried_points"]
+    assert coarse.mesh.num_vertices == dense.mesh.num_vertices
+    a, b = torch.from_numpy(coarse.mesh.vertices).double(), torch.from_numpy(dense.mesh.vertices).double()
+    chamfer = torch.cdist(a, b).min(1).values.mean() + torch.cdist(b, a).min(1).values.mean()
+    assert float(chamfer) <= 1e-6
+
+
+def _latents(pipeline, image, cache, steps=12):
+    settings = ShapeSettings(steps=steps, octree_resolution=8, decoding="dense")
+    result = pipeline.generate(image, settings, cache=cache, extract_surface=False)
+    return result.latents, result.cache_report
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [CacheConfig(method="fbcache", residual_diff_threshold=0.0), CacheConfig(method="teacache", rel_l1_thresh=0.0),
+     CacheConfig(method="taylorseer", order=0, interval=1), CacheConfig(method="fbcache", residual_diff_threshold=0.0,
+     separate_cfg=True)],
+    ids=["fbcache-0", "teacache-0", "taylorseer-O0N1", "fbcache-0-separate-cfg"],
+)  # fmt: skip
+def test_exact_cache_settings_reproduce_the_uncached_latents_bit_for_bit(pipeline, image, cache):
+    reference, _ = _latents(pipeline, image, None)
+    ours, report = _latents(pipeline, image, cache)
+    assert report.reused_steps == 0
+    assert torch.equal(ours, reference)
+
+
+def test_cache_error_grows_with_the_threshold(pipeline, image):
+    reference, _ = _latents(pipeline, image, None, steps=20)
+    errors, reused = [], []
+    for threshold in (0.0, 0.05, 0.1, 0.2, 0.4, 1.0):
+        ours, report = _latents(pipeline, image, CacheConfig(method="fbcache", residual_diff_threshold=threshold), 20)
+        errors.append(float((ours - reference).abs().mean()))
+        reused.append(report.reused_steps)
+    assert errors[0] == 0.0 and reused[-1] > 0
+    assert all(a <= b for a, b in zip(errors, errors[1:], strict=False)), errors
+    assert all(a <= b for a, b in zip(reused, reused[1:], strict=False)), reused
+
+
+@pytest.mark.parametrize("suffix", [".glb", ".obj", ".ply"])
+def test_mesh_files_round_trip(pipeline, image, tmp_path, suffix):
+    mesh = pipeline.generate(image, ShapeSettings(steps=3, octree_resolution=16)).mesh
+    back = load_mesh(export_mesh(mesh, tmp_path / f"m{suffix}"))
+    assert np.allclose(back.vertices, mesh.vertices, atol=1e-6) and np.array_equal(back.faces, mesh.faces)
+
+
+def test_compare_meshes_on_identical_and_shifted_meshes(pipeline, image):
+    mesh = pipeline.generate(image, ShapeSettings(steps=3, octree_resolution=16)).mesh
+    same = compare_meshes(mesh, mesh, samples=2000, iou_resolution=10)
+    assert same["volume_iou"] == 1.0  # two independent surface samples of one mesh: small but not zero distances
+    shifted = type(mesh)(mesh.vertices + np.float32(0.1), mesh.faces)
+    far = compare_meshes(mesh, shifted, samples=2000, iou_resolution=10)
+    assert far["chamfer"] > same["chamfer"] + 0.05 and far["fscore@0.05"] < same["fscore@0.05"]
+    assert far["volume_iou"] < 1.0
+
+
+def _copy_fixture(tmp_path: Path) -> Path:
+    directory = tmp_path / "model"
+    shutil.copytree(FIXTURE, directory)
+    return directory
+
+
+def test_strict_loading_lists_missing_unexpected_and_misshaped_tensors(tmp_path):
+    directory = _copy_fixture(tmp_path)
+    path = directory / "model.fp16.safetensors"
+    tensors = load_file(str(path))
+    tensors.pop("model.latent_in.weight")
+    tensors["model.extra.weight"] = torch.zeros(2)
+    tensors["vae.post_kl.bias"] = torch.zeros(7, dtype=torch.float16)
+    save_file(tensors, str(path))
+    with pytest.raises(CheckpointError) as error:
+        load_shape_pipeline(directory, progress=False)
+    message = str(error.value)
+    assert "model.latent_in.weight" in message and "model.extra.weight" in message and "vae.post_kl.bias" in message
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="config.yaml"):
+        load_shape_pipeline(Path(__file__).parent / "fixtures" / "pi0_tiny", progress=False)
+    directory = _copy_fixture(tmp_path)
+    (directory / "config.yaml").write_text((directory / "config.yaml").read_text().replace("Hunyuan3DDiT", "UNet2D"))
+    with pytest.raises(CheckpointError, match="model.target"):
+        load_shape_pipeline(directory, progress=False)
+
+
+def test_fp32_and_ckpt_files_load_the_same_weights(tmp_path, pipeline, image):
+    directory = _copy_fixture(tmp_path)
+    tensors = load_file(str(directory / "model.fp16.safetensors"))
+    (directory / "model.fp16.safetensors").unlink()
+    nested: dict = {}
+    for key, value in tensors.items():
+        module, rest = key.split(".", 1)
+        nested.setdefault(module, {})[rest] = value.float()
+    torch.save(nested, directory / "model.ckpt")
+    other = load_shape_pipeline(directory, progress=False)
+    settings = ShapeSettings(steps=3, octree_resolution=8, decoding="dense")
+    a = pipeline.generate(image, settings, extract_surface=False).latents
+    b = other.generate(image, settings, extract_surface=False).latents
+    assert torch.equal(a, b)
+
+
+def test_shape_command_default_and_bad_input(tmp_path, capsys):
+    out = tmp_path / "mesh.glb"
+    code = main(["shape", "-o", str(out), "--steps", "3", "--octree-resolution", "12", "--no-progress",
+                 "--json", str(tmp_path / "r.json")])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0 and out.is_file() and "random weights" in printed and "volume decoding" in printed
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["vertices"] == load_mesh(out).num_vertices
+    cache = tmp_path / "cache.json"
+    cache.write_text(json.dumps({"method": "taylorseer", "order": 1, "interval": 2}))
+    code = main(["shape", "-o", str(tmp_path / "c.glb"), "--steps", "6", "--octree-resolution", "12", "--no-progress",
+                 "--cache", str(cache), "--compare-to", str(out)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0 and "reused" in printed and "chamfer" in printed
+
+    cache.write_text(json.dumps({"method": "fbcache", "threshhold": 0.1}))
+    assert main(["shape", "-o", str(out), "--cache", str(cache)]) == 2
+    assert "threshhold" in capsys.readouterr().err
+    not_image = tmp_path / "x.png"
+    not_image.write_text("hello")
+    assert main(["shape", str(not_image), "-o", str(out)]) == 2
+    assert "not a readable image" in capsys.readouterr().err
+    assert main(["shape", "-o", str(out), "--octree-resolution", "5000"]) == 2
+    assert "octree resolution" in capsys.readouterr().err
+    assert main(["shape", "-o", str(tmp_path / "mesh.stl")]) == 2
+    assert ".glb" in capsys.readouterr().err
