@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -72,8 +73,8 @@ def test_cache_error_grows_with_the_threshold(pipeline, image):
         errors.append(float((ours - reference).abs().mean()))
         reused.append(report.reused_steps)
     assert errors[0] == 0.0 and reused[-1] > 0
-    assert all(a <= b for a, b in zip(errors, errors[1:], strict=False)), errors
-    assert all(a <= b for a, b in zip(reused, reused[1:], strict=False)), reused
+    assert all(a <= b for a, b in itertools.pairwise(errors)), errors
+    assert all(a <= b for a, b in itertools.pairwise(reused)), reused
 
 
 @pytest.mark.parametrize("suffix", [".glb", ".obj", ".ply"])
