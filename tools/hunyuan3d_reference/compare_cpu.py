@@ -1,0 +1,215 @@
+"""hy3dgen 2.0.2 against embodied_accel on the CPU, side by side in one process, stage by stage.
+
+A benchmark, not a test: CI does not run it. Run it with the Python of hy3dgen's environment (README.md beside
+this file); ``embodied_accel`` is imported from this checkout::
+
+    V/bin/python tools/hunyuan3d_reference/compare_cpu.py --config tiny          # the parity fixture's size
+    V/bin/python tools/hunyuan3d_reference/compare_cpu.py --config small         # wider and deeper, still reduced
+
+Both run the same weights (upstream's modules, random, saved in the released layout and loaded strictly by ours),
+the same processed image, the same noise, under the same ``torch.set_num_threads``. Runs are interleaved (upstream,
+ours, upstream, ours, ...). Stages: conditioning (DINOv2 + the unconditional half), diffusion sampling (``--steps``
+steps with CFG), volume decoding (dense on both sides at ``--octree-resolution``; ours also hierarchical), surface
+extraction (marching cubes). One JSON file: ``bench/results/<date>_hy3dgen_vs_ours_<config>_cpu.json`` with flat
+per-stage fields and the largest differences between the two outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO_ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO_ROOT))
+
+import make_fixtures as mf  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from embodied_accel.models.hunyuan3d.mesh import marching_cubes  # noqa: E402
+from embodied_accel.pipelines.shape import ShapeSettings, load_shape_pipeline  # noqa: E402
+
+STAGES = ("conditioning", "diffusion sampling", "volume decoding", "surface extraction")
+
+
+def small_config() -> dict:
+    """Reduced but less tiny: DiT width 256 (4 heads, 4 + 8 blocks), VAE width 256 (4 heads, 4 layers, 256
+    latents x 64), DINOv2 width 256 (4 heads, 4 layers, SwiGLU) at 224 pixels."""
+    config = mf.config_yaml(False)
+    config["model"]["params"].update(in_channels=64, context_in_dim=256, hidden_size=256, num_heads=4, depth=4,
+                                     depth_single_blocks=8, axes_dim=[64])  # fmt: skip
+    config["vae"]["params"].update(num_latents=256, embed_dim=64, width=256, heads=4, num_decoder_layers=4, num_freqs=8)
+    dino = config["conditioner"]["params"]["main_image_encoder"]["kwargs"]
+    dino["config"].update(hidden_size=256, num_attention_heads=4, num_hidden_layers=4, image_size=224)
+    dino["image_size"] = 224
+    config["image_processor"]["params"]["size"] = 256
+    return config
+
+
+def build_upstream(config: dict, out_dir: Path):
+    from hy3dgen.shapegen.models import Hunyuan3DDiT, ShapeVAE, SingleImageEncoder
+
+    generator = torch.Generator().manual_seed(0)
+    model = Hunyuan3DDiT(**config["model"]["params"])
+    vae = ShapeVAE(**config["vae"]["params"])
+    conditioner = SingleImageEncoder(**config["conditioner"]["params"])
+    for module in (model, vae, conditioner):
+        mf.randomize(module, generator)
+        module.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    save_file(mf.released_state_dict(model, vae, conditioner), str(out_dir / "model.fp16.safetensors"))
+    return model, vae, conditioner
+
+
+@torch.no_grad()
+def upstream_run(model, vae, conditioner, image, noise, steps, guidance, resolution, chunks) -> dict:
+    """Upstream's stages as its pipeline runs them (its scheduler, its modules), timed apart."""
+    from hy3dgen.shapegen.schedulers import FlowMatchEulerDiscreteScheduler
+
+    times, out = {}, {}
+    start = time.perf_counter()
+    cond = conditioner(image=image)
+    uncond = conditioner.unconditional_embedding(image.shape[0])
+    cond = {k: torch.cat([cond[k], uncond[k]]) for k in cond}
+    times["conditioning"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000)
+    scheduler.set_timesteps(sigmas=np.linspace(0, 1, steps), device="cpu")
+    latents = noise.clone()
+    for t in scheduler.timesteps:
+        x = torch.cat([latents] * 2)
+        v = model(x, t.expand(x.shape[0]).to(latents.dtype) / 1000, cond)
+        v_cond, v_uncond = v.chunk(2)
+        latents = scheduler.step(v_uncond + guidance * (v_cond - v_uncond), t, latents).prev_sample
+    times["diffusion sampling"] = time.perf_counter() - start
+    out["latents"] = latents
+
+    start = time.perf_counter()
+    decoded = vae(latents / vae.scale_factor)
+    grid = vae.volume_decoder(decoded, vae.geo_decoder, bounds=1.01, num_chunks=chunks, octree_resolution=resolution,
+                              enable_pbar=False)  # fmt: skip
+    times["volume decoding"] = time.perf_counter() - start
+    out["grid"] = grid[0]
+
+    start = time.perf_counter()
+    mesh = vae.surface_extractor(grid, mc_level=0.0, bounds=1.01, octree_resolution=resolution)[0]
+    times["surface extraction"] = time.perf_counter() - start
+    out["vertices"] = 0 if mesh is None else len(mesh.mesh_v)
+    return {"times": times, **out}
+
+
+def ours_run(pipeline, image, noise, steps, guidance, resolution, chunks, decoding) -> dict:
+    settings = ShapeSettings(steps=steps, guidance=guidance, octree_resolution=resolution, decoding=decoding,
+                             num_chunks=chunks, min_resolution=max(8, resolution // 4))  # fmt: skip
+    result = pipeline.generate(image, settings, noise=noise, extract_surface=False)
+    start = time.perf_counter()
+    mesh = marching_cubes(result.grid, 0.0, resolution, 1.01)
+    times = dict(result.stage_seconds, **{"surface extraction": time.perf_counter() - start})
+    return {"times": times, "latents": result.latents, "grid": result.grid, "vertices": mesh.num_vertices,
+            "queried_points": result.decoding_stats["queried_points"]}  # fmt: skip
+
+
+def summarize(samples: list[float]) -> dict:
+    ms = [s * 1e3 for s in samples]
+    return {"mean_ms": statistics.mean(ms), "p50_ms": statistics.median(ms), "min_ms": min(ms)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=("tiny", "small"), default="tiny")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--guidance", type=float, default=5.0)
+    parser.add_argument("--octree-resolution", type=int, default=64)
+    parser.add_argument("--num-chunks", type=int, default=8000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = mf.config_yaml(False) if args.config == "tiny" else small_config()
+        model, vae, conditioner = build_upstream(config, Path(tmp) / "model")
+        ours = load_shape_pipeline(Path(tmp) / "model", backend="reference", progress=False)
+    size = config["image_processor"]["params"]["size"]
+    image = torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    vae_cfg = config["vae"]["params"]
+    noise = torch.randn(1, vae_cfg["num_latents"], vae_cfg["embed_dim"], generator=torch.Generator().manual_seed(2))
+    common = (image, noise, args.steps, args.guidance, args.octree_resolution, args.num_chunks)
+
+    results = {"upstream": [], "ours_dense": [], "ours_hierarchical": []}
+    for run in range(args.runs + 1):  # the first round is warm-up
+        rounds = {
+            "upstream": lambda: upstream_run(model, vae, conditioner, *common),
+            "ours_dense": lambda: ours_run(ours, *common, "dense"),
+            "ours_hierarchical": lambda: ours_run(ours, *common, "hierarchical"),
+        }
+        for name, fn in rounds.items():
+            out = fn()
+            if run > 0:
+                results[name].append(out)
+        print(f"run {run}/{args.runs}", flush=True)
+
+    up, dense = results["upstream"][-1], results["ours_dense"][-1]
+    record = {
+        "model": "hunyuan3d-2",
+        "preset": f"reduced-{args.config}",
+        "device": platform.processor() or platform.machine(),
+        "backend": "reference",
+        "capture": "eager",
+        "dtype": "float32",
+        "batch": 1,
+        "steps": args.steps,
+        "octree_resolution": args.octree_resolution,
+        "runs": args.runs,
+        "threads": args.threads,
+        "latents_max_abs_diff": float((up["latents"] - dense["latents"]).abs().max()),
+        "grid_max_abs_diff": float((up["grid"] - dense["grid"]).abs().max()),
+        "vertices_upstream": up["vertices"],
+        "vertices_ours": dense["vertices"],
+        "hierarchical_queried_points": results["ours_hierarchical"][-1]["queried_points"],
+        "dense_points": (args.octree_resolution + 1) ** 3,
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+        "git_sha": subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+        ).stdout.strip(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    for name, runs in results.items():
+        for stage in STAGES:
+            stats = summarize([r["times"][stage] for r in runs])
+            key = f"{name}_{stage.replace(' ', '_')}"
+            record.update({f"{key}_{k}": round(v, 3) for k, v in stats.items()})
+        total = summarize([sum(r["times"][s] for s in STAGES) for r in runs])
+        record.update({f"{name}_total_{k}": round(v, 3) for k, v in total.items()})
+    for stage in (*STAGES, "total"):
+        key = stage.replace(" ", "_")
+        for ours_name in ("ours_dense", "ours_hierarchical"):
+            record[f"ratio_{ours_name}_{key}"] = round(
+                record[f"{ours_name}_{key}_p50_ms"] / record[f"upstream_{key}_p50_ms"], 3
+            )
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    path = args.out / f"{stamp}_hy3dgen_vs_ours_{args.config}_cpu.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k.startswith("ratio") or "diff" in k}, indent=2))
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
