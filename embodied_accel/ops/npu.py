@@ -80,6 +80,9 @@ NOT_FUSED: dict[str, str] = {
     "attention_lse": "not mapped yet: the reference (candidate: npu_fused_infer_attention_score, softmax_lse_flag)",
     "quantize_rows_int8": "not mapped yet: the reference (candidate: npu_dynamic_quant)",
     "int8_linear": "not mapped yet: the reference (candidate: npu_quant_matmul)",
+    # ---- ops first used by Hunyuan3D
+    "swiglu": "not mapped yet: the reference (candidate: npu_swiglu)",
+    "ada_layer_norm": "not mapped yet: aten layer_norm + addcmul (candidate: npu_layer_norm_eval, then the modulation)",
 }
 
 #: Conditions under which a served op still runs the reference for a call (static: dtype and shape only).
