@@ -140,6 +140,11 @@ class ShapePipeline:
     def _query(self, buffers: dict, points: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         return self.model.vae.query(points, GeometryKV(keys, values))[0]
 
+    def _synchronize(self) -> None:
+        """Stage times are wall times of finished work: wait for the device at stage boundaries."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     # ---- one generation
 
     def prepare_image(self, image: str | Path | np.ndarray) -> torch.Tensor:
@@ -168,6 +173,7 @@ class ShapePipeline:
         if classifier_free:
             cond = torch.cat([cond, torch.zeros_like(cond)])
         txt = model.dit.embed_condition(cond)
+        self._synchronize()
         seconds["conditioning"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -184,6 +190,7 @@ class ShapePipeline:
         else:
             velocity = lambda x, i: self.dit_call(bucket, x, txt, *mods[i].flat())
         latents = sample(velocity, noise, schedule, settings.guidance, classifier_free, progress)
+        self._synchronize()
         seconds["diffusion sampling"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -203,6 +210,7 @@ class ShapePipeline:
             grid, stats = decode_hierarchical(query, settings.octree_resolution, settings.bounds, settings.num_chunks,
                                               self.device, settings.mc_level, settings.min_resolution,
                                               progress=progress)  # fmt: skip
+        self._synchronize()
         seconds["volume decoding"] = time.perf_counter() - start
 
         mesh = None
