@@ -165,3 +165,14 @@ def test_shape_command_default_and_bad_input(tmp_path, capsys):
     assert "octree resolution" in capsys.readouterr().err
     assert main(["shape", "-o", str(tmp_path / "mesh.stl")]) == 2
     assert ".glb" in capsys.readouterr().err
+
+
+def test_teacache_calibration_command_writes_a_usable_config(tmp_path, capsys):
+    out = tmp_path / "teacache.json"
+    code = main(["shape", "--steps", "8", "--calibrate-teacache", str(out), "--calibration-runs", "2", "--no-progress"])
+    assert code == 0 and "fit R²" in capsys.readouterr().out
+    config = json.loads(out.read_text())
+    assert config["method"] == "teacache" and len(config["coefficients"]) == 5
+    code = main(["shape", "-o", str(tmp_path / "m.obj"), "--steps", "8", "--octree-resolution", "12", "--no-progress",
+                 "--cache", str(out)])  # fmt: skip
+    assert code == 0 and "steps computed" in capsys.readouterr().out

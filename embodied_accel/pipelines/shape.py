@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .. import platform as platform_mod
-from ..cache import CacheConfig, CachedDiT, CacheReport, DiTCachePlan
+from ..cache import CacheConfig, CachedDiT, CacheReport, DiTCachePlan, SignalRecorder
 from ..models.hunyuan3d.config import PRESETS, Hunyuan3DConfig, get_preset
 from ..models.hunyuan3d.mesh import Mesh, marching_cubes
 from ..models.hunyuan3d.model import GeometryKV, Hunyuan3DModel, StepModulation
@@ -154,8 +154,12 @@ class ShapePipeline:
     @torch.no_grad()
     def generate(self, image: str | Path | np.ndarray | torch.Tensor, settings: ShapeSettings = ShapeSettings(),
                  cache: CacheConfig | None = None, noise: torch.Tensor | None = None, progress: bool = False,
-                 extract_surface: bool = True) -> ShapeResult:  # fmt: skip
-        """One image (a file, a uint8 array, or an already processed ``[1, 3, S, S]`` tensor) → mesh."""
+                 extract_surface: bool = True, decode: bool = True,
+                 recorder: SignalRecorder | None = None) -> ShapeResult:  # fmt: skip
+        """One image (a file, a uint8 array, or an already processed ``[1, 3, S, S]`` tensor) → mesh.
+
+        ``decode=False`` stops after sampling (latents only); ``recorder`` runs the sampling steps through a
+        TeaCache :class:`~embodied_accel.cache.SignalRecorder` (uncached; for calibration)."""
         cfg, model = self.config, self.model
         steps = cfg.default_steps if settings.steps is None else settings.steps
         check_octree_resolution(settings.octree_resolution)
@@ -183,7 +187,10 @@ class ShapePipeline:
             noise = torch.randn((1, cfg.vae.num_latents, cfg.vae.embed_dim), generator=generator)
         noise = noise.to(self.device, model.compute_dtype)
         report = None
-        if cache is not None and cache.method != "none":
+        if recorder is not None:
+            recorder.begin()
+            velocity = lambda x, i: recorder(x, StepContext(txt, mods[i]), i)
+        elif cache is not None and cache.method != "none":
             cached = CachedDiT(dit_cache_plan(model), cache)
             report = cached.begin(len(schedule.dts)).report
             velocity = self._cached_velocity(cached, txt, mods, classifier_free and cache.separate_cfg)
@@ -192,6 +199,8 @@ class ShapePipeline:
         latents = sample(velocity, noise, schedule, settings.guidance, classifier_free, progress)
         self._synchronize()
         seconds["diffusion sampling"] = time.perf_counter() - start
+        if not decode:
+            return ShapeResult(None, latents, None, seconds, report)
 
         start = time.perf_counter()
         decoded = model.vae.decode_latents(latents)
@@ -232,6 +241,21 @@ class ShapePipeline:
             return torch.cat([v_cond, v_uncond])
 
         return velocity
+
+
+def calibrate_teacache(pipeline: ShapePipeline, image, settings: ShapeSettings, runs: int = 3,
+                       threshold: float = 0.1) -> tuple[CacheConfig, float, int]:  # fmt: skip
+    """Fit TeaCache's coefficients for this model from ``runs`` uncached generations (seeds ``settings.seed`` on);
+    returns the config, the fit's R² and the number of recorded steps."""
+    from ..cache import fit_coefficients, fit_quality
+
+    recorder = SignalRecorder(dit_cache_plan(pipeline.model))
+    for run in range(runs):
+        pipeline.generate(image, ShapeSettings(**{**settings.__dict__, "seed": settings.seed + run}), decode=False,
+                          recorder=recorder)  # fmt: skip
+    coefficients = fit_coefficients(recorder.pairs)
+    config = CacheConfig(method="teacache", rel_l1_thresh=threshold, coefficients=coefficients, warmup_steps=2)
+    return config, fit_quality(recorder.pairs, coefficients), len(recorder.pairs)
 
 
 def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -289,6 +313,7 @@ __all__ = [
     "ShapeResult",
     "ShapeSettings",
     "StepContext",
+    "calibrate_teacache",
     "dit_cache_plan",
     "load_shape_pipeline",
 ]

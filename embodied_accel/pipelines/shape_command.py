@@ -54,6 +54,11 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
                    help="compute dtype (default: float32)")  # fmt: skip
     p.add_argument("--capture", choices=capture_modes, default="eager", help="capture mode of the DiT / decoder calls")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the stage times and metrics as JSON")
+    p.add_argument("--calibrate-teacache", type=Path, metavar="OUT.json",
+                   help="instead of a mesh: fit TeaCache's coefficients for this model from --calibration-runs "
+                        "uncached samplings of IMAGE and write a TeaCache config (threshold --calibration-threshold)")  # fmt: skip
+    p.add_argument("--calibration-runs", type=int, default=3, help="seeds to calibrate on (default: 3)")
+    p.add_argument("--calibration-threshold", type=float, default=0.1, help="rel_l1_thresh written (default: 0.1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -99,6 +104,18 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
                  "a random shape; pass --checkpoint DIR for a real one")  # fmt: skip
     settings = ShapeSettings(steps=args.steps, guidance=args.guidance, octree_resolution=resolution,
                              decoding=args.decoding, num_chunks=args.num_chunks, seed=args.seed)  # fmt: skip
+    if args.calibrate_teacache is not None:
+        from ..cache import save_cache_config
+        from .shape import calibrate_teacache
+
+        if args.calibration_runs < 1:
+            raise ValueError(f"--calibration-runs: expected an integer >= 1, got {args.calibration_runs}")
+        config, r2, pairs = calibrate_teacache(pipeline, image, settings, args.calibration_runs,
+                                               args.calibration_threshold)  # fmt: skip
+        path = save_cache_config(config, args.calibrate_teacache)
+        print_fn(f"{path}: TeaCache coefficients {list(config.coefficients)} from {pairs} steps "
+                 f"({args.calibration_runs} runs), fit R² {r2:.3f}")  # fmt: skip
+        return 0
     result = pipeline.generate(image, settings, cache=cache, progress=not args.no_progress)
     import time
 

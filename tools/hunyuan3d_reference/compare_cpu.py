@@ -10,7 +10,8 @@ Both run the same weights (upstream's modules, random, saved in the released lay
 the same processed image, the same noise, under the same ``torch.set_num_threads``. Runs are interleaved (upstream,
 ours, upstream, ours, ...). Stages: conditioning (DINOv2 + the unconditional half), diffusion sampling (``--steps``
 steps with CFG), volume decoding (dense on both sides at ``--octree-resolution``; ours also hierarchical), surface
-extraction (marching cubes). One JSON file: ``bench/results/<date>_hy3dgen_vs_ours_<config>_cpu.json`` with flat
+extraction (marching cubes). Ours runs eager and with ``capture="compile"`` (the DiT step, the conditioner and the
+decoder's fixed-size chunk each one ``torch.compile`` graph; compilation happens in the untimed first round). One JSON file: ``bench/results/<date>_hy3dgen_vs_ours_<config>_cpu.json`` with flat
 per-stage fields and the largest differences between the two outputs.
 """
 
@@ -145,18 +146,22 @@ def main() -> int:
         config = mf.config_yaml(False) if args.config == "tiny" else small_config()
         model, vae, conditioner = build_upstream(config, Path(tmp) / "model")
         ours = load_shape_pipeline(Path(tmp) / "model", backend="reference", progress=False)
+        ours_compiled = load_shape_pipeline(Path(tmp) / "model", backend="reference", capture="compile", progress=False)
     size = config["image_processor"]["params"]["size"]
     image = torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(1)) * 2 - 1
     vae_cfg = config["vae"]["params"]
     noise = torch.randn(1, vae_cfg["num_latents"], vae_cfg["embed_dim"], generator=torch.Generator().manual_seed(2))
     common = (image, noise, args.steps, args.guidance, args.octree_resolution, args.num_chunks)
 
-    results = {"upstream": [], "ours_dense": [], "ours_hierarchical": []}
+    results = {"upstream": [], "ours_dense": [], "ours_hierarchical": [], "ours_compile_dense": [],
+               "ours_compile_hierarchical": []}  # fmt: skip
     for run in range(args.runs + 1):  # the first round is warm-up
         rounds = {
             "upstream": lambda: upstream_run(model, vae, conditioner, *common),
             "ours_dense": lambda: ours_run(ours, *common, "dense"),
             "ours_hierarchical": lambda: ours_run(ours, *common, "hierarchical"),
+            "ours_compile_dense": lambda: ours_run(ours_compiled, *common, "dense"),
+            "ours_compile_hierarchical": lambda: ours_run(ours_compiled, *common, "hierarchical"),
         }
         for name, fn in rounds.items():
             out = fn()
@@ -165,6 +170,7 @@ def main() -> int:
         print(f"run {run}/{args.runs}", flush=True)
 
     up, dense = results["upstream"][-1], results["ours_dense"][-1]
+    compiled = results["ours_compile_dense"][-1]
     record = {
         "model": "hunyuan3d-2",
         "preset": f"reduced-{args.config}",
@@ -179,6 +185,8 @@ def main() -> int:
         "threads": args.threads,
         "latents_max_abs_diff": float((up["latents"] - dense["latents"]).abs().max()),
         "grid_max_abs_diff": float((up["grid"] - dense["grid"]).abs().max()),
+        "compiled_latents_max_abs_diff": float((up["latents"] - compiled["latents"]).abs().max()),
+        "compiled_grid_max_abs_diff": float((up["grid"] - compiled["grid"]).abs().max()),
         "vertices_upstream": up["vertices"],
         "vertices_ours": dense["vertices"],
         "hierarchical_queried_points": results["ours_hierarchical"][-1]["queried_points"],
@@ -198,7 +206,7 @@ def main() -> int:
         record.update({f"{name}_total_{k}": round(v, 3) for k, v in total.items()})
     for stage in (*STAGES, "total"):
         key = stage.replace(" ", "_")
-        for ours_name in ("ours_dense", "ours_hierarchical"):
+        for ours_name in [name for name in results if name != "upstream"]:
             record[f"ratio_{ours_name}_{key}"] = round(
                 record[f"{ours_name}_{key}_p50_ms"] / record[f"upstream_{key}_p50_ms"], 3
             )
