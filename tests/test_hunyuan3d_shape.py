@@ -176,3 +176,15 @@ def test_teacache_calibration_command_writes_a_usable_config(tmp_path, capsys):
     code = main(["shape", "-o", str(tmp_path / "m.obj"), "--steps", "8", "--octree-resolution", "12", "--no-progress",
                  "--cache", str(out)])  # fmt: skip
     assert code == 0 and "steps computed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("bfloat16", 0.03), ("float16", 0.005)])
+def test_half_precision_runs_close_to_float32(pipeline, image, dtype, tolerance):
+    settings = ShapeSettings(steps=5, octree_resolution=16, decoding="dense")
+    reference = pipeline.generate(image, settings)
+    half = load_shape_pipeline(FIXTURE, dtype=dtype, progress=False)
+    assert all(p.dtype == getattr(torch, dtype) for p in half.model.parameters())
+    result = half.generate(image, settings)
+    scale = float(reference.latents.abs().max())
+    assert float((result.latents.float() - reference.latents).abs().max()) <= tolerance * scale
+    assert abs(result.mesh.num_vertices - reference.mesh.num_vertices) <= 0.05 * reference.mesh.num_vertices
