@@ -105,12 +105,13 @@ class ShapePipeline:
     """A loaded Hunyuan3D-2 model and the runtime that executes it; :meth:`generate` runs one image."""
 
     def __init__(self, model: Hunyuan3DModel, *, device, capture: str = "eager", source: str = "",
-                 random_weights: bool = False, graph_backend: GraphBackend | None = None):  # fmt: skip
+                 random_weights: bool = False, graph_backend: GraphBackend | None = None,
+                 plat: platform_mod.Platform | None = None):  # fmt: skip
         self.model, self.source, self.random_weights = model, source, random_weights
         self.device = platform_mod.normalize_device(device)
         self.capture = capture
         self.buffers = StaticBuffers()
-        runtime = {"mode": capture, "buffers": self.buffers, "graph_backend": graph_backend}
+        runtime = {"mode": capture, "buffers": self.buffers, "graph_backend": graph_backend, "plat": plat}
         self.conditioner_call = BucketedCall(self._condition, self.plan, dict, **runtime)
         self.dit_call = BucketedCall(self._dit_step, lambda bucket: {}, dict, **runtime)
         self.decoder_call = BucketedCall(self._query, lambda bucket: {}, dict, **runtime)
@@ -120,8 +121,8 @@ class ShapePipeline:
     # ---- the runtime's view
 
     def plan(self, bucket: ShapeBucket | None) -> dict[str, BufferSpec]:
-        """Static buffers: the conditioner's position table; with a bucket, its step schedule's modulations."""
-        specs = {"position_table": BufferSpec(lambda _: self.model.conditioner.position_table().to(self.device))}
+        """Static buffers: the conditioner's (positions, normalization); with a bucket, its schedule's modulations."""
+        specs = {"conditioner": BufferSpec(lambda _: self.model.conditioner.buffers(self.device))}
         if bucket is not None:
             specs["modulations"] = BufferSpec(lambda _: self._modulations(bucket), key=(bucket.steps, bucket.guidance))
         return specs
@@ -132,7 +133,7 @@ class ShapePipeline:
         return self.model.dit.step_modulation(timesteps, bucket.guidance)
 
     def _condition(self, buffers: dict, image: torch.Tensor) -> torch.Tensor:
-        return self.model.conditioner(image, buffers["position_table"])
+        return self.model.conditioner(image, buffers["conditioner"])
 
     def _dit_step(self, buffers: dict, x: torch.Tensor, txt: torch.Tensor, *flat_mods: torch.Tensor) -> torch.Tensor:
         return self.model.dit(x, txt, StepModulation.from_flat(flat_mods, self.config.dit.depth))
@@ -277,14 +278,15 @@ def load_shape_pipeline(
     capture: str = "eager",
     progress: bool = True,
     graph_backend: GraphBackend | None = None,
+    plat: platform_mod.Platform | None = None,
 ) -> ShapePipeline:
     """A pipeline from a released model directory (``config.yaml`` + weights) or a preset name (seeded random
     weights)."""
     compute_dtype = _resolve_dtype(dtype)
-    check_capture(capture)
+    check_capture(capture, plat)
     prepare_capture(capture)
     device = platform_mod.normalize_device(device)
-    ops = get_ops(backend)
+    ops = get_ops(backend, plat)
     path = Path(source)
     if path.is_dir():
         config = config_from_checkpoint(path)
@@ -303,7 +305,7 @@ def load_shape_pipeline(
         init_random_weights(model, seed, device)
     model.eval().requires_grad_(False)
     return ShapePipeline(model, device=device, capture=capture, source=str(source), random_weights=not path.is_dir(),
-                         graph_backend=graph_backend)  # fmt: skip
+                         graph_backend=graph_backend, plat=plat)  # fmt: skip
 
 
 __all__ = [

@@ -45,6 +45,15 @@ TIME_EMBED_DIM = 256
 # ---- 1. conditioner ---------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, eq=False)
+class ConditionerBuffers:
+    """What the conditioner reads besides its weights: positions for its input size, the normalization."""
+
+    position_table: torch.Tensor  # [1 + grid², C]
+    mean: torch.Tensor  # [1, 3, 1, 1] fp32
+    std: torch.Tensor  # [1, 3, 1, 1] fp32
+
+
 class DinoConditioner(nn.Module):
     """DINOv2 over the processed image (see the module docstring)."""
 
@@ -73,7 +82,14 @@ class DinoConditioner(nn.Module):
         patch = patch.to(table.dtype).permute(0, 2, 3, 1).reshape(cfg.grid * cfg.grid, -1)
         return torch.cat([table[:1], patch], dim=0)
 
-    def preprocess(self, image: torch.Tensor) -> torch.Tensor:
+    def buffers(self, device) -> ConditionerBuffers:
+        """Built once per model (the runtime owns them): never inside a captured call."""
+        stats = [
+            torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1).to(device) for v in (IMAGENET_MEAN, IMAGENET_STD)
+        ]
+        return ConditionerBuffers(self.position_table().to(device), *stats)
+
+    def preprocess(self, image: torch.Tensor, buffers: ConditionerBuffers) -> torch.Tensor:
         """``[B, 3, H, W]`` in [-1, 1] → resized (shorter side), center-cropped, ImageNet-normalized ``[B, 3, S, S]``."""
         size = self.config.image_size
         x = (image.float() + 1) / 2
@@ -84,17 +100,15 @@ class DinoConditioner(nn.Module):
             x = F.interpolate(x, size=new, mode="bilinear", align_corners=False, antialias=True)
         top, left = (x.shape[-2] - size) // 2, (x.shape[-1] - size) // 2
         x = x[..., top : top + size, left : left + size]
-        mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, 3, 1, 1)
-        std = torch.tensor(IMAGENET_STD, device=x.device).view(1, 3, 1, 1)
-        return (x - mean) / std
+        return (x - buffers.mean) / buffers.std
 
-    def forward(self, image: torch.Tensor, position_table: torch.Tensor) -> torch.Tensor:
+    def forward(self, image: torch.Tensor, buffers: ConditionerBuffers) -> torch.Tensor:
         """Processed image ``[B, 3, H, W]`` in [-1, 1] → tokens ``[B, 1 + grid², C]`` (without CLS if so configured)."""
         cfg = self.config
-        x = self.preprocess(image).to(self.patch_weight.dtype)
+        x = self.preprocess(image, buffers).to(self.patch_weight.dtype)
         batch = x.shape[0]
         patches = F.conv2d(x, self.patch_weight, self.patch_bias, stride=cfg.patch_size).flatten(2).transpose(1, 2)
-        tokens = torch.cat([self.cls_token.expand(batch, 1, -1), patches], dim=1) + position_table
+        tokens = torch.cat([self.cls_token.expand(batch, 1, -1), patches], dim=1) + buffers.position_table
         seq = tokens.shape[1]
         hidden = tokens.reshape(batch * seq, -1)
         for block in self.blocks:
@@ -304,6 +318,7 @@ class Hunyuan3DModel(nn.Module):
 
 
 __all__ = [
+    "ConditionerBuffers",
     "DinoConditioner",
     "GeometryKV",
     "Hunyuan3DDiT",
