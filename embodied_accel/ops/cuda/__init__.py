@@ -69,7 +69,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     if attention not in CUDA_ATTENTION_KERNELS:
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
     from . import attention as attention_kernel
-    from . import int8_gemm, kernels
+    from . import dit_kernels, int8_gemm, kernels
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
         return RopeTables(cos, sin, rotated_heads, total_heads)  # the kernels read cos / sin themselves
@@ -107,5 +107,8 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         "attention": packed_mqa_attention if attention == "sdpa" else triton_attention,
         # ---- ops first used by VGGT
         "int8_linear": int8_gemm.int8_linear,
+        # ---- ops first used by Hunyuan3D
+        "swiglu": dit_kernels.swiglu,
+        "ada_layer_norm": dit_kernels.ada_layer_norm,
     }
     return ops, {"attention": ATTENTION_NOTES[attention]}
