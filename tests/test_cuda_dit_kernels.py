@@ -6,7 +6,7 @@ from triton_setup import DEVICE, GPU, TOLERANCE, requires_triton  # before embod
 
 pytestmark = requires_triton
 
-from embodied_accel.ops import get_ops, reference  # noqa: E402
+from embodied_accel.ops import get_ops, reference
 
 cuda_ops = get_ops("cuda", GPU)
 
