@@ -65,7 +65,7 @@ def test_hunyuan3d_fixture_on_the_cuda_backend_matches_hy3dgen():
     load_checkpoint_weights(model, directory, DEVICE, progress=False)
     io = {k: v.to(DEVICE) for k, v in load_file(str(directory / "io.safetensors")).items()}
     with torch.no_grad():
-        tokens = model.conditioner(io["conditioner.image"], model.conditioner.buffers(DEVICE))
+        tokens = model.conditioner(io["conditioner.image"], model.conditioner.static_buffers(DEVICE))
         torch.testing.assert_close(tokens, io["conditioner.tokens"], rtol=0, atol=1e-4)
         txt = model.dit.embed_condition(io["dit.cond"])
         rows = [model.dit(io["dit.x"][i : i + 1], txt[i : i + 1], model.dit.step_modulation(io["dit.t"][i : i + 1])[0])

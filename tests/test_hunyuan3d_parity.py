@@ -43,7 +43,7 @@ def close(ours: torch.Tensor, theirs: torch.Tensor) -> float:
 @torch.no_grad()
 def test_conditioner_tokens(loaded):
     model, io = loaded
-    tokens = model.conditioner(io["conditioner.image"], model.conditioner.buffers("cpu"))
+    tokens = model.conditioner(io["conditioner.image"], model.conditioner.static_buffers("cpu"))
     assert close(tokens, io["conditioner.tokens"]) <= TOL
 
 
@@ -65,7 +65,7 @@ def test_sampler_latents_every_step(loaded):
     model, io = loaded
     config = model.config
     cfg = not config.dit.guidance_embed
-    cond = model.conditioner(io["pipeline.image"], model.conditioner.buffers("cpu"))
+    cond = model.conditioner(io["pipeline.image"], model.conditioner.static_buffers("cpu"))
     if cfg:
         cond = torch.cat([cond, torch.zeros_like(cond)])
     txt = model.dit.embed_condition(cond)

@@ -122,7 +122,7 @@ class ShapePipeline:
 
     def plan(self, bucket: ShapeBucket | None) -> dict[str, BufferSpec]:
         """Static buffers: the conditioner's (positions, normalization); with a bucket, its schedule's modulations."""
-        specs = {"conditioner": BufferSpec(lambda _: self.model.conditioner.buffers(self.device))}
+        specs = {"conditioner": BufferSpec(lambda _: self.model.conditioner.static_buffers(self.device))}
         if bucket is not None:
             specs["modulations"] = BufferSpec(lambda _: self._modulations(bucket), key=(bucket.steps, bucket.guidance))
         return specs

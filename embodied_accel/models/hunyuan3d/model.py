@@ -82,7 +82,7 @@ class DinoConditioner(nn.Module):
         patch = patch.to(table.dtype).permute(0, 2, 3, 1).reshape(cfg.grid * cfg.grid, -1)
         return torch.cat([table[:1], patch], dim=0)
 
-    def buffers(self, device) -> ConditionerBuffers:
+    def static_buffers(self, device) -> ConditionerBuffers:
         """Built once per model (the runtime owns them): never inside a captured call."""
         stats = [
             torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1).to(device) for v in (IMAGENET_MEAN, IMAGENET_STD)
