@@ -236,6 +236,13 @@ def op_launches(dtype: torch.dtype, batch: int, seq: int = 51) -> None:
         x_q = torch.randint(-127, 128, (tokens, fan_in), dtype=torch.int8)
         w_q = torch.randint(-127, 128, (fan_out, fan_in), dtype=torch.int8).t()
         int8_gemm.int8_linear(x_q, torch.rand(tokens), w_q, torch.rand(fan_out), torch.randn(fan_out, dtype=dtype), dtype)
+    # Hunyuan3D-2: the DiT's AdaLN over a CFG batch of [1370 condition | 3072 latent] tokens of width 1024 (one
+    # modulation row for both), DINOv2-giant's SwiGLU (two halves of 4096) over 1370 tokens
+    from embodied_accel.ops.cuda import dit_kernels
+
+    x = torch.randn(2 * batch, 1370 + 3072, 1024, dtype=dtype)
+    dit_kernels.ada_layer_norm(x, torch.randn(1, 1, 1024, dtype=dtype), torch.randn(1, 1, 1024, dtype=dtype), 1e-6)
+    dit_kernels.swiglu(torch.randn(batch * 1370, 2 * 4096, dtype=dtype))
 
 
 def main(argv: list[str] | None = None) -> int:
