@@ -183,6 +183,7 @@ def main() -> int:
         "octree_resolution": args.octree_resolution,
         "runs": args.runs,
         "threads": args.threads,
+        "load_average": list(__import__("os").getloadavg()),
         "latents_max_abs_diff": float((up["latents"] - dense["latents"]).abs().max()),
         "grid_max_abs_diff": float((up["grid"] - dense["grid"]).abs().max()),
         "compiled_latents_max_abs_diff": float((up["latents"] - compiled["latents"]).abs().max()),
