@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from embodied_accel.models.hunyuan3d.mesh import marching_cubes  # noqa: E402
 from embodied_accel.pipelines.shape import ShapeSettings, load_shape_pipeline  # noqa: E402
@@ -122,6 +123,72 @@ def ours_run(pipeline, image, noise, steps, guidance, resolution, chunks, decodi
     times = dict(result.stage_seconds, **{"surface extraction": time.perf_counter() - start})
     return {"times": times, "latents": result.latents, "grid": result.grid, "vertices": mesh.num_vertices,
             "queried_points": result.decoding_stats["queried_points"]}  # fmt: skip
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched while active (host overhead, independent of the machine's load)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def upstream_ops(model, vae, conditioner, image, noise, steps, guidance, resolution, chunks) -> dict:
+    """Aten ops per stage of one upstream run (the same code as :func:`upstream_run`, stage by stage)."""
+    from hy3dgen.shapegen.schedulers import FlowMatchEulerDiscreteScheduler
+
+    counts = {}
+    with torch.no_grad():
+        with OpCounter() as c:
+            cond = conditioner(image=image)
+            uncond = conditioner.unconditional_embedding(image.shape[0])
+            cond = {k: torch.cat([cond[k], uncond[k]]) for k in cond}
+        counts["conditioning"] = c.count
+        with OpCounter() as c:
+            scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000)
+            scheduler.set_timesteps(sigmas=np.linspace(0, 1, steps), device="cpu")
+            latents = noise.clone()
+            for t in scheduler.timesteps:
+                x = torch.cat([latents] * 2)
+                v = model(x, t.expand(x.shape[0]).to(latents.dtype) / 1000, cond)
+                v_cond, v_uncond = v.chunk(2)
+                latents = scheduler.step(v_uncond + guidance * (v_cond - v_uncond), t, latents).prev_sample
+        counts["diffusion sampling"] = c.count
+        with OpCounter() as c:
+            decoded = vae(latents / vae.scale_factor)
+            vae.volume_decoder(decoded, vae.geo_decoder, bounds=1.01, num_chunks=chunks, octree_resolution=resolution,
+                               enable_pbar=False)  # fmt: skip
+        counts["volume decoding"] = c.count
+    return counts
+
+
+def ours_ops(pipeline, image, noise, steps, guidance, resolution, chunks) -> dict:
+    """Aten ops per stage of one of our eager runs: the pipeline's pieces in the order ``generate`` runs them."""
+    from embodied_accel.models.hunyuan3d.sampler import make_schedule, sample
+    from embodied_accel.models.hunyuan3d.volume import decode_dense
+    from embodied_accel.pipelines.shape import ShapeBucket
+
+    model, counts = pipeline.model, {}
+    bucket = ShapeBucket(steps, None)
+    mods = pipeline.buffers.acquire(pipeline.plan(bucket)).values["modulations"]
+    with torch.no_grad():
+        with OpCounter() as c:
+            cond = pipeline.conditioner_call(None, image)
+            txt = model.dit.embed_condition(torch.cat([cond, torch.zeros_like(cond)]))
+        counts["conditioning"] = c.count
+        with OpCounter() as c:
+            latents = sample(lambda x, i: pipeline.dit_call(bucket, x, txt, *mods[i].flat()), noise,
+                             make_schedule(pipeline.config, steps), guidance, True)  # fmt: skip
+        counts["diffusion sampling"] = c.count
+        with OpCounter() as c:
+            kv = model.vae.geometry_kv(model.vae.decode_latents(latents))
+            decode_dense(lambda p: pipeline.decoder_call(None, p, kv.keys, kv.values), resolution, 1.01, chunks, "cpu")
+        counts["volume decoding"] = c.count
+    return counts
 
 
 def summarize(samples: list[float]) -> dict:
@@ -211,11 +278,16 @@ def main() -> int:
             record[f"ratio_{ours_name}_{key}"] = round(
                 record[f"{ours_name}_{key}_p50_ms"] / record[f"upstream_{key}_p50_ms"], 3
             )
+    up_ops, our_ops = upstream_ops(model, vae, conditioner, *common), ours_ops(ours, *common)
+    for stage in ("conditioning", "diffusion sampling", "volume decoding"):
+        key = stage.replace(" ", "_")
+        record[f"upstream_{key}_aten_ops"], record[f"ours_{key}_aten_ops"] = up_ops[stage], our_ops[stage]
+        record[f"ratio_aten_ops_{key}"] = round(our_ops[stage] / up_ops[stage], 3)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = args.out / f"{stamp}_hy3dgen_vs_ours_{args.config}_cpu.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in record.items() if k.startswith("ratio") or "diff" in k}, indent=2))
+    print(json.dumps({k: v for k, v in record.items() if k.startswith("ratio") or "diff" in k or "ops" in k}, indent=2))
     print(path)
     return 0
 
