@@ -56,9 +56,11 @@ def main() -> int:
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: steadier on a shared CPU)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "bench" / "results")
     args = parser.parse_args()
 
+    torch.set_num_threads(args.threads)
     source = str(args.checkpoint) if args.checkpoint else args.model
     pipeline = load_shape_pipeline(source, backend=args.backend, dtype=args.dtype, progress=False)
     resolution = args.octree_resolution or (64 if source == "hunyuan3d-tiny" else 384)
