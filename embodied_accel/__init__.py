@@ -1,4 +1,4 @@
-"""embodied_accel: fast, checked inference for embodied-AI models (pi0, pi0.5, ...).
+"""embodied_accel: fast, checked inference for embodied-AI models (pi0, pi0.5, GR00T N1.6, ...).
 
 >>> from embodied_accel import load_policy
 >>> policy = load_policy("pi0-tiny")            # a preset with seeded random weights
@@ -19,7 +19,9 @@ def load_policy(preset_or_checkpoint: str, **kwargs):
     Keyword arguments: ``backend`` (auto|reference|cuda|npu), ``dtype`` (float32|bfloat16), ``device``,
     ``seed`` (random-weight presets), ``preset`` (architecture of a small custom checkpoint),
     ``tokenizer`` (SentencePiece file), ``num_views``, ``capture`` (eager|compile|cudagraph|torchair), ``progress``,
-    ``cuda_attention`` (sdpa|triton: the cuda backend's attention kernel).
+    ``cuda_attention`` (sdpa|triton: the cuda backend's attention kernel). GR00T N1.6 (presets ``groot-n1.6``,
+    ``groot-tiny`` or a checkpoint directory, see :func:`policies.groot.load_groot_policy`) also takes
+    ``embodiment`` (the embodiment tag) and reads ``tokenizer`` as an Isaac-GR00T checkout or its tokenizer dir.
     """
     from .policies import load_policy as load_any
 

@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .models.pi0.config import PRESETS
+from .models.vggt import commands as vggt_commands
+from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
-from .models.vggt import commands as vggt_commands
 from .pipelines import shape_command
 from .serve import commands as serve_commands
 
@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 PROG = "embodied-accel"
 SAMPLE_OBSERVATION = Path(__file__).resolve().parent / "data" / "sample_observation.npz"
 SAMPLE_SOURCE = "the bundled sample"
+POLICY_SAMPLE_SOURCE = "the policy's synthetic sample"
 DEFAULT_MODEL = "pi0-tiny"
 DTYPE_CHOICES = ("float32", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -115,21 +116,29 @@ def _common_options() -> argparse.ArgumentParser:
 
 def _policy_options() -> argparse.ArgumentParser:
     """Options shared by every subcommand that builds a policy."""
+    from .policies import preset_names
+
+    presets = preset_names()
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("policy")
     source = group.add_mutually_exclusive_group()
     source.add_argument(
         "--model",
-        choices=tuple(PRESETS),
+        choices=presets,
         metavar="PRESET",
-        help=f"a preset with seeded random weights, one of {', '.join(PRESETS)} (default: {DEFAULT_MODEL})",
+        help=f"a preset with seeded random weights, one of {', '.join(presets)} (default: {DEFAULT_MODEL})",
     )
-    source.add_argument("--checkpoint", type=Path, metavar="DIR", help="a LeRobot pi0 / pi0.5 checkpoint directory")
+    source.add_argument(
+        "--checkpoint", type=Path, metavar="DIR", help="a LeRobot pi0 / pi0.5 or a GR00T N1.6 checkpoint directory"
+    )
     group.add_argument(
         "--preset",
-        choices=tuple(PRESETS),
+        choices=presets,
         metavar="PRESET",
-        help="with --checkpoint: the architecture of a small custom checkpoint (e.g. pi0-tiny)",
+        help="with --checkpoint: the architecture of a small custom checkpoint (e.g. pi0-tiny, groot-tiny)",
+    )
+    group.add_argument(
+        "--embodiment", metavar="TAG", help="GR00T: the embodiment tag (e.g. gr1); needed when a checkpoint has several"
     )
     group.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="op backend (default: auto)")
     group.add_argument(
@@ -142,7 +151,23 @@ def _policy_options() -> argparse.ArgumentParser:
         "--capture", choices=CAPTURE_MODES, default="eager", help="how the call is executed (default: eager)"
     )
     group.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="compute dtype (default: float32)")
-    group.add_argument("--tokenizer", type=Path, metavar="FILE", help="PaliGemma SentencePiece tokenizer.model")
+    group.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="PATH",
+        help="pi0: the PaliGemma SentencePiece tokenizer.model; GR00T: an Isaac-GR00T checkout or its Eagle tokenizer dir",
+    )
+    rtc = parent.add_argument_group("real-time chunking (requests that carry previous_actions)")
+    rtc.add_argument("--rtc-schedule", choices=SCHEDULES, help="soft mask over the overlap (default: linear)")
+    rtc.add_argument(
+        "--rtc-max-guidance",
+        type=serve_commands.non_negative_float,
+        metavar="W",
+        help="clip of the guidance weight (default: 10)",
+    )
+    rtc.add_argument(
+        "--rtc-execution-horizon", type=_positive_int, metavar="N", help="where the soft mask ends (default: 10)"
+    )
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parent
 
@@ -325,6 +350,24 @@ def _without_random_weights_warning() -> Iterator[None]:
         notice_logger.setLevel(level)
 
 
+def _rtc_option(args: argparse.Namespace) -> dict[str, Any]:
+    """``{"rtc": RtcSettings}`` when an --rtc-* flag is given (the policy's defaults otherwise)."""
+    given = {
+        name: value
+        for name, value in (
+            ("schedule", getattr(args, "rtc_schedule", None)),
+            ("max_guidance_weight", getattr(args, "rtc_max_guidance", None)),
+            ("execution_horizon", getattr(args, "rtc_execution_horizon", None)),
+        )
+        if value is not None
+    }
+    if not given:
+        return {}
+    from .nn.rtc import RtcSettings
+
+    return {"rtc": RtcSettings(**given)}
+
+
 def _load_policy(args: argparse.Namespace, num_views: int | None = None):
     """The policy the arguments name and its load time."""
     from . import load_policy
@@ -332,6 +375,13 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
     if args.preset is not None and args.checkpoint is None:
         raise CLIError("--preset names the architecture of a --checkpoint; for a preset use --model")
+    extra = {}
+    if args.embodiment is not None:
+        from .policies import family_of
+
+        if family_of(source).name != "groot":
+            raise CLIError(f"--embodiment applies to GR00T policies; {source} is not one")
+        extra["embodiment"] = args.embodiment
     start = time.perf_counter()
     policy = load_policy(
         source,
@@ -343,6 +393,8 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
         capture=args.capture,
         progress=_progress(args),
         cuda_attention=args.cuda_attention,
+        **extra,
+        **_rtc_option(args),
     )
     logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
     return policy, time.perf_counter() - start
@@ -398,6 +450,8 @@ def select_instruction(
 
 def _tokenizer_search_places(policy) -> str:
     """Where a tokenizer was looked for (the search is repeated: it only reads directories)."""
+    if hasattr(policy, "tokenizer_search_places"):  # a family with its own tokenizer lookup (GR00T)
+        return policy.tokenizer_search_places()
     from .models.pi0.tokenizer import search_tokenizer
 
     checkpoint_dir = None if policy.random_weights else policy.source
@@ -461,18 +515,30 @@ def _source_line(policy) -> str:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _observation_source(args: argparse.Namespace) -> str:
-    return str(args.observation) if args.observation is not None else SAMPLE_SOURCE
+def _observation_source(args: argparse.Namespace, policy=None) -> str:
+    if args.observation is not None:
+        return str(args.observation)
+    return POLICY_SAMPLE_SOURCE if hasattr(policy, "sample_observation") else SAMPLE_SOURCE
+
+
+def default_observation(policy) -> dict[str, Any]:
+    """The observation used without ``--observation``: the policy's own synthetic one if it has one (GR00T: its
+    embodiment's cameras and state keys), else the bundled sample."""
+    if hasattr(policy, "sample_observation"):
+        return policy.sample_observation()
+    return load_observation(SAMPLE_OBSERVATION)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
+    observation = load_observation(args.observation) if args.observation is not None else None
     noise = load_noise(args.noise) if args.noise is not None else None
     if args.output is not None and args.output.suffix.lower() not in OUTPUT_SUFFIXES:
         raise CLIError(f"--output {args.output}: expected a .npy or .json file name")
     with _without_random_weights_warning():  # this command prints its own notice
         policy, _ = _load_policy(args)
-    observation, instruction = select_instruction(policy, observation, _observation_source(args))
+    if observation is None:
+        observation = default_observation(policy)
+    observation, instruction = select_instruction(policy, observation, _observation_source(args, policy))
     seed = None if noise is not None else args.seed
     _announce_first_call(args, policy)
     result = policy.infer(observation, noise=noise, seed=seed, num_steps=args.num_steps)
@@ -484,7 +550,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"policy:      {_source_line(policy)}")
     print(f"runtime:     backend {_backend_label(policy)}, capture {policy.capture}, dtype {_dtype_name(policy)}, "
           f"device {policy.device}")  # fmt: skip
-    print(f"observation: {args.observation or 'bundled sample'} (instruction: {instruction})")
+    print(f"observation: {_observation_source(args, policy).removeprefix('the ')} (instruction: {instruction})")
     print(f"noise:       {f'file {args.noise}' if noise is not None else f'seed {seed}'}, {steps} denoising steps")
     print(f"actions:     shape {tuple(actions.shape)} {actions.dtype}")
     print(_action_summary(actions))
@@ -538,7 +604,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         print("fused ops:   none (every op is the pure-PyTorch reference)")
     print(f"cameras:     {len(io.image_keys)}: {', '.join(io.image_keys)}")
     print(f"state:       {io.state_dim} dims ({io.state_key}, normalization {io.state_norm})")
-    print(f"actions:     {io.action_dim} dims x horizon {cfg.action_horizon} (normalization {io.action_norm})")
+    horizon = getattr(io, "action_horizon", cfg.action_horizon)  # GR00T: the embodiment's steps of the chunk
+    print(f"actions:     {io.action_dim} dims x horizon {horizon} (normalization {io.action_norm})")
+    if getattr(policy, "embodiment", None) is not None:
+        print(f"embodiment:  {policy.embodiment}")
     print(f"sampler:     {cfg.num_steps} denoising steps, up to {cfg.max_token_len} language tokens")
     tokenizer = policy.processor.tokenizer
     if tokenizer is not None:
@@ -563,9 +632,12 @@ def fill_camera_slots(policy, observation: Mapping[str, Any]) -> dict[str, Any]:
 
 def _measured_call_inputs(args: argparse.Namespace):
     """The policy, its load time, and the observations (every camera slot filled, ``--batch`` of them)."""
-    observation = load_observation(args.observation or SAMPLE_OBSERVATION)
+    observation = load_observation(args.observation) if args.observation is not None else None
     policy, load_s = _load_policy(args, num_views=args.views)
-    observation = fill_camera_slots(policy, select_instruction(policy, observation, _observation_source(args))[0])
+    if observation is None:
+        observation = default_observation(policy)
+    source = _observation_source(args, policy)
+    observation = fill_camera_slots(policy, select_instruction(policy, observation, source)[0])
     return policy, load_s, [observation] * args.batch
 
 

@@ -609,3 +609,20 @@ def test_lerobot_fixture(name, family, preset):
     if family == "pi05":
         prompts = [pi05_prompt(t, s) for t, s in zip(data["tasks"], ref["state_normalized"], strict=True)]
         assert prompts == meta["prompts"]
+
+
+def test_a_key_the_policy_does_not_read_is_reported_once(caplog):
+    """A misspelt camera would otherwise be a silently missing camera."""
+    processor = Pi0Processor(get_preset("pi0-tiny"), IOSpec.identity(CAMS[:2], STATE_DIM, ACTION_DIM))
+    obs = {
+        "observation.images.base_0_rbg": np.zeros((224, 224, 3), np.uint8),  # misspelt
+        "observation.images.left_wrist_0_rgb": np.zeros((224, 224, 3), np.uint8),
+        "observation.state": np.zeros(STATE_DIM, np.float32),
+        "observation.language.tokens": np.array([2, 7]),
+    }
+    with caplog.at_level("WARNING", logger="embodied_accel.models.pi0.processor"):
+        for _ in range(3):
+            processor(obs)
+    (record,) = [r for r in caplog.records if "not read by this policy" in r.getMessage()]
+    assert "'observation.images.base_0_rbg'" in record.getMessage()
+    assert "did you mean 'observation.images.base_0_rgb'" in record.getMessage()

@@ -271,3 +271,51 @@ def test_policy_client_reconnects_after_the_server_closed_the_connection():
             assert client.infer({"x": np.float32(1)})["actions"].shape == (2, 1)  # a fresh connection
         samples = parse_metrics(http_get(running.url, "/metrics")[1])
         assert samples[PREFIX + "connections_total"] == 2 and samples[PREFIX + 'requests_total{outcome="ok"}'] == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real-time chunking
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_executor_sends_the_unexecuted_rest_of_its_chunk_and_the_expected_delay():
+    sent: list[dict] = []
+
+    def recording(observation):
+        sent.append(observation)
+        return timed_chunk(observation)
+
+    sim = SimulatedInference(latency_steps=3)
+    executor = ActionChunkExecutor(recording, prefetch_steps=4, submit=sim.submit, real_time_chunking=True)
+    for t in range(30):
+        sim.advance(t)
+        assert executor.step({"t": t}).tolist() == [t, t]  # still time-aligned
+    assert "previous_actions" not in sent[0]  # nothing to continue yet
+    for request in sent[1:]:
+        t = request["t"]
+        # the chunk's actions from this tick on (action == its tick in this stand-in), and the measured delay
+        np.testing.assert_array_equal(
+            request["previous_actions"][:, 0], np.arange(t, t + len(request["previous_actions"]))
+        )
+        assert request["inference_delay"] == (0 if request is sent[1] else 3)
+    with pytest.raises(ValueError, match="execution_horizon"):
+        ActionChunkExecutor(recording, execution_horizon=5)  # only with real_time_chunking
+
+
+def test_the_server_guides_requests_that_carry_the_previous_chunk():
+    """The optional keys pass through every key map; a request with them is answered as the policy answers it."""
+    from embodied_accel import load_policy
+    from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
+
+    policy = load_policy("pi0-tiny", progress=False)
+    config = ServeConfig(host="127.0.0.1", port=0, num_steps=2, keymap="libero", noise_seed=0)
+    previous = np.linspace(-1, 1, 30 * 7, dtype=np.float32).reshape(30, 7)
+    request = {**libero(3), "previous_actions": previous, "inference_delay": 4}
+    with ServerThread(PolicyServer(policy, config)) as running, PolicyClient(running.url) as client:
+        assert client.metadata["real_time_chunking"]["max_guidance_weight"] == policy.rtc.max_guidance_weight
+        plain = client.infer(libero(3))["actions"]
+        guided = client.infer(request)["actions"]
+        model_obs, _ = running.server.mapper(request)
+    expected = policy.infer(model_obs, seed=0, num_steps=2)["actions"]
+    np.testing.assert_allclose(guided, expected, rtol=1e-5, atol=1e-5)
+    assert np.abs(guided[:4] - previous[:4]).max() < 0.5 * np.abs(plain[:4] - previous[:4]).max()

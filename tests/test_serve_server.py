@@ -35,7 +35,7 @@ def start(policy, **config) -> ServerThread:
 
 
 def libero_obs(seed: int, size=(40, 48)) -> dict:
-    """A LIBERO-style observation (openpi keys) with token ids (the tiny preset has no tokenizer)."""
+    """A LIBERO-style observation (openpi keys) with token ids."""
     rng = np.random.default_rng(seed)
     return {
         "observation/image": rng.integers(0, 256, (*size, 3), dtype=np.uint8),
@@ -73,6 +73,21 @@ def raw_exchange(url: str, payload, timeout_s: float = 30) -> tuple[str, int | N
 
 # openpi-client connects the way websockets >= 17.1 deprecates; its warning is not ours
 @pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+def test_openpi_client_with_a_text_prompt_on_the_built_in_default(policy):
+    """What an openpi robot sends (a text ``prompt``) works on the default model out of the box."""
+    openpi = pytest.importorskip(
+        "openpi_client.websocket_client_policy", reason="pip install --no-deps openpi-client==0.1.2 (see .ci/run)"
+    )
+    obs = {key: value for key, value in libero_obs(3).items() if key != "observation.language.tokens"}
+    obs["prompt"] = "Pick up the black bowl and place it on the plate."
+    with start(policy) as running:
+        robot = openpi.WebsocketClientPolicy(host="127.0.0.1", port=running.server.port)
+        actions = robot.infer(obs)["actions"]
+        expected = expected_actions(policy, running.server, obs)
+    assert actions.shape == (50, 7)
+    np.testing.assert_allclose(actions, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_openpi_client_metadata_actions_and_error_isolation(policy):
     openpi = pytest.importorskip(
         "openpi_client.websocket_client_policy", reason="pip install --no-deps openpi-client==0.1.2 (see .ci/run)"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from embodied_accel.models.vggt.loading import VggtRunner, load_vggt_model
+from embodied_accel.models.vggt.loading import Bucket, VggtRunner, load_vggt_model
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vggt_tiny"
 OUTPUTS = ("pose_enc", "depth", "depth_conf", "world_points", "world_points_conf", "track", "vis", "conf")
@@ -60,9 +60,28 @@ def test_frame_chunking_does_not_change_the_dense_heads(runner, reference):
 def test_buffers_are_built_once_per_bucket(runner, reference):
     io, _ = reference
     runner.release()
+    builds = runner.static_buffers.builds["vggt"]
     runner(io["square.images"])
+    first = runner.buffers(Bucket(1, 3, (56, 56)))
     runner(io["square.images"])
     runner(io["wide.images"])
-    assert len(runner._buffers) == 2
-    first = next(iter(runner._buffers.values()))
+    assert runner.static_buffers.builds["vggt"] - builds == 2
     assert first.rope.cos.shape[0] == 5 + 16  # camera + 4 registers + 4x4 patches
+    assert runner.static_buffers.nbytes() > 0
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_stays_close_to_fp32(runner, reference, dtype):
+    """The aggregator and dense heads in bf16 / fp16, the camera head and tracker in fp32."""
+    io, _ = reference
+    model, _ = load_vggt_model(FIXTURE, preset="vggt-tiny", backend="reference", dtype=dtype, device="cpu", progress=False)
+    assert model.aggregator.frame_blocks[0].fc1.weight_t.dtype == getattr(torch, dtype)
+    assert model.camera_head.pose_fc1.weight_t.dtype == torch.float32
+    out = VggtRunner(model, torch.device("cpu"))(io["wide.images"], io["wide.query_points"])
+    ref = runner(io["wide.images"], io["wide.query_points"])
+    for name in ("pose_enc", "depth", "world_points", "track"):
+        ours = getattr(out, name).float()
+        assert torch.isfinite(ours).all(), name
+        rel = ((ours - getattr(ref, name)).abs() / (1 + getattr(ref, name).abs())).mean().item()
+        assert rel < 0.05, (name, rel)
+    assert out.pose_enc.dtype == torch.float32 and out.track.dtype == torch.float32

@@ -97,6 +97,8 @@ def test_bad_image_folders_are_clear_errors(tmp_path, capsys, setup, fragment):
         (["-o", "scene.obj"], "expected a .ply"),
         (["--preset", "vggt-tiny"], "--preset describes a --checkpoint"),
         (["--ulysses-degree", "2"], "--sp hybrid"),
+        (["--frames-chunk-size", "0"], "integer >= 1"),
+        (["--conf-percentile", "120"], "percentile in [0, 100]"),
     ],
 )
 def test_bad_flags_are_clear_errors(tmp_path, capsys, argv, fragment, monkeypatch):
@@ -160,3 +162,45 @@ def test_cameras_from_pose_encoding_and_unprojection():
     torch.testing.assert_close(cam[..., 2], depth[0], atol=1e-5, rtol=1e-5)
     rot_err, trans_err = relative_pose_errors(torch.cat([ext, ext]), torch.cat([ext, ext]))
     assert rot_err.abs().max() < 1e-3 and pose_auc(rot_err, trans_err.nan_to_num(0)) == 1.0
+
+
+class MetaCheckpoint:
+    """A checkpoint of the released full-size layout whose tensors are shapes only (meta device: no memory)."""
+
+    def __init__(self, layout):
+        self.layout, self.path = layout, Path("VGGT-1B/model.pt")
+
+    def keys(self):
+        return set(self.layout)
+
+    def shape(self, key):
+        return tuple(self.layout[key])
+
+    def get(self, key):
+        return torch.empty(self.layout[key], device="meta")
+
+
+def test_full_size_loader_reads_exactly_the_released_layout():
+    """Every tensor of upstream's full-size VGGT() (recorded by the fixture generator) is read with the shape we
+    expect, except DINOv2's training-only mask token; the whole strict load runs on the meta device."""
+    import gzip
+
+    from embodied_accel.models.vggt.config import get_preset
+    from embodied_accel.models.vggt.model import VggtModel
+    from embodied_accel.models.vggt.weights import IGNORED_KEYS, config_for_checkpoint, load_checkpoint_weights
+    from embodied_accel.ops import get_ops
+
+    with gzip.open(FIXTURE / "vggt1b_layout.json.gz", "rt", encoding="utf-8") as f:
+        layout = json.load(f)
+    source = MetaCheckpoint(layout)
+    config = config_for_checkpoint(source, {"img_size": 518, "patch_size": 14, "embed_dim": 1024}, None)
+    assert config == get_preset("vggt")
+    with torch.device("meta"):
+        model = VggtModel(config, get_ops("reference"))
+    load_checkpoint_weights(model, source, "meta", progress=False)
+    assert (
+        sum(p.numel() for p in model.parameters())
+        == sum(torch.Size(s).numel() for k, s in layout.items() if k not in IGNORED_KEYS)
+        == 1_256_536_492
+    )
+    assert model.aggregator.frame_blocks[23].attn.qkv.weight_t.shape == (1024, 3072)

@@ -14,7 +14,8 @@ cubin for the architecture, and the tool checks what would otherwise only fail o
 
 The launches come from real calls of pi0 and pi0.5 at full width (SigLIP-So400m, Gemma-2B and Gemma-300M
 layers, depth 1, a small vocabulary) on the CPU through the cuda backend, with each of its attention kernels
-(packed SDPA, Triton), at batch 1 and 8, with 2 views and the real prompt bucket, in bf16 and fp32. Kernel outputs are never written (nothing runs), so the numbers
+(packed SDPA, Triton), at batch 1 and 8, with 2 views and the real prompt bucket, in bf16 and fp32, and from
+GR00T N1.6's ops at its released shapes. Kernel outputs are never written (nothing runs), so the numbers
 the model computes are meaningless; only the launches matter.
 
     python tools/check_triton_compile.py [--arch 90 --arch 89 --arch 80] [--out bench/results]
@@ -236,13 +237,21 @@ def op_launches(dtype: torch.dtype, batch: int, seq: int = 51) -> None:
         x_q = torch.randint(-127, 128, (tokens, fan_in), dtype=torch.int8)
         w_q = torch.randint(-127, 128, (fan_out, fan_in), dtype=torch.int8).t()
         int8_gemm.int8_linear(x_q, torch.rand(tokens), w_q, torch.rand(fan_out), torch.randn(fan_out, dtype=dtype), dtype)
-    # Hunyuan3D-2: the DiT's AdaLN over a CFG batch of [1370 condition | 3072 latent] tokens of width 1024 (one
-    # modulation row for both), DINOv2-giant's SwiGLU (two halves of 4096) over 1370 tokens
-    from embodied_accel.ops.cuda import dit_kernels
 
-    x = torch.randn(2 * batch, 1370 + 3072, 1024, dtype=dtype)
-    dit_kernels.ada_layer_norm(x, torch.randn(1, 1, 1024, dtype=dtype), torch.randn(1, 1, 1024, dtype=dtype), 1e-6)
-    dit_kernels.swiglu(torch.randn(batch * 1370, 2 * 4096, dtype=dtype))
+
+def groot_launches(dtype: torch.dtype, batch: int, prompt: int = 128, tokens: int = 51) -> None:
+    """GR00T N1.6's ops of the cuda backend at the released shapes: Qwen3's q/k-norm + RoPE on the merged
+    ``[B, 16 + 2 * 8, S, 128]`` projection and its SwiGLU (MLP 6144) over a 128-token prompt bucket; the DiT's
+    AdaLN (1536 wide, shared modulation, and parameter-free) over 1 state + 50 action tokens."""
+    from embodied_accel.ops.cuda import groot_kernels
+
+    qkv = torch.randn(batch, prompt, 32, 128, dtype=dtype).transpose(1, 2)
+    cos, sin = torch.randn(batch, prompt, 128, dtype=dtype), torch.randn(batch, prompt, 128, dtype=dtype)
+    groot_kernels.qk_rms_norm_rope(qkv, torch.randn(24, 128, dtype=dtype), 1e-6, cos, sin)
+    groot_kernels.swiglu(torch.randn(batch * prompt, 2 * 6144, dtype=dtype))
+    x = torch.randn(batch * tokens, 1536, dtype=dtype)
+    groot_kernels.ada_layer_norm(x, torch.randn(1536, dtype=dtype), torch.randn(1536, dtype=dtype), 1e-5)
+    groot_kernels.ada_layer_norm(x, None, None, 1e-6)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                 for batch in batches:
                     model_launches(dtype, batch)
                     op_launches(dtype, batch)
+                    groot_launches(dtype, batch)
     seconds = time.perf_counter() - started
 
     variants = sorted(compiler.variants.values(), key=lambda v: (v.arch, v.kernel, v.signature, v.constants))

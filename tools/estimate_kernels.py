@@ -76,9 +76,10 @@ def launches(
         torch.randint(0, cfg.vocab_size, (1, tokens)), torch.ones(1, tokens, dtype=torch.bool),
         torch.randn(1, cfg.max_state_dim), torch.randn(1, cfg.action_horizon, cfg.max_action_dim),
     )  # fmt: skip
-    model.sample_actions(*args)  # buffers and caches first, as a captured call has them
+    buffers = model.new_buffers(1, views, tokens, cfg.num_steps, "cpu")  # built before the call, as the runtime does
+    model.sample_actions(*args, buffers=buffers)
     with LaunchCount() as count:
-        model.sample_actions(*args)
+        model.sample_actions(*args, buffers=buffers)
     return count.launches
 
 

@@ -1,4 +1,4 @@
-"""The GPU benchmark matrix of issue 3, in one process per model (run on a GPU machine).
+"""The GPU benchmark matrix for pi0 / pi0.5, in one process per model (run on a GPU machine).
 
     PYTHONPATH=. python tools/gpu_bench.py --model pi0 --out-dir bench/results
 

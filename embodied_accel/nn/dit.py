@@ -1,200 +1,197 @@
-"""FLUX-style DiT blocks: AdaLN-modulated double-stream (joint attention) and single-stream (parallel) blocks.
+"""A diffusion transformer conditioned by AdaLN on the timestep, with self- and cross-attention blocks
+(GR00T N1.6's AlternateVLDiT).
 
-Used by Hunyuan3D-2's shape DiT; the same blocks are FLUX's (which adds RoPE on Q and K: ``rope`` hooks for it are
-left to the caller). A step's conditioning vector ``vec`` (time, and guidance for distilled models) modulates
-every block through a linear layer; that modulation depends only on the step, not on the tokens, so a sampler
-computes it once per step schedule (:meth:`DoubleStreamBlock.modulation` / :meth:`SingleStreamBlock.modulation`)
-and hands it to the blocks.
+Block ``i`` has one attention: self-attention over the action-head tokens when ``i`` is odd, otherwise
+cross-attention to the vision-language tokens: to the non-image tokens when ``i % (2 * every) == 0`` and to the
+image tokens otherwise (``every`` = ``attend_text_every_n_blocks``). Each block:
+``x += attn(AdaLN(x, t))``; ``x += FF(LN(x))`` (GELU-tanh MLP, 4x wide). The output: ``AdaLN'(x, t)`` (its own
+shift/scale, eps 1e-6) → Linear.
 
-Tokens travel as ``[B, L, D]``. Q and K are RMS-normalized per head (QK-norm) before attention; attention is the
-op layer's (no mask: every token sees every token).
-
-Double-stream block (``img`` = latents, ``txt`` = conditions, each with its own weights)::
-
-    q, k, v = qk_norm(qkv(ada_ln(x, mod1)))      for x in (txt, img); attention over [txt | img] jointly
-    x = x + gate1 * proj(attention_x)
-    x = x + gate2 * mlp(ada_ln(x, mod2))          mlp = fc2(gelu_tanh(fc1(.)))
-
-Single-stream block (one stream ``[txt | img]``)::
-
-    [qkv | h] = linear1(ada_ln(x, mod));  x = x + gate * linear2([attention(qk_norm(qkv)) | gelu_tanh(h)])
+Everything that depends only on the timestep (the timestep embedding, every block's AdaLN scale and shift, the
+output modulation) is computed once per step schedule by :meth:`AlternateVLDiT.modulation`; the keys and values
+of every cross-attention block depend only on the vision-language tokens, so :meth:`AlternateVLDiT.cross_kv`
+computes them for all blocks in one GEMM, once per call.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..ops import OpSet
-from .linear import Linear
+
+BlockKind = Literal["self", "text", "image"]
 
 
 @dataclass(frozen=True)
-class Modulation:
-    """One AdaLN modulation: ``ada_ln(x) = layer_norm(x) * scale_plus_one + shift``, residual gated by ``gate``.
-    Each ``[B or 1, 1, D]`` in the compute dtype."""
+class DiTConfig:
+    depth: int = 32
+    num_heads: int = 32
+    head_dim: int = 48
+    cross_dim: int = 2048  # width of the vision-language tokens
+    output_dim: int = 1024
+    attend_text_every_n_blocks: int = 2
+    eps: float = 1e-5
+    output_eps: float = 1e-6
+    timestep_channels: int = 256
+    mlp_ratio: int = 4
 
-    shift: torch.Tensor
-    scale_plus_one: torch.Tensor
-    gate: torch.Tensor
+    @property
+    def inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def block_kind(self, index: int) -> BlockKind:
+        if index % 2 == 1:
+            return "self"
+        return "text" if index % (2 * self.attend_text_every_n_blocks) == 0 else "image"
+
+    @property
+    def cross_blocks(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.depth) if self.block_kind(i) != "self")
 
 
-def split_modulation(out: torch.Tensor, count: int) -> list[Modulation]:
-    """``[N, count * 3 * D]`` (a modulation linear's output: shift, scale, gate per modulation) → ``count``
-    modulations of ``[N, 1, D]``."""
-    chunks = out[:, None, :].chunk(3 * count, dim=-1)
-    return [Modulation(chunks[3 * i], 1 + chunks[3 * i + 1], chunks[3 * i + 2]) for i in range(count)]
+def timestep_features(timesteps: torch.Tensor, channels: int) -> torch.Tensor:
+    """Sinusoidal features of integer timesteps ``[N]`` → ``[N, channels]``, ``[cos | sin]`` (fp32).
 
-
-def timestep_embedding(t: torch.Tensor, dim: int, max_period: float, time_factor: float) -> torch.Tensor:
-    """Sinusoidal embedding ``[cos | sin]`` of ``time_factor * t`` with frequencies ``max_period ** (-i / half)``.
-
-    ``t: [N]`` float; returns ``[N, dim]`` fp32. (Hunyuan3D-2 passes its ``time_factor`` 1000 as ``max_period``.)
+    Frequencies ``exp(-ln(10000) * k / (channels/2 - 1))``, k = 0 .. channels/2 - 1 (diffusers' ``Timesteps`` with
+    ``flip_sin_to_cos=True, downscale_freq_shift=1``).
     """
-    half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
-    args = (time_factor * t).float()[:, None] * freqs[None]
-    embedding = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-    if dim % 2:
-        embedding = torch.cat([embedding, torch.zeros_like(embedding[:, :1])], dim=-1)
-    return embedding
+    half = channels // 2
+    exponent = -math.log(10000) * torch.arange(0, half, dtype=torch.float32) / (half - 1)
+    angles = timesteps[:, None].float() * torch.exp(exponent)[None, :]
+    return torch.cat([torch.cos(angles), torch.sin(angles)], dim=-1)
 
 
-class MLPEmbedder(nn.Module):
-    """``out(silu(in(x)))``: the time / guidance embedder."""
+#: One AdaLN's modulation for one step: ``(1 + scale, shift)``, each ``[inner]``.
+Modulation = tuple[torch.Tensor, torch.Tensor]
 
-    def __init__(self, in_dim: int, hidden: int, ops: OpSet):
+
+@dataclass(frozen=True)
+class DiTModulation:
+    """Everything a DiT pass needs from the timestep, for a schedule of steps: separate contiguous vectors, so
+    that a step reads them without indexing (no op per block and step)."""
+
+    blocks: tuple[tuple[Modulation, ...], ...]  # [step][block]
+    output: tuple[Modulation, ...]  # [step]
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, cfg: DiTConfig, ops: OpSet, kind: BlockKind):
         super().__init__()
-        self.in_layer = Linear(in_dim, hidden, ops)
-        self.out_layer = Linear(hidden, hidden, ops)
+        self.cfg, self.ops, self.kind = cfg, ops, kind
+        inner, hidden = cfg.inner, cfg.mlp_ratio * cfg.inner
+        self.ada_weight = nn.Parameter(torch.empty(inner, 2 * inner))  # silu(temb) -> [scale | shift]
+        self.ada_bias = nn.Parameter(torch.empty(2 * inner))
+        if kind == "self":
+            self.qkv_weight = nn.Parameter(torch.empty(inner, 3 * inner))
+            self.qkv_bias = nn.Parameter(torch.empty(3 * inner))
+        else:  # K/V come from AlternateVLDiT.cross_kv (all cross blocks in one GEMM)
+            self.q_weight = nn.Parameter(torch.empty(inner, inner))
+            self.q_bias = nn.Parameter(torch.empty(inner))
+        self.out_weight = nn.Parameter(torch.empty(inner, inner))
+        self.out_bias = nn.Parameter(torch.empty(inner))
+        self.ff_in_weight = nn.Parameter(torch.empty(inner, hidden))
+        self.ff_in_bias = nn.Parameter(torch.empty(hidden))
+        self.ff_out_weight = nn.Parameter(torch.empty(hidden, inner))
+        self.ff_out_bias = nn.Parameter(torch.empty(inner))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out_layer(F.silu(self.in_layer(x)))
+    def forward(self, hidden, batch: int, seq: int, modulation: Modulation, cross=None) -> torch.Tensor:
+        """``hidden: [B*S, inner]``; ``modulation``: this step's ``(1 + scale, shift)``; ``cross``: ``(k, v, mask)``
+        with ``k, v: [B, H, L, Dh]`` for a cross-attention block."""
+        ops, cfg = self.ops, self.cfg
+        heads, dh = cfg.num_heads, cfg.head_dim
+        x = ops.ada_layer_norm(hidden, modulation[0], modulation[1], cfg.eps)
+        if self.kind == "self":
+            qkv = ops.linear(x, self.qkv_weight, self.qkv_bias).view(batch, seq, 3, heads, dh)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, S, Dh]
+            mask = None
+        else:
+            q = ops.linear(x, self.q_weight, self.q_bias).view(batch, seq, heads, dh).transpose(1, 2)
+            k, v, mask = cross
+        attn = ops.attention(q, k, v, mask, dh**-0.5).transpose(1, 2).reshape(batch * seq, cfg.inner)
+        hidden = ops.linear(attn, self.out_weight, self.out_bias, residual=hidden)
+        x = ops.gelu_tanh(
+            ops.linear(ops.ada_layer_norm(hidden, None, None, cfg.eps), self.ff_in_weight, self.ff_in_bias)
+        )
+        return ops.linear(x, self.ff_out_weight, self.ff_out_bias, residual=hidden)
 
 
-def qk_rms_norm(qkv: torch.Tensor, q_scale: torch.Tensor, k_scale: torch.Tensor, ops: OpSet) -> tuple:
-    """``qkv: [B, L, 3, H, Dh]`` → RMS-normed Q, K and V, each ``[B, L, H, Dh]`` (eps 1e-6, per head)."""
-    q, k, v = qkv.unbind(2)
-    return ops.rms_norm(q, q_scale, 1e-6), ops.rms_norm(k, k_scale, 1e-6), v
-
-
-def joint_attention(qs: list, ks: list, vs: list, ops: OpSet, scale: float) -> torch.Tensor:
-    """Attention over the concatenation of several token groups (each ``[B, L_i, H, Dh]``) → ``[B, ΣL, H * Dh]``."""
-    q, k, v = (torch.cat(parts, dim=1).transpose(1, 2) if len(parts) > 1 else parts[0].transpose(1, 2)
-               for parts in (qs, ks, vs))  # fmt: skip
-    out = ops.attention(q, k, v, None, scale)  # [B, H, S, Dh]
-    return out.transpose(1, 2).flatten(2)
-
-
-class StreamWeights(nn.Module):
-    """One stream of a double-stream block: modulation, QKV, QK-norm scales, projection, MLP."""
-
-    def __init__(self, width: int, mlp_dim: int, ops: OpSet, qkv_bias: bool, head_dim: int):
+class AlternateVLDiT(nn.Module):
+    def __init__(self, cfg: DiTConfig, ops: OpSet):
         super().__init__()
-        self.mod = Linear(width, 6 * width, ops)
-        self.qkv = Linear(width, 3 * width, ops, bias=qkv_bias)
-        self.q_norm_scale = nn.Parameter(torch.empty(head_dim))
-        self.k_norm_scale = nn.Parameter(torch.empty(head_dim))
-        self.proj = Linear(width, width, ops)
-        self.fc1 = Linear(width, mlp_dim, ops)
-        self.fc2 = Linear(mlp_dim, width, ops)
+        self.cfg, self.ops = cfg, ops
+        inner = cfg.inner
+        self.timestep_in_weight = nn.Parameter(torch.empty(cfg.timestep_channels, inner))
+        self.timestep_in_bias = nn.Parameter(torch.empty(inner))
+        self.timestep_out_weight = nn.Parameter(torch.empty(inner, inner))
+        self.timestep_out_bias = nn.Parameter(torch.empty(inner))
+        self.blocks = nn.ModuleList(DiTBlock(cfg, ops, cfg.block_kind(i)) for i in range(cfg.depth))
+        cross = len(cfg.cross_blocks)
+        # K and V of every cross-attention block: [k_0 | v_0 | k_1 | v_1 | ...], each [cross_dim, inner]
+        self.cross_kv_weight = nn.Parameter(torch.empty(cfg.cross_dim, cross * 2 * inner))
+        self.cross_kv_bias = nn.Parameter(torch.empty(cross * 2 * inner))
+        self.output_ada_weight = nn.Parameter(torch.empty(inner, 2 * inner))  # silu(temb) -> [shift | scale]
+        self.output_ada_bias = nn.Parameter(torch.empty(2 * inner))
+        self.output_weight = nn.Parameter(torch.empty(inner, cfg.output_dim))
+        self.output_bias = nn.Parameter(torch.empty(cfg.output_dim))
 
+    @torch.no_grad()
+    def modulation(self, timesteps: list[int]) -> DiTModulation:
+        """AdaLN modulation of every block and of the output for each timestep of a schedule."""
+        ops = self.ops
+        dtype = self.timestep_in_weight.dtype
+        features = timestep_features(torch.tensor(timesteps), self.cfg.timestep_channels).to(
+            device=self.timestep_in_weight.device, dtype=dtype
+        )
+        temb = ops.linear(F.silu(ops.linear(features, self.timestep_in_weight, self.timestep_in_bias)),
+                          self.timestep_out_weight, self.timestep_out_bias)  # fmt: skip
+        cond = F.silu(temb)  # [steps, inner]
+        steps = range(len(timesteps))
+        per_block = []
+        for block in self.blocks:
+            scale, shift = ops.linear(cond, block.ada_weight, block.ada_bias).chunk(2, dim=-1)  # [steps, inner] each
+            per_block.append([((1 + scale[s]).contiguous(), shift[s].contiguous()) for s in steps])
+        shift, scale = ops.linear(cond, self.output_ada_weight, self.output_ada_bias).chunk(2, dim=-1)
+        return DiTModulation(
+            blocks=tuple(tuple(rows[s] for rows in per_block) for s in steps),
+            output=tuple(((1 + scale[s]).contiguous(), shift[s].contiguous()) for s in steps),
+        )
 
-class DoubleStreamBlock(nn.Module):
-    """Latent (``img``) and condition (``txt``) streams with their own weights, one joint attention."""
+    def cross_kv(self, vl: torch.Tensor, out: torch.Tensor, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """K/V of every cross-attention block from the vision-language tokens ``vl: [B*L, cross_dim]``, written into
+        ``out: [B*L, cross_blocks * 2 * inner]`` (one GEMM per call); returns per cross block the views
+        ``(k, v)``, each ``[B, H, L, Dh]``."""
+        cfg = self.cfg
+        self.ops.linear_into(vl, self.cross_kv_weight, self.cross_kv_bias, out)
+        # [B, L, cross, 2, H, Dh] -> [cross, 2, B, H, L, Dh]
+        kv = out.view(batch, -1, len(cfg.cross_blocks), 2, cfg.num_heads, cfg.head_dim).permute(2, 3, 0, 4, 1, 5)
+        return [(k, v) for k, v in kv.unbind(0)]
 
-    def __init__(self, width: int, num_heads: int, mlp_ratio: float, ops: OpSet, qkv_bias: bool = True):
-        super().__init__()
-        self.width, self.num_heads, self.ops = width, num_heads, ops
-        self.head_dim = width // num_heads
-        mlp_dim = int(width * mlp_ratio)
-        self.img = StreamWeights(width, mlp_dim, ops, qkv_bias, self.head_dim)
-        self.txt = StreamWeights(width, mlp_dim, ops, qkv_bias, self.head_dim)
-
-    def modulation(self, vec_silu: torch.Tensor) -> tuple[list[Modulation], list[Modulation]]:
-        """``silu(vec) [N, D]`` → (img's two modulations, txt's two), each ``[N, 1, D]``."""
-        return split_modulation(self.img.mod(vec_silu), 2), split_modulation(self.txt.mod(vec_silu), 2)
-
-    def modulated_input(self, img: torch.Tensor, mods) -> torch.Tensor:
-        """The latent stream's AdaLN-modulated input (TeaCache's signal)."""
-        mod = mods[0][0]
-        return self.ops.ada_layer_norm(img, mod.scale_plus_one, mod.shift, 1e-6)
-
-    def forward(self, img: torch.Tensor, txt: torch.Tensor, mods) -> tuple[torch.Tensor, torch.Tensor]:
-        ops, heads, dh = self.ops, self.num_heads, self.head_dim
-        (img_mod1, img_mod2), (txt_mod1, txt_mod2) = mods
-        qkvs = []
-        for stream, x, mod in ((self.txt, txt, txt_mod1), (self.img, img, img_mod1)):
-            h = ops.ada_layer_norm(x, mod.scale_plus_one, mod.shift, 1e-6)
-            qkv = stream.qkv(h).unflatten(-1, (3, heads, dh))
-            qkvs.append(qk_rms_norm(qkv, stream.q_norm_scale, stream.k_norm_scale, ops))
-        attn = joint_attention(*[[part[i] for part in qkvs] for i in range(3)], ops, dh**-0.5)
-        txt_attn, img_attn = attn.split([txt.shape[1], img.shape[1]], dim=1)
-        outs = []
-        for stream, x, x_attn, mod1, mod2 in (
-            (self.img, img, img_attn, img_mod1, img_mod2),
-            (self.txt, txt, txt_attn, txt_mod1, txt_mod2),
-        ):
-            x = torch.addcmul(x, mod1.gate, stream.proj(x_attn))
-            h = ops.ada_layer_norm(x, mod2.scale_plus_one, mod2.shift, 1e-6)
-            outs.append(torch.addcmul(x, mod2.gate, stream.fc2(ops.gelu_tanh(stream.fc1(h)))))
-        return outs[0], outs[1]
-
-
-class SingleStreamBlock(nn.Module):
-    """One stream; QKV and the MLP's input share ``linear1``, attention output and MLP share ``linear2``."""
-
-    def __init__(self, width: int, num_heads: int, mlp_ratio: float, ops: OpSet):
-        super().__init__()
-        self.width, self.num_heads, self.ops = width, num_heads, ops
-        self.head_dim = width // num_heads
-        self.mlp_dim = int(width * mlp_ratio)
-        self.mod = Linear(width, 3 * width, ops)
-        self.linear1 = Linear(width, 3 * width + self.mlp_dim, ops)
-        self.linear2 = Linear(width + self.mlp_dim, width, ops)
-        self.q_norm_scale = nn.Parameter(torch.empty(self.head_dim))
-        self.k_norm_scale = nn.Parameter(torch.empty(self.head_dim))
-
-    def modulation(self, vec_silu: torch.Tensor) -> Modulation:
-        return split_modulation(self.mod(vec_silu), 1)[0]
-
-    def forward(self, x: torch.Tensor, mod: Modulation) -> torch.Tensor:
-        ops, heads, dh = self.ops, self.num_heads, self.head_dim
-        h = ops.ada_layer_norm(x, mod.scale_plus_one, mod.shift, 1e-6)
-        qkv, mlp = self.linear1(h).split([3 * self.width, self.mlp_dim], dim=-1)
-        q, k, v = qk_rms_norm(qkv.unflatten(-1, (3, heads, dh)), self.q_norm_scale, self.k_norm_scale, ops)
-        attn = joint_attention([q], [k], [v], ops, dh**-0.5)
-        return torch.addcmul(x, mod.gate, self.linear2(torch.cat([attn, ops.gelu_tanh(mlp)], dim=-1)))
-
-
-class FinalLayer(nn.Module):
-    """``linear(ada_ln(x))`` with its own (shift, scale) modulation (no gate)."""
-
-    def __init__(self, width: int, out_channels: int, ops: OpSet):
-        super().__init__()
-        self.ops = ops
-        self.mod = Linear(width, 2 * width, ops)
-        self.linear = Linear(width, out_channels, ops)
-
-    def modulation(self, vec_silu: torch.Tensor) -> Modulation:
-        shift, scale = self.mod(vec_silu)[:, None, :].chunk(2, dim=-1)
-        return Modulation(shift, 1 + scale, torch.ones_like(scale))
-
-    def forward(self, x: torch.Tensor, mod: Modulation) -> torch.Tensor:
-        return self.linear(self.ops.ada_layer_norm(x, mod.scale_plus_one, mod.shift, 1e-6))
-
-
-__all__ = [
-    "DoubleStreamBlock",
-    "FinalLayer",
-    "MLPEmbedder",
-    "Modulation",
-    "SingleStreamBlock",
-    "joint_attention",
-    "split_modulation",
-    "timestep_embedding",
-]
+    def forward(
+        self,
+        hidden: torch.Tensor,  # [B, S, inner]
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],  # from cross_kv()
+        text_mask,  # prepared attention masks over the L vision-language tokens
+        image_mask,
+        modulation: tuple[Modulation, ...],  # this step's row of DiTModulation.blocks
+        output_modulation: Modulation,
+    ) -> torch.Tensor:
+        """One pass: ``[B, S, inner]`` → ``[B*S, output_dim]``."""
+        cfg, ops = self.cfg, self.ops
+        batch, seq, inner = hidden.shape
+        x = hidden.reshape(batch * seq, inner)
+        cross_index = 0
+        for i, block in enumerate(self.blocks):
+            cross = None
+            if block.kind != "self":
+                k, v = cross_kv[cross_index]
+                cross = (k, v, text_mask if block.kind == "text" else image_mask)
+                cross_index += 1
+            x = block(x, batch, seq, modulation[i], cross)
+        x = ops.ada_layer_norm(x, output_modulation[0], output_modulation[1], cfg.output_eps)
+        return ops.linear(x, self.output_weight, self.output_bias)

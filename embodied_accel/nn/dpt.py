@@ -39,26 +39,32 @@ class DptConfig:
 
 
 class Conv2d(nn.Module):
-    """Weights of a 2-D convolution (or a transposed one); applied functionally by the owner."""
+    """Weights of a 2-D convolution (or a transposed one), optionally grouped; applied functionally by the owner.
 
-    def __init__(self, in_ch: int, out_ch: int, kernel: int, bias: bool = True, transposed: bool = False):
+    ``in_ch`` / ``out_ch`` are totals over the ``groups`` (PyTorch's layouts: ``[out, in / groups, k, k]``, transposed
+    ``[in, out / groups, k, k]``)."""
+
+    def __init__(
+        self, in_ch: int, out_ch: int, kernel: int, bias: bool = True, transposed: bool = False, groups: int = 1
+    ):
         super().__init__()
-        shape = (in_ch, out_ch, kernel, kernel) if transposed else (out_ch, in_ch, kernel, kernel)
+        shape = (in_ch, out_ch // groups, kernel, kernel) if transposed else (out_ch, in_ch // groups, kernel, kernel)
+        self.groups = groups
         self.weight = nn.Parameter(torch.empty(shape))
         self.bias = nn.Parameter(torch.empty(out_ch)) if bias else None
 
     def conv(self, x: torch.Tensor, stride: int = 1, padding: int = 0) -> torch.Tensor:
-        return F.conv2d(x, self.weight, self.bias, stride=stride, padding=padding)
+        return F.conv2d(x, self.weight, self.bias, stride=stride, padding=padding, groups=self.groups)
 
     def conv_transpose(self, x: torch.Tensor, stride: int) -> torch.Tensor:
-        return F.conv_transpose2d(x, self.weight, self.bias, stride=stride)
+        return F.conv_transpose2d(x, self.weight, self.bias, stride=stride, groups=self.groups)
 
 
 class ResidualConvUnit(nn.Module):
-    def __init__(self, features: int):
+    def __init__(self, features: int, groups: int = 1):
         super().__init__()
-        self.conv1 = Conv2d(features, features, 3)
-        self.conv2 = Conv2d(features, features, 3)
+        self.conv1 = Conv2d(groups * features, groups * features, 3, groups=groups)
+        self.conv2 = Conv2d(groups * features, groups * features, 3, groups=groups)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` is an intermediate that nobody reads afterwards: activated in place (the residual is relu(x))."""
@@ -70,12 +76,12 @@ class ResidualConvUnit(nn.Module):
 class FusionBlock(nn.Module):
     """RefineNet fusion: ``out_conv(upsample(rcu2(x + rcu1(skip))))`` (no skip for the coarsest level)."""
 
-    def __init__(self, features: int, has_residual: bool = True):
+    def __init__(self, features: int, has_residual: bool = True, groups: int = 1):
         super().__init__()
         if has_residual:
-            self.res_unit1 = ResidualConvUnit(features)
-        self.res_unit2 = ResidualConvUnit(features)
-        self.out_conv = Conv2d(features, features, 1)
+            self.res_unit1 = ResidualConvUnit(features, groups)
+        self.res_unit2 = ResidualConvUnit(features, groups)
+        self.out_conv = Conv2d(groups * features, groups * features, 1, groups=groups)
         self.has_residual = has_residual
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor | None, size: tuple[int, int]) -> torch.Tensor:
@@ -121,15 +127,17 @@ class DptPositionEmbeddings:
 
 
 def dpt_position_embeddings(
-    cfg: DptConfig, height: int, width: int, device: torch.device, dtype: torch.dtype
+    cfg: DptConfig, height: int, width: int, device: torch.device, dtype: torch.dtype, heads: int = 1
 ) -> DptPositionEmbeddings:
-    """Build the embeddings of a ``height × width`` image (parameter-free: heads of one config share them)."""
+    """Build the embeddings of a ``height × width`` image (parameter-free: heads of one config share them), repeated
+    for ``heads`` heads run as one grouped pass (their channels stacked)."""
     ph, pw = height // cfg.patch_size, width // cfg.patch_size
     aspect = width / height
     channels_last = torch.channels_last
 
     def build(c: int, h: int, w: int) -> torch.Tensor:
-        return uv_position_embedding(c, h, w, aspect)[None].to(device, dtype).contiguous(memory_format=channels_last)
+        emb = uv_position_embedding(c, h, w, aspect).repeat(heads, 1, 1)
+        return emb[None].to(device, dtype).contiguous(memory_format=channels_last)
 
     projected = tuple(build(c, ph, pw) for c in cfg.out_channels)
     oh, ow = int(ph * cfg.patch_size / cfg.down_ratio), int(pw * cfg.patch_size / cfg.down_ratio)
@@ -152,31 +160,58 @@ _VALUE_ACTIVATIONS = {
 _CONF_ACTIVATIONS = {"expp1": lambda c: 1 + c.exp(), "expp0": torch.exp, "sigmoid": torch.sigmoid}
 
 
-class DptHead(nn.Module):
-    """Tokens of four layers → per-pixel ``(values [N, H, W, C-1], confidence [N, H, W])`` or features."""
+class DptHeadInput(nn.Module):
+    """What each head of a :class:`DptHead` has of its own: the token LayerNorm, the four projections and the last
+    1×1 convolution (as a GEMM on NHWC rows)."""
 
     def __init__(self, cfg: DptConfig, ops: OpSet):
         super().__init__()
-        if cfg.activation not in _VALUE_ACTIVATIONS or cfg.conf_activation not in _CONF_ACTIVATIONS:
-            raise ValueError(f"unknown DPT activation {cfg.activation!r} / {cfg.conf_activation!r}")
-        self.cfg, self.ops = cfg, ops
-        c, f = cfg.out_channels, cfg.features
         self.norm_weight = nn.Parameter(torch.empty(cfg.dim_in))
         self.norm_bias = nn.Parameter(torch.empty(cfg.dim_in))
-        self.projects = nn.ModuleList(Linear(cfg.dim_in, oc, ops) for oc in c)  # 1×1 convs as GEMMs on tokens
-        self.resize0 = Conv2d(c[0], c[0], 4, transposed=True)
-        self.resize1 = Conv2d(c[1], c[1], 2, transposed=True)
-        self.resize3 = Conv2d(c[3], c[3], 3)
-        self.layer_rn = nn.ModuleList(Conv2d(oc, f, 3, bias=False) for oc in c)
+        self.projects = nn.ModuleList(Linear(cfg.dim_in, oc, ops) for oc in cfg.out_channels)  # 1×1 convs as GEMMs
+        if not cfg.feature_only:
+            self.output_conv2b = Linear(cfg.head_hidden, cfg.output_dim, ops)
+
+
+_PER_HEAD_FIELDS = ("output_dim", "activation", "conf_activation")
+
+
+class DptHead(nn.Module):
+    """One DPT head, or several of the same shape run as one pass (VGGT's depth and point heads).
+
+    Tokens of four layers → per-pixel ``(values [N, H, W, C-1], confidence [N, H, W])`` per head, or features. With
+    several heads, each has its own LayerNorm, projections and last 1×1 convolution; every convolution in between
+    runs once for all heads as a grouped convolution over their stacked channels (head after head), which is the
+    same arithmetic as separate convolutions, with half the calls.
+    """
+
+    def __init__(self, cfgs: DptConfig | tuple[DptConfig, ...], ops: OpSet):
+        super().__init__()
+        cfgs = (cfgs,) if isinstance(cfgs, DptConfig) else tuple(cfgs)
+        cfg = cfgs[0]
+        for other in cfgs:
+            if other.activation not in _VALUE_ACTIVATIONS or other.conf_activation not in _CONF_ACTIVATIONS:
+                raise ValueError(f"unknown DPT activation {other.activation!r} / {other.conf_activation!r}")
+            shared = {k: v for k, v in other.__dict__.items() if k not in _PER_HEAD_FIELDS}
+            if shared != {k: v for k, v in cfg.__dict__.items() if k not in _PER_HEAD_FIELDS}:
+                raise ValueError("heads run as one pass must share every setting but their outputs and activations")
+        self.cfgs, self.cfg, self.ops = cfgs, cfg, ops
+        g = len(cfgs)
+        c, f = cfg.out_channels, cfg.features
+        self.heads = nn.ModuleList(DptHeadInput(head, ops) for head in cfgs)
+        self.resize0 = Conv2d(g * c[0], g * c[0], 4, transposed=True, groups=g)
+        self.resize1 = Conv2d(g * c[1], g * c[1], 2, transposed=True, groups=g)
+        self.resize3 = Conv2d(g * c[3], g * c[3], 3, groups=g)
+        self.layer_rn = nn.ModuleList(Conv2d(g * oc, g * f, 3, bias=False, groups=g) for oc in c)
         self.refine = nn.ModuleList(
-            [FusionBlock(f), FusionBlock(f), FusionBlock(f), FusionBlock(f, has_residual=False)]
-        )
+            [FusionBlock(f, groups=g), FusionBlock(f, groups=g), FusionBlock(f, groups=g),
+             FusionBlock(f, has_residual=False, groups=g)]
+        )  # fmt: skip
         if cfg.feature_only:
-            self.output_conv1 = Conv2d(f, f, 3)
+            self.output_conv1 = Conv2d(g * f, g * f, 3, groups=g)
         else:
-            self.output_conv1 = Conv2d(f, f // 2, 3)
-            self.output_conv2a = Conv2d(f // 2, cfg.head_hidden, 3)
-            self.output_conv2b = Linear(cfg.head_hidden, cfg.output_dim, ops)  # a 1×1 conv as a GEMM on NHWC rows
+            self.output_conv1 = Conv2d(g * f, g * (f // 2), 3, groups=g)
+            self.output_conv2a = Conv2d(g * (f // 2), g * cfg.head_hidden, 3, groups=g)
 
     def forward(
         self,
@@ -188,8 +223,8 @@ class DptHead(nn.Module):
         """``layer_tokens``: the four layers' patch tokens ``[N, patch_h * patch_w, dim_in]`` (N frames).
 
         Frames are processed ``frames_chunk_size`` at a time (memory); each frame is independent, so the chunking
-        does not change the result. Returns ``features [N, F, H', W']`` with ``feature_only``, else
-        ``(values [N, H, W, output_dim - 1], confidence [N, H, W])``.
+        does not change the result. Returns ``features [N, F, H', W']`` with ``feature_only``, else per head
+        ``(values [N, H, W, output_dim - 1], confidence [N, H, W])`` (a list of them with several heads).
         """
         frames = layer_tokens[0].shape[0]
         chunk = frames if not frames_chunk_size or frames_chunk_size >= frames else frames_chunk_size
@@ -197,11 +232,13 @@ class DptHead(nn.Module):
             self._forward_frames([t[s : s + chunk] for t in layer_tokens], patch_hw, pos)
             for s in range(0, frames, chunk)
         ]
-        if len(outs) == 1:
-            return outs[0]
         if self.cfg.feature_only:
-            return torch.cat(outs, dim=0)
-        return torch.cat([o[0] for o in outs], dim=0), torch.cat([o[1] for o in outs], dim=0)
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+        per_head = [
+            (torch.cat([o[h][0] for o in outs]), torch.cat([o[h][1] for o in outs])) if len(outs) > 1 else outs[0][h]
+            for h in range(len(self.cfgs))
+        ]
+        return per_head[0] if len(per_head) == 1 else per_head
 
     def _forward_frames(self, layer_tokens: list[torch.Tensor], patch_hw: tuple[int, int], pos):
         cfg, ops = self.cfg, self.ops
@@ -209,10 +246,15 @@ class DptHead(nn.Module):
         scales = []
         for i, tokens in enumerate(layer_tokens):
             n = tokens.shape[0]
-            x = ops.layer_norm(tokens.reshape(-1, cfg.dim_in), self.norm_weight, self.norm_bias, cfg.norm_eps)
+            flat = tokens.reshape(-1, cfg.dim_in)
+            projected = [
+                head.projects[i](ops.layer_norm(flat, head.norm_weight, head.norm_bias, cfg.norm_eps))
+                for head in self.heads
+            ]
+            x = projected[0] if len(projected) == 1 else torch.cat(projected, dim=1)
             # The projection's [N * h * w, C] rows are already an NHWC image: a channels-last view, no copy (the
             # convolutions below run channels-last, several times faster on CPUs than NCHW for these shapes).
-            x = self.projects[i](x).view(n, ph, pw, -1).permute(0, 3, 1, 2)
+            x = x.view(n, ph, pw, -1).permute(0, 3, 1, 2)
             if cfg.pos_embed:
                 x = x + pos.projected[i]
             if i == 0:
@@ -234,9 +276,15 @@ class DptHead(nn.Module):
             out = out + pos.output
         if cfg.feature_only:
             return out
-        hidden = F.relu(self.output_conv2a.conv(out, padding=1), inplace=True)  # [N, 32, H, W], channels-last
+        hidden = F.relu(self.output_conv2a.conv(out, padding=1), inplace=True)  # [N, heads * 32, H, W], channels-last
         n, c, h, w = hidden.shape
-        fmap = self.output_conv2b(hidden.permute(0, 2, 3, 1).reshape(-1, c)).view(n, h, w, -1)  # [N, H, W, C]
-        values = _VALUE_ACTIVATIONS[cfg.activation](fmap[..., :-1])
-        conf = _CONF_ACTIVATIONS[cfg.conf_activation](fmap[..., -1])
-        return values, conf
+        rows = hidden.permute(0, 2, 3, 1).reshape(-1, c)  # NHWC rows, a view
+        width = c // len(self.heads)
+        results = []
+        for k, (head, head_cfg) in enumerate(zip(self.heads, self.cfgs, strict=True)):
+            part = rows if len(self.heads) == 1 else rows[:, k * width : (k + 1) * width]
+            fmap = head.output_conv2b(part).view(n, h, w, -1)  # [N, H, W, C]
+            values = _VALUE_ACTIVATIONS[head_cfg.activation](fmap[..., :-1])
+            conf = _CONF_ACTIVATIONS[head_cfg.conf_activation](fmap[..., -1])
+            results.append((values, conf))
+        return results

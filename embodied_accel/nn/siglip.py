@@ -56,8 +56,8 @@ class SiglipLayer(nn.Module):
         ops, cfg = self.ops, self.cfg
         heads, head_dim = cfg.num_heads, cfg.head_dim
         x = ops.layer_norm(hidden, self.layer_norm1_weight, self.layer_norm1_bias, cfg.eps)
-        qkv = ops.linear(x, self.qkv_weight, self.qkv_bias).view(batch, seq, 3 * heads, head_dim).transpose(1, 2)
-        q, k, v = qkv.split(heads, dim=1)
+        qkv = ops.linear(x, self.qkv_weight, self.qkv_bias).view(batch, seq, 3, heads, head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, S, Dh]
         attn = ops.attention(q, k, v, None, head_dim**-0.5).transpose(1, 2).reshape(batch * seq, cfg.width)
         hidden = ops.linear(attn, self.out_weight, self.out_bias, residual=hidden)
         x = ops.layer_norm(hidden, self.layer_norm2_weight, self.layer_norm2_bias, cfg.eps)

@@ -116,7 +116,7 @@ class VitAttention(nn.Module):
             qk = qkv[:, :, :2].reshape(tokens // rows, rows, 2, heads, head_dim)  # a view: qkv is contiguous
             weight = self.qk_norm_weight if cfg.qk_norm else None
             bias = self.qk_norm_bias if cfg.qk_norm else None
-            qk = self.ops.qk_norm_rope(qk, weight, bias, cfg.qk_norm_eps, rope).view(groups, -1, 2, heads, head_dim)
+            qk = self.ops.qk_layer_norm_rope_2d(qk, weight, bias, cfg.qk_norm_eps, rope).view(groups, -1, 2, heads, head_dim)
             q, k = qk.permute(2, 0, 3, 1, 4).unbind(0)  # [G, H, S, D] views
             v = qkv[:, :, 2].transpose(1, 2)
         else:

@@ -37,16 +37,18 @@ OP_NAMES: tuple[str, ...] = (
     "rope_store_kv",
     "prepare_attention_mask",
     "attention",
+    # first used by GR00T
+    "swiglu",
+    "qk_rms_norm_rope",
+    "ada_layer_norm",
+    "linear_into",
     # ---- ops first used by VGGT
     "gelu",
     "prepare_rope_2d",
-    "qk_norm_rope",
+    "qk_layer_norm_rope_2d",
     "attention_lse",
     "quantize_rows_int8",
     "int8_linear",
-    # ---- ops first used by Hunyuan3D
-    "swiglu",
-    "ada_layer_norm",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.

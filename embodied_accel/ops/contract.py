@@ -51,4 +51,17 @@ class AttentionMask:
     kernel_mask: torch.Tensor | None = None
 
 
-__all__ = ["MASK_KEY_ALIGNMENT", "AttentionMask", "RopeTables"]
+# ---- contracts first used by VGGT
+
+
+@dataclass(frozen=True)
+class Rope2DTables:
+    """Per-token 2-D rotary tables for ``qk_layer_norm_rope_2d``: the first half of each head's channels rotates with the
+    token's row position, the second half with its column position (each half in the half-rotation layout).
+    Built once per image size (``prepare_rope_2d``); every frame of that size uses the same table."""
+
+    cos: torch.Tensor  # [P, 1, 1, D]
+    sin_signed: torch.Tensor  # [P, 1, 1, D]; sin with the rotation's sign folded in
+
+
+__all__ = ["MASK_KEY_ALIGNMENT", "AttentionMask", "Rope2DTables", "RopeTables"]

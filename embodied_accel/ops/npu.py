@@ -66,6 +66,10 @@ OPERATORS: dict[str, str] = {
     "rope_store_kv": "npu_rotary_mul",
     "prepare_attention_mask": "npu_fused_infer_attention_score",
     "attention": "npu_fused_infer_attention_score",
+    # first used by GR00T
+    "swiglu": "npu_swiglu",
+    "qk_rms_norm_rope": "npu_rms_norm",
+    "ada_layer_norm": "npu_layer_norm_eval",
 }
 
 #: Ops this backend leaves to the reference on purpose, and why.
@@ -73,16 +77,14 @@ NOT_FUSED: dict[str, str] = {
     "linear": "aten mm/addmm is the NPU's matmul already; no torch_npu operator needed",
     "gelu_tanh": "npu_fast_gelu is x*sigmoid(1.702x), not GELU-tanh (up to ~2e-2 apart): aten gelu(tanh) instead",
     "geglu": "npu_fast_gelu is x*sigmoid(1.702x), not GELU-tanh (up to ~2e-2 apart): aten gelu(tanh) instead",
+    "linear_into": "aten mm/addmm(out=) is the NPU's matmul already; no torch_npu operator needed",
     # ---- ops first used by VGGT
     "gelu": "aten gelu (erf) is one NPU kernel; npu_fast_gelu is a different function",
     "prepare_rope_2d": "tables built once per image size on the reference",
-    "qk_norm_rope": "not mapped yet: aten layer_norm + rotation (candidate: npu_rotary_mul on each half)",
+    "qk_layer_norm_rope_2d": "not mapped yet: aten layer_norm + rotation (candidate: npu_rotary_mul on each half)",
     "attention_lse": "not mapped yet: the reference (candidate: npu_fused_infer_attention_score, softmax_lse_flag)",
     "quantize_rows_int8": "not mapped yet: the reference (candidate: npu_dynamic_quant)",
     "int8_linear": "not mapped yet: the reference (candidate: npu_quant_matmul)",
-    # ---- ops first used by Hunyuan3D
-    "swiglu": "not mapped yet: the reference (candidate: npu_swiglu)",
-    "ada_layer_norm": "not mapped yet: aten layer_norm + addcmul (candidate: npu_layer_norm_eval, then the modulation)",
 }
 
 #: Conditions under which a served op still runs the reference for a call (static: dtype and shape only).
@@ -92,6 +94,9 @@ CONDITIONS: dict[str, str] = {
     "rope": "the reference when D is odd or >= 896, or B or heads >= 1000 (operator limits)",
     "add_rms_norm": "the reference when x and residual differ in dtype",
     "add_layer_norm": "the reference when x and residual differ in dtype",
+    "qk_rms_norm_rope": "npu_rms_norm (unit gamma) per head, the per-head weights as an aten mul, then npu_rotary_mul; "
+    "the reference with reference rope tables",
+    "ada_layer_norm": "the reference when the modulation differs per row",
 }
 
 ACL_FORMAT_FRACTAL_Z = 4  # torch_npu.Format.FRACTAL_Z: the convolution weight format
@@ -319,6 +324,35 @@ def prepare_weights(module: nn.Module) -> list[str]:
     return [name for name, _ in kernels]
 
 
+# ------------------------------------------------------------------ ops first used by GR00T
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """``npu_swiglu(x, dim=-1)``: ``silu(first half) * second half``."""
+    return _npu.npu_swiglu(gate_up, dim=-1)
+
+
+def qk_rms_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, tables) -> torch.Tensor:
+    """Qwen3's per-head q/k RMSNorm (``npu_rms_norm`` with a unit gamma; the per-head weights ``[H + Hkv, D]``
+    differ between Q and K heads, so they multiply afterwards) then :func:`rope` on the merged tensor."""
+    if tables.layout != "BSHD":  # tables prepare_rope left to the reference
+        return reference.qk_rms_norm_rope(qkv, norm_weight, eps, tables)
+    heads = norm_weight.shape[0]
+    unit = torch.ones(qkv.shape[-1], dtype=qkv.dtype, device=qkv.device)
+    normed = _npu.npu_rms_norm(qkv[:, :heads], unit, epsilon=eps)[0] * _as_dtype(norm_weight, qkv.dtype)[:, None]
+    return rope(torch.cat([normed, qkv[:, heads:]], dim=1), tables)
+
+
+def ada_layer_norm(x: torch.Tensor, scale_plus_one, shift, eps: float) -> torch.Tensor:
+    """The DiT's AdaLN: ``npu_layer_norm_eval`` with ``1 + scale`` / ``shift`` as its affine parameters when one
+    modulation serves every row (GR00T: one timestep per step), parameter-free with none."""
+    if scale_plus_one is not None and scale_plus_one.dim() != 1:
+        return reference.ada_layer_norm(x, scale_plus_one, shift, eps)
+    return _npu.npu_layer_norm_eval(
+        x, [x.shape[-1]], weight=_as_dtype(scale_plus_one, x.dtype), bias=_as_dtype(shift, x.dtype), eps=eps
+    )
+
+
 # ------------------------------------------------------------------ registry entry
 
 
@@ -341,6 +375,9 @@ def impls() -> tuple[dict[str, object], dict[str, str]]:
         "rope_store_kv": rope_store_kv,
         "prepare_attention_mask": prepare_attention_mask,
         "attention": attention,
+        "swiglu": swiglu,
+        "qk_rms_norm_rope": qk_rms_norm_rope,
+        "ada_layer_norm": ada_layer_norm,
     }
     notes = {op: f"{OPERATORS[op]}; {CONDITIONS[op]}" for op in CONDITIONS}
     notes.update(NOT_FUSED)

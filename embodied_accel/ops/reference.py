@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .contract import MASK_KEY_ALIGNMENT, AttentionMask, RopeTables
+from .contract import MASK_KEY_ALIGNMENT, AttentionMask, Rope2DTables, RopeTables
 
 # The additive mask value openpi and LeRobot use for "may not attend" (finite, so a fully masked row
 # gives a uniform softmax instead of NaN).
@@ -221,21 +221,57 @@ def attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale, enable_gqa=q.shape[1] != k.shape[1])
 
 
+# ---- ops first used by GR00T
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """Gated MLP activation on the merged ``[gate | up]`` projection: ``silu(gate) * up`` (Qwen3's MLP)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate).mul_(up)
+
+
+def qk_rms_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, tables) -> torch.Tensor:
+    """Qwen3's per-head RMSNorm of the query and key heads, then RoPE, on a merged ``qkv: [B, H + 2*Hkv, S, D]``.
+
+    ``norm_weight: [H + Hkv, D]`` holds ``q_norm``'s weight on the query rows and ``k_norm``'s on the key rows
+    (stacked at load); the V heads pass through. ``tables`` come from :func:`prepare_rope` with
+    ``rotated_heads = H + Hkv``. Statistics in fp32, output in ``qkv.dtype``.
+    """
+    heads = norm_weight.shape[0]
+    qk = qkv[:, :heads]
+    zero = _constant(0.0, torch.float32, qkv.device)
+    normed = torch.addcmul(zero, qk / _rms_denominator(qk, eps), norm_weight[:, None, :], value=math.sqrt(qk.shape[-1]))
+    return rope(torch.cat([_as_dtype(normed, qkv.dtype), qkv[:, heads:]], dim=1), tables)
+
+
+def ada_layer_norm(
+    x: torch.Tensor, scale_plus_one: torch.Tensor | None, shift: torch.Tensor | None, eps: float
+) -> torch.Tensor:
+    """LayerNorm without affine parameters over the last dim, then ``* (1 + scale) + shift`` (DiT's AdaLN).
+
+    ``scale_plus_one`` / ``shift`` broadcast against ``x`` (one vector per denoising step); both ``None`` gives the
+    plain parameter-free LayerNorm.
+    """
+    if scale_plus_one is None:
+        return F.layer_norm(x, (x.shape[-1],), eps=eps)
+    if scale_plus_one.dim() == 1:  # one modulation for every row: LayerNorm's own affine parameters
+        return F.layer_norm(x, (x.shape[-1],), _as_dtype(scale_plus_one, x.dtype), _as_dtype(shift, x.dtype), eps)
+    return _as_dtype(torch.addcmul(shift, F.layer_norm(x, (x.shape[-1],), eps=eps), scale_plus_one), x.dtype)
+
+
+def linear_into(
+    x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+) -> torch.Tensor:
+    """:func:`linear` written into a preallocated ``out`` (a buffer the runtime owns); returns ``out``."""
+    if bias is None:
+        return torch.mm(x, weight_t, out=out)
+    return torch.addmm(bias, x, weight_t, out=out)
 # ---- ops first used by VGGT
 
 
 def gelu(x: torch.Tensor) -> torch.Tensor:
     """GELU with the exact erf form (``nn.GELU()``), as DINOv2 / VGGT use."""
     return F.gelu(x)
-
-
-@dataclass(frozen=True)
-class Rope2DTables:
-    """Per-token 2-D rotary tables for :func:`qk_norm_rope`: the first half of each head's channels rotates with the
-    token's row position, the second half with its column position (each half in the half-rotation layout)."""
-
-    cos: torch.Tensor  # [P, 1, 1, D]
-    sin_signed: torch.Tensor  # [P, 1, 1, D]; sin with the rotation's sign folded in
 
 
 def prepare_rope_2d(cos: torch.Tensor, sin: torch.Tensor) -> Rope2DTables:
@@ -249,7 +285,7 @@ def prepare_rope_2d(cos: torch.Tensor, sin: torch.Tensor) -> Rope2DTables:
     return Rope2DTables(cos.view(tokens, 1, 1, dim).contiguous(), (sin * sign).view(tokens, 1, 1, dim).contiguous())
 
 
-def qk_norm_rope(
+def qk_layer_norm_rope_2d(
     qk: torch.Tensor,
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
@@ -324,21 +360,3 @@ def int8_linear(
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)
-
-
-# ---- ops first used by Hunyuan3D
-
-
-def swiglu(x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU activation on the merged ``[a | b]`` projection (DINOv2-giant's FFN): ``silu(a) * b``."""
-    a, b = x.chunk(2, dim=-1)
-    return F.silu(a).mul_(b)
-
-
-def ada_layer_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
-    """AdaLN modulation (DiT / FLUX): ``layer_norm(x) * (1 + scale) + shift``, LayerNorm without affine weights.
-
-    ``scale_plus_one`` and ``shift`` broadcast against ``x`` (``[B or 1, 1, D]`` per step for a DiT); the caller
-    precomputes ``1 + scale`` once per step schedule. Output in ``x.dtype``.
-    """
-    return torch.addcmul(shift, F.layer_norm(x, (x.shape[-1],), None, None, eps), scale_plus_one)

@@ -38,6 +38,7 @@ from ..models.pi0.weights import (
     init_random_weights,
     load_checkpoint_weights,
 )
+from ..nn.rtc import ChunkGuidance, RtcSettings
 from ..ops import OpSet, get_ops
 from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
@@ -102,6 +103,11 @@ class Pi0Policy:
         self.whole_call = BucketedCall(self._whole_call, self.plan, self.assemble, **runtime)
         #: The model alone: model inputs (host-processed) → normalized action chunk.
         self.model_call = BucketedCall(self._model_call, self.plan, self.assemble, **runtime)
+        #: The same two calls with real-time chunking's guidance (its inputs are tensors of the call: any delay,
+        #: leftover and mix of rows with and without it share one capture per bucket). Without guidance the calls
+        #: above run, unchanged.
+        self.whole_call_rtc = BucketedCall(self._whole_call_rtc, self.plan, self.assemble, **runtime)
+        self.model_call_rtc = BucketedCall(self._model_call_rtc, self.plan, self.assemble, **runtime)
 
     config: Pi0Config = property(lambda self: self.model.config)  # type: ignore[assignment]
     family: str = property(lambda self: self.model.config.family)  # type: ignore[assignment]
@@ -111,6 +117,11 @@ class Pi0Policy:
     dtype: torch.dtype = property(lambda self: self.model.compute_dtype)  # type: ignore[assignment]
 
     @property
+    def rtc(self) -> RtcSettings:
+        """The real-time chunking settings requests with ``previous_actions`` are guided with."""
+        return self.processor.rtc
+
+    @property
     def text_instructions_supported(self) -> bool:
         """Whether text instructions can be tokenized (else observations must carry token ids)."""
         return self.processor.tokenizer is not None
@@ -118,7 +129,8 @@ class Pi0Policy:
     @property
     def capture_seconds(self) -> float | None:
         """Seconds spent capturing CUDA graphs so far (every bucket of both calls); None in other modes."""
-        seconds = [s for s in (self.whole_call.capture_seconds, self.model_call.capture_seconds) if s is not None]
+        calls = (self.whole_call, self.model_call, self.whole_call_rtc, self.model_call_rtc)
+        seconds = [call.capture_seconds for call in calls if call.capture_seconds is not None]
         return sum(seconds) if seconds else None
 
     def num_parameters(self) -> int:
@@ -212,9 +224,11 @@ class Pi0Policy:
         batch, cameras = inputs.images.shape[:2]
         bucket = self.bucket(batch, cameras, inputs.tokens.shape[1], num_steps)
         noise = self.make_noise(batch) if noise is None else noise
-        return self.model_call(
-            bucket, inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state, noise
-        )
+        args = (inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state, noise)
+        guidance = inputs.guidance
+        if guidance is None:
+            return self.model_call(bucket, *args)
+        return self.model_call_rtc(bucket, *args, guidance.previous, guidance.weights, guidance.max_weight)
 
     def run(self, raw: RawInputs, noise: torch.Tensor | None = None, num_steps: int | None = None) -> torch.Tensor:
         """The whole call on the device: uploaded observation bytes → robot actions ``[B, horizon, action_dim]``.
@@ -224,18 +238,32 @@ class Pi0Policy:
         """
         bucket = self.bucket(raw.batch_size, len(raw.frames), raw.tokens.shape[1], num_steps)
         noise = self.make_noise(raw.batch_size) if noise is None else noise
-        return self.whole_call(bucket, raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise)
+        args = (raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise)
+        guidance = raw.guidance
+        if guidance is None:
+            return self.whole_call(bucket, *args)
+        return self.whole_call_rtc(bucket, *args, guidance.previous, guidance.weights, guidance.max_weight)
 
-    def _whole_call(self, buffers: Pi0Buffers, frames, image_masks, tokens, token_masks, state, noise):
+    def _whole_call(self, buffers: Pi0Buffers, frames, image_masks, tokens, token_masks, state, noise, guidance=None):
         processing = self.device_processing
         images = processing.images(frames, image_masks)
         chunk = self.model.sample_actions(
-            images, image_masks, tokens, token_masks, processing.state(state), noise, buffers=buffers
+            images, image_masks, tokens, token_masks, processing.state(state), noise, buffers=buffers, guidance=guidance
         )
         return processing.actions(chunk)
 
+    def _whole_call_rtc(self, buffers, frames, image_masks, tokens, token_masks, state, noise, previous, weights, beta):
+        guidance = self.device_processing.guidance(previous, weights, beta)
+        return self._whole_call(buffers, frames, image_masks, tokens, token_masks, state, noise, guidance)
+
     def _model_call(self, buffers: Pi0Buffers, images, image_masks, tokens, token_masks, state, noise):
         return self.model.sample_actions(images, image_masks, tokens, token_masks, state, noise, buffers=buffers)
+
+    def _model_call_rtc(self, buffers, images, image_masks, tokens, token_masks, state, noise, previous, weights, beta):
+        guidance = ChunkGuidance(previous, weights, beta)
+        return self.model.sample_actions(
+            images, image_masks, tokens, token_masks, state, noise, buffers=buffers, guidance=guidance
+        )
 
     def stage_fns(self, inputs: ModelInputs, num_steps: int | None = None) -> dict[str, Callable[[], object]]:
         """Callables for timing the stages of one call apart, eagerly: vision, prefix (incl. vision), denoise."""
@@ -331,11 +359,14 @@ def load_pi0_policy(
     capture: str = "eager",
     progress: bool = True,
     cuda_attention: str = "sdpa",
+    rtc: RtcSettings | None = None,
 ) -> Pi0Policy:
     """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir.
 
     ``cuda_attention`` picks the cuda backend's attention kernel: ``sdpa`` (packed multi-query SDPA) or
-    ``triton`` (the Triton flash-attention kernel); see :func:`embodied_accel.ops.get_ops`.
+    ``triton`` (the Triton flash-attention kernel); see :func:`embodied_accel.ops.get_ops`. ``rtc``: the real-time
+    chunking settings (soft-mask schedule, guidance clip, default execution horizon) for requests that bring the
+    previous chunk's leftover (:mod:`embodied_accel.nn.rtc`).
     """
     compute_dtype = _resolve_dtype(dtype)
     check_capture(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
@@ -371,7 +402,7 @@ def load_pi0_policy(
             "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
         )
     model.eval().requires_grad_(False)  # inference weights hold no autograd state
-    processor = Pi0Processor(config, io, search.tokenizer, tokenizer_searched=search.describe_searched())
+    processor = Pi0Processor(config, io, search.tokenizer, tokenizer_searched=search.describe_searched(), rtc=rtc)
     return Pi0Policy(
         model,
         processor,

@@ -1,5 +1,11 @@
 """Quantization layers that attach to a built model through a declared plan (W8A8 linear layers)."""
 
-from .w8a8 import QuantPlan, W8A8Linear, attach_w8a8, quantize_weight_per_channel, quantized_bytes
+from .w8a8 import (
+    QuantPlan,
+    W8A8Linear,
+    attach_w8a8,
+    quantize_weight_per_channel,
+    quantized_bytes,
+)
 
 __all__ = ["QuantPlan", "W8A8Linear", "attach_w8a8", "quantize_weight_per_channel", "quantized_bytes"]

@@ -15,6 +15,7 @@ openpi-compatible server.
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 import threading
@@ -225,6 +226,12 @@ class ActionChunkExecutor:
     ``"hold"`` repeats the last action. A failed request is retried while the current chunk lasts; when no
     action is left, :meth:`step` raises its error.
 
+    With ``real_time_chunking``, each request also carries the current chunk's unexecuted actions
+    (``previous_actions``, from this tick on) and the delay it expects (``inference_delay``: the largest of the
+    last few measured delays, in ticks), so a server with real-time chunking makes the new chunk continue the one
+    being executed (see :mod:`embodied_accel.nn.rtc`); ``execution_horizon`` is sent when given. Servers that do
+    not know these keys ignore them.
+
     ``infer`` is any callable ``observation -> {"actions": [H, D]}`` (or the array), e.g.
     :meth:`PolicyClient.infer` or openpi-client's ``WebsocketClientPolicy.infer``. Observations are passed on by
     reference: give each step fresh arrays. ``submit`` runs ``infer`` in the background (default: one worker
@@ -239,12 +246,17 @@ class ActionChunkExecutor:
         on_starve: str = "wait",
         action_key: str = "actions",
         submit: Callable[[Callable[[], Any]], Future] | None = None,
+        real_time_chunking: bool = False,
+        execution_horizon: int | None = None,
     ) -> None:
         if on_starve not in ("wait", "hold"):
             raise ValueError(f"on_starve must be 'wait' or 'hold', got {on_starve!r}")
         if prefetch_steps is not None and prefetch_steps < 1:
             raise ValueError(f"prefetch_steps must be >= 1, got {prefetch_steps}")
+        if execution_horizon is not None and (not real_time_chunking or execution_horizon < 1):
+            raise ValueError("execution_horizon: a positive int, used with real_time_chunking=True")
         self._infer, self._action_key = infer, action_key
+        self.real_time_chunking, self.execution_horizon = real_time_chunking, execution_horizon
         self.prefetch_steps, self.on_starve = prefetch_steps, on_starve
         self._pool: ThreadPoolExecutor | None = None
         if submit is None:
@@ -264,6 +276,7 @@ class ActionChunkExecutor:
         self._pending: tuple[Future, int] | None = None  # (result, tick of its observation)
         self._last_action: np.ndarray | None = None
         self._max_delay = 0
+        self._recent_delays: collections.deque[int] = collections.deque(maxlen=8)
 
     @property
     def tick(self) -> int:
@@ -289,6 +302,13 @@ class ActionChunkExecutor:
 
     def _start(self, observation: Mapping[str, Any]) -> None:
         self.stats.requests += 1
+        if self.real_time_chunking and not self._exhausted():
+            assert self._chunk is not None
+            observation = dict(observation)
+            observation["previous_actions"] = np.ascontiguousarray(self._chunk[self._index :])
+            observation["inference_delay"] = max(self._recent_delays, default=0)
+            if self.execution_horizon is not None:
+                observation["execution_horizon"] = self.execution_horizon
         self._pending = (self._submit(lambda: self._infer(observation)), self._t)
 
     def _exhausted(self) -> bool:
@@ -331,6 +351,7 @@ class ActionChunkExecutor:
         delay = self._t - observed_at
         self.stats.last_delay_steps = delay
         self._max_delay = max(self._max_delay, delay)
+        self._recent_delays.append(delay)
         if delay >= len(actions):
             self.stats.stale_chunks += 1
             self.stats.skipped_actions += len(actions)

@@ -56,7 +56,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _non_negative_float(text: str) -> float:
+def non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -115,7 +115,7 @@ def add_server_options(parser: argparse.ArgumentParser, positive_int: Callable[[
     )
     group.add_argument(
         "--batch-wait-ms",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=ServeConfig.batch_wait_ms,
         help=f"how long a request may wait for others to batch with (default: {ServeConfig.batch_wait_ms:g})",
     )

@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 TOKENS_KEY = "observation.language.tokens"
 TOKEN_MASK_KEY = "observation.language.attention_mask"
 TEXT_KEYS = ("task", "prompt")
+#: Real-time chunking's optional keys (the previous chunk's leftover, the expected delay, the soft mask's end).
+RTC_KEYS = ("previous_actions", "inference_delay", "execution_horizon")
 
 
 class KeyMapError(ValueError):
@@ -201,7 +203,7 @@ class ObservationMapper:
         origin[self.state_key] = " + ".join(keymap.state)
         if keymap.prompt in flat:
             out["prompt"], origin["prompt"] = flat[keymap.prompt], keymap.prompt
-        for key in (TOKENS_KEY, TOKEN_MASK_KEY):
+        for key in (TOKENS_KEY, TOKEN_MASK_KEY, *RTC_KEYS):  # the model's own keys, whatever the robot's convention
             if key in flat:
                 out[key] = flat[key]
         return out, origin

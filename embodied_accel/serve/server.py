@@ -42,7 +42,13 @@ from websockets.frames import CloseCode
 
 from .. import __version__
 from .batching import Batcher, RequestError, Result, make_runner
-from .codec import DEFAULT_LIMITS, ERROR_FRAMES_PARAM, WireError, packb, unpack_observation
+from .codec import (
+    DEFAULT_LIMITS,
+    ERROR_FRAMES_PARAM,
+    WireError,
+    packb,
+    unpack_observation,
+)
 from .config import ServeConfig
 from .keymap import KeyMapError, ObservationMapper, annotate, can_tokenize_text
 from .metrics import CONTENT_TYPE, Metrics, log_event
@@ -122,6 +128,14 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
         meta["dtype"] = str(policy.dtype).removeprefix("torch.")
     if mapper.default_token_ids is not None:
         meta["default_token_ids"] = mapper.default_token_ids.tolist()
+    rtc = getattr(policy, "rtc", None)
+    if rtc is not None:  # real-time chunking: optional keys of a request, and the settings they are guided with
+        meta["real_time_chunking"] = {
+            "keys": ["previous_actions", "inference_delay", "execution_horizon"],
+            "schedule": rtc.schedule,
+            "max_guidance_weight": rtc.max_guidance_weight,
+            "execution_horizon": rtc.execution_horizon,
+        }
     meta.update(
         tokenizer=mapper.has_tokenizer,
         keymap=mapper.name,

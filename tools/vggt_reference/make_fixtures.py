@@ -25,9 +25,11 @@ frames of 42x70 (a non-square size, so DINOv2's position embedding is interpolat
 The state dict is saved under upstream's key names (``model.safetensors``, the layout of ``VGGT-1B``'s
 ``model.pt`` / the commercial checkpoint's safetensors) with the mixin-style ``config.json``.
 
-It also runs upstream's ``load_and_preprocess_images`` (``crop`` and ``pad``) on three small synthetic PNGs it
-writes into the fixture, and records a SHA-256 of each preprocessed tensor (values are k/255, so the hash of the
-uint8 image is exact) so the processor test needs no large arrays.
+It records the key and shape of every tensor of upstream's full-size ``VGGT()`` (``vggt1b_layout.json.gz``: the
+released checkpoint's layout, built on the meta device), and runs upstream's ``load_and_preprocess_images``
+(``crop`` and ``pad``) on three small synthetic PNGs it writes into the fixture, recording a SHA-256 of each
+preprocessed tensor (values are k/255, so the hash of the uint8 image is exact): the processor test needs no
+large arrays.
 """
 
 from __future__ import annotations
@@ -220,6 +222,29 @@ def tensor_digest(images: torch.Tensor) -> dict:
     return {"shape": list(images.shape), "sha256": hashlib.sha256(as_uint8.tobytes()).hexdigest()}
 
 
+def write_full_size_layout(path: Path) -> int:
+    """Key and shape of every tensor of upstream's full-size ``VGGT()`` (the layout of ``VGGT-1B``), gzipped JSON.
+
+    Built on the meta device (no memory): DINOv2's constructor reads a ``linspace`` with ``.item()``, so that one
+    call is made on the CPU.
+    """
+    import gzip
+
+    from vggt.models.vggt import VGGT
+
+    linspace = torch.linspace
+    torch.linspace = lambda *a, **k: linspace(*a, **{**k, "device": "cpu"})
+    try:
+        with torch.device("meta"):
+            model = VGGT()
+    finally:
+        torch.linspace = linspace
+    layout = {key: list(value.shape) for key, value in model.state_dict().items()}
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(layout, f, separators=(",", ":"), sort_keys=True)
+    return len(layout)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vggt-repo", type=Path, required=True, help="local checkout of the official vggt repository")
@@ -279,6 +304,8 @@ def main() -> int:
     }
     (args.out / "io.json").write_text(json.dumps(meta, indent=2) + "\n")
 
+    full_keys = write_full_size_layout(args.out / "vggt1b_layout.json.gz")
+
     # Self-check: strict reload into a fresh upstream model reproduces the outputs exactly.
     from safetensors.torch import load_file
 
@@ -288,7 +315,8 @@ def main() -> int:
         again = check(inputs["square.images"], query_points=inputs["square.query_points"])
     assert torch.equal(again["depth"], outputs["square.depth"]), "reloaded model differs"
     total = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
-    print(f"wrote {args.out} ({total / 1024:.0f} KiB, {sum(v.numel() for v in state.values())} parameters)")
+    print(f"wrote {args.out} ({total / 1024:.0f} KiB, {sum(v.numel() for v in state.values())} parameters; "
+          f"full-size layout: {full_keys} tensors)")  # fmt: skip
     for key, value in outputs.items():
         print(f"  {key:28s} {tuple(value.shape)} mean {value.float().mean():+.4f} std {value.float().std():.4f}")
     return 0

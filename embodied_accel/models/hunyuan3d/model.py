@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...nn.dit import (
+from ...nn.flux_dit import (
     DoubleStreamBlock,
     FinalLayer,
     MLPEmbedder,

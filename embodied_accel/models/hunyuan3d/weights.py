@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..pi0.weights import SafetensorsReader
+from ..safetensors_reader import SafetensorsReader
 from .config import Hunyuan3DConfig, config_from_yaml
 from .model import Hunyuan3DModel
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...nn.rtc import ChunkGuidance
 from .config import Pi0Config
 from .images import resize_with_pad, to_unit_float
 from .io_spec import IOSpec
@@ -70,7 +71,7 @@ class DeviceProcessing(nn.Module):
         super().__init__()
         self.image_size = config.vision.image_size
         self.state_dim, self.max_state_dim = io.state_dim, config.max_state_dim
-        self.action_dim = io.action_dim
+        self.action_dim, self.max_action_dim = io.action_dim, config.max_action_dim
         self.state_normalizer = AffineNormalizer(io.state_norm, io.state_stats, io.eps)
         self.action_normalizer = AffineNormalizer(io.action_norm, io.action_stats, io.eps)
 
@@ -89,6 +90,17 @@ class DeviceProcessing(nn.Module):
     def state(self, state: torch.Tensor) -> torch.Tensor:
         """Robot state ``[B, state_dim]`` → normalized, zero-padded ``[B, max_state_dim]`` fp32."""
         return F.pad(self.state_normalizer.normalize(state.to(torch.float32)), (0, self.max_state_dim - self.state_dim))
+
+    def guidance(self, previous: torch.Tensor, weights: torch.Tensor, max_weight: torch.Tensor) -> ChunkGuidance:
+        """Real-time chunking inputs (:class:`.processor.RawGuidance`'s tensors) → the model's
+        :class:`~embodied_accel.nn.rtc.ChunkGuidance`: leftovers ``[B, H, action_dim]`` normalized like actions and
+        zero-padded to ``max_action_dim``. (Padded positions hold normalized zeros; their weight is 0.)"""
+        normalized = self.action_normalizer.normalize(previous.to(torch.float32))
+        return ChunkGuidance(
+            F.pad(normalized, (0, self.max_action_dim - self.action_dim)),
+            weights[:, :, None],
+            max_weight[:, None, None],
+        )
 
     def actions(self, chunk: torch.Tensor) -> torch.Tensor:
         """Model output ``[B, H, max_action_dim]`` → robot actions ``[B, H, action_dim]`` fp32."""

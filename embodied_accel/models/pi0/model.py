@@ -30,6 +30,7 @@ from torch import nn
 
 from ...nn.gemma import GemmaTower
 from ...nn.kv_cache import AttentionSlots, StaticKVCache
+from ...nn.rtc import ChunkGuidance, guidance_coefficients, guided_velocity
 from ...nn.siglip import SiglipVisionTower
 from ...ops import OpSet
 from ...ops.contract import AttentionMask, RopeTables
@@ -60,6 +61,8 @@ class StepSchedule:
 
     num_steps: int
     per_step: tuple
+    times: tuple[float, ...]  # the flow time of each step (float32-rounded), 1 → 1/num_steps
+    rtc_coefficients: torch.Tensor  # [num_steps] fp32: real-time chunking's guidance weight before its clip
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,18 +152,22 @@ class Pi0Model(nn.Module):
         if not isinstance(num_steps, int) or num_steps < 1:
             raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
         cfg, ops, de = self.config, self.ops, self.config.expert.width
-        times = torch.tensor(euler_schedule(num_steps), dtype=torch.float32)
+        step_times = euler_schedule(num_steps)
+        rtc_coefficients = guidance_coefficients(num_steps).to(device)
+        times = torch.tensor(step_times, dtype=torch.float32)
         time_emb = sinusoidal_time_embedding(times, de, cfg.min_period, cfg.max_period)
         time_emb = time_emb.to(device=device, dtype=self.action_in_proj_weight.dtype)  # [steps, De]
         if cfg.has_state_token:
             time_part = ops.linear(time_emb, self.action_time_mlp_in_weight[de:], self.action_time_mlp_in_bias)
-            return StepSchedule(num_steps, tuple(time_part[s : s + 1].contiguous() for s in range(num_steps)))
+            per_step = tuple(time_part[s : s + 1].contiguous() for s in range(num_steps))
+            return StepSchedule(num_steps, per_step, tuple(step_times), rtc_coefficients)
         cond = F.silu(ops.linear(time_emb, self.time_mlp_in_weight, self.time_mlp_in_bias))
         cond = F.silu(ops.linear(cond, self.time_mlp_out_weight, self.time_mlp_out_bias))
         per_layer = [layer.norm_conditioning(cond, self.compute_dtype) for layer in self.expert.layers]
         layer_conds = [[per_layer[i][s] for i in range(len(per_layer))] for s in range(num_steps)]
         final = self.expert.final_norm_conditioning(cond)
-        return StepSchedule(num_steps, tuple(zip(layer_conds, final, strict=True)))
+        per_step = tuple(zip(layer_conds, final, strict=True))
+        return StepSchedule(num_steps, per_step, tuple(step_times), rtc_coefficients)
 
     def new_buffers(self, batch: int, num_cameras: int, num_tokens: int, num_steps: int, device) -> Pi0Buffers:
         """Buffers sized exactly for one call (a direct call of the model; the runtime shares larger ones)."""
@@ -260,16 +267,22 @@ class Pi0Model(nn.Module):
         )
 
     @torch.no_grad()
-    def denoise(self, buffers: Pi0Buffers, context: PrefixContext, noise: torch.Tensor) -> torch.Tensor:
+    def denoise(
+        self, buffers: Pi0Buffers, context: PrefixContext, noise: torch.Tensor, guidance: ChunkGuidance | None = None
+    ) -> torch.Tensor:
         """Euler integration from t = 1 (``noise``) to t = 0 over ``buffers.schedule``; returns
-        ``[B, horizon, max_action_dim]`` fp32."""
+        ``[B, horizon, max_action_dim]`` fp32. With ``guidance``, each step's velocity is steered towards the
+        previous chunk's leftover (real-time chunking, :mod:`embodied_accel.nn.rtc`)."""
         schedule = buffers.schedule
         dt = -1.0 / schedule.num_steps
         x_t = noise.to(torch.float32)
-        for step_constants in schedule.per_step:
+        for step, step_constants in enumerate(schedule.per_step):
             velocity = self.denoise_step(
                 x_t, step_constants, context.rope_tables, context.attention_mask, context.slots
             )
+            if guidance is not None:
+                coefficient = schedule.rtc_coefficients[step]
+                velocity = guided_velocity(x_t, velocity, schedule.times[step], coefficient, guidance)
             x_t = x_t.add(velocity, alpha=dt)
         return x_t
 
@@ -285,11 +298,12 @@ class Pi0Model(nn.Module):
         num_steps: int | None = None,
         *,
         buffers: Pi0Buffers | None = None,
+        guidance: ChunkGuidance | None = None,
     ) -> torch.Tensor:
         """Sample an action chunk ``[B, horizon, max_action_dim]`` (normalized action space, fp32).
 
         ``buffers`` come from the runtime (their schedule sets the number of steps); without them the call
-        allocates its own for ``num_steps`` (default: the config's).
+        allocates its own for ``num_steps`` (default: the config's). ``guidance``: real-time chunking's inputs.
         """
         if buffers is None:
             steps = self.config.num_steps if num_steps is None else num_steps
@@ -297,7 +311,7 @@ class Pi0Model(nn.Module):
         elif num_steps is not None and num_steps != buffers.schedule.num_steps:
             raise ValueError(f"num_steps={num_steps} but the buffers hold a {buffers.schedule.num_steps}-step schedule")
         context = self.prefill(buffers, images, image_masks, tokens, token_masks, state)
-        return self.denoise(buffers, context, noise)
+        return self.denoise(buffers, context, noise, guidance)
 
     def denoise_step(self, x_t, step_constants, rope_tables, attention_mask, slots) -> torch.Tensor:
         """Velocity ``v(x_t, t)`` for one step: ``[B, horizon, A]`` → ``[B, horizon, A]`` (fp32)."""

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ...errors import ObservationError
+from ...nn.rtc import ChunkGuidance, RtcSettings, prefix_weights
 from .config import Pi0Config
 from .images import image_hwc, resize_with_pad, resized_size, to_unit_float
 from .io_spec import IOSpec
@@ -49,6 +50,12 @@ TASK_KEY = "task"
 PROMPT_KEY = "prompt"  # alias of TASK_KEY
 TOKENS_KEY = "observation.language.tokens"
 TOKEN_MASK_KEY = "observation.language.attention_mask"
+#: Real-time chunking (optional): the previous chunk's unexecuted actions ``[n, action_dim]`` in robot units, how many
+#: of them will have run when the new chunk arrives, and where the soft mask over the overlap ends.
+PREVIOUS_ACTIONS_KEY = "previous_actions"
+INFERENCE_DELAY_KEY = "inference_delay"
+EXECUTION_HORIZON_KEY = "execution_horizon"
+RTC_KEYS = (PREVIOUS_ACTIONS_KEY, INFERENCE_DELAY_KEY, EXECUTION_HORIZON_KEY)
 
 
 @dataclass
@@ -60,13 +67,33 @@ class ModelInputs:
     tokens: torch.Tensor  # [B, L] int64, right-padded with 0
     token_masks: torch.Tensor  # [B, L] bool
     state: torch.Tensor  # [B, max_state_dim] float32, normalized, zero-padded
+    guidance: ChunkGuidance | None = None  # real-time chunking: the previous chunk's leftover (model space)
 
     def to(self, device: torch.device | str) -> ModelInputs:
-        return ModelInputs(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        moved = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "guidance"}
+        guidance = self.guidance
+        if guidance is not None:
+            guidance = ChunkGuidance(
+                *(t.to(device) for t in (guidance.previous, guidance.weights, guidance.max_weight))
+            )
+        return ModelInputs(**{name: t.to(device) for name, t in moved.items()}, guidance=guidance)
 
     @property
     def batch_size(self) -> int:
         return self.images.shape[0]
+
+
+@dataclass(frozen=True)
+class RawGuidance:
+    """Real-time chunking inputs as the robots sent them (see :mod:`embodied_accel.nn.rtc`); rows without RTC have
+    zero weights. :class:`.device_processing.DeviceProcessing` turns them into a :class:`ChunkGuidance`."""
+
+    previous: torch.Tensor  # [B, H, action_dim] float32, robot units: the previous chunk's leftover, zero-padded
+    weights: torch.Tensor  # [B, H] float32
+    max_weight: torch.Tensor  # [B] float32
+
+    def to(self, device: torch.device | str) -> RawGuidance:
+        return RawGuidance(self.previous.to(device), self.weights.to(device), self.max_weight.to(device))
 
 
 @dataclass
@@ -82,17 +109,27 @@ class RawInputs:
     tokens: torch.Tensor  # [B, L] int64, right-padded with 0
     token_masks: torch.Tensor  # [B, L] bool
     state: torch.Tensor  # [B, state_dim] float32 in robot units
+    guidance: RawGuidance | None = None  # real-time chunking, when some row asked for it
 
     def to(self, device: torch.device | str) -> RawInputs:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         moved = {
-            name: tuple(t.to(device) for t in v) if name == "frames" else v.to(device) for name, v in moved.items()
+            name: tuple(t.to(device) for t in v) if name == "frames" else None if v is None else v.to(device)
+            for name, v in moved.items()
         }
         return RawInputs(**moved)
 
     @property
     def batch_size(self) -> int:
         return self.tokens.shape[0]
+
+
+@dataclass(frozen=True)
+class RowGuidance:
+    """One row's real-time chunking request, validated: the previous chunk's leftover and the weights it gets."""
+
+    previous: np.ndarray  # [n, action_dim] float32, robot units (n <= horizon)
+    weights: np.ndarray  # [horizon] float32 (see nn.rtc.prefix_weights)
 
 
 @dataclass(frozen=True)
@@ -104,6 +141,7 @@ class ValidatedObservation:
     normalized_state: np.ndarray  # [state_dim] float32
     tokens: torch.Tensor  # [max_token_len] int64, right-padded with 0
     token_mask: torch.Tensor  # [max_token_len] bool
+    chunk_guidance: RowGuidance | None = None  # real-time chunking, when the row asks for it
 
     @property
     def signature(self) -> tuple:
@@ -116,10 +154,16 @@ class Pi0Processor:
     """Robot observation dicts → :class:`ModelInputs` / :class:`RawInputs`; model actions → robot actions (numpy)."""
 
     def __init__(
-        self, config: Pi0Config, io: IOSpec, tokenizer: Tokenizer | None = None, *, tokenizer_searched: str = ""
+        self,
+        config: Pi0Config,
+        io: IOSpec,
+        tokenizer: Tokenizer | None = None,
+        *,
+        tokenizer_searched: str = "",
+        rtc: RtcSettings | None = None,
     ) -> None:
         """``tokenizer_searched``: where the tokenizer was looked for when there is none (named in the error a text
-        instruction then gets)."""
+        instruction then gets). ``rtc``: the real-time chunking settings requests are guided with."""
         if io.state_dim > config.max_state_dim:
             raise ValueError(f"{config.name}: state_dim {io.state_dim} exceeds max_state_dim {config.max_state_dim}")
         if io.action_dim > config.max_action_dim:
@@ -130,7 +174,10 @@ class Pi0Processor:
         self.io = io
         self.tokenizer = tokenizer
         self.tokenizer_searched = tokenizer_searched
-        self.known_keys = frozenset((*io.image_keys, io.state_key, TASK_KEY, PROMPT_KEY, TOKENS_KEY, TOKEN_MASK_KEY))
+        self.rtc = rtc if rtc is not None else RtcSettings()
+        self.known_keys = frozenset(
+            (*io.image_keys, io.state_key, TASK_KEY, PROMPT_KEY, TOKENS_KEY, TOKEN_MASK_KEY, *RTC_KEYS)
+        )
         self._reported_unknown_keys: set[str] = set()
 
     # ---- numeric transforms
@@ -183,7 +230,8 @@ class Pi0Processor:
         state = self._raw_state(obs, where)
         normalized_state = normalize(state, self.io.state_norm, self.io.state_stats, self.io.eps)
         tokens, token_mask = self._tokens(obs, where, normalized_state)
-        return ValidatedObservation(tuple(frames), state, normalized_state, tokens, token_mask)
+        guidance = self._chunk_guidance(obs, where)
+        return ValidatedObservation(tuple(frames), state, normalized_state, tokens, token_mask, guidance)
 
     def pack_raw(self, rows: Sequence[ValidatedObservation]) -> RawInputs | None:
         """Validated rows → one :class:`RawInputs` batch for the device path.
@@ -212,6 +260,7 @@ class Pi0Processor:
             tokens=torch.stack([row.tokens for row in rows]),
             token_masks=torch.stack([row.token_mask for row in rows]),
             state=torch.from_numpy(np.stack([row.state for row in rows])),
+            guidance=self._raw_guidance(rows),
         )
 
     def pack_model_inputs(self, rows: Sequence[ValidatedObservation]) -> ModelInputs:
@@ -234,7 +283,78 @@ class Pi0Processor:
             tokens=torch.stack([row.tokens for row in rows]),
             token_masks=torch.stack([row.token_mask for row in rows]),
             state=state,
+            guidance=self._model_guidance(rows),
         )
+
+    # ---- real-time chunking
+
+    def _chunk_guidance(self, obs: Mapping[str, Any], where: str) -> RowGuidance | None:
+        """The row's real-time chunking request: ``previous_actions`` (the previous chunk's unexecuted actions,
+        ``[n, action_dim]`` robot units, ``1 <= n <= horizon``), ``inference_delay`` (how many of them run before
+        the new chunk arrives) and optionally ``execution_horizon`` (where the soft mask ends)."""
+        if PREVIOUS_ACTIONS_KEY not in obs:
+            given = [key for key in (INFERENCE_DELAY_KEY, EXECUTION_HORIZON_KEY) if key in obs]
+            if given:
+                raise ObservationError(
+                    f"{where}[{given[0]!r}]: only used with {PREVIOUS_ACTIONS_KEY!r} (real-time chunking)"
+                )
+            return None
+        field_name, horizon = f"{where}[{PREVIOUS_ACTIONS_KEY!r}]", self.config.action_horizon
+        value = obs[PREVIOUS_ACTIONS_KEY]
+        previous = np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
+        if (
+            previous.ndim != 2
+            or not 1 <= previous.shape[0] <= horizon
+            or previous.shape[1] != self.io.action_dim
+            or previous.dtype.kind not in "fiu"
+        ):
+            raise ObservationError(
+                f"{field_name}: expected the previous chunk's unexecuted actions, [n, {self.io.action_dim}] numbers with "
+                f"1 <= n <= {horizon}, got shape {previous.shape} dtype {previous.dtype}"
+            )
+        previous = previous.astype(np.float32)
+        if not np.isfinite(previous).all():
+            raise ObservationError(f"{field_name}: must be finite; NaN or inf found")
+        delay = _count(obs, INFERENCE_DELAY_KEY, where, minimum=0, maximum=horizon, required=True)
+        end = _count(obs, EXECUTION_HORIZON_KEY, where, minimum=1, maximum=horizon, required=False)
+        end = min(self.rtc.execution_horizon if end is None else end, previous.shape[0])
+        weights = prefix_weights(delay, end, horizon, self.rtc.schedule).numpy()
+        return RowGuidance(previous, weights)
+
+    def _guidance_rows(self, rows: Sequence[ValidatedObservation]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``[B, H, action_dim]`` leftovers (robot units, zero-padded) and ``[B, H]`` weights; None without RTC."""
+        if all(row.chunk_guidance is None for row in rows):
+            return None
+        horizon = self.config.action_horizon
+        previous = torch.zeros(len(rows), horizon, self.io.action_dim)
+        weights = torch.zeros(len(rows), horizon)
+        for b, row in enumerate(rows):
+            if row.chunk_guidance is not None:
+                left = row.chunk_guidance.previous
+                previous[b, : left.shape[0]] = torch.from_numpy(left)
+                weights[b] = torch.from_numpy(row.chunk_guidance.weights)
+        return previous, weights
+
+    def _raw_guidance(self, rows: Sequence[ValidatedObservation]) -> RawGuidance | None:
+        packed = self._guidance_rows(rows)
+        if packed is None:
+            return None
+        return RawGuidance(*packed, torch.full((len(rows),), float(self.rtc.max_guidance_weight)))
+
+    def _model_guidance(self, rows: Sequence[ValidatedObservation]) -> ChunkGuidance | None:
+        """The guidance in the model's action space: leftovers normalized (only their own actions), zero-padded to
+        ``max_action_dim`` (as LeRobot pads them)."""
+        packed = self._guidance_rows(rows)
+        if packed is None:
+            return None
+        previous = torch.zeros(len(rows), self.config.action_horizon, self.config.max_action_dim)
+        for b, row in enumerate(rows):
+            if row.chunk_guidance is not None:
+                left = row.chunk_guidance.previous
+                normalized = normalize(left, self.io.action_norm, self.io.action_stats, self.io.eps)
+                previous[b, : left.shape[0], : self.io.action_dim] = torch.from_numpy(normalized)
+        max_weight = torch.full((len(rows), 1, 1), float(self.rtc.max_guidance_weight))
+        return ChunkGuidance(previous, packed[1][:, :, None], max_weight)
 
     def _report_unknown_keys(self, obs: Mapping[str, Any]) -> None:
         """Warn once per key about keys this policy never reads (a misspelled camera is otherwise a silent miss)."""
@@ -358,6 +478,23 @@ class Pi0Processor:
         return ids.astype(np.int64), mask.astype(bool)
 
 
+def _count(obs: Mapping[str, Any], key: str, where: str, *, minimum: int, maximum: int, required: bool) -> int | None:
+    """An integer field in ``[minimum, maximum]`` (a Python or numpy integer, or a 0-d / 1-element array)."""
+    if key not in obs:
+        if required:
+            raise ObservationError(
+                f"{where}[{key!r}]: missing; real-time chunking needs it with {PREVIOUS_ACTIONS_KEY!r}"
+            )
+        return None
+    value = obs[key]
+    array = np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
+    if array.size != 1 or array.dtype.kind not in "iu" or not minimum <= int(array.reshape(())) <= maximum:
+        raise ObservationError(
+            f"{where}[{key!r}]: expected an integer in [{minimum}, {maximum}], got {np.array2string(array)[:80]}"
+        )
+    return int(array.reshape(()))
+
+
 def _image_masks(rows: Sequence[ValidatedObservation]) -> torch.Tensor:
     """``[B, N]`` bool: which camera slots each row has."""
     return torch.tensor([[frame is not None for frame in row.frames] for row in rows], dtype=torch.bool)
@@ -413,6 +550,7 @@ def compact_inputs(inputs: ModelInputs, token_bucket: int) -> ModelInputs:
         tokens=inputs.tokens[:, :length],
         token_masks=inputs.token_masks[:, :length],
         state=inputs.state,
+        guidance=inputs.guidance,
     )
 
 
@@ -425,6 +563,7 @@ def compact_raw_inputs(raw: RawInputs, token_bucket: int) -> RawInputs:
         tokens=raw.tokens[:, :length],
         token_masks=raw.token_masks[:, :length],
         state=raw.state,
+        guidance=raw.guidance,
     )
 
 
@@ -433,7 +572,9 @@ __all__ = [
     "ModelInputs",
     "ObservationError",
     "Pi0Processor",
+    "RawGuidance",
     "RawInputs",
+    "RowGuidance",
     "Tokenizer",
     "ValidatedObservation",
     "compact_inputs",

@@ -123,16 +123,17 @@ def build_vggt_buffers(
     kinds = (torch.arange(frames) + first_frame != 0).long().repeat(batch).to(device)
     dpt_pos = None
     if config.enable_depth or config.enable_point:
-        dpt_pos = dpt_position_embeddings(config.point_dpt(), h, w, device, dtype)
+        heads = 2 if (config.enable_depth and config.enable_point) else 1  # run as one pass: channels stacked
+        dpt_pos = dpt_position_embeddings(config.point_dpt(), h, w, device, dtype, heads=heads)
     track_pos = corr_delta = None
     if config.enable_track:
         t = config.track
         fh, fw = int(patch_hw[0] * p / 2), int(patch_hw[1] * p / 2)
-        track_pos = sincos_grid_embedding(3 * t.features + 4, (fh, fw)).to(device, dtype)
+        track_pos = sincos_grid_embedding(3 * t.features + 4, (fh, fw)).to(device)  # the tracker runs in fp32
         offsets = torch.linspace(-t.corr_radius, t.corr_radius, 2 * t.corr_radius + 1)
         dy, dx = torch.meshgrid(offsets, offsets, indexing="ij")
         corr_delta = torch.stack([dy, dx], dim=-1).view(1, 2 * t.corr_radius + 1, 2 * t.corr_radius + 1, 2)
-        corr_delta = corr_delta.to(device, dtype)
+        corr_delta = corr_delta.to(device)
     return VggtBuffers(
         batch=batch,
         frames=frames,

@@ -26,6 +26,26 @@ DEFAULT_PRESET = "vggt-tiny"
 SP_MODES = ("ulysses", "ring", "hybrid")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _percentile(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentile in [0, 100], got {text!r}") from None
+    if not 0.0 <= value <= 100.0:
+        raise argparse.ArgumentTypeError(f"expected a percentile in [0, 100], got {value}")
+    return value
+
+
 def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.ArgumentParser:
     """Register the subcommand on ``commands`` (argparse sub-parsers); returns its parser."""
     p = commands.add_parser("reconstruct", help="3-D reconstruction of a folder of images with VGGT")
@@ -45,16 +65,22 @@ def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.Arg
     p.add_argument("--backend", choices=backend_names, default="auto", help="op backend (default: auto)")
     p.add_argument("--dtype", choices=dtype_names, default="float32", help="compute dtype (default: float32)")
     p.add_argument("--mode", choices=MODES, default="crop", help="preprocessing: crop (default) or pad")
-    p.add_argument("--image-size", type=int, metavar="PX", help="frame width (crop) / side (pad), default: the model's")
-    p.add_argument("--frames-chunk-size", type=int, default=8, help="frames per dense-head chunk (default: 8)")
-    p.add_argument("--conf-percentile", type=float, default=50.0,
+    p.add_argument(
+        "--image-size", type=_positive_int, metavar="PX", help="frame width (crop) / side (pad), default: the model's"
+    )
+    p.add_argument(
+        "--frames-chunk-size", type=_positive_int, default=8, help="frames per dense-head chunk (default: 8)"
+    )
+    p.add_argument("--conf-percentile", type=_percentile, default=50.0,
                    help="keep points at or above this percentile of confidence (default: 50)")  # fmt: skip
     p.add_argument("--points-from", choices=("depth", "pointmap"), default="depth",
                    help="world points from depth + cameras (default) or the point head")  # fmt: skip
-    p.add_argument("--max-points", type=int, default=1_000_000, help="at most this many points (default: 1e6)")
+    p.add_argument(
+        "--max-points", type=_positive_int, default=1_000_000, help="at most this many points (default: 1e6)"
+    )
     p.add_argument("--glb", action="store_true", help="also write the point cloud as .glb")
     p.add_argument("--sp", choices=SP_MODES, help="sequence parallelism across torchrun processes")
-    p.add_argument("--ulysses-degree", type=int, help="with --sp hybrid: processes per Ulysses group")
+    p.add_argument("--ulysses-degree", type=_positive_int, help="with --sp hybrid: processes per Ulysses group")
     p.add_argument("--quant", choices=("w8a8",), help="int8 weights and activations for the planned linear layers")
     p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -106,7 +132,7 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         from .plans import VGGT_W8A8_PLAN
 
         replaced = attach_w8a8(model, VGGT_W8A8_PLAN)
-        say(f"W8A8: {len(replaced)} linear layers int8 (attention projections and heads kept in {args.dtype})")
+        say(f"W8A8: {len(replaced)} linear layers int8; kept in the model dtype: {VGGT_W8A8_PLAN.keep}")
     target = args.image_size or model.config.image_size
     frames = load_frames(paths, args.mode, target, model.config.patch_size)
     images = frames.images

@@ -22,8 +22,10 @@ def colorize(values: np.ndarray, low: float, high: float) -> np.ndarray:
 
 
 def write_png(path: Path, rgb_or_gray: np.ndarray) -> None:
-    from PIL import Image
-
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise ImportError("writing PNG previews needs Pillow: pip install 'embodied-accel[vggt]'") from exc
     Image.fromarray(rgb_or_gray).save(path)
 
 

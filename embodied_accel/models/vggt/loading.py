@@ -12,6 +12,7 @@ import torch
 
 from ... import platform as platform_mod
 from ...ops import get_ops
+from ...runtime.buffers import BufferSpec, StaticBuffers
 from .buffers import VggtBuffers, build_vggt_buffers
 from .config import PRESETS, VggtConfig, get_preset
 from .model import FrameParallel, VggtModel, VggtOutputs
@@ -97,27 +98,34 @@ class StageTimes:
 
 
 class VggtRunner:
-    """Runs a model per shape bucket: the bucket's :class:`VggtBuffers` are built on first use (before any capture)
-    and kept while the runner lives; ``release()`` frees them."""
+    """Runs a model per shape bucket. Each bucket's :class:`VggtBuffers` are declared to the runtime's
+    :class:`~embodied_accel.runtime.buffers.StaticBuffers` owner (exact bucket key: their sizes follow the image
+    size) and built on first use, before any call reads them; ``release()`` drops them (e.g. after other weights
+    were loaded: DINOv2's interpolated position embedding is computed from the weights)."""
 
     def __init__(self, model: VggtModel, device: torch.device, parallel: FrameParallel | None = None):
         self.model, self.device, self.parallel = model, device, parallel
         self.config: VggtConfig = model.config
-        self._buffers: dict[Bucket, VggtBuffers] = {}
+        self.static_buffers = StaticBuffers()
         self.plat = platform_mod.detect()
         self.last_times = StageTimes()
 
-    def buffers(self, bucket: Bucket) -> VggtBuffers:
-        found = self._buffers.get(bucket)
-        if found is None:
-            found = self._buffers[bucket] = build_vggt_buffers(
+    def plan(self, bucket: Bucket) -> dict[str, BufferSpec]:
+        """The static buffers a bucket reads."""
+
+        def build(_capacity) -> VggtBuffers:
+            return build_vggt_buffers(
                 self.model, bucket.batch, bucket.frames, bucket.image_hw, self.device, self.model.compute_dtype,
                 first_frame=bucket.first_frame,
             )  # fmt: skip
-        return found
+
+        return {"vggt": BufferSpec(build, key=bucket)}
+
+    def buffers(self, bucket: Bucket) -> VggtBuffers:
+        return self.static_buffers.acquire(self.plan(bucket)).values["vggt"]
 
     def release(self) -> None:
-        self._buffers.clear()
+        self.static_buffers.clear()
 
     @torch.no_grad()
     def __call__(
@@ -138,7 +146,7 @@ class VggtRunner:
         buffers = self.buffers(bucket)
         images = images.to(self.device, non_blocking=True)
         if query_points is not None:
-            query_points = query_points.to(self.device, self.model.compute_dtype)
+            query_points = query_points.to(self.device, torch.float32)
         start = time.perf_counter()
         layers = self.model.aggregate(images, buffers, self.parallel)
         self.plat.synchronize()

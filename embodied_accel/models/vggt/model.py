@@ -174,8 +174,17 @@ class VggtOutputs:
         return {k: v for k, v in self.__dict__.items() if isinstance(v, torch.Tensor)}
 
 
+#: Parameters kept in fp32 whatever the compute dtype: the camera head (a few tokens per frame, refined over
+#: iterations) and the tracker (pixel coordinates, correlations); both are cheap next to the aggregator.
+FP32_PREFIXES = ("camera_head.", "track_head.tracker.")
+
+
 class VggtModel(nn.Module):
-    """The VGGT network on the op layer; weights come from :mod:`.weights`."""
+    """The VGGT network on the op layer; weights come from :mod:`.weights`.
+
+    The aggregator and the DPT heads run in ``compute_dtype``; the camera head and the tracker in fp32
+    (:data:`FP32_PREFIXES`), on their inputs cast up.
+    """
 
     def __init__(self, config: VggtConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -183,8 +192,14 @@ class VggtModel(nn.Module):
         self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
         self.aggregator = Aggregator(config, ops)
         self.camera_head = CameraHead(config, ops) if config.enable_camera else None
-        self.depth_head = DptHead(config.depth_dpt(), ops) if config.enable_depth else None
-        self.point_head = DptHead(config.point_dpt(), ops) if config.enable_point else None
+        # Depth and point heads have the same shape: with both, one pass runs them together (grouped convolutions).
+        self.dense_heads = self.depth_head = self.point_head = None
+        if config.enable_depth and config.enable_point:
+            self.dense_heads = DptHead((config.depth_dpt(), config.point_dpt()), ops)
+        elif config.enable_depth:
+            self.depth_head = DptHead(config.depth_dpt(), ops)
+        elif config.enable_point:
+            self.point_head = DptHead(config.point_dpt(), ops)
         self.track_head = TrackHead(config, ops) if config.enable_track else None
 
     def forward(
@@ -227,39 +242,33 @@ class VggtModel(nn.Module):
         batch = buffers.batch
         start = config.patch_start
         if self.camera_head is not None:
-            camera_tokens = layers[config.depth - 1][:, :, 0]
+            camera_tokens = layers[config.depth - 1][:, :, 0].float()
             if parallel is not None:
                 camera_tokens = parallel.gather_frames(camera_tokens, dim=1)
             out.pose_enc_list = self.camera_head(camera_tokens)
             out.pose_enc = out.pose_enc_list[-1]
         dense = None
-        if (
-            self.depth_head is not None
-            or self.point_head is not None
-            or (self.track_head is not None and query_points is not None)
-        ):
+        heads = [(self.dense_heads, ("depth", "world_points")), (self.depth_head, ("depth",)),
+                 (self.point_head, ("world_points",))]  # fmt: skip
+        heads = [(head, names) for head, names in heads if head is not None]
+        if heads or (self.track_head is not None and query_points is not None):
             dense = [
                 layers[i][:, :, start:].reshape(-1, layers[i].shape[2] - start, layers[i].shape[3])
                 for i in config.dpt_layers
             ]
         frames = buffers.frames
-        if self.depth_head is not None:
-            depth, conf = self.depth_head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)
-            out.depth, out.depth_conf = (
-                depth.view(batch, frames, *depth.shape[1:]),
-                conf.view(batch, frames, *conf.shape[1:]),
-            )
-        if self.point_head is not None:
-            pts, conf = self.point_head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)
-            out.world_points = pts.view(batch, frames, *pts.shape[1:])
-            out.world_points_conf = conf.view(batch, frames, *conf.shape[1:])
+        for head, names in heads:
+            results = head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)
+            for name, (values, conf) in zip(names, results if len(names) > 1 else [results], strict=True):
+                setattr(out, name, values.view(batch, frames, *values.shape[1:]))
+                setattr(out, f"{name}_conf", conf.view(batch, frames, *conf.shape[1:]))
         if self.track_head is not None and query_points is not None:
             if query_points.dim() != 3 or query_points.shape[0] != batch or query_points.shape[-1] != 2:
                 raise ValueError(f"query_points must be [B={batch}, N, 2] pixels; got {list(query_points.shape)}")
             fmaps = self.track_head.feature_extractor(dense, buffers.patch_hw, None, frames_chunk_size)
-            fmaps = fmaps.view(batch, frames, *fmaps.shape[1:])
+            fmaps = fmaps.view(batch, frames, *fmaps.shape[1:]).float()
             if parallel is not None:
                 fmaps = parallel.gather_frames(fmaps, dim=1)
-            tracks, out.vis, out.conf = self.track_head.tracker(query_points.to(fmaps.dtype), fmaps, buffers)
+            tracks, out.vis, out.conf = self.track_head.tracker(query_points.float(), fmaps, buffers)
             out.track_list, out.track = tracks, tracks[-1]
         return out

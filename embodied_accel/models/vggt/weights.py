@@ -24,8 +24,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..pi0.weights import SafetensorsReader
+from ..safetensors_reader import SafetensorsReader
 from .config import VggtConfig, get_preset
+from .model import FP32_PREFIXES
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,10 @@ IGNORED_KEYS = ("aggregator.patch_embed.mask_token",)
 
 #: (pattern on our parameter name, replacement) applied in order, each with ``re.sub``: our name → upstream key.
 RENAMES: tuple[tuple[str, str], ...] = (
+    # depth and point heads run as one pass: each head's own parameters under dense_heads.heads.{0,1}
+    (r"^dense_heads\.heads\.0\.", "depth_head."),
+    (r"^dense_heads\.heads\.1\.", "point_head."),
+    (r"\.heads\.0\.", "."),
     (r"^aggregator\.patch_embed\.proj\.", "aggregator.patch_embed.patch_embed.proj."),
     (r"^camera_head\.modulation\.", "camera_head.poseLN_modulation.1."),
     (r"^camera_head\.pose_fc(\d)\.", r"camera_head.pose_branch.fc\1."),
@@ -76,6 +81,11 @@ _SINGLETON_PREFIX = {
 }
 
 
+#: Our module that runs the depth and point heads as one pass (parameters stacked head after head) and the
+#: checkpoint prefixes of its heads, in stacking order.
+PAIRED_PREFIX = "dense_heads."
+PAIRED_HEADS = ("depth_head", "point_head")
+
 #: Our GEMMs that are 1×1 convolutions in the checkpoint (weights ``[out, in, 1, 1]``).
 _CONV1X1_LINEARS = (".projects.", ".output_conv2b.")
 
@@ -93,6 +103,11 @@ def checkpoint_sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tup
         kind = name.rsplit("_", 1)[-1]
         base = name[: -len(f"qk_norm_{kind}")]
         return [(checkpoint_key(f"{base}{which}_norm_{kind}"), (shape[-1],)) for which in ("q", "k")]
+    if name.startswith(PAIRED_PREFIX) and ".heads." not in name:
+        # stacked head after head along the output channels (grouped convolutions): one slice per head
+        rest = name[len(PAIRED_PREFIX) :]
+        per_head = (shape[0] // len(PAIRED_HEADS), *shape[1:])
+        return [(checkpoint_key(f"{head}.{rest}"), per_head) for head in PAIRED_HEADS]
     key = checkpoint_key(name)
     if name.endswith(".weight_t"):
         out_in = (shape[1], shape[0])
@@ -106,6 +121,9 @@ def checkpoint_sources(name: str, shape: tuple[int, ...]) -> list[tuple[str, tup
 
 
 def _transform(name: str, tensors: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+    if name.startswith(PAIRED_PREFIX) and len(tensors) == len(PAIRED_HEADS):  # one slice per head
+        tensor = torch.cat(tensors, dim=0)
+        return tensor.contiguous(memory_format=torch.channels_last) if tensor.dim() == 4 else tensor
     if len(tensors) == 2:  # Q/K norms → [2, 1, head_dim]
         return torch.stack(tensors).view(shape)
     tensor = tensors[0]
@@ -228,7 +246,8 @@ def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device,
     state = {}
     for name, shape, keys in tqdm(plan, desc="loading weights", unit="tensor", disable=not progress):
         tensor = _transform(name, [source.get(k) for k in keys], shape)
-        state[name] = tensor.to(device=device, dtype=dtype)
+        target = torch.float32 if name.startswith(FP32_PREFIXES) else dtype
+        state[name] = tensor.to(device=device, dtype=target)
     return state
 
 
@@ -277,7 +296,10 @@ def init_random_weights(model, seed: int, device) -> None:
     if model.track_head is not None:
         for suffix in ("weight_t", "bias"):
             state[f"track_head.tracker.updateformer.flow_head.{suffix}"] *= 0.05
-    state = {k: v.to(device=device, dtype=model.compute_dtype) for k, v in state.items()}
+    state = {
+        k: v.to(device=device, dtype=torch.float32 if k.startswith(FP32_PREFIXES) else model.compute_dtype)
+        for k, v in state.items()
+    }
     for name, value in state.items():
         if value.dim() == 4:
             state[name] = value.contiguous(memory_format=torch.channels_last)

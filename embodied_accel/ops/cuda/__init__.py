@@ -69,7 +69,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     if attention not in CUDA_ATTENTION_KERNELS:
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
     from . import attention as attention_kernel
-    from . import dit_kernels, int8_gemm, kernels
+    from . import groot_kernels, int8_gemm, kernels
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
         return RopeTables(cos, sin, rotated_heads, total_heads)  # the kernels read cos / sin themselves
@@ -82,6 +82,12 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         if kv_write.stride(-1) != 1 or tables.rotated_heads != qkv.shape[1] - kv_write.shape[2]:
             return reference.split_store_kv(rope(qkv, tables), kv_write)
         return kernels.rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
+
+    def qk_rms_norm_rope(qkv, norm_weight, eps, tables):
+        if tables.rotated_heads != norm_weight.shape[0]:
+            return reference.qk_rms_norm_rope(qkv, norm_weight, eps, reference.prepare_rope(
+                tables.cos, tables.sin, tables.rotated_heads, qkv.shape[1]))  # fmt: skip
+        return groot_kernels.qk_rms_norm_rope(qkv, norm_weight, eps, tables.cos, tables.sin)
 
     def triton_attention(q, k, v, mask: AttentionMask | None, scale: float) -> torch.Tensor:
         """Masked attention on the Triton kernel (:func:`.attention.mqa_attention`): any ``H % Hkv == 0`` layout,
@@ -105,10 +111,11 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         "rope_store_kv": rope_store_kv,
         "prepare_attention_mask": prepare_attention_mask if attention == "sdpa" else prepare_boolean_attention_mask,
         "attention": packed_mqa_attention if attention == "sdpa" else triton_attention,
+        # first used by GR00T
+        "swiglu": groot_kernels.swiglu,
+        "qk_rms_norm_rope": qk_rms_norm_rope,
+        "ada_layer_norm": groot_kernels.ada_layer_norm,
         # ---- ops first used by VGGT
         "int8_linear": int8_gemm.int8_linear,
-        # ---- ops first used by Hunyuan3D
-        "swiglu": dit_kernels.swiglu,
-        "ada_layer_norm": dit_kernels.ada_layer_norm,
     }
     return ops, {"attention": ATTENTION_NOTES[attention]}

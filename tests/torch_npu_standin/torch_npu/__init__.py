@@ -429,7 +429,27 @@ _register(
 )
 
 
+# ------------------------------------------------------------------ npu_swiglu
+# Follows docs/zh/custom_APIs/torch_npu/torch_npu-npu_swiglu.md: the input is split in two along ``dim``
+# (A, B = chunk(x, 2, dim)); y = Swish(A) * B = A * sigmoid(A) * B; fp16/bf16/fp32, the size along dim even.
+def _swiglu(self, dim=-1):
+    _check_dtype("input", self, _FLOATS)
+    _check(self.shape[dim] % 2 == 0, f"npu_swiglu: size {self.shape[dim]} along dim {dim} must be even")
+    a, b = self.float().chunk(2, dim=dim)
+    return (a * torch.sigmoid(a) * b).to(self.dtype)
+
+
+def _swiglu_fake(self, dim=-1):
+    shape = list(self.shape)
+    shape[dim] //= 2
+    return self.new_empty(shape)
+
+
+_register("npu_swiglu(Tensor self, int dim=-1) -> Tensor", _swiglu, _swiglu_fake)
+
+
 npu_rms_norm = torch.ops.npu.npu_rms_norm
+npu_swiglu = torch.ops.npu.npu_swiglu
 npu_add_rms_norm = torch.ops.npu.npu_add_rms_norm
 npu_rotary_mul = torch.ops.npu.npu_rotary_mul
 npu_fused_infer_attention_score = torch.ops.npu.npu_fused_infer_attention_score

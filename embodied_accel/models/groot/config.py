@@ -1,0 +1,147 @@
+"""Architecture configs and named presets for GR00T N1.6.
+
+The backbone (Eagle-Block2A-2B-v2: SigLIP2 + pixel-unshuffle projector + Qwen3 truncated to ``select_layer``
+layers) is not described by a GR00T checkpoint's ``config.json``: the official code builds it from a config bundled
+with the code. Its values are therefore presets here. The action head is read from ``config.json``, whose absent
+fields take the official config class's defaults (:data:`CHECKPOINT_DEFAULTS`). Runtime knobs (backend, dtype,
+capture, embodiment) are arguments of ``load_policy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ...nn.dit import DiTConfig
+from ...nn.qwen3 import Qwen3Config
+from ...nn.siglip import SiglipConfig
+
+#: The backbone name the official config carries for N1.6.
+EAGLE_BACKBONE = "nvidia/Eagle-Block2A-2B-v2"
+
+
+@dataclass(frozen=True)
+class GrootConfig:
+    """GR00T N1.6: Eagle backbone (SigLIP2 → pixel unshuffle → mlp1 → Qwen3) and the AlternateVLDiT flow head."""
+
+    name: str
+    # backbone
+    vision: SiglipConfig = field(default_factory=lambda: SiglipConfig(width=1152, depth=27, num_heads=16, mlp_dim=4304))
+    llm: Qwen3Config = field(
+        default_factory=lambda: Qwen3Config(
+            width=2048, depth=16, mlp_dim=6144, num_heads=16, num_kv_heads=8, head_dim=128
+        )
+    )
+    vocab_size: int = 151680
+    image_token_id: int = 151669  # <IMG_CONTEXT>
+    unshuffle: int = 2  # pixel-unshuffle factor (downsample_ratio 0.5): one token per 2x2 patches
+    projector_eps: float = 1e-5  # mlp1's LayerNorm
+    # action head
+    dit: DiTConfig = field(default_factory=DiTConfig)
+    hidden_size: int = 1024  # state-encoder hidden width, DiT output width, action-decoder width
+    max_state_dim: int = 128
+    max_action_dim: int = 128
+    action_horizon: int = 50
+    max_num_embodiments: int = 32
+    max_seq_len: int = 1024  # rows of the action position embedding
+    use_vlln: bool = True
+    vlln_eps: float = 1e-5
+    num_steps: int = 4  # num_inference_timesteps
+    num_timestep_buckets: int = 1000
+    max_prompt_tokens: int = 2048  # a guard on the padded prompt length (image tokens included)
+
+    family = "groot"
+
+    @property
+    def max_token_len(self) -> int:
+        return self.max_prompt_tokens
+
+    @property
+    def backbone_width(self) -> int:
+        return self.llm.width
+
+    @property
+    def action_width(self) -> int:
+        """input_embedding_dim: width of the state and action tokens (= the DiT's inner width)."""
+        return self.dit.inner
+
+    @property
+    def projector_in(self) -> int:
+        return self.vision.width * self.unshuffle**2
+
+    def timestep_buckets(self, num_steps: int) -> list[int]:
+        """Integer timesteps of an Euler schedule from t = 0 (noise) to 1: ``int(k / n * buckets)``."""
+        return [int(k / float(num_steps) * self.num_timestep_buckets) for k in range(num_steps)]
+
+    def validate(self) -> None:
+        if self.dit.cross_dim != self.backbone_width:
+            raise ValueError(f"{self.name}: the DiT attends to {self.dit.cross_dim}-wide tokens but the backbone "
+                             f"emits {self.backbone_width}")  # fmt: skip
+        if self.llm.num_heads % self.llm.num_kv_heads:
+            raise ValueError(f"{self.name}: LLM num_heads must be a multiple of num_kv_heads")
+        if self.action_horizon > self.max_seq_len:
+            raise ValueError(f"{self.name}: action_horizon {self.action_horizon} > max_seq_len {self.max_seq_len}")
+
+
+PRESETS: dict[str, GrootConfig] = {
+    # nvidia/GR00T-N1.6-3B as released
+    "groot-n1.6": GrootConfig(name="groot-n1.6"),
+    # The reduced config of the Isaac-GR00T parity fixture (tests/fixtures/groot_tiny).
+    "groot-tiny": GrootConfig(
+        name="groot-tiny",
+        vision=SiglipConfig(width=32, depth=2, num_heads=2, mlp_dim=64, patch_size=14, image_size=56),
+        llm=Qwen3Config(width=48, depth=2, mlp_dim=96, num_heads=4, num_kv_heads=2, head_dim=16),
+        vocab_size=357,
+        image_token_id=346,
+        dit=DiTConfig(depth=4, num_heads=2, head_dim=16, cross_dim=48, output_dim=24),
+        hidden_size=24,
+        max_state_dim=16,
+        max_action_dim=12,
+        action_horizon=8,
+        max_num_embodiments=6,
+        max_seq_len=32,
+    ),
+}
+
+#: Gr00tN1d6Config's defaults for fields a checkpoint's config.json may leave out (it lists only the fields that
+#: were passed explicitly when the model was configured).
+CHECKPOINT_DEFAULTS: dict[str, Any] = {
+    "model_name": EAGLE_BACKBONE,
+    "select_layer": 16,
+    "backbone_embedding_dim": 2048,
+    "max_state_dim": 29,
+    "max_action_dim": 29,
+    "action_horizon": 16,
+    "hidden_size": 1024,
+    "input_embedding_dim": 1536,
+    "add_pos_embed": True,
+    "use_vlln": True,
+    "max_seq_len": 1024,
+    "use_alternate_vl_dit": True,
+    "attend_text_every_n_blocks": 2,
+    "num_inference_timesteps": 4,
+    "num_timestep_buckets": 1000,
+    "max_num_embodiments": 32,
+    "diffusion_model_cfg": {
+        "positional_embeddings": None,
+        "num_layers": 32,
+        "num_attention_heads": 32,
+        "attention_head_dim": 48,
+        "norm_type": "ada_norm",
+        "output_dim": 1024,
+        "interleave_self_attention": True,
+    },
+}
+
+
+def get_preset(name: str) -> GrootConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown GR00T preset {name!r}; known presets: {', '.join(PRESETS)}") from None
+
+
+def with_overrides(config: GrootConfig, **changes) -> GrootConfig:
+    new = replace(config, **changes)
+    new.validate()
+    return new

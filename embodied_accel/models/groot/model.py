@@ -1,0 +1,314 @@
+"""GR00T N1.6: Eagle backbone (SigLIP2 + Qwen3) and the AlternateVLDiT flow-matching action head.
+
+One call of :meth:`GrootModel.sample_actions` for one embodiment (its per-embodiment weights were sliced out at
+load):
+
+1. **Vision**: each image slot (camera x frame) through SigLIP2 with its grid's position table, pixel-unshuffle
+   (2x2 patches → one 4C-wide token), ``mlp1`` (LayerNorm → Linear → GELU → Linear).
+2. **Backbone**: token embeddings with the image tokens written at their positions (``image_positions``), then
+   the truncated Qwen3 (causal attention over the valid tokens, RoPE positions counted over the valid tokens, so
+   left padding to a length bucket changes nothing) and its final norm; ``vlln`` LayerNorm on top.
+3. **Once per call**: the keys/values of every cross-attention block (one GEMM), the text / image attention
+   masks, the state tokens (per-embodiment MLP).
+4. **Flow**: ``num_steps`` Euler steps from t = 0 (noise) to 1: action tokens = per-embodiment encoder of x_t with
+   the step's time features + position embedding; ``[state tokens | action tokens]`` through the DiT; the decoder's
+   output on the action tokens is the velocity; ``x ← x + v / num_steps``.
+
+The model is a pure function of its weights, its inputs and the :class:`GrootBuffers` of the call's shape bucket
+(position tables, rotary tables and the causal mask, every step's AdaLN modulation and time features, the
+cross-attention K/V buffer): :class:`BufferBuilders` builds them, the runtime owns them and builds them before any
+capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...nn.dit import AlternateVLDiT, DiTModulation
+from ...nn.qwen3 import Qwen3Tower, rotary_tables
+from ...nn.siglip2 import Siglip2VisionTower
+from ...ops import OpSet
+from .config import GrootConfig
+
+
+@dataclass(frozen=True)
+class GrootBucket:
+    """The static shape of a call: everything the captured graph and the buffers are specialized on."""
+
+    batch: int
+    image_grids: tuple[tuple[int, int], ...]  # per image slot, in prompt order: its patch grid (rows, cols)
+    seq_len: int  # prompt tokens, padded on the left to this length
+    state_horizon: int = 1
+    num_steps: int = 4
+
+    @property
+    def image_tokens(self) -> int:
+        """Backbone tokens of all image slots of one row (2x2 patches per token)."""
+        return sum((h // 2) * (w // 2) for h, w in self.image_grids)
+
+
+@dataclass(frozen=True, eq=False)
+class GrootBuffers:
+    """The static buffers a call reads (compared by identity): built by :class:`BufferBuilders`, owned by the
+    runtime (the policy's plan declares them per bucket)."""
+
+    position_tables: dict[tuple[int, int], torch.Tensor]  # grid -> [rows*cols, W] resized SigLIP2 positions
+    rope_cos: torch.Tensor  # [capacity + 1, Dh] in the compute dtype: row j is position j - 1 (row 0: padding)
+    rope_sin: torch.Tensor
+    causal: torch.Tensor  # [seq_len, seq_len] bool, lower triangle
+    modulation: DiTModulation  # every step's AdaLN (1 + scale, shift) per block and for the output
+    action_time_bias: tuple[torch.Tensor, ...]  # per step [inner]: the time half of the action encoder's W2 + its bias
+    action_out_bias: torch.Tensor  # [B*horizon, inner]: W3's bias + the action position embedding, per row
+    cross_kv: torch.Tensor  # [capacity, cross_blocks * 2 * inner]: its first B*L rows written once per call
+
+
+def action_time_features(timesteps: list[int], width: int) -> torch.Tensor:
+    """The action encoder's sinusoid of integer timesteps: ``[steps, width]``, ``[sin | cos]`` (fp32)."""
+    half = width // 2
+    exponent = -torch.arange(half, dtype=torch.float32) * (torch.log(torch.tensor(10000.0)) / half)
+    angles = torch.tensor(timesteps, dtype=torch.float32)[:, None] * exponent.exp()[None, :]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+
+
+class GrootModel(nn.Module):
+    """The network of GR00T N1.6 for one embodiment, on the op layer; weights come from :mod:`.weights`."""
+
+    def __init__(self, config: GrootConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        config.validate()
+        self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
+        d, inner, hidden = config.backbone_width, config.action_width, config.hidden_size
+        self.vision = Siglip2VisionTower(config.vision, ops)
+        self.projector_norm_weight = nn.Parameter(torch.empty(config.projector_in))
+        self.projector_norm_bias = nn.Parameter(torch.empty(config.projector_in))
+        self.projector_in_weight = nn.Parameter(torch.empty(config.projector_in, d))
+        self.projector_in_bias = nn.Parameter(torch.empty(d))
+        self.projector_out_weight = nn.Parameter(torch.empty(d, d))
+        self.projector_out_bias = nn.Parameter(torch.empty(d))
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, d))
+        self.llm = Qwen3Tower(config.llm, ops)
+        if config.use_vlln:
+            self.vlln_weight = nn.Parameter(torch.empty(d))
+            self.vlln_bias = nn.Parameter(torch.empty(d))
+        self.dit = AlternateVLDiT(config.dit, ops)
+        self.action_position_embedding = nn.Parameter(torch.empty(config.max_seq_len, inner))
+        # the embodiment's slice of the per-embodiment MLPs, [in, out]
+        self.state_in_weight = nn.Parameter(torch.empty(config.max_state_dim, hidden))
+        self.state_in_bias = nn.Parameter(torch.empty(hidden))
+        self.state_out_weight = nn.Parameter(torch.empty(hidden, inner))
+        self.state_out_bias = nn.Parameter(torch.empty(inner))
+        self.action_in_weight = nn.Parameter(torch.empty(config.max_action_dim, inner))
+        self.action_in_bias = nn.Parameter(torch.empty(inner))
+        self.action_mix_weight = nn.Parameter(torch.empty(inner, inner))  # W2's rows for the action features
+        self.action_time_weight = nn.Parameter(torch.empty(inner, inner))  # W2's rows for the time features
+        self.action_mix_bias = nn.Parameter(torch.empty(inner))
+        self.action_out_weight = nn.Parameter(torch.empty(inner, inner))
+        self.action_out_bias = nn.Parameter(torch.empty(inner))
+        self.decoder_in_weight = nn.Parameter(torch.empty(config.dit.output_dim, hidden))
+        self.decoder_in_bias = nn.Parameter(torch.empty(hidden))
+        self.decoder_out_weight = nn.Parameter(torch.empty(hidden, config.max_action_dim))
+        self.decoder_out_bias = nn.Parameter(torch.empty(config.max_action_dim))
+
+    # ------------------------------------------------------------------ backbone
+
+    def embed_images(self, images: tuple[torch.Tensor, ...], buffers: GrootBuffers) -> torch.Tensor:
+        """Image slots (each ``[B, 3, H, W]``) → projected image tokens ``[B, sum_k tokens_k, D]`` in slot order."""
+        ops, cfg = self.ops, self.config
+        batch, factor, patch = images[0].shape[0], cfg.unshuffle, cfg.vision.patch_size
+        dtype = self.vision.patch_embed_weight.dtype
+        # slots of one grid run through the tower together: [slots * B, 3, H, W]
+        groups: dict[tuple[int, int], list[int]] = {}
+        for slot, image in enumerate(images):
+            groups.setdefault((image.shape[2] // patch, image.shape[3] // patch), []).append(slot)
+        tokens: list[torch.Tensor | None] = [None] * len(images)
+        for (rows, cols), slots in groups.items():
+            pixels = torch.cat([images[s] for s in slots]) if len(slots) > 1 else images[slots[0]]
+            features = self.vision(pixels.to(dtype), buffers.position_tables[(rows, cols)])  # [n, rows*cols, W]
+            grid = features.transpose(1, 2).reshape(-1, cfg.vision.width, rows, cols)
+            unshuffled = F.pixel_unshuffle(grid, factor).flatten(2).transpose(1, 2)  # [n, tokens, W * factor^2]
+            count = unshuffled.shape[1]
+            x = ops.layer_norm(unshuffled.reshape(-1, cfg.projector_in), self.projector_norm_weight,
+                               self.projector_norm_bias, cfg.projector_eps)  # fmt: skip
+            x = F.gelu(ops.linear(x, self.projector_in_weight, self.projector_in_bias))
+            x = ops.linear(x, self.projector_out_weight, self.projector_out_bias).view(len(slots), batch, count, -1)
+            for i, slot in enumerate(slots):
+                tokens[slot] = x[i]
+        return torch.cat(tokens, dim=1) if len(tokens) > 1 else tokens[0]
+
+    def backbone(
+        self,
+        images: tuple[torch.Tensor, ...],  # per image slot [B, 3, H, W] in [-1, 1]
+        input_ids: torch.Tensor,  # [B, L] int64, left-padded
+        valid: torch.Tensor,  # [B, L] bool
+        image_positions: torch.Tensor,  # [B, N] int64: where each image token goes, in slot order
+        buffers: GrootBuffers,
+    ) -> torch.Tensor:
+        """The backbone's features ``[B, L, D]`` (the LLM's final-normed last layer, before ``vlln``)."""
+        ops, dtype = self.ops, self.compute_dtype
+        batch, length = input_ids.shape
+        width = self.config.backbone_width
+        embeds = F.embedding(input_ids, self.embed_tokens).to(dtype)
+        image_tokens = self.embed_images(images, buffers).to(dtype)
+        embeds = embeds.scatter(1, image_positions[:, :, None].expand(-1, -1, width), image_tokens)
+        # RoPE positions count valid tokens only (left padding shifts nothing): the table's row cumsum(valid)
+        rows = torch.cumsum(valid, dim=1)
+        cos, sin = F.embedding(rows, buffers.rope_cos), F.embedding(rows, buffers.rope_sin)  # [B, L, Dh]
+        may_attend = buffers.causal & valid[:, None, :]  # [B, L, L]
+        hidden = self.llm(
+            embeds.reshape(batch * length, width),
+            batch,
+            length,
+            self.llm.prepare_rope(cos, sin),
+            ops.prepare_attention_mask(may_attend, dtype, self.config.llm.num_heads),
+        )
+        return hidden.view(batch, length, width)
+
+    # ------------------------------------------------------------------ action head
+
+    def encode_state(self, state: torch.Tensor) -> torch.Tensor:
+        """Normalized state ``[B, T_state, max_state_dim]`` → state tokens ``[B, T_state, inner]``."""
+        ops = self.ops
+        batch, steps, dims = state.shape
+        x = F.relu(ops.linear(state.reshape(batch * steps, dims).to(self.compute_dtype), self.state_in_weight,
+                              self.state_in_bias))  # fmt: skip
+        return ops.linear(x, self.state_out_weight, self.state_out_bias).view(batch, steps, -1)
+
+    def velocity(
+        self, x_t, state_tokens, cross_kv, text_mask, image_mask, step: int, buffers: GrootBuffers
+    ) -> torch.Tensor:
+        """``v(x_t, t_step)``: ``[B, horizon, max_action_dim]`` → ``[B, horizon, max_action_dim]``."""
+        ops = self.ops
+        batch, horizon, action_dim = x_t.shape
+        x = x_t.reshape(batch * horizon, action_dim).to(self.compute_dtype)
+        a = ops.linear(x, self.action_in_weight, self.action_in_bias)
+        a = F.silu(ops.linear(a, self.action_mix_weight, buffers.action_time_bias[step]))  # + the step's time part
+        a = ops.linear(a, self.action_out_weight, residual=buffers.action_out_bias)  # + bias + position embedding
+        tokens = torch.cat([state_tokens, a.view(batch, horizon, -1)], dim=1)  # [B, T_state + horizon, inner]
+        modulation = buffers.modulation
+        out = self.dit(tokens, cross_kv, text_mask, image_mask, modulation.blocks[step], modulation.output[step])
+        # the decoder is per token: run it on every row (as the official code does), keep the action rows
+        x = F.relu(ops.linear(out, self.decoder_in_weight, self.decoder_in_bias))
+        seq = tokens.shape[1]
+        return ops.linear(x, self.decoder_out_weight, self.decoder_out_bias).view(batch, seq, action_dim)[:, -horizon:]
+
+    def action_head(
+        self,
+        features: torch.Tensor,  # [B, L, D] from backbone()
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        state: torch.Tensor,  # [B, T_state, max_state_dim] normalized
+        noise: torch.Tensor,  # [B, horizon, max_action_dim]
+        buffers: GrootBuffers,
+    ) -> torch.Tensor:
+        """The flow from t = 0 (``noise``) to 1: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        ops, dtype = self.ops, self.compute_dtype
+        batch, length = input_ids.shape
+        vl = features.reshape(batch * length, -1)
+        if self.config.use_vlln:
+            vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
+        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv[: batch * length], batch)  # every cross block's K/V
+        is_image = input_ids == self.config.image_token_id
+        # every state and action token attends to the same keys: [B, tokens, L], one mask per kind of block
+        tokens = state.shape[1] + self.config.action_horizon
+        heads = self.config.dit.num_heads
+        text = (valid & ~is_image)[:, None, :].expand(batch, tokens, length)
+        image = (valid & is_image)[:, None, :].expand(batch, tokens, length)
+        text_mask = ops.prepare_attention_mask(text, dtype, heads)
+        image_mask = ops.prepare_attention_mask(image, dtype, heads)
+        state_tokens = self.encode_state(state)
+        num_steps = len(buffers.action_time_bias)
+        x_t = noise.to(dtype)
+        for step in range(num_steps):
+            velocity = self.velocity(x_t, state_tokens, cross_kv, text_mask, image_mask, step, buffers)
+            x_t = x_t.add(velocity, alpha=1.0 / num_steps)
+        return x_t.float()
+
+    @torch.no_grad()
+    def sample_actions(
+        self,
+        images: tuple[torch.Tensor, ...],
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        image_positions: torch.Tensor,
+        state: torch.Tensor,
+        noise: torch.Tensor,
+        buffers: GrootBuffers,
+    ) -> torch.Tensor:
+        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        features = self.backbone(images, input_ids, valid, image_positions, buffers)
+        return self.action_head(features, input_ids, valid, state, noise, buffers)
+
+
+class BufferBuilders:
+    """How each static buffer of a bucket is built (the runtime decides when, and which ones are shared): every
+    builder takes the capacity the runtime asks for (``()`` for buffers that are exact per key)."""
+
+    def __init__(self, model: GrootModel, device):
+        self.model, self.device = model, torch.device(device)
+
+    @torch.no_grad()
+    def position_tables(self, grids: tuple[tuple[int, int], ...]) -> dict[tuple[int, int], torch.Tensor]:
+        cfg = self.model.config
+        for rows, cols in grids:
+            if rows % cfg.unshuffle or cols % cfg.unshuffle:
+                raise ValueError(f"image grid {rows}x{cols} patches: both sides must be multiples of {cfg.unshuffle}")
+        return {grid: self.model.vision.position_table(*grid).to(self.device) for grid in grids}
+
+    def rotary_table(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin ``[length + 1, Dh]``: row j is position j - 1, row 0 (padding) position 0."""
+        cos, sin = rotary_tables(self.model.config.llm, length)
+        return tuple(torch.cat([t[:1], t]).to(device=self.device, dtype=self.model.compute_dtype) for t in (cos, sin))
+
+    def causal(self, length: int) -> torch.Tensor:
+        return torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()
+
+    @torch.no_grad()
+    def schedule(self, num_steps: int) -> tuple[DiTModulation, tuple[torch.Tensor, ...]]:
+        """The DiT's AdaLN modulation and the action encoder's time bias for each step of an ``num_steps`` schedule."""
+        model, cfg = self.model, self.model.config
+        timesteps = cfg.timestep_buckets(num_steps)
+        features = action_time_features(timesteps, cfg.action_width)
+        features = features.to(device=self.device, dtype=model.action_time_weight.dtype)
+        time_bias = model.ops.linear(features, model.action_time_weight, model.action_mix_bias)
+        return model.dit.modulation(timesteps), tuple(row.contiguous() for row in time_bias)
+
+    @torch.no_grad()
+    def action_out_bias(self, batch: int) -> torch.Tensor:
+        """W3's bias + the action position embedding, for every row of a batch: ``[B*horizon, inner]``."""
+        model = self.model
+        per_row = model.action_out_bias + model.action_position_embedding[: model.config.action_horizon]
+        return per_row.repeat(batch, 1).contiguous()
+
+    def cross_kv(self, rows: int) -> torch.Tensor:
+        cfg = self.model.config
+        width = len(cfg.dit.cross_blocks) * 2 * cfg.action_width
+        return torch.empty(rows, width, dtype=self.model.compute_dtype, device=self.device)
+
+
+def assemble_buffers(values: dict) -> GrootBuffers:
+    """The buffers (by name: ``position_tables``, ``rotary_table``, ``causal``, ``schedule``, ``action_out_bias``,
+    ``cross_kv``) as the object the model reads."""
+    cos, sin = values["rotary_table"]
+    modulation, time_bias = values["schedule"]
+    return GrootBuffers(values["position_tables"], cos, sin, values["causal"], modulation, time_bias,
+                        values["action_out_bias"], values["cross_kv"])  # fmt: skip
+
+
+def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffers:
+    """``bucket``'s buffers built directly, sized exactly, without an owner (tools and tests that run the model
+    alone; a policy's runtime owns and shares them)."""
+    build = BufferBuilders(model, device)
+    return assemble_buffers(
+        {
+            "position_tables": build.position_tables(tuple(dict.fromkeys(bucket.image_grids))),
+            "rotary_table": build.rotary_table(bucket.seq_len),
+            "causal": build.causal(bucket.seq_len),
+            "schedule": build.schedule(bucket.num_steps),
+            "action_out_bias": build.action_out_bias(bucket.batch),
+            "cross_kv": build.cross_kv(bucket.batch * bucket.seq_len),
+        }
+    )

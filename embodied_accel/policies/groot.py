@@ -1,0 +1,474 @@
+"""A ready-to-run GR00T N1.6 policy for one embodiment: processor + model + the runtime that executes it.
+
+Each call falls into a static shape bucket (:class:`~embodied_accel.models.groot.model.GrootBucket`: batch, the image
+slots' patch grids, the prompt padded on the left to a multiple of :attr:`GrootPolicy.token_bucket`, steps). What a
+bucket reads is declared in :meth:`GrootPolicy.plan`; the runtime
+(:class:`~embodied_accel.runtime.executor.BucketedCall`) builds those buffers before the call is first run or
+captured. ``--capture compile`` / ``cudagraph`` / ``compile+cudagraph`` apply to the whole call (vision, Qwen3, every
+denoising step).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import platform as platform_mod
+from ..models.groot.config import PRESETS, GrootConfig, get_preset
+from ..models.groot.model import (
+    BufferBuilders,
+    GrootBucket,
+    GrootBuffers,
+    GrootModel,
+    assemble_buffers,
+)
+from ..models.groot.processor import (
+    ActionKey,
+    EmbodimentSpec,
+    GrootProcessor,
+    HostInputs,
+    ImageSettings,
+    ObservationError,
+    StateKey,
+    decode_actions,
+    load_embodiment,
+    transform_frame,
+)
+from ..models.groot.tokenizer import CHECKOUT_SUBDIR, QwenTokenizer, find_tokenizer_dir
+from ..models.groot.weights import (
+    config_from_checkpoint,
+    init_random_weights,
+    is_groot_checkpoint,
+    load_checkpoint_weights,
+)
+from ..ops import OpSet, get_ops
+from ..runtime import check_capture, prepare_capture
+from ..runtime.buffers import BufferSpec, StaticBuffers
+from ..runtime.cudagraph import GraphBackend
+from ..runtime.executor import BucketedCall
+from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+#: The key of a prompt given as token ids (the whole chat prompt, image tokens included) instead of text.
+TOKENS_KEY = "observation.language.tokens"
+
+
+@dataclass(frozen=True)
+class GrootIO:
+    """What the policy reads and returns, in the terms the CLI and the server use."""
+
+    image_keys: tuple[str, ...]  # "video.<camera>"
+    state_keys: tuple[str, ...]  # "state.<key>"
+    state_dim: int  # raw state dims (all keys)
+    action_keys: tuple[str, ...]
+    action_dim: int
+    action_horizon: int
+    state_key: str = "state"  # the concatenated raw state, accepted instead of the state.<key> entries
+    state_norm: str = ""
+    action_norm: str = ""
+
+
+@dataclass
+class GrootInputs:
+    """One call's model inputs on the device, padded to its bucket."""
+
+    images: tuple[torch.Tensor, ...]  # per image slot [B, 3, H, W]
+    input_ids: torch.Tensor  # [B, L] left-padded
+    valid: torch.Tensor  # [B, L] bool
+    image_positions: torch.Tensor  # [B, N]
+    state: torch.Tensor  # [B, T_state, max_state_dim]
+    raw_state: dict[str, np.ndarray]
+    bucket: GrootBucket
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def _describe_norms(spec: EmbodimentSpec) -> tuple[str, str]:
+    state = ", ".join(f"{s.key}:{s.encoding}" for s in spec.state)
+    action = ", ".join(f"{a.key}:{'mean_std' if a.mean_std else 'min_max'}{' relative' if a.relative else ''}"
+                       for a in spec.actions)  # fmt: skip
+    return state, action
+
+
+class GrootPolicy:
+    """GR00T N1.6 for one embodiment with its processor. Build it with :func:`load_groot_policy`."""
+
+    #: Prompts are left-padded to a multiple of this many tokens (few distinct shapes; padding changes nothing).
+    token_bucket = 32
+
+    def __init__(self, model: GrootModel, processor: GrootProcessor, *, source: str, random_weights: bool, device,
+                 capture: str = "eager", pad_id: int = 0, plat: platform_mod.Platform | None = None,
+                 graph_backend: GraphBackend | None = None):  # fmt: skip
+        self.model, self.processor = model, processor
+        self.source, self.random_weights = source, random_weights
+        self.device = platform_mod.normalize_device(device)
+        self.capture, self.pad_id = capture, pad_id
+        self._build = BufferBuilders(model, self.device)
+        #: The one owner of the static buffers (position and rotary tables, step schedules, K/V buffer).
+        self.buffers = StaticBuffers()
+        #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
+        self.model_call = BucketedCall(self._model_call, self.plan, assemble_buffers, mode=capture,
+                                       buffers=self.buffers, plat=plat, graph_backend=graph_backend)  # fmt: skip
+        spec = processor.spec
+        state_norm, action_norm = _describe_norms(spec)
+        self.io = GrootIO(
+            image_keys=tuple(f"video.{k}" for k in spec.video_keys),
+            state_keys=tuple(f"state.{s.key}" for s in spec.state),
+            state_dim=spec.state_dim,
+            action_keys=tuple(f"action.{a.key}" for a in spec.actions),
+            action_dim=spec.action_dim,
+            action_horizon=spec.action_horizon,
+            state_norm=state_norm,
+            action_norm=action_norm,
+        )
+
+    config: GrootConfig = property(lambda self: self.model.config)  # type: ignore[assignment]
+    ops: OpSet = property(lambda self: self.model.ops)  # type: ignore[assignment]
+    backend: str = property(lambda self: self.model.ops.backend)  # type: ignore[assignment]
+    dtype: torch.dtype = property(lambda self: self.model.compute_dtype)  # type: ignore[assignment]
+    embodiment: str = property(lambda self: self.processor.spec.tag)  # type: ignore[assignment]
+
+    def tokenizer_search_places(self) -> str:
+        return tokenizer_search_places(None if self.random_weights else Path(self.source))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def capture_seconds(self) -> float | None:
+        """Seconds spent capturing CUDA graphs (all buckets so far); None in other modes."""
+        return self.model_call.capture_seconds
+
+    @property
+    def text_instructions_supported(self) -> bool:
+        return self.processor.tokenizer is not None
+
+    # ---- the runtime's view: buckets and their buffers
+
+    def plan(self, bucket: GrootBucket) -> dict[str, BufferSpec]:
+        """The static buffers a call of ``bucket`` reads. The rotary table and the cross-attention K/V buffer are
+        sized by capacity (a larger one serves smaller calls); the others are exact per grid set, prompt length,
+        batch or number of steps."""
+        build = self._build
+        grids = tuple(dict.fromkeys(bucket.image_grids))
+        return {
+            "position_tables": BufferSpec(lambda _: build.position_tables(grids), key=grids),
+            "rotary_table": BufferSpec(lambda cap: build.rotary_table(cap[0]), (bucket.seq_len,)),
+            "causal": BufferSpec(lambda _: build.causal(bucket.seq_len), key=bucket.seq_len),
+            "schedule": BufferSpec(lambda _: build.schedule(bucket.num_steps), key=bucket.num_steps),
+            "action_out_bias": BufferSpec(lambda _: build.action_out_bias(bucket.batch), key=bucket.batch),
+            "cross_kv": BufferSpec(lambda cap: build.cross_kv(cap[0]), (bucket.batch * bucket.seq_len,)),
+        }
+
+    def bound_buffers(self, bucket: GrootBucket) -> GrootBuffers:
+        """The buffers a call of ``bucket`` reads (built now if they are not yet), for running parts of it apart."""
+        return self.model_call.bound_buffers(bucket)
+
+    def _model_call(self, buffers: GrootBuffers, images, input_ids, valid, image_positions, state, noise):
+        return self.model.sample_actions(images, input_ids, valid, image_positions, state, noise, buffers)
+
+    # ---- the pieces
+
+    def prepare(self, observations: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+                num_steps: int | None = None) -> GrootInputs:  # fmt: skip
+        """Observation dict (or list of them) → model inputs on the device, padded to a bucket."""
+        if isinstance(observations, Mapping):
+            observations = [observations]
+        host = self.processor(list(observations), TOKENS_KEY)
+        return self._to_device(host, num_steps)
+
+    def _to_device(self, host: HostInputs, num_steps: int | None) -> GrootInputs:
+        cfg, patch = self.config, self.config.vision.patch_size
+        lengths = [len(ids) for ids in host.token_ids]
+        seq_len = -(-max(lengths) // self.token_bucket) * self.token_bucket
+        batch = len(lengths)
+        ids = np.full((batch, seq_len), self.pad_id, dtype=np.int64)
+        valid = np.zeros((batch, seq_len), dtype=bool)
+        for row, tokens in enumerate(host.token_ids):
+            ids[row, seq_len - len(tokens) :] = tokens
+            valid[row, seq_len - len(tokens) :] = True
+        if seq_len > cfg.max_token_len:
+            raise ObservationError(f"prompt: {max(lengths)} tokens (image tokens included); at most "
+                                   f"{cfg.max_token_len} are allowed")  # fmt: skip
+        if ids.max() >= cfg.vocab_size or ids.min() < 0:
+            raise ObservationError(f"prompt token ids must be in [0, {cfg.vocab_size}); got {ids.min()}..{ids.max()}")
+        is_image = (ids == cfg.image_token_id) & valid
+        counts = is_image.sum(axis=1)
+        grids = tuple((img.shape[2] // patch, img.shape[3] // patch) for img in host.images)
+        bucket = GrootBucket(batch=batch, image_grids=grids, seq_len=seq_len, state_horizon=host.state.shape[1],
+                             num_steps=num_steps or cfg.num_steps)  # fmt: skip
+        if (counts != bucket.image_tokens).any():
+            raise ObservationError(f"prompt: {counts.tolist()} image tokens per row, the images give "
+                                   f"{bucket.image_tokens}")  # fmt: skip
+        positions = np.stack([np.flatnonzero(row) for row in is_image])
+        device = self.device
+        return GrootInputs(
+            images=tuple(torch.from_numpy(img).to(device) for img in host.images),
+            input_ids=torch.from_numpy(ids).to(device),
+            valid=torch.from_numpy(valid).to(device),
+            image_positions=torch.from_numpy(positions).to(device),
+            state=torch.from_numpy(host.state).to(device),
+            raw_state=host.raw_state,
+            bucket=bucket,
+        )
+
+    def make_noise(self, batch: int, noise=None, seed: int | None = None) -> torch.Tensor:
+        """Initial flow sample ``[B, horizon, max_action_dim]``: given, seeded, or fresh N(0, 1)."""
+        cfg = self.config
+        shape = (batch, cfg.action_horizon, cfg.max_action_dim)
+        if noise is None:
+            generator = torch.Generator().manual_seed(seed) if seed is not None else None
+            return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
+        noise = torch.as_tensor(np.asarray(noise) if not isinstance(noise, torch.Tensor) else noise)
+        if noise.ndim == 2:
+            noise = noise.unsqueeze(0).expand(batch, -1, -1)
+        if tuple(noise.shape) != shape:
+            raise ObservationError(f"noise: expected shape {list(shape[1:])} or {list(shape)} (horizon, "
+                                   f"max_action_dim), got {list(noise.shape)}")  # fmt: skip
+        if not noise.is_floating_point() or not torch.isfinite(noise).all():
+            raise ObservationError("noise: expected finite floating-point values")
+        return noise.to(device=self.device, dtype=torch.float32)
+
+    def sample(self, inputs: GrootInputs, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        if noise is None:
+            noise = self.make_noise(inputs.batch_size)
+        return self.model_call(inputs.bucket, inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions,
+                               inputs.state, noise)  # fmt: skip
+
+    def postprocess(self, chunk: torch.Tensor, raw_state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Normalized chunk → robot actions per key ``[B, action_horizon, D]`` (float32)."""
+        return decode_actions(self.processor.spec, chunk.to(device="cpu", dtype=torch.float32).numpy(), raw_state)
+
+    def stage_fns(self, inputs: GrootInputs, num_steps: int | None = None) -> dict[str, Callable[[], object]]:
+        """Callables for timing the stages apart: vision, backbone (incl. vision), action head (4 steps)."""
+        model, buffers = self.model, self.bound_buffers(inputs.bucket)
+        noise = self.make_noise(inputs.batch_size, seed=0)
+        with torch.no_grad():
+            features = model.backbone(inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, buffers)
+
+        def no_grad(fn):
+            def run():
+                with torch.no_grad():
+                    return fn()
+
+            return run
+
+        return {
+            "vision": no_grad(lambda: model.embed_images(inputs.images, buffers)),
+            "backbone": no_grad(
+                lambda: model.backbone(inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, buffers)
+            ),  # fmt: skip
+            "action_head": no_grad(
+                lambda: model.action_head(features, inputs.input_ids, inputs.valid, inputs.state, noise, buffers)
+            ),  # fmt: skip
+        }
+
+    def measured_call(self, observations: Sequence[Mapping[str, Any]], num_steps: int | None = None):
+        """What ``bench`` / ``profile`` time: the processed inputs uploaded, the whole (captured) model call, the
+        chunk copied back to the host. Returns ``(call, views)``."""
+        inputs = self.prepare(observations, num_steps)
+        host = [t.to("cpu") for t in (*inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions,
+                                      inputs.state)]  # fmt: skip
+        noise = self.make_noise(inputs.batch_size, seed=0).to("cpu")
+        count = len(inputs.images)
+
+        def call() -> object:
+            tensors = [t.to(self.device) for t in host]
+            moved = GrootInputs(tuple(tensors[:count]), *tensors[count:], raw_state=inputs.raw_state,
+                                bucket=inputs.bucket)  # fmt: skip
+            return self.sample(moved, noise.to(self.device)).to("cpu")
+
+        return call, len(self.processor.spec.video_keys)
+
+    # ---- end to end
+
+    def infer_batch(self, observations: Sequence[Mapping[str, Any]], *, noise=None, seed: int | None = None,
+                    num_steps=None) -> dict[str, Any]:  # fmt: skip
+        """Observations → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D], "infer_ms": float}``
+        (float32; ``actions`` is the per-key actions concatenated in the embodiment's key order)."""
+        start = time.perf_counter()
+        inputs = self.prepare(observations, num_steps)
+        chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed))
+        per_key = self.postprocess(chunk, inputs.raw_state)
+        result: dict[str, Any] = {"actions": np.concatenate(list(per_key.values()), axis=-1)}
+        result.update({f"action.{key}": value for key, value in per_key.items()})
+        result["infer_ms"] = (time.perf_counter() - start) * 1e3
+        return result
+
+    def infer(self, observation: Mapping[str, Any], *, noise=None, seed: int | None = None, num_steps=None):
+        """One observation → ``{"actions": [T, action_dim], "action.<key>": [T, D], "infer_ms"}``."""
+        if not isinstance(observation, Mapping):
+            raise ObservationError(f"observation: expected a dict, got {type(observation).__name__}")
+        result = self.infer_batch([observation], noise=noise, seed=seed, num_steps=num_steps)
+        return {k: (v[0] if isinstance(v, np.ndarray) else v) for k, v in result.items()}
+
+    def sample_observation(self, seed: int = 0, height: int = 256, width: int = 256) -> dict[str, Any]:
+        """A synthetic observation of this embodiment (random frames, mid-range state; the instruction as text
+        with a tokenizer, else as prompt token ids), for ``run`` / ``bench`` without ``--observation``."""
+        rng = np.random.default_rng(seed)
+        spec, horizon = self.processor.spec, self.processor.spec.video_horizon
+        obs: dict[str, Any] = {}
+        for key in spec.video_keys:
+            obs[f"video.{key}"] = rng.integers(0, 256, size=(horizon, height, width, 3), dtype=np.uint8)
+        for s in spec.state:
+            obs[f"state.{s.key}"] = ((s.low + s.high) / 2).astype(np.float32)[None].repeat(spec.state_horizon, 0)
+        if self.processor.tokenizer is not None:
+            obs["task"] = "pick up the red block and place it on the plate"  # accepted for any language key
+            return obs
+        image = transform_frame(obs[f"video.{spec.video_keys[0]}"][0], self.processor.image_settings)
+        per_image = image.shape[0] * image.shape[1] // self.processor.image_settings.factor**2
+        text = rng.integers(1, min(self.config.vocab_size, self.config.image_token_id), size=24).tolist()
+        ids = text[:16]
+        for _ in range(horizon * len(spec.video_keys)):
+            ids += text[16:20] + [self.config.image_token_id] * per_image + text[20:21]
+        obs[TOKENS_KEY] = np.asarray(ids + text[21:], dtype=np.int64)
+        return obs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def preset_embodiment(config: GrootConfig, num_views: int) -> EmbodimentSpec:
+    """The embodiment of a random-weight preset: ``num_views`` cameras, a GR1-like humanoid (29 joints in five
+    groups) when the model's dims allow it, else a 7-joint arm and a gripper; identity-range statistics."""
+    groups = (("left_arm", 7), ("right_arm", 7), ("left_hand", 6), ("right_hand", 6), ("waist", 3))
+    if sum(d for _, d in groups) > min(config.max_state_dim, config.max_action_dim):
+        groups = (("arm", 7), ("gripper", 1))
+
+    def bounds(dim):
+        return -np.ones(dim), np.ones(dim), np.zeros(dim), np.ones(dim)
+
+    state = tuple(StateKey(k, d, "min_max", *bounds(d)) for k, d in groups)
+    actions = tuple(ActionKey(k, d, False, False, "NON_EEF", "DEFAULT", k, *bounds(d)) for k, d in groups)
+    return EmbodimentSpec(
+        tag="new_embodiment", slot=0, video_keys=tuple(f"camera_{i}" for i in range(num_views)), video_horizon=1,
+        state=state, state_horizon=1, actions=actions, action_horizon=min(16, config.action_horizon),
+        language_key="task",
+    )  # fmt: skip
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
+
+
+def tokenizer_search_places(checkpoint: Path | None) -> str:
+    """Where a GR00T tokenizer is looked for without ``tokenizer=``."""
+    if checkpoint is None:
+        return "nowhere (a preset: pass tokenizer=, an Isaac-GR00T checkout or its Eagle tokenizer directory)"
+    return f"{checkpoint} and {checkpoint / CHECKOUT_SUBDIR}"
+
+
+def _load_tokenizer(tokenizer: str | Path | None, checkpoint: Path | None) -> QwenTokenizer | None:
+    if tokenizer is not None:
+        return QwenTokenizer.from_dir(tokenizer)
+    if checkpoint is not None and find_tokenizer_dir(checkpoint) is not None:
+        return QwenTokenizer.from_dir(checkpoint)
+    return None
+
+
+def load_groot_policy(
+    preset_or_checkpoint: str,
+    *,
+    embodiment: str | None = None,
+    backend: str = "auto",
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    preset: str | None = None,
+    tokenizer: str | Path | None = None,
+    num_views: int | None = None,
+    capture: str = "eager",
+    progress: bool = True,
+    cuda_attention: str = "sdpa",
+    rtc: Any = None,
+) -> GrootPolicy:
+    """Build a GR00T N1.6 policy from a preset name (seeded random weights) or a checkpoint directory.
+
+    ``embodiment`` is the tag whose cameras, statistics and projector slot are used (required when the checkpoint
+    has several; ``info`` lists them). ``tokenizer``: the Eagle tokenizer directory of an Isaac-GR00T checkout (or
+    the checkout itself); without one, prompts are given as token ids. ``preset`` names the backbone of a small
+    custom checkpoint (e.g. ``groot-tiny``). ``rtc``: real-time chunking is not available for GR00T yet (an error).
+    """
+    if rtc is not None:
+        raise ValueError("rtc: real-time chunking is available for pi0 / pi0.5, not yet for GR00T")
+    compute_dtype = _resolve_dtype(dtype)
+    check_capture(capture)
+    prepare_capture(capture)
+    device = platform_mod.normalize_device(device)
+    ops = get_ops(backend, cuda_attention=cuda_attention)
+    path = Path(preset_or_checkpoint)
+    is_checkpoint = path.is_dir()
+    if is_checkpoint:
+        config = config_from_checkpoint(path, preset)
+        spec, images, formalize = load_embodiment(path, embodiment, config.max_state_dim, config.max_action_dim,
+                                                  config.action_horizon, config.max_num_embodiments)  # fmt: skip
+        if num_views is not None and num_views != len(spec.video_keys):
+            raise ValueError(f"num_views: embodiment {spec.tag!r} has {len(spec.video_keys)} cameras "
+                             f"({', '.join(spec.video_keys)}); got {num_views}")  # fmt: skip
+        tok = _load_tokenizer(tokenizer, path)
+    elif preset_or_checkpoint in PRESETS:
+        if preset is not None:
+            raise ValueError("preset: only used with a checkpoint directory; pass the preset name directly")
+        if embodiment is not None and embodiment != "new_embodiment":
+            raise ValueError(f"embodiment: the {preset_or_checkpoint} preset (random weights) has one embodiment, "
+                             f"'new_embodiment'; got {embodiment!r}")  # fmt: skip
+        config = get_preset(preset_or_checkpoint)
+        if num_views is not None and (not isinstance(num_views, int) or num_views < 1):
+            raise ValueError(f"num_views: expected a positive int, got {num_views!r}")
+        spec = preset_embodiment(config, num_views or 1)
+        images, formalize = ImageSettings(112 if config.name == "groot-tiny" else 256, 0.95), True
+        tok = _load_tokenizer(tokenizer, None)
+    else:
+        raise ValueError(f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a GR00T preset; presets: "
+                         f"{', '.join(PRESETS)}")  # fmt: skip
+    images = ImageSettings(images.shortest_edge, images.crop_fraction, config.vision.patch_size * config.unshuffle)
+
+    with torch.device("meta"):
+        model = GrootModel(config, ops, compute_dtype)
+    if is_checkpoint:
+        load_checkpoint_weights(model, path, spec.slot, device, progress=progress)
+    else:
+        init_random_weights(model, seed, device)
+        logging.getLogger(RANDOM_WEIGHTS_LOGGER).warning(
+            "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
+        )
+    model.eval()
+    processor = GrootProcessor(spec, images, tok, config.image_token_id, config.max_state_dim, formalize)
+    pad_id = tok.pad_id if tok is not None and tok.pad_id is not None else 0
+    return GrootPolicy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint,
+                       device=device, capture=capture, pad_id=pad_id)  # fmt: skip
+
+
+def _recognizes(path: Path, config: dict[str, Any] | None) -> bool:
+    return is_groot_checkpoint(config)
+
+
+FAMILY = PolicyFamily(
+    name="groot",
+    presets=tuple(PRESETS),
+    recognizes=_recognizes,
+    load=load_groot_policy,
+    describe_checkpoint='a GR00T N1.6 directory (config.json with "model_type": "Gr00tN1d6", sharded safetensors, '
+    "processor_config.json, statistics.json, embodiment_id.json)",
+)
