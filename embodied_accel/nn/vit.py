@@ -2,10 +2,10 @@
 
 One :class:`VitBlock` covers DINOv2's blocks (no QK-norm, no RoPE, LayerScale; a GELU MLP, or the SwiGLU MLP of
 DINOv2-giant), VGGT's frame / global blocks (QK-norm, 2-D RoPE, LayerScale), VGGT's camera trunk and Hunyuan3D's
-ShapeVAE self-attention blocks (QK-norm, no LayerScale, no Q/K/V bias). Tokens travel as a 2-D ``[groups * seq, width]`` tensor; ``groups``
-independent sequences of ``seq`` tokens attend within themselves. Who attends to whom is decided by the caller
-through ``groups`` (VGGT's frame blocks: one group per frame; global blocks: one group per scene) and by the
-``attend`` callable (the op layer's attention by default; a sequence-parallel attention from ``parallel/``).
+ShapeVAE self-attention blocks (QK-norm, no LayerScale, no Q/K/V bias). Tokens travel as a 2-D
+``[groups * seq, width]`` tensor; ``groups`` independent sequences of ``seq`` tokens attend within themselves. Who
+attends to whom is decided by the caller through ``groups`` (VGGT's frame blocks: one group per frame; global blocks:
+one group per scene) and by the ``attend`` callable (the op layer's attention by default; a sequence-parallel attention from ``parallel/``).
 
 Block math (the residual add and the next LayerNorm go through the op layer's ``add_layer_norm``)::
 

@@ -15,7 +15,6 @@ Conventions shared by all backends:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
