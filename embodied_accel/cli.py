@@ -6,6 +6,8 @@
     embodied-accel bench --runs 100 --batch 1 --views 2
     embodied-accel serve --model pi0-tiny --port 8000   # openpi-compatible websocket policy server
     embodied-accel loadtest --clients 16 --requests 200  # against an in-process server, or --url ws://host:port
+    embodied-accel train --dataset DIR --checkpoint BASE --out DIR    # fine-tune on a LeRobot dataset
+    embodied-accel eval libero --checkpoint DIR --suite libero_spatial   # closed-loop LIBERO success rates
 
 A bad flag, file or observation ends with a message on stderr naming the problem and exit code 2.
 """
@@ -27,12 +29,14 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .eval import commands as eval_commands
 from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
-from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .pipelines import shape_command
+from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
+from .train import commands as train_commands
 
 logger = logging.getLogger(__name__)
 
@@ -254,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     _observation_option(load)
     load.set_defaults(handler=cmd_loadtest)
 
+    train_commands.add_train_command(add_command, _positive_int, _non_negative_int)
+    eval_commands.add_eval_command(add_command, policy, _positive_int, _non_negative_int)
     reconstruct = vggt_commands.add_reconstruct_parser(commands, BACKEND_NAMES, ("float32", "bfloat16", "float16"))
     reconstruct.set_defaults(handler=cmd_reconstruct)
 

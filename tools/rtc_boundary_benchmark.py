@@ -18,6 +18,14 @@ result under ``bench/results/`` (device, git sha, ``git_dirty``, date) and a PNG
 around the switches at the chosen delay.
 
     python tools/rtc_boundary_benchmark.py [--preset pi0-tiny] [--delays-ms 0 50 100 200 300] [--ticks 400]
+    python tools/rtc_boundary_benchmark.py --fine-tune 400          # a policy with smooth, two-way chunks first
+
+The random-weight presets' chunks are white noise in time, so a jump at a switch looks like any other step. With
+``--fine-tune N`` the tiny pi0 is first trained for N steps (the library's own ``train``) on a synthetic task whose
+chunks are smooth and ambiguous in the way real demonstrations are: the arm runs round a circle (dims 0-3: the
+first and second harmonics), clockwise or anticlockwise with equal odds, and the state shows only the position, not
+the direction. Each chunk then commits to a direction by its noise; continuing the executed one is what real-time
+chunking is for.
 """
 
 from __future__ import annotations
@@ -65,17 +73,82 @@ class VirtualInference:
 
 
 class SimulatedRobot:
-    """The robot's observation: fixed frames, the state = the last executed action (padded to the state dim)."""
+    """The robot's observation: fixed frames, the state = the last executed action (padded to the state dim).
+
+    ``task`` / ``gray``: the fine-tuned policy's instruction and its flat gray frames; random frames otherwise."""
+
+    task, gray, start = "pick up the red block", None, None
 
     def __init__(self, policy, seed: int) -> None:
         rng = np.random.default_rng(seed)
-        self.frames = {key: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for key in policy.io.image_keys}
-        self.state_dim, self.position = policy.io.state_dim, np.zeros(policy.io.action_dim, np.float32)
+        size = policy.config.vision.image_size
+        self.frames = {
+            key: np.full((size, size, 3), self.gray, np.uint8) if self.gray is not None
+            else rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            for key in policy.io.image_keys
+        }  # fmt: skip
+        self.state_dim = policy.io.state_dim
+        self.position = np.zeros(policy.io.action_dim, np.float32) if self.start is None else self.start.copy()
 
     def observation(self) -> dict[str, Any]:
         state = np.zeros(self.state_dim, np.float32)
         state[: min(self.state_dim, self.position.size)] = self.position[: self.state_dim]
-        return {**self.frames, "observation.state": state, "task": "pick up the red block"}
+        return {**self.frames, "observation.state": state, "task": self.task}
+
+
+CIRCLE_TICKS = 100  # a lap of the synthetic task takes 2 s at 50 Hz
+
+
+def circle_position(phase: np.ndarray, action_dim: int) -> np.ndarray:
+    """``[T] -> [T, action_dim]``: the first two harmonics of a lap, zeros in the other dims."""
+    out = np.zeros((len(phase), action_dim), np.float32)
+    out[:, :4] = np.stack([np.cos(phase), np.sin(phase), 0.5 * np.cos(2 * phase), 0.5 * np.sin(2 * phase)], 1)
+    return out
+
+
+def fine_tune_circle_policy(work: Path, steps: int, seed: int) -> Path:
+    """Train the tiny pi0 (28-pixel images) on laps in either direction; returns the checkpoint directory."""
+    import dataclasses
+
+    from embodied_accel.data.writer import EpisodeData, write_lerobot_dataset
+    from embodied_accel.models.pi0.config import get_preset, with_overrides
+    from embodied_accel.models.pi0.io_spec import IOSpec
+    from embodied_accel.models.pi0.model import Pi0Model
+    from embodied_accel.models.pi0.weights import init_random_weights
+    from embodied_accel.ops import get_ops
+    from embodied_accel.train.checkpoint import save_pretrained
+    from embodied_accel.train.config import TrainSettings
+    from embodied_accel.train.trainer import train
+
+    cameras, state_dim, action_dim, length = ("observation.images.image",), 8, 7, 160
+    rng = np.random.default_rng(seed)
+    episodes = []
+    for number in range(24):
+        direction = 1.0 if number % 2 == 0 else -1.0
+        phase = rng.uniform(0, 2 * np.pi) + direction * 2 * np.pi / CIRCLE_TICKS * np.arange(length + 1)
+        position = circle_position(phase, action_dim)  # [T + 1, A]: where the arm is at each tick
+        state = np.zeros((length, state_dim), np.float32)
+        state[:, :action_dim] = position[:-1]
+        frames = np.full((length, 28, 28, 3), 128, np.uint8)
+        episodes.append(EpisodeData("run round the circle", {cameras[0]: frames},
+                                    {"observation.state": state, "action": position[1:]}))  # fmt: skip
+    dataset = write_lerobot_dataset(work / "dataset", episodes, fps=50, camera_storage="image")
+    preset = get_preset("pi0-tiny")
+    config = with_overrides(preset, vision=dataclasses.replace(preset.vision, image_size=28))
+    with torch.device("meta"):
+        model = Pi0Model(config, get_ops("reference"))
+    init_random_weights(model, seed, "cpu")
+    tokenizer = Path(__file__).resolve().parents[1] / "embodied_accel" / "data" / "tiny_tokenizer.model"
+    base = save_pretrained(work / "base", model, IOSpec.identity(cameras, state_dim, action_dim), {},
+                           tokenizer_file=tokenizer)  # fmt: skip
+    settings = TrainSettings(
+        dataset=str(dataset), checkpoint=str(base), out=str(work / "run"), steps=steps, batch_size=16, lr=3e-3,
+        warmup_steps=20, decay_steps=steps, decay_lr=3e-4, dtype="float32", workers=0, save_every=steps,
+        log_every=10, parallel="none", progress=False,
+    )  # fmt: skip
+    summary = train(settings)
+    logger.info("fine-tuned %d steps: %s", steps, {k: summary[k] for k in summary if "loss" in k})
+    return work / "run" / "checkpoints" / "last" / "pretrained_model"
 
 
 def policy_call(policy, num_steps: int, plans: list[np.ndarray] | None = None):
@@ -221,12 +294,18 @@ def main() -> None:
     parser.add_argument("--max-guidance", type=float, default=5.0, help="RTC guidance clip (default: 5, the paper's)")
     parser.add_argument("--plot-delay-ms", type=int, default=200)
     parser.add_argument("--cost-runs", type=int, default=30)
+    parser.add_argument("--fine-tune", type=int, default=0, metavar="STEPS", help="train on two-way laps first")
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rtc_boundary_benchmark"))
     parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
     rtc = RtcSettings(args.schedule, args.max_guidance, 10)
-    policy = load_policy(args.preset, progress=False, rtc=rtc)
+    source = str(fine_tune_circle_policy(args.work_dir, args.fine_tune, args.seed)) if args.fine_tune else args.preset
+    policy = load_policy(source, progress=False, rtc=rtc)
+    if args.fine_tune:  # the robot is the fine-tuning task's: on the circle, gray frames, its instruction
+        SimulatedRobot.task, SimulatedRobot.gray = "run round the circle", 128
+        SimulatedRobot.start = circle_position(np.zeros(1), policy.io.action_dim)[0]
     rows, chart = [], None
     for delay_ms in args.delays_ms:
         latency = round(delay_ms / TICK_MS)
@@ -254,6 +333,7 @@ def main() -> None:
         "aten_ops_per_call": None, "kernel_launches_per_call": None, "device_busy_fraction": None, "peak_mem_mb": None,
         "versions": env.pop("versions"), "git_sha": env.pop("git_sha"), "date": env.pop("date"), **env,
         "benchmark": "rtc_boundaries", "tick_ms": TICK_MS, "ticks": args.ticks, "seed": args.seed,
+        "policy": f"fine-tuned {args.fine_tune} steps on two-way laps" if args.fine_tune else "seeded random weights",
         "rtc": {"schedule": rtc.schedule, "max_guidance_weight": rtc.max_guidance_weight},
         "prefetch": "delay_ticks + 10 (the next chunk arrives 10 actions before the current one ends)",
         "guidance_cost": cost, "delays": rows,

@@ -42,6 +42,9 @@ class NormConditioning:
     post_gate: torch.Tensor
 
 
+NORM_CONDITIONING_FIELDS = tuple(NormConditioning.__dataclass_fields__)
+
+
 @dataclass(frozen=True)
 class PendingGatedResidual:
     """pi0.5's end-of-layer residual ``base + delta * gate``, not yet added.
@@ -138,22 +141,28 @@ class GemmaLayer(nn.Module):
 
     def norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> list[NormConditioning]:
         """adaRMS modulation for a stack of conditioning vectors ``cond: [steps, D]`` (one per step)."""
+        rows = self.row_norm_conditioning(cond, compute_dtype)
+        return [
+            NormConditioning(**{name: getattr(rows, name)[s].contiguous() for name in NORM_CONDITIONING_FIELDS})
+            for s in range(cond.shape[0])
+        ]
+
+    def row_norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> NormConditioning:
+        """adaRMS modulation of ``cond: [N, D]`` as one :class:`NormConditioning` whose fields are ``[N, D]``: one row
+        per hidden row when a pass mixes flow times (training: one time per sample, repeated over its tokens)."""
         ops = self.ops
         inp = ops.linear(cond, self.input_norm_dense_weight, self.input_norm_dense_bias).float()
         post = ops.linear(cond, self.post_attention_norm_dense_weight, self.post_attention_norm_dense_bias).float()
         in_scale, in_shift, in_gate = inp.chunk(3, dim=-1)
         post_scale, post_shift, post_gate = post.chunk(3, dim=-1)
-        return [
-            NormConditioning(
-                input_scale_plus_one=(1.0 + in_scale[s]).contiguous(),
-                input_shift=in_shift[s].contiguous(),
-                input_gate=in_gate[s].to(compute_dtype).contiguous(),
-                post_scale_plus_one=(1.0 + post_scale[s]).contiguous(),
-                post_shift=post_shift[s].contiguous(),
-                post_gate=post_gate[s].to(compute_dtype).contiguous(),
-            )
-            for s in range(cond.shape[0])
-        ]
+        return NormConditioning(
+            input_scale_plus_one=1.0 + in_scale,
+            input_shift=in_shift,
+            input_gate=in_gate.to(compute_dtype),
+            post_scale_plus_one=1.0 + post_scale,
+            post_shift=post_shift,
+            post_gate=post_gate.to(compute_dtype),
+        )
 
 
 class GemmaTower(nn.Module):
@@ -206,6 +215,12 @@ class GemmaTower(nn.Module):
 
     def final_norm_conditioning(self, cond: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Final adaRMS modulation per step; its gate is unused (the final norm has no residual)."""
+        scale_plus_one, shift = self.row_final_norm_conditioning(cond)
+        return [(scale_plus_one[s].contiguous(), shift[s].contiguous()) for s in range(cond.shape[0])]
+
+    def row_final_norm_conditioning(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final adaRMS ``(1 + scale, shift)`` of ``cond: [N, D]``, each ``[N, D]`` (see
+        :meth:`GemmaLayer.row_norm_conditioning`)."""
         mod = self.ops.linear(cond, self.final_norm_dense_weight, self.final_norm_dense_bias).float()
         scale, shift, _gate = mod.chunk(3, dim=-1)
-        return [((1.0 + scale[s]).contiguous(), shift[s].contiguous()) for s in range(cond.shape[0])]
+        return 1.0 + scale, shift

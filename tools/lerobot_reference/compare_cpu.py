@@ -64,8 +64,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import embodied_accel
 from embodied_accel import load_policy
-from embodied_accel.models.pi0.policy import compact_inputs
-from embodied_accel.models.pi0.processor import ModelInputs
+from embodied_accel.models.pi0.processor import ModelInputs, compact_inputs
 
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 DEFAULT_OUT = REPO_ROOT / "bench" / "results"

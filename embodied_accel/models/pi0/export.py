@@ -1,0 +1,127 @@
+"""Our pi0 / pi0.5 parameters back in LeRobot's layout: the inverse of :mod:`.weights`' key table.
+
+:func:`.weights.weight_rules` says how each of our parameters is made from LeRobot tensors; this module reads the same
+table backwards (one source of truth): un-transpose, split fused q/k/v and gate/up, unfold Gemma's ``1 + w``, un-scale
+the token embedding. It maps weights (for saving a checkpoint LeRobot and :func:`~embodied_accel.load_policy` read)
+and gradients (for comparing a training step with LeRobot's): every load-time transform is linear, so a gradient goes
+back through its adjoint, which differs from the inverse only for the scaled embedding (``E' = s·E`` gives
+``dL/dE = s·dL/dE'``) and the folded norm (``w' = 1 + w``: the gradient passes unchanged).
+
+Round trips are exact where the arithmetic is: transposes, splits and ``(1 + w) - 1`` for effective scales ≥ 1/2, and
+the embedding when ``sqrt(width)`` is a power of two (the tiny presets). At full size the embedding's ``/ sqrt(2048)``
+then ``· sqrt(2048)`` may move an fp32 value by one unit in the last place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+from .weights import IGNORED_KEYS, WeightRule, weight_rules
+
+#: The key prefix LeRobot's ``save_pretrained`` writes (our tables name keys without it).
+LEROBOT_PREFIX = "model."
+
+
+def _split_sizes(rule: WeightRule) -> list[int]:
+    return [shape[0] for shape in rule.source_shapes]
+
+
+def _to_lerobot(rule: WeightRule, value: torch.Tensor, embed_scale: float, gradient: bool) -> list[torch.Tensor]:
+    """The LeRobot tensors of one rule from our parameter (or its gradient)."""
+    transform = rule.transform
+    if transform == "t":
+        return [value.t()]
+    if transform == "cat_t":
+        return list(value.t().split(_split_sizes(rule), dim=0))
+    if transform == "cat":
+        return list(value.split(_split_sizes(rule), dim=0))
+    if transform == "copy":
+        return [value]
+    if transform == "gemma_norm":
+        return [value if gradient else value - 1.0]
+    if transform == "embed":
+        scale = torch.tensor(embed_scale, dtype=torch.float32).to(value.dtype)
+        return [value * scale if gradient else value / scale]
+    raise ValueError(f"no inverse for weight transform {transform!r} (target {rule.target})")
+
+
+def _weight(model, target: str) -> torch.Tensor:
+    """Our weight ``target`` as the model computes with it (a parametrized weight, e.g. with LoRA, evaluated)."""
+    path, _, name = target.rpartition(".")
+    return getattr(model.get_submodule(path) if path else model, name)
+
+
+def _lerobot_items(model, gradients: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    params = dict(model.named_parameters())
+    embed_scale = math.sqrt(model.config.vlm.width)
+    for rule in weight_rules(model.config):
+        if gradients:
+            value = params[rule.target].grad if rule.target in params else None
+        else:
+            with torch.no_grad():
+                value = _weight(model, rule.target).detach()
+        if value is None:
+            continue
+        for key, tensor, shape in zip(
+            rule.sources, _to_lerobot(rule, value, embed_scale, gradients), rule.source_shapes, strict=True
+        ):
+            if tuple(tensor.shape) != shape:
+                raise AssertionError(f"{rule.target} -> {key}: shape {tuple(tensor.shape)}, expected {shape}")
+            yield LEROBOT_PREFIX + key, tensor
+
+
+def lerobot_state_dict(model, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Every parameter of ``model`` (a :class:`~.model.Pi0Model`) under its LeRobot key (``model.`` prefixed),
+    contiguous, on the CPU, in ``dtype`` (default: each parameter's own). The unused ``lm_head`` matrices are not
+    included (see :func:`lm_head_placeholders`)."""
+    return {
+        key: tensor.to(device="cpu", dtype=dtype or tensor.dtype).contiguous()
+        for key, tensor in _lerobot_items(model, gradients=False)
+    }
+
+
+def lerobot_gradients(model) -> dict[str, torch.Tensor]:
+    """The gradients ``.grad`` of ``model``'s parameters mapped to LeRobot's tensors (``model.`` prefixed keys);
+    parameters without a gradient are left out."""
+    return {key: tensor.detach().to("cpu") for key, tensor in _lerobot_items(model, gradients=True)}
+
+
+def lm_head_placeholders(model, base: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The two ``lm_head`` matrices a LeRobot checkpoint carries (LeRobot loads its checkpoints strictly) though pi0 and
+    pi0.5 never use them: the base checkpoint's when given (``base``: LeRobot key → tensor), else PaliGemma's tied
+    head (the token embedding) and zeros for the expert's."""
+    cfg = model.config
+    weights = lerobot_state_dict_entry(model, "embed_tokens")
+    tied = weights[0].to(device="cpu", dtype=torch.float32).contiguous()
+    fallback = {
+        IGNORED_KEYS[0]: tied,
+        IGNORED_KEYS[1]: torch.zeros(cfg.vocab_size, cfg.expert.width, dtype=torch.float32),
+    }
+    base = base or {}
+    out = {}
+    for key, value in fallback.items():
+        given = base.get(LEROBOT_PREFIX + key)
+        out[LEROBOT_PREFIX + key] = value if given is None or tuple(given.shape) != tuple(value.shape) else given
+    return out
+
+
+def lerobot_state_dict_entry(model, target: str) -> list[torch.Tensor]:
+    """The LeRobot tensor(s) one of our parameters (``target``) stands for."""
+    rule = next((r for r in weight_rules(model.config) if r.target == target), None)
+    if rule is None:
+        raise KeyError(f"{target!r} is not a parameter of {model.config.name}")
+    with torch.no_grad():
+        param = _weight(model, target).detach()
+    return _to_lerobot(rule, param, math.sqrt(model.config.vlm.width), gradient=False)
+
+
+__all__ = [
+    "LEROBOT_PREFIX",
+    "lerobot_gradients",
+    "lerobot_state_dict",
+    "lerobot_state_dict_entry",
+    "lm_head_placeholders",
+]

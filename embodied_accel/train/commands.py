@@ -1,0 +1,106 @@
+"""The ``embodied-accel train`` command (options and body; cli.py registers it).
+
+    embodied-accel train --dataset /data/libero --checkpoint /models/pi05_base --out runs/pi05_libero \\
+        --steps 30000 --batch-size 32 --gradient-checkpointing
+    embodied-accel train --config runs/pi05_libero.toml --resume
+    torchrun --nproc-per-node 8 -m embodied_accel.cli train --config runs/pi05_libero.toml --parallel fsdp
+
+Flags override the config file, which overrides the defaults (LeRobot's pi0 / pi0.5 optimizer settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _camera_pair(text: str) -> tuple[str, str]:
+    policy, sep, dataset = text.partition("=")
+    if not sep or not policy or not dataset:
+        raise argparse.ArgumentTypeError(f"expected POLICY_KEY=DATASET_KEY, got {text!r}")
+    return policy, dataset
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    return tuple(part for part in text.split(",") if part)
+
+
+def add_train_command(add_command: Callable[..., argparse.ArgumentParser], positive_int, non_negative_int) -> None:
+    """Register ``train`` through cli.py's ``add_command(name, parents, **kwargs)``."""
+    parser = add_command("train", [], help="fine-tune pi0 / pi0.5 on a LeRobot dataset (LeRobot-format checkpoints)")
+    group = parser.add_argument_group("run")
+    group.add_argument("--config", type=Path, metavar="FILE", help="settings file (.toml or .json); flags override it")
+    group.add_argument("--dataset", metavar="DIR", help="LeRobot dataset directory (v3.0 or v2.1)")
+    group.add_argument("--checkpoint", metavar="DIR|PRESET", help="base policy: a LeRobot pi0 / pi0.5 checkpoint "
+                       "directory, or a preset name (seeded random weights)")  # fmt: skip
+    group.add_argument("--out", metavar="DIR", help="output directory (checkpoints, metrics.jsonl, loss_curve.png)")
+    group.add_argument("--steps", type=positive_int, help="optimizer steps (default: 30000)")
+    group.add_argument("--batch-size", type=positive_int, help="samples per process and step (default: 32)")
+    group.add_argument("--resume", action="store_true", default=None, help="continue the run in --out from its last "
+                       "checkpoint (same settings)")  # fmt: skip
+    group.add_argument("--stop-after", type=positive_int, metavar="STEP", help="stop (with a checkpoint) after this "
+                       "step; --resume continues")  # fmt: skip
+    group.add_argument("--save-every", type=positive_int, metavar="N", help="checkpoint every N steps (default: 5000)")
+    group.add_argument("--log-every", type=positive_int, metavar="N", help="metrics every N steps (default: 10)")
+    group.add_argument("--seed", type=non_negative_int, help="data order, noise and flow times (default: 0)")
+    group.add_argument("--no-progress", dest="progress", action="store_false", default=None, help="no progress bar")
+    optim = parser.add_argument_group("optimizer (AdamW, warm-up + cosine decay)")
+    optim.add_argument("--lr", type=_float, help="peak learning rate (default: 2.5e-5)")
+    optim.add_argument("--warmup-steps", type=non_negative_int, help="default: 1000")
+    optim.add_argument("--decay-steps", type=positive_int, help="default: 30000")
+    optim.add_argument("--decay-lr", type=_float, help="final learning rate (default: 2.5e-6)")
+    optim.add_argument("--weight-decay", type=_float, help="default: 0.01")
+    optim.add_argument("--grad-clip-norm", type=_float, help="default: 1.0")
+    model = parser.add_argument_group("model")
+    model.add_argument("--dtype", choices=("bfloat16", "float32"), help="autocast dtype (weights stay float32; "
+                       "default: bfloat16)")  # fmt: skip
+    model.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=None,
+                       help="recompute layer activations in the backward pass (default: off)")  # fmt: skip
+    model.add_argument("--freeze", type=_parts, metavar="PARTS", help="comma-separated: vision, vlm, expert")
+    model.add_argument("--lora-rank", type=non_negative_int, help="LoRA on the Gemma towers' matrices (default: 0, off)")
+    model.add_argument("--lora-alpha", type=_float, help="default: 16")
+    model.add_argument("--tokenizer", metavar="FILE", help="PaliGemma tokenizer.model for the dataset's task strings")
+    data = parser.add_argument_group("data")
+    data.add_argument("--camera-map", type=_camera_pair, action="append", metavar="POLICY_KEY=DATASET_KEY",
+                      help="feed a dataset camera to a policy camera (repeatable; default: by name)")  # fmt: skip
+    data.add_argument("--state-key", help="dataset state feature (default: observation.state)")
+    data.add_argument("--action-key", help="dataset action feature (default: action)")
+    data.add_argument("--workers", type=non_negative_int, help="DataLoader worker processes (default: 4)")
+    device = parser.add_argument_group("devices")
+    device.add_argument("--parallel", choices=("none", "ddp", "fsdp"), help="under torchrun: DDP (default) or FSDP2")
+    device.add_argument("--device", help="device of a single process (default: the platform's; torchrun: per rank)")
+    parser.set_defaults(handler=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .config import read_config_file, settings_from
+    from .trainer import CURVE_FILE, METRICS_FILE, train
+
+    file_values = read_config_file(args.config) if args.config is not None else {}
+    overrides = {k: v for k, v in vars(args).items() if k not in ("config", "handler", "command", "log_level")}
+    if overrides.get("camera_map") is not None:
+        overrides["camera_map"] = dict(overrides["camera_map"])
+    settings = settings_from(file_values, overrides)
+    summary = train(settings)
+    if summary.get("rank", 0) == 0:
+        final = summary.get("final") or {}
+        out = Path(summary["out"])
+        print(
+            f"trained {summary['steps']} steps x {summary['global_batch']} samples on {summary['world_size']} "
+            f"process(es) ({summary['device']}): loss {final.get('loss', float('nan')):.4f}, "
+            f"{final.get('samples_per_s', float('nan')):.1f} samples/s"
+        )
+        print(f"checkpoint: {out / 'checkpoints' / 'last' / 'pretrained_model'}")
+        print(f"metrics: {out / METRICS_FILE}; loss curve: {out / CURVE_FILE}")
+    return 0
+
+
+__all__ = ["add_train_command", "cmd_train"]

