@@ -28,6 +28,6 @@ def test_hunyuan3d_fixture_on_the_cuda_backend_matches_hy3dgen():
         tokens = model.conditioner(io["conditioner.image"], model.conditioner.static_buffers(DEVICE))
         torch.testing.assert_close(tokens, io["conditioner.tokens"], rtol=0, atol=1e-4)
         txt = model.dit.embed_condition(io["dit.cond"])
-        rows = [model.dit(io["dit.x"][i : i + 1], txt[i : i + 1], model.dit.step_modulation(io["dit.t"][i : i + 1])[0])
+        rows = [model.dit(io["dit.x"][i : i + 1], txt[:, i : i + 1], model.dit.step_modulation(io["dit.t"][i : i + 1])[0])
                 for i in range(2)]  # fmt: skip
         torch.testing.assert_close(torch.cat(rows), io["dit.velocity"], rtol=0, atol=1e-4)

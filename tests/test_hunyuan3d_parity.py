@@ -9,9 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from embodied_accel.models.hunyuan3d import grid_query
 from embodied_accel.models.hunyuan3d.model import Hunyuan3DModel
 from embodied_accel.models.hunyuan3d.sampler import make_schedule, sample
-from embodied_accel.models.hunyuan3d.volume import decode_dense
+from embodied_accel.models.hunyuan3d.volume import axis_coordinates, decode_dense, point_query
 from embodied_accel.models.hunyuan3d.weights import config_from_checkpoint, load_checkpoint_weights
 from embodied_accel.ops import get_ops
 
@@ -56,7 +57,7 @@ def test_dit_velocity(loaded):
     for i in range(2):
         g = None if guidance is None else float(guidance[i])
         mods = model.dit.step_modulation(io["dit.t"][i : i + 1], g)[0]
-        rows.append(model.dit(io["dit.x"][i : i + 1], txt[i : i + 1], mods))
+        rows.append(model.dit(io["dit.x"][i : i + 1], txt[:, i : i + 1], mods))
     assert close(torch.cat(rows), io["dit.velocity"]) <= TOL
 
 
@@ -91,7 +92,15 @@ def test_vae_sdf_and_grid():
     kv = model.vae.geometry_kv(decoded)
     assert close(model.vae.query(io["vae.queries"], kv), io["vae.sdf"][..., 0]) <= TOL
     resolution = io["vae.grid_logits"].shape[-1] - 1
-    grid = decode_dense(lambda p: model.vae.query(p, kv)[0], resolution, 1.01, 1000, "cpu")
+    grid = decode_dense(point_query(lambda p: model.vae.query(p, kv)[0], 1.01, "cpu"), resolution, 1000, "cpu")
+    assert close(grid, io["vae.grid_logits"][0]) <= TOL
+    # the grid form: per-axis tables, the per-shape constants folded, explicit attention over the few latents
+    assert grid_query.applies(model.vae)
+    folded, rows = grid_query.fold(model.vae, kv), resolution + 1
+    tables = grid_query.axis_tables(model.vae, axis_coordinates(resolution, 1.01, "cpu"), rows)
+    offsets = torch.arange(3) * rows
+    grid = decode_dense(lambda ijk, r: grid_query.query(model.vae, ijk + offsets, tables, folded), resolution, 1000,
+                        "cpu")  # fmt: skip
     assert close(grid, io["vae.grid_logits"][0]) <= TOL
 
 

@@ -1,16 +1,18 @@
 """Image → 3-D mesh with Hunyuan3D-2: model + runtime + optional DiT cache, stage by stage.
 
-Stages (each timed): **conditioning** (DINOv2 on the processed image), **diffusion sampling** (the flow-matching
-loop; CFG batched), **volume decoding** (SDF logits on the octree grid, dense or hierarchical), **surface
-extraction** (marching cubes), **export** (the mesh file, by the caller).
+Stages (each timed, wall and CPU seconds): **conditioning** (DINOv2 on the processed image), **diffusion sampling**
+(the flow-matching loop; CFG batched), **volume decoding** (SDF logits on the octree grid, dense or hierarchical),
+**surface extraction** (marching cubes), **export** (the mesh file, by the caller).
 
 The runtime parts are the library's: one :class:`~embodied_accel.runtime.buffers.StaticBuffers` owns the static
-buffers (the conditioner's interpolated position table; every block's modulation for a step schedule, per number of
-steps and guidance), and each network call runs through a :class:`~embodied_accel.runtime.executor.BucketedCall`
-in the chosen capture mode (the DiT step with its step's modulation as tensor inputs, the decoder on fixed-size
-chunks of query points, so one captured graph serves every step or every chunk). The DiT cache attaches through
-:func:`dit_cache_plan`, this family's declaration of its blocks; a cached step runs its pieces eagerly (FBCache and
-TeaCache decide on the host between them).
+buffers (the conditioner's position tables and input normalization; every block's modulation for a step schedule,
+per number of steps and guidance), and each network call runs through a
+:class:`~embodied_accel.runtime.executor.BucketedCall` in the chosen capture mode (the DiT step with its step's
+modulation as tensor inputs, the decoder on fixed-size chunks of grid points, so one captured graph serves every
+step or every chunk). The decoder runs in its grid form (:mod:`~embodied_accel.models.hunyuan3d.grid_query`: per-axis
+embedding tables, per-shape constants folded) where that applies, else on the points' coordinates. The DiT cache
+attaches through :func:`dit_cache_plan`, this family's declaration of its blocks; a cached step runs its pieces
+eagerly (FBCache and TeaCache decide on the host between them).
 """
 
 from __future__ import annotations
@@ -25,12 +27,20 @@ import torch
 
 from .. import platform as platform_mod
 from ..cache import CacheConfig, CachedDiT, CacheReport, DiTCachePlan, SignalRecorder
+from ..models.hunyuan3d import grid_query
 from ..models.hunyuan3d.config import PRESETS, Hunyuan3DConfig, get_preset
 from ..models.hunyuan3d.mesh import Mesh, marching_cubes
 from ..models.hunyuan3d.model import GeometryKV, Hunyuan3DModel, StepModulation
 from ..models.hunyuan3d.processor import process_image, read_image
 from ..models.hunyuan3d.sampler import make_schedule, sample
-from ..models.hunyuan3d.volume import check_octree_resolution, decode_dense, decode_hierarchical
+from ..models.hunyuan3d.volume import (
+    GridQueryFn,
+    axis_coordinates,
+    check_octree_resolution,
+    decode_dense,
+    decode_hierarchical,
+    point_query,
+)
 from ..models.hunyuan3d.weights import config_from_checkpoint, init_random_weights, load_checkpoint_weights
 from ..ops import get_ops
 from ..runtime import check_capture, prepare_capture
@@ -43,6 +53,9 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
 DECODINGS = ("hierarchical", "dense")
+#: Query points per decoder call on a CPU (measured on the reduced configs, tools/hunyuan3d_reference: 2048 and 4096
+#: points are equally fast per point, 1024 ~10 % and 8000 ~60 % slower); elsewhere upstream's default, 8000.
+CPU_CHUNK, DEVICE_CHUNK = 2048, 8000
 STAGES = ("conditioning", "diffusion sampling", "volume decoding", "surface extraction")
 
 
@@ -55,7 +68,7 @@ class ShapeSettings:
     octree_resolution: int = 384
     decoding: str = "hierarchical"
     min_resolution: int = 63
-    num_chunks: int = 8000  # query points per decoder call
+    num_chunks: int | None = None  # query points per decoder call (None: CPU_CHUNK on a CPU, else 8000)
     bounds: float = 1.01
     mc_level: float = 0.0
     seed: int = 0
@@ -66,9 +79,28 @@ class ShapeResult:
     mesh: Mesh | None
     latents: torch.Tensor
     grid: torch.Tensor | None
-    stage_seconds: dict[str, float] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
     cache_report: CacheReport | None = None
     decoding_stats: dict[str, int] = field(default_factory=dict)
+    stage_cpu_seconds: dict[str, float] = field(default_factory=dict)  # this process's CPU time per stage
+
+
+class StageTimer:
+    """Wall time and this process's CPU time (all its threads; what other processes on a shared machine take
+    does not count) of consecutive stages; the device is synchronized at each boundary."""
+
+    def __init__(self, synchronize):
+        self.synchronize = synchronize
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def stop(self, stage: str) -> None:
+        """End ``stage`` (the next one starts now)."""
+        self.synchronize()
+        wall, cpu = time.perf_counter(), time.process_time()
+        self.wall[stage], self.cpu[stage] = wall - self._wall, cpu - self._cpu
+        self._wall, self._cpu = wall, cpu
 
 
 @dataclass(frozen=True)
@@ -81,17 +113,17 @@ class StepContext:
 
 def dit_cache_plan(model: Hunyuan3DModel) -> DiTCachePlan:
     """Hunyuan3D-2's DiT for the cache: the first double-stream block is "first"; the other double-stream blocks
-    and every single-stream block are what a cache may skip; the residual stream is the latent tokens; TeaCache
-    watches the first block's modulated latent input."""
+    and every single-stream block are what a cache may skip; the residual stream is the latent rows of the joint
+    stream; TeaCache watches the first block's modulated latent input. Hidden state: ``(joint stream, T)``."""
     dit = model.dit
     return DiTCachePlan(
         name="hunyuan3d-dit",
-        embed=lambda x, ctx: (dit.embed_latents(x), ctx.txt),
-        first_block=lambda h, ctx: dit.double_blocks[0](h[0], h[1], ctx.mods.double[0]),
+        embed=lambda x, ctx: (dit.embed(x, ctx.txt), ctx.txt.shape[0]),
+        first_block=lambda h, ctx: (dit.double_blocks[0](h[0], h[1], ctx.mods.double[0]), h[1]),
         rest=lambda h, ctx: dit.remaining_blocks(h[0], h[1], ctx.mods, start=1),
-        stream=lambda h: h[0],
+        stream=lambda h: h[0][h[1] :],
         head=lambda out, ctx: dit.head(out, ctx.mods),
-        modulated_input=lambda h, ctx: dit.double_blocks[0].modulated_input(h[0], ctx.mods.double[0]),
+        modulated_input=lambda h, ctx: dit.double_blocks[0].modulated_input(h[0][h[1] :], ctx.mods.double[0]),
     )
 
 
@@ -115,6 +147,7 @@ class ShapePipeline:
         self.conditioner_call = BucketedCall(self._condition, self.plan, dict, **runtime)
         self.dit_call = BucketedCall(self._dit_step, lambda bucket: {}, dict, **runtime)
         self.decoder_call = BucketedCall(self._query, lambda bucket: {}, dict, **runtime)
+        self.grid_form = grid_query.applies(model.vae)  # see models/hunyuan3d/grid_query.py
 
     config: Hunyuan3DConfig = property(lambda self: self.model.config)  # type: ignore[assignment]
 
@@ -138,8 +171,42 @@ class ShapePipeline:
     def _dit_step(self, buffers: dict, x: torch.Tensor, txt: torch.Tensor, *flat_mods: torch.Tensor) -> torch.Tensor:
         return self.model.dit(x, txt, StepModulation.from_flat(flat_mods, self.config.dit.depth))
 
-    def _query(self, buffers: dict, points: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        return self.model.vae.query(points, GeometryKV(keys, values))[0]
+    def _query(self, buffers: dict, *tensors: torch.Tensor) -> torch.Tensor:
+        """One chunk of grid points: ``(cells, tables, *folded decoder)`` in the grid form, else ``(points, keys,
+        values)``."""
+        vae = self.model.vae
+        if self.grid_form:
+            cells, tables, *folded = tensors
+            return grid_query.query(vae, cells, tables, grid_query.FoldedDecoder(*folded))
+        points, keys, values = tensors
+        return vae.query(points, GeometryKV(keys, values))[0]
+
+    def chunk_size(self, settings: ShapeSettings) -> int:
+        """Query points per decoder call: the settings', else :data:`CPU_CHUNK` on a CPU and 8000 elsewhere."""
+        if settings.num_chunks is not None:
+            return settings.num_chunks
+        return CPU_CHUNK if self.device.type == "cpu" else DEVICE_CHUNK
+
+    def grid_decoder(self, kv: GeometryKV, settings: ShapeSettings) -> GridQueryFn:
+        """The decoder of one shape on its grid: through the decoder's grid form when it applies (per-axis tables
+        of each resolution, padded to the finest one's size so every level's chunks have one shape), else on the
+        points' coordinates."""
+        vae, dtype = self.model.vae, self.model.compute_dtype
+        if not self.grid_form:
+            return point_query(lambda points: self.decoder_call(None, points.to(dtype), kv.keys, kv.values),
+                               settings.bounds, self.device)  # fmt: skip
+        folded = grid_query.fold(vae, kv).flat()
+        rows = settings.octree_resolution + 1
+        offsets = torch.arange(3, device=self.device) * rows  # the x, y and z blocks of the tables
+        tables: dict[int, torch.Tensor] = {}
+
+        def query(ijk: torch.Tensor, resolution: int) -> torch.Tensor:
+            if resolution not in tables:
+                axis = axis_coordinates(resolution, settings.bounds, self.device)
+                tables[resolution] = grid_query.axis_tables(vae, axis, rows)
+            return self.decoder_call(None, ijk + offsets, tables[resolution], *folded)
+
+        return query
 
     def _synchronize(self) -> None:
         """Stage times are wall times of finished work: wait for the device at stage boundaries."""
@@ -169,19 +236,12 @@ class ShapePipeline:
         distilled = cfg.dit.guidance_embed
         bucket = ShapeBucket(steps, float(settings.guidance) if distilled else None)
         schedule = make_schedule(cfg, steps)
-        seconds: dict[str, float] = {}
-
-        start = time.perf_counter()
+        timer = StageTimer(self._synchronize)
         processed = image if isinstance(image, torch.Tensor) else self.prepare_image(image)
         cond = self.conditioner_call(None, processed.to(self.device, model.compute_dtype))
         classifier_free = not distilled
-        if classifier_free:
-            cond = torch.cat([cond, torch.zeros_like(cond)])
-        txt = model.dit.embed_condition(cond)
-        self._synchronize()
-        seconds["conditioning"] = time.perf_counter() - start
-
-        start = time.perf_counter()
+        txt = model.dit.embed_condition(cond, unconditional=classifier_free)  # [T, 2, D] with CFG
+        timer.stop("conditioning")
         mods = self.buffers.acquire(self.plan(bucket)).values["modulations"]
         if noise is None:
             generator = torch.Generator().manual_seed(settings.seed)
@@ -198,42 +258,32 @@ class ShapePipeline:
         else:
             velocity = lambda x, i: self.dit_call(bucket, x, txt, *mods[i].flat())
         latents = sample(velocity, noise, schedule, settings.guidance, classifier_free, progress)
-        self._synchronize()
-        seconds["diffusion sampling"] = time.perf_counter() - start
+        timer.stop("diffusion sampling")
         if not decode:
-            return ShapeResult(None, latents, None, seconds, report)
+            return ShapeResult(None, latents, None, timer.wall, report, stage_cpu_seconds=timer.cpu)
 
-        start = time.perf_counter()
-        decoded = model.vae.decode_latents(latents)
-        kv = model.vae.geometry_kv(decoded)
-        chunk_bucket = None
-
-        def query(points: torch.Tensor) -> torch.Tensor:
-            return self.decoder_call(chunk_bucket, points.to(model.compute_dtype), kv.keys, kv.values)
-
+        query = self.grid_decoder(model.vae.geometry_kv(model.vae.decode_latents(latents)), settings)
+        chunk = self.chunk_size(settings)
         stats: dict[str, int] = {}
         if settings.decoding == "dense":
-            grid = decode_dense(query, settings.octree_resolution, settings.bounds, settings.num_chunks, self.device,
-                                progress)  # fmt: skip
+            grid = decode_dense(query, settings.octree_resolution, chunk, self.device, progress)
             stats = {"queried_points": grid.numel(), "dense_points": grid.numel()}
         else:
-            grid, stats = decode_hierarchical(query, settings.octree_resolution, settings.bounds, settings.num_chunks,
-                                              self.device, settings.mc_level, settings.min_resolution,
+            grid, stats = decode_hierarchical(query, settings.octree_resolution, chunk, self.device,
+                                              settings.mc_level, settings.min_resolution,
                                               progress=progress)  # fmt: skip
-        self._synchronize()
-        seconds["volume decoding"] = time.perf_counter() - start
+        timer.stop("volume decoding")
 
         mesh = None
         if extract_surface:
-            start = time.perf_counter()
             mesh = marching_cubes(grid, settings.mc_level, settings.octree_resolution, settings.bounds)
-            seconds["surface extraction"] = time.perf_counter() - start
-        return ShapeResult(mesh, latents, grid, seconds, report, stats)
+            timer.stop("surface extraction")
+        return ShapeResult(mesh, latents, grid, timer.wall, report, stats, timer.cpu)
 
     def _cached_velocity(self, cached: CachedDiT, txt: torch.Tensor, mods: list, separate: bool):
         if not separate:
             return lambda x, i: cached(x, StepContext(txt, mods[i]), i)
-        txt_cond, txt_uncond = txt.chunk(2)
+        txt_cond, txt_uncond = txt.chunk(2, dim=1)  # [T, B, D]: the batch is the second dim
 
         def velocity(x: torch.Tensor, i: int) -> torch.Tensor:
             x_cond, x_uncond = x.chunk(2)
@@ -309,11 +359,13 @@ def load_shape_pipeline(
 
 
 __all__ = [
+    "CPU_CHUNK",
     "DECODINGS",
     "STAGES",
     "ShapePipeline",
     "ShapeResult",
     "ShapeSettings",
+    "StageTimer",
     "StepContext",
     "calibrate_teacache",
     "dit_cache_plan",

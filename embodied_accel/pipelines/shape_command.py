@@ -43,7 +43,7 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
                         f"(default: 384; {TINY_OCTREE_RESOLUTION} for the tiny preset)")  # fmt: skip
     p.add_argument("--decoding", choices=("hierarchical", "dense"), default="hierarchical",
                    help="volume decoding: coarse-to-fine near the surface (default) or every grid point")  # fmt: skip
-    p.add_argument("--num-chunks", type=int, default=8000, help="query points per decoder call (default: 8000)")
+    p.add_argument("--num-chunks", type=int, help="query points per decoder call (default: 2048 on a CPU, else 8000)")
     p.add_argument("--cache", type=Path, metavar="FILE.json", help="DiT cache settings (FBCache, TeaCache, TaylorSeer)")
     p.add_argument("--seed", type=int, default=0, help="noise seed (and a preset's weight seed); default 0")
     p.add_argument(
@@ -66,7 +66,7 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
 def _check(args: argparse.Namespace) -> None:
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps: expected an integer >= 1, got {args.steps}")
-    if args.num_chunks < 1:
+    if args.num_chunks is not None and args.num_chunks < 1:
         raise ValueError(f"--num-chunks: expected an integer >= 1, got {args.num_chunks}")
     if args.seed < 0 or args.seed >= 2**63:
         raise ValueError(f"--seed: expected 0 .. 2**63-1, got {args.seed}")

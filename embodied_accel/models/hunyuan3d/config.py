@@ -93,8 +93,9 @@ class DinoConfig:
         return self.grid**2 + (1 if self.use_cls_token else 0)
 
     def block(self) -> VitBlockConfig:
+        """DINOv2's block; its LayerScales are folded into the attention projection and ``fc2`` at load."""
         return VitBlockConfig(
-            width=self.hidden_size, num_heads=self.num_attention_heads, mlp_ratio=self.mlp_ratio, layerscale=True,
+            width=self.hidden_size, num_heads=self.num_attention_heads, mlp_ratio=self.mlp_ratio, layerscale=False,
             norm_eps=self.layer_norm_eps, qkv_bias=self.qkv_bias, mlp="swiglu" if self.use_swiglu_ffn else "gelu",
         )  # fmt: skip
 

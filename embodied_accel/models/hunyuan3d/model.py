@@ -12,6 +12,7 @@
 3. **ShapeVAE decoder** (:class:`ShapeVaeDecoder`): latents / scale → ``post_kl`` → self-attention transformer; the
    geometry decoder embeds query points with Fourier features and cross-attends to the decoded latents (their
    keys and values are computed once per shape, :meth:`ShapeVaeDecoder.geometry_kv`) → one SDF logit per point.
+   On grid points it also runs in an equal, cheaper form: :mod:`.grid_query`.
 
 Every module is a pure function of its weights and the tensors it is handed; nothing is kept between calls.
 """
@@ -47,22 +48,25 @@ TIME_EMBED_DIM = 256
 
 @dataclass(frozen=True, eq=False)
 class ConditionerBuffers:
-    """What the conditioner reads besides its weights: positions for its input size, the normalization."""
+    """What the conditioner reads besides its weights, built once per model: the positions for its input size
+    with the CLS token and the patch bias folded in, and the input normalization as one multiply-add."""
 
-    position_table: torch.Tensor  # [1 + grid², C]
-    mean: torch.Tensor  # [1, 3, 1, 1] fp32
-    std: torch.Tensor  # [1, 3, 1, 1] fp32
+    cls_position: torch.Tensor  # [1, C]: CLS token + its position
+    patch_position_bias: torch.Tensor  # [grid², C]: the patches' positions + the patch embedding's bias
+    input_scale: torch.Tensor  # [1, 3, 1, 1] fp32: 0.5 / std  (x in [-1, 1] → ((x + 1) / 2 − mean) / std)
+    input_shift: torch.Tensor  # [1, 3, 1, 1] fp32: (0.5 − mean) / std
 
 
 class DinoConditioner(nn.Module):
-    """DINOv2 over the processed image (see the module docstring)."""
+    """DINOv2 over the processed image (see the module docstring). The patch embedding (a stride-``p`` convolution)
+    runs as one GEMM over the image's ``p × p`` patches (``patch_weight_t: [3·p·p, C]``)."""
 
     def __init__(self, config: DinoConfig, ops: OpSet):
         super().__init__()
         self.config, self.ops = config, ops
         width, p = config.hidden_size, config.patch_size
         stored = (config.position_image_size // p) ** 2
-        self.patch_weight = nn.Parameter(torch.empty(width, 3, p, p))
+        self.patch_weight_t = nn.Parameter(torch.empty(3 * p * p, width))
         self.patch_bias = nn.Parameter(torch.empty(width))
         self.cls_token = nn.Parameter(torch.empty(width))
         self.position_embeddings = nn.Parameter(torch.empty(1 + stored, width))
@@ -82,17 +86,23 @@ class DinoConditioner(nn.Module):
         patch = patch.to(table.dtype).permute(0, 2, 3, 1).reshape(cfg.grid * cfg.grid, -1)
         return torch.cat([table[:1], patch], dim=0)
 
+    @torch.no_grad()
     def static_buffers(self, device) -> ConditionerBuffers:
         """Built once per model (the runtime owns them): never inside a captured call."""
-        stats = [
-            torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1).to(device) for v in (IMAGENET_MEAN, IMAGENET_STD)
-        ]
-        return ConditionerBuffers(self.position_table().to(device), *stats)
+        table = self.position_table()
+        mean, std = (torch.tensor(v, dtype=torch.float32).view(1, 3, 1, 1) for v in (IMAGENET_MEAN, IMAGENET_STD))
+        return ConditionerBuffers(
+            (self.cls_token.detach() + table[0])[None].to(device),
+            (table[1:] + self.patch_bias.detach()).to(device),
+            (0.5 / std).to(device),
+            ((0.5 - mean) / std).to(device),
+        )
 
     def preprocess(self, image: torch.Tensor, buffers: ConditionerBuffers) -> torch.Tensor:
-        """``[B, 3, H, W]`` in [-1, 1] → resized (shorter side), center-cropped, ImageNet-normalized ``[B, 3, S, S]``."""
+        """``[B, 3, H, W]`` in [-1, 1] → resized (shorter side), center-cropped, ImageNet-normalized ``[B, 3, S, S]``
+        (the resize is linear, so the mapping to [0, 1] and the normalization run after it, as one multiply-add)."""
         size = self.config.image_size
-        x = (image.float() + 1) / 2
+        x = image.float()
         height, width = x.shape[-2:]
         if min(height, width) != size:
             scale = size / min(height, width)
@@ -100,17 +110,18 @@ class DinoConditioner(nn.Module):
             x = F.interpolate(x, size=new, mode="bilinear", align_corners=False, antialias=True)
         top, left = (x.shape[-2] - size) // 2, (x.shape[-1] - size) // 2
         x = x[..., top : top + size, left : left + size]
-        return (x - buffers.mean) / buffers.std
+        return torch.addcmul(buffers.input_shift, x, buffers.input_scale)
 
     def forward(self, image: torch.Tensor, buffers: ConditionerBuffers) -> torch.Tensor:
         """Processed image ``[B, 3, H, W]`` in [-1, 1] → tokens ``[B, 1 + grid², C]`` (without CLS if so configured)."""
         cfg = self.config
-        x = self.preprocess(image, buffers).to(self.patch_weight.dtype)
-        batch = x.shape[0]
-        patches = F.conv2d(x, self.patch_weight, self.patch_bias, stride=cfg.patch_size).flatten(2).transpose(1, 2)
-        tokens = torch.cat([self.cls_token.expand(batch, 1, -1), patches], dim=1) + buffers.position_table
+        x = self.preprocess(image, buffers).to(self.patch_weight_t.dtype)
+        batch, g, p = x.shape[0], cfg.grid, cfg.patch_size
+        patches = x.view(batch, 3, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(batch, g * g, 3 * p * p)
+        patches = torch.baddbmm(buffers.patch_position_bias, patches, self.patch_weight_t.expand(batch, -1, -1))
+        tokens = torch.cat([buffers.cls_position.expand(batch, 1, -1), patches], dim=1)  # [B, 1 + grid², C]
         seq = tokens.shape[1]
-        hidden = tokens.reshape(batch * seq, -1)
+        hidden = tokens.view(batch * seq, -1)
         for block in self.blocks:
             hidden = block(hidden, groups=batch)
         out = self.ops.layer_norm(hidden, self.norm_weight, self.norm_bias, cfg.layer_norm_eps).view(batch, seq, -1)
@@ -122,7 +133,7 @@ class DinoConditioner(nn.Module):
 
 @dataclass(frozen=True, eq=False)
 class StepModulation:
-    """Every block's modulation at one step (``[1, 1, D]`` each: one time for the whole batch)."""
+    """Every block's modulation at one step (``[D]`` each: one time for every token and batch row)."""
 
     double: tuple  # per double block: ((img mod1, img mod2), (txt mod1, txt mod2))
     single: tuple[Modulation, ...]
@@ -142,8 +153,11 @@ class StepModulation:
 
 class Hunyuan3DDiT(nn.Module):
     """The flow-matching DiT (see the module docstring). Velocity = :meth:`forward`; the pieces below are what a
-    DiT cache plan names: :meth:`embed_latents` (always run), ``double_blocks[0]`` (the first block),
-    :meth:`remaining_blocks` (what a cache may skip) and :meth:`head` (always run)."""
+    DiT cache plan names: :meth:`embed` (always run), ``double_blocks[0]`` (the first block),
+    :meth:`remaining_blocks` (what a cache may skip) and :meth:`head` (always run).
+
+    Inside, tokens travel sequence-major as one joint stream ``[T + L, B, D]`` (the ``T`` condition tokens first,
+    then the ``L`` latents; :mod:`~embodied_accel.nn.flux_dit`); the velocity comes out as ``[B, L, C]``."""
 
     def __init__(self, config: DitConfig, ops: OpSet):
         super().__init__()
@@ -180,42 +194,49 @@ class Hunyuan3DDiT(nn.Module):
         doubles = [block.modulation(vec_silu) for block in self.double_blocks]
         singles = [block.modulation(vec_silu) for block in self.single_blocks]
         final = self.final_layer.modulation(vec_silu)
-
-        def at(mod: Modulation, i: int) -> Modulation:
-            return Modulation(*(t[i : i + 1].contiguous() for t in (mod.shift, mod.scale_plus_one, mod.gate)))
-
         return [
             StepModulation(
-                double=tuple((tuple(at(m, i) for m in img), tuple(at(m, i) for m in txt)) for img, txt in doubles),
-                single=tuple(at(m, i) for m in singles),
-                final=at(final, i),
+                double=tuple((tuple(m.at(i) for m in img), tuple(m.at(i) for m in txt)) for img, txt in doubles),
+                single=tuple(m.at(i) for m in singles),
+                final=final.at(i),
             )
             for i in range(timesteps.shape[0])
         ]
 
-    def embed_condition(self, cond: torch.Tensor) -> torch.Tensor:
-        """Condition tokens ``[B, T, C]`` → the condition stream's input ``[B, T, D]`` (the same at every step)."""
-        return self.cond_in(cond.to(self.cond_in.weight_t.dtype))
+    def embed_condition(self, cond: torch.Tensor, unconditional: bool = False) -> torch.Tensor:
+        """Condition tokens ``[B, T, C]`` → the condition rows of the joint stream ``[T, B, D]`` (the same at every
+        step: computed once per generation). ``unconditional``: also the rows of classifier-free guidance's
+        all-zero conditions, ``[T, 2B, D]`` (conditional batch first); their embedding is ``cond_in``'s bias."""
+        batch, tokens, channels = cond.shape
+        rows = cond.to(self.cond_in.weight_t.dtype).transpose(0, 1).reshape(tokens * batch, channels)
+        txt = self.cond_in(rows).view(tokens, batch, -1)
+        if unconditional:
+            txt = torch.cat([txt, self.cond_in.bias.expand_as(txt)], dim=1)
+        return txt
 
-    def embed_latents(self, x: torch.Tensor) -> torch.Tensor:
-        return self.latent_in(x.to(self.latent_in.weight_t.dtype))
+    def embed(self, x: torch.Tensor, txt: torch.Tensor) -> torch.Tensor:
+        """Latents ``x [B, L, C]`` and the embedded conditions ``txt [T, B, D]`` → the joint stream ``[T + L, B, D]``."""
+        batch, length, channels = x.shape
+        rows = x.to(self.latent_in.weight_t.dtype).transpose(0, 1).reshape(length * batch, channels)
+        return torch.cat([txt, self.latent_in(rows).view(length, batch, -1)])
 
-    def remaining_blocks(self, img: torch.Tensor, txt: torch.Tensor, mods: StepModulation, start: int = 1):
-        """Double blocks from ``start`` on, then every single block; returns the latent tokens ``[B, L, D]``."""
+    def remaining_blocks(self, stream: torch.Tensor, num_txt: int, mods: StepModulation, start: int = 1):
+        """Double blocks from ``start`` on, then every single block; returns the latent rows ``[L, B, D]``."""
         for block, block_mods in zip(self.double_blocks[start:], mods.double[start:], strict=True):
-            img, txt = block(img, txt, block_mods)
-        stream = torch.cat([txt, img], dim=1)
+            stream = block(stream, num_txt, block_mods)
         for block, mod in zip(self.single_blocks, mods.single, strict=True):
             stream = block(stream, mod)
-        return stream[:, txt.shape[1] :]
+        return stream[num_txt:]
 
     def head(self, img: torch.Tensor, mods: StepModulation) -> torch.Tensor:
-        return self.final_layer(img, mods.final)
+        """Latent rows ``[L, B, D]`` → velocity ``[B, L, C]``."""
+        length, batch, width = img.shape
+        out = self.final_layer(img.reshape(length * batch, width), mods.final)
+        return out.view(length, batch, -1).transpose(0, 1)
 
     def forward(self, x: torch.Tensor, txt: torch.Tensor, mods: StepModulation) -> torch.Tensor:
         """Velocity ``[B, L, C]`` of latents ``x`` given the embedded conditions ``txt`` (:meth:`embed_condition`)."""
-        img = self.embed_latents(x)
-        return self.head(self.remaining_blocks(img, txt, mods, start=0), mods)
+        return self.head(self.remaining_blocks(self.embed(x, txt), txt.shape[0], mods, start=0), mods)
 
 
 # ---- 3. ShapeVAE decoder ----------------------------------------------------------------------------------------

@@ -76,8 +76,9 @@ def sample(
         v = velocity(model_input, i)
         if classifier_free:
             v_cond, v_uncond = v.chunk(2)
-            v = v_uncond + guidance_scale * (v_cond - v_uncond)
-        latents = (latents.float() + schedule.dts[i] * v).to(v.dtype)
+            v = torch.lerp(v_uncond, v_cond, guidance_scale)  # v_u + g (v_c - v_u)
+        update = torch.add(latents.float(), v, alpha=schedule.dts[i])
+        latents = update if update.dtype == v.dtype else update.to(v.dtype)
         if on_step is not None:
             on_step(i, latents)
     return latents

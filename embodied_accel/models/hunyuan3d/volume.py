@@ -1,8 +1,10 @@
 """Volume decoding: SDF logits of a shape on a regular 3-D grid, densely or coarse-to-fine.
 
 The grid has ``R + 1`` points per axis over ``[-bounds, bounds]`` (``R`` = the octree resolution), in ``ij``
-order (x slowest), coordinates from an fp32 ``linspace`` per axis (as upstream). Points are decoded in chunks of a
-fixed size (the last one padded), so every decoder call has the same shape (one captured graph serves them all).
+order (x slowest), coordinates from an fp32 ``linspace`` per axis (as upstream). The decoder is asked for grid
+points by their integer indices ``(i, j, k)`` (a :data:`GridQueryFn`: the model turns them into tokens, from
+coordinates with :func:`point_query` or from per-axis tables), in chunks of a fixed size (the last one padded), so
+every decoder call has the same shape (one captured graph serves them all).
 
 * :func:`decode_dense` queries all ``(R + 1)³`` points (56.6 M at R = 384).
 * :func:`decode_hierarchical` decodes a coarse grid (``R / 2^k``, the coarsest at least ``min_resolution``), then at
@@ -27,8 +29,9 @@ from tqdm.auto import tqdm
 
 logger = logging.getLogger(__name__)
 
-#: ``query(points [1, N, 3] fp32) -> logits [N]``: one shape's decoder on one chunk of points.
-QueryFn = Callable[[torch.Tensor], torch.Tensor]
+#: ``query(ijk [N, 3] int64, resolution) -> logits [N]`` (fp32): one shape's decoder at the grid points
+#: ``(i, j, k)`` of the ``(R + 1)³`` grid of that resolution.
+GridQueryFn = Callable[[torch.Tensor, int], torch.Tensor]
 
 MIN_OCTREE_RESOLUTION, MAX_OCTREE_RESOLUTION = 8, 1024
 
@@ -49,40 +52,62 @@ def axis_coordinates(resolution: int, bounds: float, device) -> torch.Tensor:
     return torch.from_numpy(np.linspace(-bounds, bounds, resolution + 1, dtype=np.float32)).to(device)
 
 
+def index_divisors(n: int, device) -> torch.Tensor:
+    """``[n², n, 1]``: what :func:`grid_indices` divides a flat index by (made once per grid, not per chunk)."""
+    return torch.tensor([n * n, n, 1], device=device)
+
+
+def grid_indices(flat_index: torch.Tensor, n: int, divisors: torch.Tensor | None = None) -> torch.Tensor:
+    """``[N, 3]`` grid indices ``(i, j, k)`` of flat ``ij``-order indices into an ``n³`` grid."""
+    divisors = index_divisors(n, flat_index.device) if divisors is None else divisors
+    return torch.remainder(flat_index[:, None] // divisors, n)
+
+
 def points_at(flat_index: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
     """Coordinates ``[N, 3]`` of grid points given by their flat ``ij`` index."""
-    n = axis.shape[0]
-    i, rest = flat_index // (n * n), flat_index % (n * n)
-    return torch.stack([axis[i], axis[rest // n], axis[rest % n]], dim=-1)
+    return axis[grid_indices(flat_index, axis.shape[0])]
+
+
+def point_query(query: Callable[[torch.Tensor], torch.Tensor], bounds: float, device) -> GridQueryFn:
+    """A :data:`GridQueryFn` from a decoder on coordinates (``query(points [1, N, 3] fp32) -> logits [N]``)."""
+    axes: dict[int, torch.Tensor] = {}
+
+    def grid_query(ijk: torch.Tensor, resolution: int) -> torch.Tensor:
+        if resolution not in axes:
+            axes[resolution] = axis_coordinates(resolution, bounds, device)
+        return query(axes[resolution][ijk][None])
+
+    return grid_query
 
 
 def query_points(
-    query: QueryFn, points: torch.Tensor, chunk: int, progress: bool = False, desc: str = ""
+    query: GridQueryFn, flat_index: torch.Tensor, resolution: int, chunk: int, progress: bool = False, desc: str = ""
 ) -> torch.Tensor:
-    """Logits at ``points [N, 3]`` in fixed-size chunks (the last padded with copies of its first point)."""
-    out = torch.empty(points.shape[0], dtype=torch.float32, device=points.device)
-    starts = range(0, points.shape[0], chunk)
+    """Logits at the grid points ``flat_index [N]`` in fixed-size chunks (the last padded with its first point)."""
+    out = torch.empty(flat_index.shape[0], dtype=torch.float32, device=flat_index.device)
+    divisors = index_divisors(resolution + 1, flat_index.device)
+    starts = range(0, flat_index.shape[0], chunk)
     for start in tqdm(starts, desc=desc or "volume decoding", unit="chunk", disable=not progress, leave=False):
-        part = points[start : start + chunk]
+        part = flat_index[start : start + chunk]
         count = part.shape[0]
         if count < chunk:
-            part = torch.cat([part, part[:1].expand(chunk - count, 3)])
-        out[start : start + count] = query(part[None])[:count]
+            part = torch.cat([part, part[:1].expand(chunk - count)])
+        out[start : start + count] = query(grid_indices(part, resolution + 1, divisors), resolution)[:count]
     return out
 
 
-def decode_dense(query: QueryFn, resolution: int, bounds: float, chunk: int, device, progress: bool = False):
-    """Logits on the full grid ``[R + 1, R + 1, R + 1]`` (fp32); points are made chunk by chunk (at R = 384 all
-    of them at once would take 0.7 GB)."""
-    axis = axis_coordinates(resolution, bounds, device)
+def decode_dense(query: GridQueryFn, resolution: int, chunk: int, device, progress: bool = False) -> torch.Tensor:
+    """Logits on the full grid ``[R + 1, R + 1, R + 1]`` (fp32); indices are made chunk by chunk (at R = 384 all
+    of them at once would take 1.4 GB)."""
     n = resolution + 1
     out = torch.empty(n**3, dtype=torch.float32, device=device)
+    divisors = index_divisors(n, device)
     for start in tqdm(
         range(0, n**3, chunk), desc=f"volume decoding [{n}³]", unit="chunk", disable=not progress, leave=False
     ):
         index = torch.arange(start, start + chunk, device=device).clamp_(max=n**3 - 1)  # the last chunk padded
         count = min(chunk, n**3 - start)
-        out[start : start + count] = query(points_at(index, axis)[None])[:count]
+        out[start : start + count] = query(grid_indices(index, n, divisors), resolution)[:count]
     return out.view(n, n, n)
 
 
@@ -126,9 +151,8 @@ def _cell_corners(cells: torch.Tensor) -> torch.Tensor:
 
 
 def decode_hierarchical(
-    query: QueryFn,
+    query: GridQueryFn,
     resolution: int,
-    bounds: float,
     chunk: int,
     device,
     level: float = 0.0,
@@ -138,7 +162,7 @@ def decode_hierarchical(
 ) -> tuple[torch.Tensor, dict[str, int]]:
     """Logits on the full grid, queried near the surface only (see the module docstring); also the query count."""
     resolutions = levels(resolution, min_resolution)
-    grid = decode_dense(query, resolutions[0], bounds, chunk, device, progress)
+    grid = decode_dense(query, resolutions[0], chunk, device, progress)
     queried_total = grid.numel()
     for i, fine in enumerate(resolutions[1:]):
         last = i == len(resolutions) - 2
@@ -151,7 +175,6 @@ def decode_hierarchical(
         for _ in range(2 if last else 1):
             marked = _dilate(marked)
         upsampled = F.interpolate(grid[None, None], size=(n, n, n), mode="trilinear", align_corners=True)[0, 0]
-        axis = axis_coordinates(fine, bounds, device)
         queried = torch.zeros_like(marked)
         grid = upsampled
         todo = marked
@@ -159,7 +182,7 @@ def decode_hierarchical(
             index = torch.nonzero((todo & ~queried).flatten()).flatten()
             if index.numel() == 0:
                 break
-            grid.view(-1)[index] = query_points(query, points_at(index, axis), chunk, progress, f"refining [{n}³]")
+            grid.view(-1)[index] = query_points(query, index, fine, chunk, progress, f"refining [{n}³]")
             queried.view(-1)[index] = True
             queried_total += index.numel()
             todo = _cell_corners(_straddling_cells(grid, level))
@@ -171,12 +194,16 @@ def decode_hierarchical(
 __all__ = [
     "MAX_OCTREE_RESOLUTION",
     "MIN_OCTREE_RESOLUTION",
+    "GridQueryFn",
     "axis_coordinates",
     "check_octree_resolution",
     "decode_dense",
     "decode_hierarchical",
+    "grid_indices",
+    "index_divisors",
     "levels",
     "near_surface",
+    "point_query",
     "points_at",
     "query_points",
 ]

@@ -7,9 +7,11 @@ weights file, in this order of preference: ``model.fp16.safetensors``, ``model.s
 
 The name mapping is data (:data:`DIT_RENAMES`, :data:`VAE_RENAMES`, :data:`DINO_RENAMES`: our parameter name's
 pattern → the upstream key(s) and a transform). Load-time transforms: linear weights become ``[in, out]``; DINOv2's
-separate query / key / value become one QKV matrix; the ShapeVAE's per-head interleaved ``[q_h | k_h | v_h]`` (and
-``[k_h | v_h]``) output rows are regrouped as ``[q heads | k heads | v heads]``; QK-norm weights are stacked. A
-missing, unexpected or mis-shaped tensor is an error listing them by name; nothing is randomly initialized.
+separate query / key / value become one QKV matrix, its patch-embedding convolution a ``[3·p·p, C]`` matrix and its
+LayerScales fold into the layers before them; the ShapeVAE's per-head interleaved ``[q_h | k_h | v_h]`` (and
+``[k_h | v_h]``) output rows are regrouped as ``[q heads | k heads | v heads]``; QK-norm weights are stacked (the
+DiT's repeated per head). A missing, unexpected or mis-shaped tensor is an error listing them by name; nothing is
+randomly initialized.
 """
 
 from __future__ import annotations
@@ -40,22 +42,24 @@ _LAYER = _DINO + r"encoder.layer.\1."
 
 #: (our parameter name pattern, upstream key template(s), transform). Transforms: ``t`` transpose a linear weight,
 #: ``copy``, ``flat`` (drop singleton dims), ``qkv_t`` (concatenate q / k / v then transpose),
-#: ``heads3_t`` / ``heads2_t`` (regroup per-head interleaved rows, then transpose), ``stack`` ([2, 1, D] of two rows).
+#: ``heads3_t`` / ``heads2_t`` (regroup per-head interleaved rows, then transpose), ``stack`` ([2, 1, D] of two rows),
+#: ``stack_heads`` ([2, H, D]: two rows, each repeated for every head), ``patch_t`` (a ``[C, 3, p, p]`` convolution
+#: weight as the ``[3·p·p, C]`` matrix of its GEMM over patches), ``t_scaled`` / ``scaled`` (a linear layer's
+#: transposed weight / bias times the LayerScale that follows it: DINOv2's, folded at load).
 DINO_RENAMES: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    (r"conditioner\.patch_weight", (_DINO + "embeddings.patch_embeddings.projection.weight",), "copy"),
+    (r"conditioner\.patch_weight_t", (_DINO + "embeddings.patch_embeddings.projection.weight",), "patch_t"),
     (r"conditioner\.patch_bias", (_DINO + "embeddings.patch_embeddings.projection.bias",), "copy"),
     (r"conditioner\.cls_token", (_DINO + "embeddings.cls_token",), "flat"),
     (r"conditioner\.position_embeddings", (_DINO + "embeddings.position_embeddings",), "flat"),
     (r"conditioner\.blocks\.(\d+)\.norm(\d)_(weight|bias)", (_LAYER + r"norm\2.\3",), "copy"),
     (r"conditioner\.blocks\.(\d+)\.attn\.qkv\.weight_t", tuple(_LAYER + f"attention.attention.{n}.weight" for n in ("query", "key", "value")), "qkv_t"),
     (r"conditioner\.blocks\.(\d+)\.attn\.qkv\.bias", tuple(_LAYER + f"attention.attention.{n}.bias" for n in ("query", "key", "value")), "qkv"),
-    (r"conditioner\.blocks\.(\d+)\.attn\.proj\.weight_t", (_LAYER + "attention.output.dense.weight",), "t"),
-    (r"conditioner\.blocks\.(\d+)\.attn\.proj\.bias", (_LAYER + "attention.output.dense.bias",), "copy"),
-    (r"conditioner\.blocks\.(\d+)\.ls(\d)", (_LAYER + r"layer_scale\2.lambda1",), "copy"),
+    (r"conditioner\.blocks\.(\d+)\.attn\.proj\.weight_t", (_LAYER + "attention.output.dense.weight", _LAYER + "layer_scale1.lambda1"), "t_scaled"),
+    (r"conditioner\.blocks\.(\d+)\.attn\.proj\.bias", (_LAYER + "attention.output.dense.bias", _LAYER + "layer_scale1.lambda1"), "scaled"),
     (r"conditioner\.blocks\.(\d+)\.fc1\.weight_t", (_LAYER + "mlp.{fc1}.weight",), "t"),
     (r"conditioner\.blocks\.(\d+)\.fc1\.bias", (_LAYER + "mlp.{fc1}.bias",), "copy"),
-    (r"conditioner\.blocks\.(\d+)\.fc2\.weight_t", (_LAYER + "mlp.{fc2}.weight",), "t"),
-    (r"conditioner\.blocks\.(\d+)\.fc2\.bias", (_LAYER + "mlp.{fc2}.bias",), "copy"),
+    (r"conditioner\.blocks\.(\d+)\.fc2\.weight_t", (_LAYER + "mlp.{fc2}.weight", _LAYER + "layer_scale2.lambda1"), "t_scaled"),
+    (r"conditioner\.blocks\.(\d+)\.fc2\.bias", (_LAYER + "mlp.{fc2}.bias", _LAYER + "layer_scale2.lambda1"), "scaled"),
     (r"conditioner\.norm_(weight|bias)", (_DINO + r"layernorm.\1",), "copy"),
 )  # fmt: skip
 
@@ -64,13 +68,9 @@ DIT_RENAMES: tuple[tuple[str, str], ...] = (
     (r"^dit\.double_blocks\.(\d+)\.(img|txt)\.mod\.", r"model.double_blocks.\1.\2_mod.lin."),
     (r"^dit\.double_blocks\.(\d+)\.(img|txt)\.qkv\.", r"model.double_blocks.\1.\2_attn.qkv."),
     (r"^dit\.double_blocks\.(\d+)\.(img|txt)\.proj\.", r"model.double_blocks.\1.\2_attn.proj."),
-    (r"^dit\.double_blocks\.(\d+)\.(img|txt)\.q_norm_scale$", r"model.double_blocks.\1.\2_attn.norm.query_norm.scale"),
-    (r"^dit\.double_blocks\.(\d+)\.(img|txt)\.k_norm_scale$", r"model.double_blocks.\1.\2_attn.norm.key_norm.scale"),
     (r"^dit\.double_blocks\.(\d+)\.(img|txt)\.fc1\.", r"model.double_blocks.\1.\2_mlp.0."),
     (r"^dit\.double_blocks\.(\d+)\.(img|txt)\.fc2\.", r"model.double_blocks.\1.\2_mlp.2."),
     (r"^dit\.single_blocks\.(\d+)\.mod\.", r"model.single_blocks.\1.modulation.lin."),
-    (r"^dit\.single_blocks\.(\d+)\.q_norm_scale$", r"model.single_blocks.\1.norm.query_norm.scale"),
-    (r"^dit\.single_blocks\.(\d+)\.k_norm_scale$", r"model.single_blocks.\1.norm.key_norm.scale"),
     (r"^dit\.final_layer\.mod\.", r"model.final_layer.adaLN_modulation.1."),
     (r"^dit\.", r"model."),
 )
@@ -118,6 +118,10 @@ def rule_for(name: str, config: Hunyuan3DConfig) -> Rule:
                 keys = tuple(match.expand(t).format(fc1=fc[0], fc2=fc[1]) for t in templates)
                 return Rule(keys, transform)
         raise KeyError(name)
+    if name.startswith("dit.") and name.endswith(".qk_norm_scale"):  # [2, H, Dh]: query's row, key's row
+        block = re.sub(r"^dit\.", "model.", name.removesuffix(".qk_norm_scale"))
+        block = re.sub(r"\.(img|txt)$", r".\1_attn", block)
+        return Rule(tuple(f"{block}.norm.{kind}_norm.scale" for kind in ("query", "key")), "stack_heads")
     if name.startswith("vae.blocks.") and ".attn.qk_norm_" in name:
         index, kind = re.fullmatch(r"vae\.blocks\.(\d+)\.attn\.qk_norm_(weight|bias)", name).groups()
         base = f"vae.transformer.resblocks.{index}.attn.attention."
@@ -158,6 +162,12 @@ def apply_rule(rule: Rule, tensors: list[torch.Tensor], target_shape: tuple[int,
         return tensors[0].t()
     if kind == "qkv_t":
         return torch.cat(tensors, dim=0).t()
+    if kind == "patch_t":
+        return tensors[0].flatten(1).t()
+    if kind == "t_scaled":  # a LayerScale folded into the linear layer before it: its output columns scaled
+        return tensors[0].t() * tensors[1]
+    if kind == "scaled":
+        return tensors[0] * tensors[1]
     if kind == "qkv":
         return torch.cat(tensors, dim=0)
     if kind in ("heads3_t", "heads2_t"):
@@ -166,22 +176,29 @@ def apply_rule(rule: Rule, tensors: list[torch.Tensor], target_shape: tuple[int,
         return _regroup_heads(tensors[0], 3 if kind == "heads3" else 2, heads)
     if kind == "stack":
         return torch.stack(tensors).reshape(target_shape)
+    if kind == "stack_heads":
+        return torch.stack(tensors)[:, None].expand(target_shape).contiguous()
     raise ValueError(f"unknown transform {kind!r}")
 
 
-def source_shape(rule: Rule, shapes: list[tuple[int, ...]]) -> tuple[int, ...]:
-    """The shape :func:`apply_rule` makes from source tensors of these shapes (for checking before reading)."""
+def source_shape(rule: Rule, shapes: list[tuple[int, ...]], target_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape :func:`apply_rule` makes from source tensors of these shapes (for checking before reading);
+    ``target_shape`` (the parameter's) gives the head count a per-head repetition makes."""
     kind, first = rule.transform, shapes[0]
-    if kind in ("t", "heads3_t", "heads2_t"):
+    if kind in ("t", "t_scaled", "heads3_t", "heads2_t"):
         return tuple(reversed(first)) if len(first) == 2 else first
     if kind == "qkv_t":
         return (first[1], sum(s[0] for s in shapes)) if len(first) == 2 else first
     if kind == "qkv":
         return (sum(s[0] for s in shapes),)
+    if kind == "patch_t":
+        return (math.prod(first[1:]), first[0])
     if kind == "flat":
         return tuple(d for d in first if d != 1) or (1,)
     if kind == "stack":
         return (len(shapes), 1, *first)
+    if kind == "stack_heads":
+        return (len(shapes), target_shape[1] if len(target_shape) == 3 else 1, *first)
     return first
 
 
@@ -247,7 +264,7 @@ def load_checkpoint_weights(model: Hunyuan3DModel, directory: str | Path, device
         if absent:
             missing.extend(absent)
             continue
-        made = source_shape(rule, [shapes[key] for key in rule.sources])
+        made = source_shape(rule, [shapes[key] for key in rule.sources], tuple(param.shape))
         if made != tuple(param.shape):
             misshaped.append(f"{rule.sources[0]} {list(shapes[rule.sources[0]])} (expected for {list(param.shape)})")
             continue
@@ -279,9 +296,11 @@ def init_random_weights(model: Hunyuan3DModel, seed: int, device) -> None:
     state = {}
     for name, param in model.named_parameters():
         shape = tuple(param.shape)
-        if param.ndim >= 2 and not name.endswith(("qk_norm_weight", "qk_norm_bias")):
+        if param.ndim >= 2 and not name.endswith(("qk_norm_weight", "qk_norm_bias", "qk_norm_scale")):
             fan_in = shape[0] if name.endswith("weight_t") else math.prod(shape[1:])
             value = torch.randn(shape, generator=generator) / math.sqrt(max(fan_in, 1))
+        elif name.endswith("qk_norm_scale"):  # one row for the query, one for the key, shared by the heads
+            value = (1.0 + 0.02 * torch.randn((shape[0], 1, shape[2]), generator=generator)).expand(shape).contiguous()
         elif name.endswith(("_bias", ".bias")) or "shift" in name:
             value = 0.02 * torch.randn(shape, generator=generator)
         else:
