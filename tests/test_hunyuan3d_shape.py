@@ -225,3 +225,22 @@ def test_captured_calls_one_graph_per_network_and_equal_to_eager(image):
     ]
     assert graphed.dit_call.graphs[0].replays == 5  # 6 steps: the last has dt = 0 and is not evaluated
     assert torch.equal(ours.latents, reference.latents) and torch.equal(ours.grid, reference.grid)
+
+
+def test_hierarchical_masks_equal_their_pooling_definitions():
+    """The refinement's boolean grid operations (separable) against 3-D pooling: dilation = 3×3×3 max, straddling
+    cells = a 2×2×2 mean strictly between 0 and 1, a cell's corners = 2×2×2 max over the padded cells."""
+    import torch.nn.functional as F
+
+    from embodied_accel.models.hunyuan3d import volume
+
+    gen = torch.Generator().manual_seed(0)
+    for n in (5, 17):
+        mask = torch.rand(n, n, n, generator=gen) > 0.9
+        assert torch.equal(volume._dilate(mask), F.max_pool3d(mask[None, None].float(), 3, 1, 1)[0, 0] > 0)
+        grid = torch.randn(n, n, n, generator=gen)
+        corners = F.avg_pool3d((grid > 0.1).float()[None, None], 2, stride=1)[0, 0]
+        assert torch.equal(volume._straddling_cells(grid, 0.1), (corners > 0) & (corners < 1))
+        cells = torch.rand(n - 1, n - 1, n - 1, generator=gen) > 0.8
+        pooled = F.max_pool3d(F.pad(cells[None, None].float(), (1,) * 6), 2, stride=1)[0, 0] > 0
+        assert torch.equal(volume._cell_corners(cells), pooled)

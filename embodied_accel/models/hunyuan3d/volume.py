@@ -120,7 +120,21 @@ def levels(resolution: int, min_resolution: int) -> list[int]:
 
 
 def _dilate(mask: torch.Tensor) -> torch.Tensor:
-    return F.max_pool3d(mask[None, None].float(), 3, stride=1, padding=1)[0, 0] > 0
+    """A boolean grid dilated by its 26 neighbours (a 3×3×3 maximum, as three separable 1-D ones)."""
+    for axis in range(3):
+        grown = mask.clone()
+        grown.narrow(axis, 1, mask.shape[axis] - 1).logical_or_(mask.narrow(axis, 0, mask.shape[axis] - 1))
+        grown.narrow(axis, 0, mask.shape[axis] - 1).logical_or_(mask.narrow(axis, 1, mask.shape[axis] - 1))
+        mask = grown
+    return mask
+
+
+def _pairs(grid: torch.Tensor, reduce) -> torch.Tensor:
+    """``reduce`` over each 2×2×2 window of a boolean grid ``[n]³`` → ``[n - 1]³`` (separably)."""
+    for axis in range(3):
+        size = grid.shape[axis] - 1
+        grid = reduce(grid.narrow(axis, 0, size), grid.narrow(axis, 1, size))
+    return grid
 
 
 def near_surface(grid: torch.Tensor, level: float, band: float) -> torch.Tensor:
@@ -139,15 +153,14 @@ def near_surface(grid: torch.Tensor, level: float, band: float) -> torch.Tensor:
 
 def _straddling_cells(grid: torch.Tensor, level: float) -> torch.Tensor:
     """Per cell ``[R, R, R]``: whether its 8 corners are not all on one side of ``level``."""
-    inside = (grid > level).float()
-    corners = F.avg_pool3d(inside[None, None], 2, stride=1)[0, 0]
-    return (corners > 0) & (corners < 1)
+    inside = grid > level
+    return _pairs(inside, torch.logical_or) & ~_pairs(inside, torch.logical_and)
 
 
 def _cell_corners(cells: torch.Tensor) -> torch.Tensor:
     """Grid points ``[R + 1]³`` that are corners of the marked cells ``[R]³``."""
-    padded = F.pad(cells[None, None].float(), (1, 1, 1, 1, 1, 1))
-    return F.max_pool3d(padded, 2, stride=1)[0, 0] > 0
+    padded = F.pad(cells, (1, 1, 1, 1, 1, 1))
+    return _pairs(padded, torch.logical_or)
 
 
 def decode_hierarchical(
