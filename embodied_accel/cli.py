@@ -356,7 +356,7 @@ def _without_random_weights_warning() -> Iterator[None]:
         notice_logger.setLevel(level)
 
 
-def _rtc_option(args: argparse.Namespace) -> dict[str, Any]:
+def rtc_option(args: argparse.Namespace) -> dict[str, Any]:
     """``{"rtc": RtcSettings}`` when an --rtc-* flag is given (the policy's defaults otherwise)."""
     given = {
         name: value
@@ -400,7 +400,7 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
         progress=_progress(args),
         cuda_attention=args.cuda_attention,
         **extra,
-        **_rtc_option(args),
+        **rtc_option(args),
     )
     logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
     return policy, time.perf_counter() - start

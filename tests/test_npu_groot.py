@@ -38,8 +38,8 @@ def test_qk_rms_norm_rope(ops, dtype):  # noqa: F811
 @requires_groot_extra
 def test_groot_on_the_npu_backend_matches_isaac_groot(ops, calls):  # noqa: F811
     from embodied_accel.models.groot.model import GrootModel
-    from embodied_accel.policies.groot import GrootPolicy
     from embodied_accel.models.groot.weights import load_checkpoint_weights
+    from embodied_accel.policies.groot import GrootPolicy
 
     reference_policy = load("libero_panda")
     with torch.device("meta"):

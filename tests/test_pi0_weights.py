@@ -88,7 +88,9 @@ def test_fused_gemma_layer_equals_an_unfused_gemma_layer():
     torch.manual_seed(0)
     model = loaded("pi0-tiny", PI0)
     src = load_file(PI0 / "model.safetensors")
-    p = lambda name: src[f"{VLM}.layers.0.{name}"]
+    def p(name):
+        return src[f"{VLM}.layers.0.{name}"]
+
     b, s, d, heads, hd = 2, 9, 64, 8, 16
     h = torch.randn(b, s, d)
     valid = torch.ones(b, s, dtype=torch.bool)

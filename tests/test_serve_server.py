@@ -577,7 +577,9 @@ def test_requests_dropped_behind_a_refusal_or_left_by_their_client_are_counted()
             gone = connect(running.url, compression=None, max_size=None).__enter__()
             gone.recv()
             gone.send(codec.packb({**request, "sleep": np.float32(0.3)}))
-            time.sleep(0.05)
+            deadline = time.monotonic() + 5  # leave once the server holds the request (not before it has read it)
+            while metric(running.url, "inflight_requests") != 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
             gone.close_socket()
         deadline = time.monotonic() + 5
         while metric(running.url, prefix + '"client_gone"}') != 2 and time.monotonic() < deadline:

@@ -13,7 +13,7 @@ loss, backward, clipping, AdamW (fused on CUDA), the schedule. Allocator: expand
 For each batch size (ascending) it runs ``--warmup`` steps, then times ``--steps`` steps (device synchronized), and
 records samples/s, step time, peak allocated and reserved memory; a batch that runs out of memory ends the sweep.
 
-Anchors (``shared/research/anchors_2026-11.md``): 8xA100 DDP 83.1 samples/s (10.4 per GPU); the source recipe's 8 Ascend
+Published figures: 8xA100 DDP 83.1 samples/s (10.4 per GPU); the source recipe's 8 Ascend
 devices 69.2 samples/s; target here: >= 20 samples/s on one H100. Writes one JSON per run under bench/results/.
 """
 

@@ -40,7 +40,7 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             variants=[dataclasses.asdict(v) for v in variants], failures=compiler.failures,
             never_launched=never_launched,
         )  # fmt: skip
-        stamp = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+        stamp = f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
         path = Path(args.out) / f"{stamp}_triton_compile_triton{triton.__version__}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2) + "\n")

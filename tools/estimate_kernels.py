@@ -21,7 +21,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before the cuda kernels are im
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
@@ -110,7 +110,7 @@ def main() -> None:
             "layers; cuda kernels under TRITON_INTERPRET=1",
             **stamp,
         )
-        path = Path(args.out) / f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}_kernel_launch_estimate_cpu.json"
+        path = Path(args.out) / f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}_kernel_launch_estimate_cpu.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record, indent=2, default=str) + "\n")
         print(f"wrote {path}")

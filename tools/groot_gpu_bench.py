@@ -31,9 +31,9 @@ import torch
 from embodied_accel import load_policy
 from embodied_accel.bench import harness
 from embodied_accel.models.groot.model import GrootBucket
-from embodied_accel.policies.groot import GrootInputs
 from embodied_accel.ops import CUDA_ATTENTION_KERNELS
 from embodied_accel.platform import detect
+from embodied_accel.policies.groot import GrootInputs
 
 logger = logging.getLogger("groot_gpu_bench")
 #: GR1's prompt around its one image: 14 template tokens, 12 instruction tokens, "<image 1>" (5) and <img> before

@@ -18,7 +18,7 @@ result under ``bench/results/`` (device, git sha, ``git_dirty``, date) and a PNG
 around the switches at the chosen delay.
 
     python tools/rtc_boundary_benchmark.py [--preset pi0-tiny] [--delays-ms 0 50 100 200 300] [--ticks 400]
-    python tools/rtc_boundary_benchmark.py --fine-tune 400          # a policy with smooth, two-way chunks first
+    python tools/rtc_boundary_benchmark.py --fine-tune 1200         # a policy with smooth, two-way chunks first
 
 The random-weight presets' chunks are white noise in time, so a jump at a switch looks like any other step. With
 ``--fine-tune N`` the tiny pi0 is first trained for N steps (the library's own ``train``) on a synthetic task whose
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -242,20 +243,27 @@ def boundary_jumps(actions: np.ndarray, switches: list[int], planned: list | Non
 
 
 def guidance_cost(policy, num_steps: int, runs: int) -> dict[str, float]:
-    """Median time of a plain and of a guided call of the same observation (the guidance's own cost)."""
+    """Median time of a plain and of a guided call of the same observation (the guidance's own cost); the two
+    alternate call by call, so a load that comes and goes on the machine falls on both alike."""
     robot = SimulatedRobot(policy, 0)
     plain = robot.observation()
     guided = {**plain, "previous_actions": np.zeros((30, policy.io.action_dim), np.float32), "inference_delay": 5}
-    medians = {}
-    for name, observation in (("plain", plain), ("guided", guided)):
+    calls = (("plain", plain), ("guided", guided))
+    times: dict[str, list[float]] = {name: [] for name, _ in calls}
+    for _, observation in calls:
         policy.infer(observation, seed=0, num_steps=num_steps)  # warm-up
-        times = []
-        for _ in range(runs):
+    for _ in range(runs):
+        for name, observation in calls:
             start = time.perf_counter()
             policy.infer(observation, seed=0, num_steps=num_steps)
-            times.append(time.perf_counter() - start)
-        medians[f"{name}_p50_ms"] = float(np.median(times) * 1e3)
+            times[name].append(time.perf_counter() - start)
+    medians = {f"{name}_p50_ms": float(np.median(values) * 1e3) for name, values in times.items()}
     medians["guided_over_plain"] = medians["guided_p50_ms"] / medians["plain_p50_ms"]
+    medians["runs"] = runs
+    for name, observation in calls:  # host work per call, independent of the machine's load
+        _, ops, _ = harness.count_aten_ops(policy.infer, observation, seed=0, num_steps=num_steps)
+        medians[f"{name}_aten_ops"] = ops
+    medians["guided_over_plain_aten_ops"] = medians["guided_aten_ops"] / medians["plain_aten_ops"]
     return medians
 
 
@@ -293,7 +301,7 @@ def main() -> None:
     parser.add_argument("--schedule", default="exp", help="RTC soft mask (default: exp, the paper's)")
     parser.add_argument("--max-guidance", type=float, default=5.0, help="RTC guidance clip (default: 5, the paper's)")
     parser.add_argument("--plot-delay-ms", type=int, default=200)
-    parser.add_argument("--cost-runs", type=int, default=30)
+    parser.add_argument("--cost-runs", type=int, default=60)
     parser.add_argument("--fine-tune", type=int, default=0, metavar="STEPS", help="train on two-way laps first")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rtc_boundary_benchmark"))
     parser.add_argument("--out-dir", type=Path, default=Path("bench/results"))
@@ -318,6 +326,8 @@ def main() -> None:
             row[mode] = boundary_jumps(run["actions"], run["switches"], run.get("planned"))
         skip, guided = row["skip"]["position_jump_mean"], row["rtc"]["position_jump_mean"]
         row["rtc_over_skip_position_jump_mean"] = guided / skip if skip else None
+        skip_velocity, guided_velocity = row["skip"]["velocity_jump_mean"], row["rtc"]["velocity_jump_mean"]
+        row["rtc_over_skip_velocity_jump_mean"] = guided_velocity / skip_velocity if skip_velocity else None
         rows.append(row)
         logger.info("delay %d ms: mean position jump no_skip %.4f, skip %.4f, rtc %.4f",
                     delay_ms, row["no_skip"]["position_jump_mean"], skip, guided)  # fmt: skip
@@ -336,7 +346,7 @@ def main() -> None:
         "policy": f"fine-tuned {args.fine_tune} steps on two-way laps" if args.fine_tune else "seeded random weights",
         "rtc": {"schedule": rtc.schedule, "max_guidance_weight": rtc.max_guidance_weight},
         "prefetch": "delay_ticks + 10 (the next chunk arrives 10 actions before the current one ends)",
-        "guidance_cost": cost, "delays": rows,
+        "guidance_cost": cost, "loadavg_end": list(os.getloadavg()), "delays": rows,
     }  # fmt: skip
     path = harness.write_result(record, args.out_dir)
     if chart is not None:
@@ -356,7 +366,8 @@ def main() -> None:
             f"skip {row['skip']['departure_from_old_plan_mean']:.3f}  rtc {row['rtc']['departure_from_old_plan_mean']:.3f}"
         )
     print(
-        f"guided call {cost['guided_p50_ms']:.1f} ms vs plain {cost['plain_p50_ms']:.1f} ms (x{cost['guided_over_plain']:.3f})"
+        f"guided call {cost['guided_p50_ms']:.1f} ms vs plain {cost['plain_p50_ms']:.1f} ms (x{cost['guided_over_plain']:.3f}); "
+        f"aten ops {cost['guided_aten_ops']} vs {cost['plain_aten_ops']} (x{cost['guided_over_plain_aten_ops']:.3f})"
     )
 
 

@@ -3,7 +3,7 @@
 The harness knows nothing about models. It times a zero-argument callable, counts the aten ops one call
 dispatches (a hardware-independent measure of host overhead), on CUDA counts kernel launches and the fraction
 of wall time the GPU is busy, stamps the environment, and writes one flat JSON record per measured
-configuration (the shape of DESIGN.md's "How performance is judged"), so that a script can compare results
+configuration (the same keys for every model and benchmark: :data:`RESULT_KEYS`), so that a script can compare results
 from different days and machines.
 """
 
@@ -36,7 +36,7 @@ from .. import platform as platform_mod
 
 logger = logging.getLogger(__name__)
 
-#: The keys every result file has (DESIGN.md, "How performance is judged"); extra keys may follow.
+#: The keys every result file has, whatever it measured; extra keys may follow.
 RESULT_KEYS: tuple[str, ...] = (
     "model",
     "preset",

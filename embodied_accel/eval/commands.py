@@ -57,6 +57,11 @@ def add_eval_command(
     group.add_argument("--replan-every", type=positive_int, default=5, help="steps of each action chunk executed "
                        "before the policy is asked again (default: 5)")  # fmt: skip
     group.add_argument("--max-steps", type=positive_int, help="steps per episode (default: the suite's)")
+    group.add_argument("--inference-delay", type=non_negative_int, default=0, metavar="STEPS",
+                       help="simulate inference taking this many control steps: the robot keeps executing the current "
+                       "chunk meanwhile and the next takes over that many actions in (default: 0)")  # fmt: skip
+    group.add_argument("--real-time-chunking", action="store_true", help="requests carry the current chunk's "
+                       "unexecuted rest and the delay, so the policy continues it (--rtc-* flags set the guidance)")  # fmt: skip
     group.add_argument("--num-steps", type=positive_int, help="denoising steps (default: the model's)")
     group.add_argument("--videos", type=non_negative_int, default=2, help="record the first N episodes (default: 2)")
     group.add_argument("--out", type=Path, help="results directory (default: eval_results/<suite>_<UTC time>)")
@@ -99,12 +104,13 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
     policy, source = None, args.server
     if args.server is None:
         from .. import load_policy
+        from ..cli import rtc_option
 
         source = str(args.checkpoint) if args.checkpoint is not None else (args.model or "pi0-tiny")
         policy = load_policy(
             source, backend=args.backend, dtype=args.dtype, preset=args.preset, capture=args.capture,
             tokenizer=str(args.tokenizer) if args.tokenizer else None, progress=progress,
-            cuda_attention=args.cuda_attention,
+            cuda_attention=args.cuda_attention, **rtc_option(args),
         )  # fmt: skip
     cameras = args.camera_keys or (policy.io.image_keys[:2] if policy is not None else LEROBOT_LIBERO_CAMERAS)
     keys = ObservationKeys(cameras[0], cameras[1] if len(cameras) > 1 else None, args.state_key)
@@ -128,6 +134,7 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
                 observation_for(keys, [t["language"] for t in catalogue]),
                 max_steps=args.max_steps or suite.max_steps, replan_every=args.replan_every,
                 video_frame=lambda raw: raw["agentview"], video_dir=out / "videos", fps=CONTROL_HZ, progress=progress,
+                inference_delay=args.inference_delay, real_time_chunking=args.real_time_chunking,
             )  # fmt: skip
         finally:
             caller.close()
@@ -138,10 +145,14 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
     summary.update(
         suite=suite.name, policy=source, server=args.server is not None, seed=args.seed, workers=args.workers,
         replan_every=args.replan_every, max_steps=args.max_steps or suite.max_steps, settle_steps=args.settle_steps,
+        inference_delay=args.inference_delay, real_time_chunking=args.real_time_chunking,
         wall_s=time.perf_counter() - start, date=datetime.now(UTC).isoformat(timespec="seconds"),
     )  # fmt: skip
     (out / "results.json").write_text(json.dumps(summary, indent=2))
     print(format_table(summary, suite.name))
+    if summary["chunk_switches"]:
+        print(f"chunk switches: {summary['chunk_switches']}, jump between the last action of a chunk and the first of "
+              f"the next: mean {summary['switch_jump_mean']:.4f}, max {summary['switch_jump_max']:.4f}")  # fmt: skip
     videos = [r["video"] for r in summary["results"] if r["video"]]
     print(f"results: {out / 'results.json'}" + (f"; videos: {out / 'videos'} ({len(videos)})" if videos else ""))
     return 0

@@ -1,6 +1,6 @@
 """The closed-loop harness: episodes on simulator processes, action chunks from a policy, success rates and videos.
 
-Every simulator runs its own episode. At each control step, the simulators whose action queue is empty (every
+Every simulator runs its own episode. At each control step, the simulators that need a new chunk (every
 ``replan_every`` steps: the policy's chunk is executed that far, then the policy is asked again) send their
 observations to the policy in one batch (:class:`DirectPolicy`: ``infer_batch`` of a loaded policy; or
 :class:`RemotePolicy`: one websocket client per simulator against a running ``embodied-accel serve``, the requests in
@@ -9,6 +9,15 @@ ends on success or after ``max_steps``; the next episode of the plan starts on t
 
 The harness knows nothing of a particular simulator: a :class:`Simulator` resets to an episode and steps, an
 ``observation_for(raw, episode)`` turns its raw observation into the policy's observation dict. Any policy we load works.
+
+Inference delay (``inference_delay = d`` control steps, simulated): a real robot keeps moving while the next chunk is
+computed. The simulators wait for the policy, so the harness replays that timing: the next chunk is requested ``d``
+steps before the current one's executed part ends, the robot executes those ``d`` steps from the current chunk
+meanwhile, and the new chunk takes over at its action ``d`` (its first ``d`` actions were meant for steps that have
+passed). With ``real_time_chunking`` each request also carries the current chunk's unexecuted rest
+(``previous_actions``) and ``inference_delay``, so the policy continues what the robot is already doing
+(:mod:`embodied_accel.nn.rtc`). At every switch the jump between the last action of the old chunk and the first of
+the new one is recorded (max over action dimensions).
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ class EpisodeResult:
     seconds: float
     policy_calls: int
     video: str | None = None
+    switch_jumps: list[float] = field(default_factory=list)  # per chunk switch: max |new action - last action|
 
 
 class Simulator(Protocol):
@@ -106,7 +116,12 @@ class _Slot:
     simulator: Simulator
     episode: Episode | None = None
     observation: dict | None = None
-    queue: list[np.ndarray] = field(default_factory=list)
+    chunk: np.ndarray | None = None  # the chunk being executed
+    index: int = 0  # its next action
+    executed: int = 0  # actions executed from it
+    pending: tuple[int, np.ndarray] | None = None  # (the step it takes over at, the next chunk)
+    last_action: np.ndarray | None = None
+    jumps: list[float] = field(default_factory=list)
     steps: int = 0
     calls: int = 0
     started: float = 0.0
@@ -125,12 +140,17 @@ def run_episodes(
     video_dir: Path | None = None,
     fps: int = 20,
     progress: bool = True,
+    inference_delay: int = 0,
+    real_time_chunking: bool = False,
 ) -> list[EpisodeResult]:
     """Run ``episodes`` on ``simulators`` (see the module docstring); results in episode order."""
     from tqdm.auto import tqdm
 
     if replan_every < 1 or max_steps < 1:
         raise ValueError(f"replan_every and max_steps must be >= 1, got {replan_every}, {max_steps}")
+    if isinstance(inference_delay, bool) or not isinstance(inference_delay, int) or inference_delay < 0:
+        raise ValueError(f"inference_delay: expected an int >= 0 (control steps), got {inference_delay!r}")
+    delay = inference_delay
     pending = list(episodes)
     slots = [_Slot(sim) for sim in simulators]
     results: list[EpisodeResult] = []
@@ -142,7 +162,8 @@ def run_episodes(
             slot.simulator.start_reset(slot.episode)
         for slot in batch:
             slot.observation = _checked(slot, slot.simulator.finish_reset)
-            slot.queue, slot.steps, slot.calls, slot.started = [], 0, 0, time.perf_counter()
+            slot.chunk, slot.index, slot.executed, slot.pending, slot.last_action = None, 0, 0, None, None
+            slot.jumps, slot.steps, slot.calls, slot.started = [], 0, 0, time.perf_counter()
             slot.frames = [video_frame(slot.observation)] if slot.episode.record_video and video_frame else []
 
     def finish(slot: _Slot, success: bool) -> None:
@@ -152,7 +173,7 @@ def run_episodes(
             video = str(write_video(video_dir / f"episode_{episode.number:04d}_task{episode.task}_"
                                     f"{'success' if success else 'failure'}.mp4", slot.frames, fps))  # fmt: skip
         results.append(EpisodeResult(episode.number, episode.task, episode.init_state, success, slot.steps,
-                                     time.perf_counter() - slot.started, slot.calls, video))  # fmt: skip
+                                     time.perf_counter() - slot.started, slot.calls, video, slot.jumps))  # fmt: skip
         slot.episode, slot.frames = None, []
         bar.update(1)
 
@@ -160,19 +181,38 @@ def run_episodes(
         start_next(slots[: len(pending)])
         while any(slot.episode is not None for slot in slots):
             active = [s for s in slots if s.episode is not None]
-            waiting = [s for s in active if not s.queue]
+            for slot in active:  # a chunk requested `delay` steps ago takes over now
+                if slot.pending is not None and slot.pending[0] <= slot.steps:
+                    _switch(slot, slot.pending[1], delay)
+            # the first chunk of an episode at once; then the next one `delay` steps before this one's executed part ends
+            waiting = [s for s in active if s.chunk is None
+                       or (s.pending is None and _to_execute(s, replan_every) <= delay)]  # fmt: skip
             if waiting:
-                observations = [observation_for(s.observation, s.episode) for s in waiting]
+                observations = []
+                for slot in waiting:
+                    observation = observation_for(slot.observation, slot.episode)
+                    if slot.chunk is not None:
+                        _check_leftover(slot, delay)
+                        if real_time_chunking:
+                            observation = {**observation, "previous_actions": slot.chunk[slot.index:],
+                                           "inference_delay": delay}  # fmt: skip
+                    observations.append(observation)
                 try:
                     chunks = policy(observations, [slots.index(s) for s in waiting])
                 except Exception as exc:
                     numbers = ", ".join(str(s.episode.number) for s in waiting)
                     raise EvalError(f"the policy failed for episode(s) {numbers}: {exc}") from exc
                 for slot, chunk in zip(waiting, chunks, strict=True):
-                    slot.queue = list(chunk[:replan_every])
                     slot.calls += 1
+                    chunk = np.asarray(chunk)
+                    if slot.chunk is None or delay == 0:
+                        _switch(slot, chunk, 0)
+                    else:
+                        slot.pending = (slot.steps + delay, chunk)
             for slot in active:
-                slot.simulator.start_step(slot.queue.pop(0))
+                action = slot.chunk[slot.index]
+                slot.index, slot.executed, slot.last_action = slot.index + 1, slot.executed + 1, action
+                slot.simulator.start_step(action)
             freed = []
             for slot in active:
                 slot.observation, done, success = _checked(slot, slot.simulator.finish_step)
@@ -187,6 +227,29 @@ def run_episodes(
     finally:
         bar.close()
     return sorted(results, key=lambda r: r.number)
+
+
+def _to_execute(slot: _Slot, replan_every: int) -> int:
+    """How many more actions of the current chunk the slot executes before the next one takes over."""
+    return min(replan_every - slot.executed, len(slot.chunk) - slot.index)
+
+
+def _switch(slot: _Slot, chunk: np.ndarray, delay: int) -> None:
+    """The slot executes ``chunk`` from its action ``delay`` on (the first ``delay`` were meant for steps gone)."""
+    if len(chunk) <= delay:
+        raise EvalError(f"episode {slot.episode.number}: the policy's chunk has {len(chunk)} actions, so an inference "
+                        f"delay of {delay} steps leaves none to execute; lower the inference delay")  # fmt: skip
+    if slot.last_action is not None:
+        slot.jumps.append(float(np.max(np.abs(np.asarray(chunk[delay], np.float64) - slot.last_action))))
+    slot.chunk, slot.index, slot.executed, slot.pending = chunk, delay, 0, None
+
+
+def _check_leftover(slot: _Slot, delay: int) -> None:
+    """While the next chunk is computed the robot executes ``delay`` more actions of this one: they must exist."""
+    left = len(slot.chunk) - slot.index
+    if left < delay:
+        raise EvalError(f"episode {slot.episode.number}: {left} actions of the current chunk are left for an inference "
+                        f"delay of {delay} steps; lower the inference delay or the steps executed per chunk")  # fmt: skip
 
 
 def _checked(slot: _Slot, call):
@@ -216,10 +279,14 @@ def summarize(results: Sequence[EpisodeResult], task_names: Sequence[str]) -> di
             "mean_steps": float(np.mean([r.steps for r in mine])),
         }  # fmt: skip
     total = len(results)
+    jumps = [jump for r in results for jump in r.switch_jumps]
     return {
         "episodes": total,
         "successes": sum(r.success for r in results),
         "success_rate": sum(r.success for r in results) / total if total else float("nan"),
+        "chunk_switches": len(jumps),
+        "switch_jump_mean": float(np.mean(jumps)) if jumps else None,
+        "switch_jump_max": float(np.max(jumps)) if jumps else None,
         "tasks": list(per_task.values()),
         "results": [asdict(r) for r in results],
     }

@@ -17,19 +17,41 @@ product through the model per step.)
 
 Everything here is shape-static: the leftover, the weights and ``β`` are tensors of the call (a new delay is new
 weights, not a new graph), and ``g`` depends only on the step schedule.
+
+**Samplers whose time runs the other way.** GR00T integrates from ``s = 0`` (noise) to ``s = 1`` (data) with
+``x ← x + v_s / n`` (``x_s = (1-s) noise + s data``, ``v_s = data - noise``). That is the same flow with ``t = 1 - s``
+and ``v = -v_s``: its predicted clean chunk is ``x1 = x_s + (1-s) v_s``, its step ``k`` sits at ``τ = s = k / n``
+(the same ``g`` as step ``k`` here, so :func:`guidance_coefficients` serves both), and the guided velocity is
+``v_s + g W ⊙ (Y - x1)``. :func:`guided_velocity_noise_to_data` is exactly that, by way of
+:func:`guided_velocity` (the negations are exact in floating point).
+
+A request (an observation dict) asks for the guidance with the keys in :data:`RTC_KEYS`; :func:`rtc_requested` and
+:func:`request_weights` read and check them for every family (the leftover itself is each family's to map into its
+model's action space).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
+
+from ..errors import ObservationError
 
 #: The soft-mask schedules over the overlap (LeRobot's ``RTCAttentionSchedule``): ``exp`` is the paper's.
 Schedule = Literal["zeros", "ones", "linear", "exp"]
 SCHEDULES: tuple[str, ...] = ("zeros", "ones", "linear", "exp")
+
+#: A request's real-time chunking keys: the previous chunk's unexecuted actions (robot units), how many of them will
+#: have run when the new chunk arrives (ticks), and where the soft mask over the overlap ends (optional).
+PREVIOUS_ACTIONS_KEY = "previous_actions"
+INFERENCE_DELAY_KEY = "inference_delay"
+EXECUTION_HORIZON_KEY = "execution_horizon"
+RTC_KEYS: tuple[str, ...] = (PREVIOUS_ACTIONS_KEY, INFERENCE_DELAY_KEY, EXECUTION_HORIZON_KEY)
 
 
 @dataclass(frozen=True)
@@ -85,9 +107,10 @@ def prefix_weights(delay: int, end: int, total: int, schedule: Schedule) -> torc
 
 
 def guidance_coefficients(num_steps: int) -> torch.Tensor:
-    """``(1-τ)/τ · ((1-τ)² + τ²)/(1-τ)²`` at each Euler step's flow time ``t = 1 - step / num_steps`` (``τ = 1 - t``),
-    float32 ``[num_steps]``, ``inf`` at ``t = 1`` (the clip ``β`` is applied per row in the call). Computed in float32
-    from the double-precision ``τ``, in the order LeRobot computes it."""
+    """``(1-τ)/τ · ((1-τ)² + τ²)/(1-τ)²`` at each Euler step's flow time ``t = 1 - step / num_steps`` (``τ = 1 - t``,
+    i.e. ``τ = step / num_steps``: a noise-to-data sampler's own time at that step), float32 ``[num_steps]``, ``inf``
+    at ``τ = 0`` (the clip ``β`` is applied per row in the call). Computed in float32 from the double-precision
+    ``τ``, in the order LeRobot computes it."""
     values = []
     for step in range(num_steps):
         time = 1.0 + step * (-1.0 / num_steps)
@@ -109,4 +132,72 @@ def guided_velocity(
     return velocity - weight * error
 
 
-__all__ = ["SCHEDULES", "ChunkGuidance", "RtcSettings", "Schedule", "guidance_coefficients", "guided_velocity", "prefix_weights"]
+def guided_velocity_noise_to_data(
+    x_s: torch.Tensor, velocity: torch.Tensor, time: float, coefficient: torch.Tensor, guidance: ChunkGuidance
+) -> torch.Tensor:
+    """The RTC velocity for one Euler step of a sampler whose time ``s`` runs from 0 (noise) to 1 (data) and whose
+    step is ``x ← x + v / n`` (GR00T): :func:`guided_velocity` at ``t = 1 - s`` on ``-v``, negated back (see the
+    module docstring). ``coefficient`` is step ``k``'s :func:`guidance_coefficients` entry, ``s = k / n``."""
+    return -guided_velocity(x_s, -velocity, 1.0 - time, coefficient, guidance)
+
+
+# ---- reading a request
+
+
+def rtc_requested(obs: Mapping[str, Any], where: str = "observation") -> bool:
+    """Whether the request carries a previous chunk (``previous_actions``); a delay or an execution horizon without
+    one is an error (:class:`ObservationError` naming the key)."""
+    if PREVIOUS_ACTIONS_KEY in obs:
+        return True
+    given = [key for key in (INFERENCE_DELAY_KEY, EXECUTION_HORIZON_KEY) if key in obs]
+    if given:
+        raise ObservationError(f"{where}[{given[0]!r}]: only used with {PREVIOUS_ACTIONS_KEY!r} (real-time chunking)")
+    return False
+
+
+def request_weights(
+    obs: Mapping[str, Any], where: str, settings: RtcSettings, leftover: int, horizon: int, total: int
+) -> np.ndarray:
+    """The guidance weights ``[total]`` (float32, see :func:`prefix_weights`) of a request whose leftover has
+    ``leftover`` actions: ``inference_delay`` (required, in ``[0, horizon]``) and ``execution_horizon`` (optional,
+    in ``[1, horizon]``; default ``settings.execution_horizon``; capped at ``leftover``). ``horizon`` is how many
+    actions a chunk returns; ``total`` the model's chunk length (``>= horizon``)."""
+    delay = _count(obs, INFERENCE_DELAY_KEY, where, minimum=0, maximum=horizon, required=True)
+    end = _count(obs, EXECUTION_HORIZON_KEY, where, minimum=1, maximum=horizon, required=False)
+    end = min(settings.execution_horizon if end is None else end, leftover)
+    return prefix_weights(delay, end, total, settings.schedule).numpy()
+
+
+def _count(obs: Mapping[str, Any], key: str, where: str, *, minimum: int, maximum: int, required: bool) -> int | None:
+    """An integer field in ``[minimum, maximum]`` (a Python or numpy integer, or a 0-d / 1-element array)."""
+    if key not in obs:
+        if required:
+            raise ObservationError(
+                f"{where}[{key!r}]: missing; real-time chunking needs it with {PREVIOUS_ACTIONS_KEY!r}"
+            )
+        return None
+    value = obs[key]
+    array = np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
+    if array.size != 1 or array.dtype.kind not in "iu" or not minimum <= int(array.reshape(())) <= maximum:
+        raise ObservationError(
+            f"{where}[{key!r}]: expected an integer in [{minimum}, {maximum}], got {np.array2string(array)[:80]}"
+        )
+    return int(array.reshape(()))
+
+
+__all__ = [
+    "EXECUTION_HORIZON_KEY",
+    "INFERENCE_DELAY_KEY",
+    "PREVIOUS_ACTIONS_KEY",
+    "RTC_KEYS",
+    "SCHEDULES",
+    "ChunkGuidance",
+    "RtcSettings",
+    "Schedule",
+    "guidance_coefficients",
+    "guided_velocity",
+    "guided_velocity_noise_to_data",
+    "prefix_weights",
+    "request_weights",
+    "rtc_requested",
+]

@@ -6,6 +6,11 @@ bucket reads is declared in :meth:`GrootPolicy.plan`; the runtime
 (:class:`~embodied_accel.runtime.executor.BucketedCall`) builds those buffers before the call is first run or
 captured. ``--capture compile`` / ``cudagraph`` / ``compile+cudagraph`` apply to the whole call (vision, Qwen3, every
 denoising step).
+
+Real-time chunking: a request may carry the previous chunk's leftover (``previous_actions``, robot units, as the
+policy returned it) and the expected delay; the processor maps the leftover into the model's action space and the
+guided call (:attr:`GrootPolicy.model_call_rtc`, one capture per bucket for any delay) steers the sampler towards
+it (:mod:`embodied_accel.nn.rtc`).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from ..models.groot.weights import (
     is_groot_checkpoint,
     load_checkpoint_weights,
 )
+from ..nn.rtc import ChunkGuidance, RtcSettings
 from ..ops import OpSet, get_ops
 from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
@@ -70,7 +76,7 @@ class GrootIO:
     state_keys: tuple[str, ...]  # "state.<key>"
     state_dim: int  # raw state dims (all keys)
     action_keys: tuple[str, ...]
-    action_dim: int
+    action_dim: int  # the width of the returned actions (all keys; a relative pose as a rotation vector is 6 wide)
     action_horizon: int
     state_key: str = "state"  # the concatenated raw state, accepted instead of the state.<key> entries
     state_norm: str = ""
@@ -88,6 +94,7 @@ class GrootInputs:
     state: torch.Tensor  # [B, T_state, max_state_dim]
     raw_state: dict[str, np.ndarray]
     bucket: GrootBucket
+    guidance: ChunkGuidance | None = None  # real-time chunking (model space), when some row asked for it
 
     @property
     def batch_size(self) -> int:
@@ -120,6 +127,11 @@ class GrootPolicy:
         #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
         self.model_call = BucketedCall(self._model_call, self.plan, assemble_buffers, mode=capture,
                                        buffers=self.buffers, plat=plat, graph_backend=graph_backend)  # fmt: skip
+        #: The same call with real-time chunking's guidance: the leftover, its weights and the clip are tensors of
+        #: the call, so any delay and any mix of rows with and without it share one capture per bucket. Calls
+        #: without guidance run the call above, unchanged.
+        self.model_call_rtc = BucketedCall(self._model_call_rtc, self.plan, assemble_buffers, mode=capture,
+                                           buffers=self.buffers, plat=plat, graph_backend=graph_backend)  # fmt: skip
         spec = processor.spec
         state_norm, action_norm = _describe_norms(spec)
         self.io = GrootIO(
@@ -127,7 +139,7 @@ class GrootPolicy:
             state_keys=tuple(f"state.{s.key}" for s in spec.state),
             state_dim=spec.state_dim,
             action_keys=tuple(f"action.{a.key}" for a in spec.actions),
-            action_dim=spec.action_dim,
+            action_dim=sum(spec.returned_dims),
             action_horizon=spec.action_horizon,
             state_norm=state_norm,
             action_norm=action_norm,
@@ -146,9 +158,15 @@ class GrootPolicy:
         return sum(p.numel() for p in self.model.parameters())
 
     @property
+    def rtc(self) -> RtcSettings:
+        """The real-time chunking settings requests with ``previous_actions`` are guided with."""
+        return self.processor.rtc
+
+    @property
     def capture_seconds(self) -> float | None:
-        """Seconds spent capturing CUDA graphs (all buckets so far); None in other modes."""
-        return self.model_call.capture_seconds
+        """Seconds spent capturing CUDA graphs (all buckets of both calls so far); None in other modes."""
+        seconds = [c.capture_seconds for c in (self.model_call, self.model_call_rtc) if c.capture_seconds is not None]
+        return sum(seconds) if seconds else None
 
     @property
     def text_instructions_supported(self) -> bool:
@@ -177,6 +195,11 @@ class GrootPolicy:
 
     def _model_call(self, buffers: GrootBuffers, images, input_ids, valid, image_positions, state, noise):
         return self.model.sample_actions(images, input_ids, valid, image_positions, state, noise, buffers)
+
+    def _model_call_rtc(self, buffers: GrootBuffers, images, input_ids, valid, image_positions, state, noise,
+                        previous, weights, max_weight):  # fmt: skip
+        guidance = ChunkGuidance(previous, weights, max_weight)
+        return self.model.sample_actions(images, input_ids, valid, image_positions, state, noise, buffers, guidance)
 
     # ---- the pieces
 
@@ -212,7 +235,9 @@ class GrootPolicy:
             raise ObservationError(f"prompt: {counts.tolist()} image tokens per row, the images give "
                                    f"{bucket.image_tokens}")  # fmt: skip
         positions = np.stack([np.flatnonzero(row) for row in is_image])
-        device = self.device
+        device, guidance = self.device, host.guidance
+        if guidance is not None:
+            guidance = ChunkGuidance(*(t.to(device) for t in (guidance.previous, guidance.weights, guidance.max_weight)))
         return GrootInputs(
             images=tuple(torch.from_numpy(img).to(device) for img in host.images),
             input_ids=torch.from_numpy(ids).to(device),
@@ -221,6 +246,7 @@ class GrootPolicy:
             state=torch.from_numpy(host.state).to(device),
             raw_state=host.raw_state,
             bucket=bucket,
+            guidance=guidance,
         )
 
     def make_noise(self, batch: int, noise=None, seed: int | None = None) -> torch.Tensor:
@@ -241,11 +267,15 @@ class GrootPolicy:
         return noise.to(device=self.device, dtype=torch.float32)
 
     def sample(self, inputs: GrootInputs, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); guided
+        when the inputs carry real-time chunking's guidance."""
         if noise is None:
             noise = self.make_noise(inputs.batch_size)
-        return self.model_call(inputs.bucket, inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions,
-                               inputs.state, noise)  # fmt: skip
+        args = (inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, inputs.state, noise)
+        guidance = inputs.guidance
+        if guidance is None:
+            return self.model_call(inputs.bucket, *args)
+        return self.model_call_rtc(inputs.bucket, *args, guidance.previous, guidance.weights, guidance.max_weight)
 
     def postprocess(self, chunk: torch.Tensor, raw_state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Normalized chunk → robot actions per key ``[B, action_horizon, D]`` (float32)."""
@@ -287,7 +317,7 @@ class GrootPolicy:
         def call() -> object:
             tensors = [t.to(self.device) for t in host]
             moved = GrootInputs(tuple(tensors[:count]), *tensors[count:], raw_state=inputs.raw_state,
-                                bucket=inputs.bucket)  # fmt: skip
+                                bucket=inputs.bucket, guidance=inputs.guidance)  # fmt: skip
             return self.sample(moved, noise.to(self.device)).to("cpu")
 
         return call, len(self.processor.spec.video_keys)
@@ -401,17 +431,19 @@ def load_groot_policy(
     capture: str = "eager",
     progress: bool = True,
     cuda_attention: str = "sdpa",
-    rtc: Any = None,
+    rtc: RtcSettings | None = None,
 ) -> GrootPolicy:
     """Build a GR00T N1.6 policy from a preset name (seeded random weights) or a checkpoint directory.
 
     ``embodiment`` is the tag whose cameras, statistics and projector slot are used (required when the checkpoint
     has several; ``info`` lists them). ``tokenizer``: the Eagle tokenizer directory of an Isaac-GR00T checkout (or
     the checkout itself); without one, prompts are given as token ids. ``preset`` names the backbone of a small
-    custom checkpoint (e.g. ``groot-tiny``). ``rtc``: real-time chunking is not available for GR00T yet (an error).
+    custom checkpoint (e.g. ``groot-tiny``). ``rtc``: the real-time chunking settings (soft-mask schedule, guidance
+    clip, default execution horizon) for requests that bring the previous chunk's leftover
+    (:mod:`embodied_accel.nn.rtc`; default :class:`~embodied_accel.nn.rtc.RtcSettings`).
     """
-    if rtc is not None:
-        raise ValueError("rtc: real-time chunking is available for pi0 / pi0.5, not yet for GR00T")
+    if rtc is not None and not isinstance(rtc, RtcSettings):
+        raise ValueError(f"rtc: expected an RtcSettings, got {type(rtc).__name__}")
     compute_dtype = _resolve_dtype(dtype)
     check_capture(capture)
     prepare_capture(capture)
@@ -454,7 +486,9 @@ def load_groot_policy(
             "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
         )
     model.eval()
-    processor = GrootProcessor(spec, images, tok, config.image_token_id, config.max_state_dim, formalize)
+    processor = GrootProcessor(spec, images, tok, config.image_token_id, config.max_state_dim, formalize,
+                               max_action_dim=config.max_action_dim, model_horizon=config.action_horizon,
+                               rtc=rtc)  # fmt: skip
     pad_id = tok.pad_id if tok is not None and tok.pad_id is not None else 0
     return GrootPolicy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint,
                        device=device, capture=capture, pad_id=pad_id)  # fmt: skip

@@ -21,7 +21,8 @@ joint sign flips, gripper conversions) belong to the checkpoint's own processor.
 A message may also use the model's own keys (``observation.images.*``, ``observation.state``, ``task`` /
 ``prompt``, ``observation.language.tokens``): the ``identity`` map. ``auto`` picks the map per message from
 the keys present. A custom map is a JSON file ``{"name": ..., "cameras": [...], "state": [...], "prompt": ...}``.
-Needs numpy only.
+Real-time chunking's keys pass through every map unchanged; a leftover sent as a map per action key (GR00T's
+``previous_actions: {key: [n, D]}``) arrives as that map again, not flattened. Needs numpy only.
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ class ObservationMapper:
             out, origin = dict(flat), {}
         else:
             out, origin = self._mapped(flat, keymap)
+        _regroup_leftover(flat, out)
         return self._instruction(flat, out, origin), origin
 
     def _mapped(self, flat: Mapping[str, Any], keymap: KeyMap) -> tuple[dict[str, Any], dict[str, str]]:
@@ -238,6 +240,23 @@ class ObservationMapper:
         elif not text_keys and TOKENS_KEY not in out and self.default_prompt is not None:
             out["prompt"], origin["prompt"] = self.default_prompt, "--default-prompt"
         return out
+
+
+def _regroup_leftover(flat: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """A ``previous_actions`` map (one leftover per action key) was flattened to ``previous_actions/<key>``
+    entries: put it back together as one map under ``previous_actions``, whatever the key map."""
+    prefix = f"{RTC_KEYS[0]}/"
+    parts = {key[len(prefix) :]: value for key, value in flat.items() if key.startswith(prefix)}
+    if not parts:
+        return
+    if RTC_KEYS[0] in flat:
+        raise KeyMapError(
+            f"observation[{RTC_KEYS[0]!r}]: given both as an array and as a map per action key "
+            f"({', '.join(sorted(parts))}); send one of them"
+        )
+    for key in parts:
+        out.pop(prefix + key, None)
+    out[RTC_KEYS[0]] = parts
 
 
 def can_tokenize_text(policy: Any) -> bool:

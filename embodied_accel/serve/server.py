@@ -107,8 +107,9 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
     meta: dict[str, Any] = {"server": f"embodied-accel {__version__}", "protocol": "openpi"}
     model_config = getattr(policy, "config", None)
     io = getattr(policy, "io", None)
-    if model_config is not None:
-        meta.update(model=model_config.name, family=model_config.family, action_horizon=model_config.action_horizon)
+    if model_config is not None:  # action_horizon: the actions a chunk returns (GR00T's may be fewer than its model's)
+        horizon = getattr(io, "action_horizon", None) or model_config.action_horizon
+        meta.update(model=model_config.name, family=model_config.family, action_horizon=horizon)
     if io is not None:
         meta.update(
             cameras=list(io.image_keys), state_key=io.state_key, state_dim=io.state_dim, action_dim=io.action_dim
@@ -135,6 +136,8 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
             "schedule": rtc.schedule,
             "max_guidance_weight": rtc.max_guidance_weight,
             "execution_horizon": rtc.execution_horizon,
+            # the longest leftover a request may carry: the actions a chunk returns
+            "max_previous_actions": meta.get("action_horizon"),
         }
     meta.update(
         tokenizer=mapper.has_tokenizer,

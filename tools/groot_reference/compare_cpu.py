@@ -147,7 +147,7 @@ def main() -> None:
             views = len(mf.EMBODIMENTS[tag]["video"])
             for name, ops, hist in (("isaac_groot", official_ops, official_hist), ("ours", our_ops, our_hist)):
                 stats = summary(times[name])
-                record = {  # the shared flat record fields (DESIGN.md), then this benchmark's own
+                record = {  # the flat record fields every result has (harness.RESULT_KEYS), then this benchmark's own
                     "model": "groot", "preset": "groot-tiny", "device": env["device"],
                     "backend": "reference" if name == "ours" else "isaac-groot", "capture": "eager",
                     "dtype": "float32", "batch": batch, "views": views, "steps": 4, "runs": stats["runs"],

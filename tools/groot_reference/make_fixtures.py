@@ -51,18 +51,17 @@ sys.path.insert(0, str(ISAAC_GROOT))
 EAGLE_DIR = ISAAC_GROOT / "gr00t" / "model" / "modules" / "nvidia" / "Eagle-Block2A-2B-v2"
 
 import diffusers  # noqa: E402
-import transformers  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
-from transformers.modeling_utils import no_init_weights  # noqa: E402
-
 import gr00t.model  # noqa: E402,F401  (registers the model classes)
+import transformers  # noqa: E402
 from gr00t.configs.model.gr00t_n1d6 import Gr00tN1d6Config  # noqa: E402
 from gr00t.data.embodiment_tags import EmbodimentTag  # noqa: E402
 from gr00t.data.types import MessageType, VLAStepData  # noqa: E402
 from gr00t.model.gr00t_n1d6 import gr00t_n1d6 as modeling  # noqa: E402
 from gr00t.model.gr00t_n1d6 import processing_gr00t_n1d6 as processing  # noqa: E402
 from gr00t.model.modules import eagle_backbone  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers.modeling_utils import no_init_weights  # noqa: E402
 
 # --------------------------------------------------------------------------------------------------------------
 # The reduced configuration: must match the `groot-tiny` preset of embodied_accel

@@ -691,7 +691,7 @@ def run_full(args) -> None:
         mf.install_patches()  # the tiny models (and the offline tokenizer stub): checks this code path quickly
     else:
         mf.tokenizer_processor.AutoTokenizer = mf._OfflineAutoTokenizer
-    workdir = args.workdir or Path(f"/work/lerobot_env/full_{family}")
+    workdir = args.workdir or Path.home() / ".cache" / "embodied_accel" / f"lerobot_full_{family}"
     workdir.mkdir(parents=True, exist_ok=True)
     env = environment(args.threads)
     avail = _meminfo_kb("MemAvailable")
@@ -899,7 +899,7 @@ def main() -> None:
         "--workdir",
         type=Path,
         default=None,
-        help="full: where the LeRobot checkpoint is saved (default /work/lerobot_env/full_<family>)",
+        help="full: where the LeRobot checkpoint is saved (default ~/.cache/embodied_accel/lerobot_full_<family>)",
     )
     ap.add_argument(
         "--seed",

@@ -38,10 +38,6 @@ import torch
 
 torch.set_num_threads(1)
 
-from safetensors.torch import load_file, save_file  # noqa: E402
-from torch import nn  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
 import lerobot  # noqa: E402
 import transformers  # noqa: E402
 from lerobot.configs import FeatureType, PolicyFeature  # noqa: E402
@@ -49,6 +45,9 @@ from lerobot.policies import pi_gemma  # noqa: E402
 from lerobot.policies.pi0 import modeling_pi0  # noqa: E402
 from lerobot.policies.pi05 import modeling_pi05  # noqa: E402
 from lerobot.processor import tokenizer_processor  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO_ROOT / "tests" / "fixtures"
@@ -374,6 +373,7 @@ def _find_step(pipeline, cls):
 
 
 def make_fixture(kind: str, out_root: Path, do_timing: bool) -> None:
+    from lerobot.lerobot_types import TransitionKey
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.processor import (
         NormalizerProcessorStep,
@@ -387,7 +387,6 @@ def make_fixture(kind: str, out_root: Path, do_timing: bool) -> None:
         transition_to_batch,
         transition_to_policy_action,
     )
-    from lerobot.lerobot_types import TransitionKey
 
     spec = POLICIES[kind]
     mod = modeling_pi0 if kind == "pi0" else modeling_pi05

@@ -12,7 +12,8 @@ load):
    masks, the state tokens (per-embodiment MLP).
 4. **Flow**: ``num_steps`` Euler steps from t = 0 (noise) to 1: action tokens = per-embodiment encoder of x_t with
    the step's time features + position embedding; ``[state tokens | action tokens]`` through the DiT; the decoder's
-   output on the action tokens is the velocity; ``x ← x + v / num_steps``.
+   output on the action tokens is the velocity; ``x ← x + v / num_steps``. With real-time chunking's guidance
+   (:mod:`embodied_accel.nn.rtc`), each step's velocity is first steered towards the previous chunk's leftover.
 
 The model is a pure function of its weights, its inputs and the :class:`GrootBuffers` of the call's shape bucket
 (position tables, rotary tables and the causal mask, every step's AdaLN modulation and time features, the
@@ -30,6 +31,11 @@ from torch import nn
 
 from ...nn.dit import AlternateVLDiT, DiTModulation
 from ...nn.qwen3 import Qwen3Tower, rotary_tables
+from ...nn.rtc import (
+    ChunkGuidance,
+    guidance_coefficients,
+    guided_velocity_noise_to_data,
+)
 from ...nn.siglip2 import Siglip2VisionTower
 from ...ops import OpSet
 from .config import GrootConfig
@@ -64,6 +70,7 @@ class GrootBuffers:
     action_time_bias: tuple[torch.Tensor, ...]  # per step [inner]: the time half of the action encoder's W2 + its bias
     action_out_bias: torch.Tensor  # [B*horizon, inner]: W3's bias + the action position embedding, per row
     cross_kv: torch.Tensor  # [capacity, cross_blocks * 2 * inner]: its first B*L rows written once per call
+    rtc_coefficients: torch.Tensor  # [num_steps] fp32: real-time chunking's guidance weight per step, before its clip
 
 
 def action_time_features(timesteps: list[int], width: int) -> torch.Tensor:
@@ -203,8 +210,16 @@ class GrootModel(nn.Module):
         state: torch.Tensor,  # [B, T_state, max_state_dim] normalized
         noise: torch.Tensor,  # [B, horizon, max_action_dim]
         buffers: GrootBuffers,
+        guidance: ChunkGuidance | None = None,
     ) -> torch.Tensor:
-        """The flow from t = 0 (``noise``) to 1: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        """The flow from t = 0 (``noise``) to 1: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32).
+
+        ``guidance`` (real-time chunking): every step's velocity is steered towards the previous chunk's leftover.
+        The time runs the other way than in :mod:`embodied_accel.nn.rtc` (RTC's ``t`` is ``1 - k / n`` at step
+        ``k``, the clean chunk predicted there ``x + (1 - k / n) v``, the guidance weight ``g(τ = k / n)``, clipped
+        at ``β``): :func:`~embodied_accel.nn.rtc.guided_velocity_noise_to_data`. It runs in fp32 (in a bf16 model
+        the guided velocity is then rounded to bf16 as the plain one is); rows with all-zero weights keep their
+        velocity bit for bit."""
         ops, dtype = self.ops, self.compute_dtype
         batch, length = input_ids.shape
         vl = features.reshape(batch * length, -1)
@@ -224,6 +239,11 @@ class GrootModel(nn.Module):
         x_t = noise.to(dtype)
         for step in range(num_steps):
             velocity = self.velocity(x_t, state_tokens, cross_kv, text_mask, image_mask, step, buffers)
+            if guidance is not None:
+                coefficient = buffers.rtc_coefficients[step]
+                velocity = guided_velocity_noise_to_data(
+                    x_t.float(), velocity.float(), step / num_steps, coefficient, guidance
+                ).to(dtype)
             x_t = x_t.add(velocity, alpha=1.0 / num_steps)
         return x_t.float()
 
@@ -237,10 +257,12 @@ class GrootModel(nn.Module):
         state: torch.Tensor,
         noise: torch.Tensor,
         buffers: GrootBuffers,
+        guidance: ChunkGuidance | None = None,
     ) -> torch.Tensor:
-        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32)."""
+        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); ``guidance``: real-time
+        chunking's inputs (see :meth:`action_head`)."""
         features = self.backbone(images, input_ids, valid, image_positions, buffers)
-        return self.action_head(features, input_ids, valid, state, noise, buffers)
+        return self.action_head(features, input_ids, valid, state, noise, buffers, guidance)
 
 
 class BufferBuilders:
@@ -267,14 +289,16 @@ class BufferBuilders:
         return torch.ones(length, length, dtype=torch.bool, device=self.device).tril_()
 
     @torch.no_grad()
-    def schedule(self, num_steps: int) -> tuple[DiTModulation, tuple[torch.Tensor, ...]]:
-        """The DiT's AdaLN modulation and the action encoder's time bias for each step of an ``num_steps`` schedule."""
+    def schedule(self, num_steps: int) -> tuple[DiTModulation, tuple[torch.Tensor, ...], torch.Tensor]:
+        """The DiT's AdaLN modulation, the action encoder's time bias and real-time chunking's guidance weight (before
+        its clip) for each step of an ``num_steps`` schedule."""
         model, cfg = self.model, self.model.config
         timesteps = cfg.timestep_buckets(num_steps)
         features = action_time_features(timesteps, cfg.action_width)
         features = features.to(device=self.device, dtype=model.action_time_weight.dtype)
         time_bias = model.ops.linear(features, model.action_time_weight, model.action_mix_bias)
-        return model.dit.modulation(timesteps), tuple(row.contiguous() for row in time_bias)
+        rtc_coefficients = guidance_coefficients(num_steps).to(self.device)
+        return model.dit.modulation(timesteps), tuple(row.contiguous() for row in time_bias), rtc_coefficients
 
     @torch.no_grad()
     def action_out_bias(self, batch: int) -> torch.Tensor:
@@ -293,9 +317,9 @@ def assemble_buffers(values: dict) -> GrootBuffers:
     """The buffers (by name: ``position_tables``, ``rotary_table``, ``causal``, ``schedule``, ``action_out_bias``,
     ``cross_kv``) as the object the model reads."""
     cos, sin = values["rotary_table"]
-    modulation, time_bias = values["schedule"]
+    modulation, time_bias, rtc_coefficients = values["schedule"]
     return GrootBuffers(values["position_tables"], cos, sin, values["causal"], modulation, time_bias,
-                        values["action_out_bias"], values["cross_kv"])  # fmt: skip
+                        values["action_out_bias"], values["cross_kv"], rtc_coefficients)  # fmt: skip
 
 
 def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffers:

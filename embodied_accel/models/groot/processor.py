@@ -15,6 +15,9 @@ checkpoint's ``processor_config.json``, ``statistics.json`` and ``embodiment_id.
 * **Actions**: per key, the first ``len(delta_indices)`` steps un-normalized (min/max or mean/std; per-step
   statistics for relative keys), relative keys made absolute against the last observed state (joints: added;
   end effectors: SE(3) composition of ``xyz + rot6d`` poses).
+* **Real-time chunking** (optional request keys, :mod:`embodied_accel.nn.rtc`): the previous chunk's leftover in
+  robot units goes the output path backwards (:func:`encode_actions`) into the model's normalized, zero-padded
+  action space, relative to the current state.
 """
 
 from __future__ import annotations
@@ -28,8 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ...errors import ObservationError
+from ...nn.rtc import (
+    PREVIOUS_ACTIONS_KEY,
+    ChunkGuidance,
+    RtcSettings,
+    request_weights,
+    rtc_requested,
+)
 from .tokenizer import QwenTokenizer
 
 __all__ = ["EmbodimentError", "GrootProcessor", "ObservationError"]
@@ -101,6 +112,19 @@ class EmbodimentSpec:
     @property
     def action_dim(self) -> int:
         return sum(a.dim for a in self.actions)
+
+    @property
+    def returned_dims(self) -> tuple[int, ...]:
+        """Per action key, the width of the robot actions :func:`decode_actions` returns for it."""
+        return tuple(returned_dim(a) for a in self.actions)
+
+
+def returned_dim(action: ActionKey) -> int:
+    """The width of ``action``'s robot actions: its model dims, except that a relative end-effector pose decoded to
+    ``XYZ_ROTVEC`` comes back as ``xyz + rotation vector`` (6) from ``xyz + rot6d`` (9)."""
+    if action.relative and action.kind == "EEF" and action.format == "XYZ_ROTVEC":
+        return 6
+    return action.dim
 
 
 @dataclass(frozen=True)
@@ -425,6 +449,33 @@ def _rotvec(matrix: np.ndarray) -> np.ndarray:
     return quat[..., 1:] * scale
 
 
+def _rotvec_to_matrix(rotvec: np.ndarray) -> np.ndarray:
+    """Rotation vectors ``[..., 3]`` (axis x angle) → rotation matrices ``[..., 3, 3]`` (Rodrigues' formula)."""
+    angle = np.linalg.norm(rotvec, axis=-1)[..., None, None]
+    x, y, z = np.moveaxis(rotvec, -1, 0)
+    zero = np.zeros_like(x)
+    cross = np.stack([np.stack([zero, -z, y], -1), np.stack([z, zero, -x], -1), np.stack([-y, x, zero], -1)], -2)
+    small = angle < 1e-8
+    safe = np.where(small, 1.0, angle)
+    sin_term = np.where(small, 1.0 - angle**2 / 6, np.sin(safe) / safe)
+    cos_term = np.where(small, 0.5 - angle**2 / 24, (1 - np.cos(safe)) / safe**2)
+    return np.eye(3) + sin_term * cross + cos_term * (cross @ cross)
+
+
+def _relative_eef(absolute: np.ndarray, reference: np.ndarray, fmt: str) -> np.ndarray:
+    """The inverse of :func:`_compose_eef`: absolute poses ``[B, T, 9]`` (``XYZ_ROT6D``) or ``[B, T, 6]``
+    (``XYZ_ROTVEC``) in the frames of the reference poses ``[B, 9]`` → relative ``xyz + rot6d`` ``[B, T, 9]``:
+    ``T_ref⁻¹ @ T_abs``."""
+    if fmt == "XYZ_ROTVEC":
+        rotation = _rotvec_to_matrix(absolute[..., 3:])
+    else:
+        rotation = _rot6d_to_matrix(absolute[..., 3:])
+    ref_rot_t = np.swapaxes(_rot6d_to_matrix(reference[..., 3:]), -1, -2)[:, None]  # [B, 1, 3, 3]
+    rel_rot = ref_rot_t @ rotation
+    translation = (ref_rot_t @ (absolute[..., :3] - reference[:, None, :3])[..., None])[..., 0]
+    return np.concatenate([translation, rel_rot[..., :2, :].reshape(*rel_rot.shape[:-2], 6)], axis=-1)
+
+
 def _compose_eef(relative: np.ndarray, reference: np.ndarray, fmt: str) -> np.ndarray:
     """Relative ``xyz + rot6d`` poses ``[B, T, 9]`` applied on the reference poses ``[B, 9]``: ``T_ref @ T_rel``."""
     rel_rot, ref_rot = _rot6d_to_matrix(relative[..., 3:]), _rot6d_to_matrix(reference[..., 3:])[:, None]
@@ -462,6 +513,50 @@ def decode_actions(
     return out
 
 
+def _steps(statistic: np.ndarray, steps: int) -> np.ndarray:
+    """A statistic for the first ``steps`` actions: per-step ``[T, D]`` arrays (relative keys) are cut to
+    ``steps`` rows; ``[D]`` ones serve every step."""
+    return statistic[:steps] if statistic.ndim == 2 else statistic
+
+
+def encode_actions(
+    spec: EmbodimentSpec, actions: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray]
+) -> np.ndarray:
+    """The inverse of :func:`decode_actions`: robot actions per key ``[B, n, D]`` (``n <= action_horizon``, the
+    widths :attr:`EmbodimentSpec.returned_dims`) and the raw state per key ``[B, T, D]`` → the normalized chunk
+    ``[B, n, action_dim]`` (float32) the model would have to produce for them.
+
+    Relative keys are made relative to the last observed state (joints: subtracted; end effectors:
+    ``T_state⁻¹ @ T_action``, an ``xyz + rot6d`` pose), then each key is normalized with the statistics the
+    decoder uses at those steps: mean/std where ``std != 0`` (else unchanged, as decoded), min/max → [-1, 1] where
+    the range is not zero (else 0, as the official normalizer), clipped to [-1, 1] (the decoder clips before it
+    un-normalizes, so nothing outside decodes differently). A chunk the policy returned maps back to the one the
+    model produced, up to that clip and, for end effectors, the orthonormalization of rot6d: the decoder keeps only
+    the rotation, so the rotation's own rot6d stands for it (it decodes to the same pose when the statistics
+    contain it, as statistics of real rotations do; else it is clipped like any other value)."""
+    parts = []
+    for a in spec.actions:
+        values = np.asarray(actions[a.key], dtype=np.float64)
+        steps = values.shape[1]
+        if a.relative:
+            reference = np.asarray(state[a.state_key], dtype=np.float64)[:, -1]  # the last observed state [B, D]
+            if a.kind == "EEF":
+                values = _relative_eef(values, reference, a.format)
+            else:
+                values = values - reference[:, None, :]
+        if a.mean_std:
+            mean, std = _steps(a.mean, steps), _steps(a.std, steps)
+            nonzero = std != 0
+            normalized = np.where(nonzero, (values - mean) / np.where(nonzero, std, 1.0), values)
+        else:
+            low, high = _steps(a.low, steps), _steps(a.high, steps)
+            spread = ~np.isclose(high, low)
+            normalized = np.where(spread, 2 * (values - low) / np.where(spread, high - low, 1.0) - 1, 0.0)
+            normalized = np.clip(normalized, -1.0, 1.0)
+        parts.append(normalized)
+    return np.concatenate(parts, axis=-1).astype(np.float32)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The processor
 # ---------------------------------------------------------------------------------------------------------------
@@ -475,16 +570,29 @@ class HostInputs:
     token_ids: list[list[int]]  # per row, unpadded
     state: np.ndarray  # [B, T_state, max_state_dim] float32
     raw_state: dict[str, np.ndarray]  # per key [B, T_state, D] float32, for relative actions
+    guidance: ChunkGuidance | None = None  # real-time chunking (model space), when some row asked for it
 
 
 class GrootProcessor:
     """Observations of one embodiment → :class:`HostInputs`; normalized actions → robot actions."""
 
     def __init__(self, spec: EmbodimentSpec, images: ImageSettings, tokenizer: QwenTokenizer | None,
-                 image_token_id: int, max_state_dim: int, formalize_language: bool = True):  # fmt: skip
+                 image_token_id: int, max_state_dim: int, formalize_language: bool = True, *,
+                 max_action_dim: int | None = None, model_horizon: int | None = None,
+                 rtc: RtcSettings | None = None):  # fmt: skip
+        """``max_action_dim`` / ``model_horizon``: the model's chunk (default: the embodiment's own size); ``rtc``:
+        the real-time chunking settings requests with ``previous_actions`` are guided with."""
         self.spec, self.image_settings, self.tokenizer = spec, images, tokenizer
         self.image_token_id, self.max_state_dim = image_token_id, max_state_dim
         self.formalize_language = formalize_language
+        self.max_action_dim = spec.action_dim if max_action_dim is None else max_action_dim
+        self.model_horizon = spec.action_horizon if model_horizon is None else model_horizon
+        if self.max_action_dim < spec.action_dim or self.model_horizon < spec.action_horizon:
+            raise EmbodimentError(
+                f"embodiment {spec.tag!r}: actions {spec.action_horizon} x {spec.action_dim} exceed the model's "
+                f"{self.model_horizon} x {self.max_action_dim}"
+            )
+        self.rtc = rtc if rtc is not None else RtcSettings()
         if tokenizer is not None and tokenizer.token_id("<IMG_CONTEXT>") != image_token_id:
             raise EmbodimentError(
                 f"tokenizer: <IMG_CONTEXT> is id {tokenizer.token_id('<IMG_CONTEXT>')}, the model "
@@ -604,7 +712,7 @@ class GrootProcessor:
             raise ObservationError("observations: expected at least one observation")
         spec, factor = self.spec, self.image_settings.factor
         slots: list[list[np.ndarray]] = []
-        rows_ids, states = [], []
+        rows_ids, states, leftovers = [], [], []
         raw_state = {s.key: [] for s in spec.state}
         for index, obs in enumerate(observations):
             if not isinstance(obs, Mapping):
@@ -627,12 +735,88 @@ class GrootProcessor:
             for key, value in state.items():
                 raw_state[key].append(value)
             states.append(encode_state(spec, state, self.max_state_dim))
+            leftovers.append(self._chunk_guidance(obs, "observation" if len(observations) == 1 else
+                                                  f"observation {index}", state))  # fmt: skip
         return HostInputs(
             images=tuple(np.stack([normalize_pixels(img) for img in slot]) for slot in slots),
             token_ids=rows_ids,
             state=np.stack(states),
             raw_state={key: np.stack(values) for key, values in raw_state.items()},
+            guidance=self._pack_guidance(leftovers),
         )
+
+    # ---- real-time chunking
+
+    def _chunk_guidance(self, obs: Mapping[str, Any], where: str,
+                        state: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
+        """A row's real-time chunking request → its leftover in the model's action space ``[n, action_dim]`` and its
+        weights ``[model_horizon]``; None without one. ``previous_actions`` is the previous chunk's unexecuted
+        actions in robot units as the policy returned them: the concatenated ``actions`` ``[n, W]`` or a map per
+        action key (``<key>`` or ``action.<key>``: ``[n, D]``), ``1 <= n <= action_horizon``."""
+        if not rtc_requested(obs, where):
+            return None
+        leftover = self._leftover(obs[PREVIOUS_ACTIONS_KEY], f"{where}[{PREVIOUS_ACTIONS_KEY!r}]")
+        steps = next(iter(leftover.values())).shape[0]
+        horizon = self.spec.action_horizon
+        weights = request_weights(obs, where, self.rtc, steps, horizon, self.model_horizon)
+        normalized = encode_actions(self.spec, {k: v[None] for k, v in leftover.items()},
+                                    {k: v[None] for k, v in state.items()})  # fmt: skip
+        return normalized[0], weights
+
+    def _leftover(self, value: Any, field: str) -> dict[str, np.ndarray]:
+        """``previous_actions`` checked and split per action key: ``{key: [n, D]}`` float32."""
+        spec, widths = self.spec, self.spec.returned_dims
+        horizon, total = spec.action_horizon, sum(widths)
+        layout = ", ".join(f"{a.key} {w}" for a, w in zip(spec.actions, widths, strict=True))
+        if not isinstance(value, Mapping):
+            whole = _numbers(value, field)
+            if whole.ndim != 2 or whole.shape[1] != total or not 1 <= whole.shape[0] <= horizon:
+                raise ObservationError(f"{field}: expected the previous chunk's unexecuted actions, [n, {total}] "
+                                       f"({layout}) with 1 <= n <= {horizon} (the actions a chunk returns) or a map "
+                                       f"per action key, got shape {list(whole.shape)}")  # fmt: skip
+            if not np.isfinite(whole).all():
+                raise ObservationError(f"{field}: must be finite; NaN or inf found")
+            bounds = np.cumsum((0, *widths))
+            return {a.key: whole[:, bounds[i] : bounds[i + 1]] for i, a in enumerate(spec.actions)}
+        names = {a.key: a.key for a in spec.actions} | {f"action.{a.key}": a.key for a in spec.actions}
+        unknown = [str(k) for k in value if k not in names]
+        if unknown:
+            raise ObservationError(f"{field}: unknown action key {unknown[0]!r}; the embodiment "
+                                   f"{spec.tag!r} has {layout}")  # fmt: skip
+        given = {names[k]: v for k, v in value.items()}
+        missing = [a.key for a in spec.actions if a.key not in given]
+        if missing:
+            raise ObservationError(f"{field}: missing action key {missing[0]!r}; the embodiment "
+                                   f"{spec.tag!r} has {layout}")  # fmt: skip
+        parts = {a.key: _numbers(given[a.key], f"{field}[{a.key!r}]") for a in spec.actions}
+        lengths = set()
+        for a, width in zip(spec.actions, widths, strict=True):
+            part, name = parts[a.key], f"{field}[{a.key!r}]"
+            if part.ndim != 2 or part.shape[1] != width or not 1 <= part.shape[0] <= horizon:
+                raise ObservationError(f"{name}: expected [n, {width}] with 1 <= n <= {horizon} (the actions a "
+                                       f"chunk returns), got shape {list(part.shape)}")  # fmt: skip
+            if not np.isfinite(part).all():
+                raise ObservationError(f"{name}: must be finite; NaN or inf found")
+            lengths.add(part.shape[0])
+        if len(lengths) > 1:
+            raise ObservationError(f"{field}: every action key needs the same number of steps, got "
+                                   f"{ {a.key: parts[a.key].shape[0] for a in spec.actions} }")  # fmt: skip
+        return parts
+
+    def _pack_guidance(self, rows: Sequence[tuple[np.ndarray, np.ndarray] | None]) -> ChunkGuidance | None:
+        """Per-row leftovers → the batch's :class:`ChunkGuidance` (model space, zero-padded to the model's chunk;
+        rows without a request get all-zero weights, which leaves them as without guidance)."""
+        if all(row is None for row in rows):
+            return None
+        batch = len(rows)
+        previous = torch.zeros(batch, self.model_horizon, self.max_action_dim)
+        weights = torch.zeros(batch, self.model_horizon, 1)
+        for b, row in enumerate(rows):
+            if row is not None:
+                normalized, row_weights = row
+                previous[b, : normalized.shape[0], : normalized.shape[1]] = torch.from_numpy(normalized)
+                weights[b, :, 0] = torch.from_numpy(row_weights)
+        return ChunkGuidance(previous, weights, torch.full((batch, 1, 1), float(self.rtc.max_guidance_weight)))
 
     def _row_ids(self, obs: Mapping[str, Any], image_tokens: list[int], token_ids_key: str) -> list[int]:
         instruction = self._instruction(obs)
@@ -662,3 +846,16 @@ class GrootProcessor:
             f"observation[{self.spec.language_key!r}]: missing; the instruction is expected as "
             f"text there (or 'task' / 'prompt'), or as prompt token ids {token_ids_key!r}"
         )
+
+
+def _numbers(value: Any, field: str) -> np.ndarray:
+    """A numeric array (numpy, torch or nested lists) as float32; raises naming ``field`` otherwise."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError):
+        raise ObservationError(f"{field}: expected an array of numbers, got a ragged nested list") from None
+    if array.dtype.kind not in "fiu":
+        raise ObservationError(f"{field}: expected numbers, got {array.dtype}")
+    return array.astype(np.float32)

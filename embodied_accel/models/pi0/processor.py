@@ -37,7 +37,14 @@ import numpy as np
 import torch
 
 from ...errors import ObservationError
-from ...nn.rtc import ChunkGuidance, RtcSettings, prefix_weights
+from ...nn.rtc import (
+    PREVIOUS_ACTIONS_KEY,
+    RTC_KEYS,
+    ChunkGuidance,
+    RtcSettings,
+    request_weights,
+    rtc_requested,
+)
 from .config import Pi0Config
 from .images import image_hwc, resize_with_pad, resized_size, to_unit_float
 from .io_spec import IOSpec
@@ -50,12 +57,9 @@ TASK_KEY = "task"
 PROMPT_KEY = "prompt"  # alias of TASK_KEY
 TOKENS_KEY = "observation.language.tokens"
 TOKEN_MASK_KEY = "observation.language.attention_mask"
-#: Real-time chunking (optional): the previous chunk's unexecuted actions ``[n, action_dim]`` in robot units, how many
-#: of them will have run when the new chunk arrives, and where the soft mask over the overlap ends.
-PREVIOUS_ACTIONS_KEY = "previous_actions"
-INFERENCE_DELAY_KEY = "inference_delay"
-EXECUTION_HORIZON_KEY = "execution_horizon"
-RTC_KEYS = (PREVIOUS_ACTIONS_KEY, INFERENCE_DELAY_KEY, EXECUTION_HORIZON_KEY)
+# Real-time chunking (optional, :data:`~embodied_accel.nn.rtc.RTC_KEYS`): the previous chunk's unexecuted actions
+# ``[n, action_dim]`` in robot units, how many of them will have run when the new chunk arrives, and where the soft
+# mask over the overlap ends.
 
 
 @dataclass
@@ -292,12 +296,7 @@ class Pi0Processor:
         """The row's real-time chunking request: ``previous_actions`` (the previous chunk's unexecuted actions,
         ``[n, action_dim]`` robot units, ``1 <= n <= horizon``), ``inference_delay`` (how many of them run before
         the new chunk arrives) and optionally ``execution_horizon`` (where the soft mask ends)."""
-        if PREVIOUS_ACTIONS_KEY not in obs:
-            given = [key for key in (INFERENCE_DELAY_KEY, EXECUTION_HORIZON_KEY) if key in obs]
-            if given:
-                raise ObservationError(
-                    f"{where}[{given[0]!r}]: only used with {PREVIOUS_ACTIONS_KEY!r} (real-time chunking)"
-                )
+        if not rtc_requested(obs, where):
             return None
         field_name, horizon = f"{where}[{PREVIOUS_ACTIONS_KEY!r}]", self.config.action_horizon
         value = obs[PREVIOUS_ACTIONS_KEY]
@@ -315,11 +314,7 @@ class Pi0Processor:
         previous = previous.astype(np.float32)
         if not np.isfinite(previous).all():
             raise ObservationError(f"{field_name}: must be finite; NaN or inf found")
-        delay = _count(obs, INFERENCE_DELAY_KEY, where, minimum=0, maximum=horizon, required=True)
-        end = _count(obs, EXECUTION_HORIZON_KEY, where, minimum=1, maximum=horizon, required=False)
-        end = min(self.rtc.execution_horizon if end is None else end, previous.shape[0])
-        weights = prefix_weights(delay, end, horizon, self.rtc.schedule).numpy()
-        return RowGuidance(previous, weights)
+        return RowGuidance(previous, request_weights(obs, where, self.rtc, previous.shape[0], horizon, horizon))
 
     def _guidance_rows(self, rows: Sequence[ValidatedObservation]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``[B, H, action_dim]`` leftovers (robot units, zero-padded) and ``[B, H]`` weights; None without RTC."""
@@ -476,23 +471,6 @@ class Pi0Processor:
                 f"got shape {mask.shape} with values {np.unique(mask)[:8].tolist()}"
             )
         return ids.astype(np.int64), mask.astype(bool)
-
-
-def _count(obs: Mapping[str, Any], key: str, where: str, *, minimum: int, maximum: int, required: bool) -> int | None:
-    """An integer field in ``[minimum, maximum]`` (a Python or numpy integer, or a 0-d / 1-element array)."""
-    if key not in obs:
-        if required:
-            raise ObservationError(
-                f"{where}[{key!r}]: missing; real-time chunking needs it with {PREVIOUS_ACTIONS_KEY!r}"
-            )
-        return None
-    value = obs[key]
-    array = np.asarray(value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value)
-    if array.size != 1 or array.dtype.kind not in "iu" or not minimum <= int(array.reshape(())) <= maximum:
-        raise ObservationError(
-            f"{where}[{key!r}]: expected an integer in [{minimum}, {maximum}], got {np.array2string(array)[:80]}"
-        )
-    return int(array.reshape(()))
 
 
 def _image_masks(rows: Sequence[ValidatedObservation]) -> torch.Tensor:

@@ -195,7 +195,7 @@ def _rotary_mul(self, r1, r2, rotary_mode="half", rotate=None):
     _check(r1.shape == r2.shape, "npu_rotary_mul: r1 and r2 must have the same shape")
     dim = self.shape[-1]
     _check(dim % 2 == 0 and dim < 896, f"npu_rotary_mul: D must be even and < 896, got {dim}")
-    _check(r1.shape[-1] == dim and all(r in (1, s) for r, s in zip(r1.shape, self.shape)),
+    _check(r1.shape[-1] == dim and all(r in (1, s) for r, s in zip(r1.shape, self.shape, strict=False)),
            f"npu_rotary_mul: r1 {list(r1.shape)} does not broadcast to input {list(self.shape)}")
     _check(bool((r1.abs() <= 1).all() and (r2.abs() <= 1).all()), "npu_rotary_mul: r1/r2 outside [-1, 1]")
     x = self.float()
