@@ -5,7 +5,7 @@ from triton_setup import DEVICE, GPU, requires_triton  # before embodied_accel: 
 
 pytestmark = requires_triton
 
-from embodied_accel.ops import get_ops
+from embodied_accel.ops import get_ops  # noqa: E402
 
 cuda_ops = get_ops("cuda", GPU)
 

@@ -156,16 +156,17 @@ class DoubleStreamBlock(nn.Module):
         qkv = stream.new_empty(seq * batch, 3 * width)
         out = torch.empty_like(stream)
         parts = list(zip((self.txt, self.img), stream.view(-1, width).split(split), qkv.split(split),
-                         out.view(-1, width).split(split), (txt_mod1, img_mod1), (txt_mod2, img_mod2)))  # fmt: skip
+                         out.view(-1, width).split(split), (txt_mod1, img_mod1), (txt_mod2, img_mod2),
+                         strict=True))  # fmt: skip
         for weights, x, qkv_rows, _, mod1, _ in parts:
             weights.qkv.into(ops.ada_layer_norm(x, mod1.scale_plus_one, mod1.shift, 1e-6), qkv_rows)
         qkv = qkv.view(seq, batch, 3, heads, dh)
         qk = rms_normalize_heads(qkv.narrow(2, 0, 2))  # [S, B, 2, H, Dh]
-        for (weights, *_), qk_rows in zip(parts, qk.split([num_txt, seq - num_txt])):
+        for (weights, *_), qk_rows in zip(parts, qk.split([num_txt, seq - num_txt]), strict=True):
             scale_rows(qk_rows, weights.qk_norm_scale)
         q, k, v = qk.select(2, 0), qk.select(2, 1), qkv.select(2, 2)
         attn = attention_rows(q, k, v, ops, qk_norm_attention_scale(dh)).split(split)  # [S * B, D] in two
-        for (weights, x, _, out_rows, mod1, mod2), attn_rows in zip(parts, attn):
+        for (weights, x, _, out_rows, mod1, mod2), attn_rows in zip(parts, attn, strict=True):
             x = torch.addcmul(x, mod1.gate, weights.proj(attn_rows))
             h = ops.ada_layer_norm(x, mod2.scale_plus_one, mod2.shift, 1e-6)
             torch.addcmul(x, mod2.gate, weights.fc2(ops.gelu_tanh(weights.fc1(h))), out=out_rows)

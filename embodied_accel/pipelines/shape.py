@@ -250,13 +250,19 @@ class ShapePipeline:
         report = None
         if recorder is not None:
             recorder.begin()
-            velocity = lambda x, i: recorder(x, StepContext(txt, mods[i]), i)
+
+            def velocity(x: torch.Tensor, i: int) -> torch.Tensor:
+                return recorder(x, StepContext(txt, mods[i]), i)
+
         elif cache is not None and cache.method != "none":
             cached = CachedDiT(dit_cache_plan(model), cache)
             report = cached.begin(len(schedule.dts)).report
             velocity = self._cached_velocity(cached, txt, mods, classifier_free and cache.separate_cfg)
         else:
-            velocity = lambda x, i: self.dit_call(bucket, x, txt, *mods[i].flat())
+
+            def velocity(x: torch.Tensor, i: int) -> torch.Tensor:
+                return self.dit_call(bucket, x, txt, *mods[i].flat())
+
         latents = sample(velocity, noise, schedule, settings.guidance, classifier_free, progress)
         timer.stop("diffusion sampling")
         if not decode:

@@ -25,13 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from safetensors.torch import save_file
-
 from hy3dgen.shapegen.models import Hunyuan3DDiT, ShapeVAE, SingleImageEncoder
 from hy3dgen.shapegen.models.autoencoders.volume_decoders import VanillaVolumeDecoder
 from hy3dgen.shapegen.pipelines import Hunyuan3DDiTFlowMatchingPipeline
 from hy3dgen.shapegen.preprocessors import ImageProcessorV2
 from hy3dgen.shapegen.schedulers import FlowMatchEulerDiscreteScheduler
+from safetensors.torch import save_file
 
 DINO = {
     "attention_probs_dropout_prob": 0.0,
