@@ -187,7 +187,7 @@ class AlternateVLDiT(nn.Module):
         """Blocks ``start .. stop - 1`` on the token rows ``x`` (a DiT cache runs the first block and the rest
         apart)."""
         stop = len(self.blocks) if stop is None else stop
-        cross_index = sum(1 for block in self.blocks[:start] if block.kind != "self")
+        cross_index = sum(1 for i in range(start) if self.cfg.block_kind(i) != "self")
         for i in range(start, stop):
             block = self.blocks[i]
             cross = None

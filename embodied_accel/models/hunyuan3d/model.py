@@ -216,14 +216,13 @@ class Hunyuan3DDiT(nn.Module):
 
     def embed(self, x: torch.Tensor, txt: torch.Tensor) -> torch.Tensor:
         """Latents ``x [B, L, C]`` and the embedded conditions ``txt [T, B, D]`` → the joint stream ``[T + L, B, D]``."""
-        batch, length, channels = x.shape
-        rows = x.to(self.latent_in.weight_t.dtype).transpose(0, 1).reshape(length * batch, channels)
-        return torch.cat([txt, self.latent_in(rows).view(length, batch, -1)])
+        img = self.latent_in(x.to(self.latent_in.weight_t.dtype))  # [B, L, D]
+        return torch.cat([txt, img.transpose(0, 1)])  # the copy into the joint stream transposes
 
     def remaining_blocks(self, stream: torch.Tensor, num_txt: int, mods: StepModulation, start: int = 1):
         """Double blocks from ``start`` on, then every single block; returns the latent rows ``[L, B, D]``."""
-        for block, block_mods in zip(self.double_blocks[start:], mods.double[start:], strict=True):
-            stream = block(stream, num_txt, block_mods)
+        for index in range(start, len(self.double_blocks)):  # (slicing a ModuleList builds a new one)
+            stream = self.double_blocks[index](stream, num_txt, mods.double[index])
         for block, mod in zip(self.single_blocks, mods.single, strict=True):
             stream = block(stream, mod)
         return stream[num_txt:]
