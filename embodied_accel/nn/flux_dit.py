@@ -189,8 +189,10 @@ class SingleStreamBlock(nn.Module):
     def modulation(self, vec_silu: torch.Tensor) -> Modulation:
         return split_modulation(self.mod(vec_silu), 1)[0]
 
-    def forward(self, stream: torch.Tensor, mod: Modulation) -> torch.Tensor:
-        """``stream [S, B, D]`` → the block's output stream, a new tensor."""
+    def forward(self, stream: torch.Tensor, mod: Modulation, first_row: int = 0) -> torch.Tensor:
+        """``stream [S, B, D]`` → the block's output rows ``first_row ..`` (a new tensor): every row's keys and
+        values are computed, the queries, the MLP and the output only from ``first_row`` on (the last block of a
+        stack whose condition rows nobody reads: ``first_row`` = their count)."""
         ops, heads, dh, width = self.ops, self.num_heads, self.head_dim, self.width
         seq, batch, _ = stream.shape
         x = stream.view(-1, width)
@@ -198,9 +200,12 @@ class SingleStreamBlock(nn.Module):
         qkv = fused.narrow(1, 0, 3 * width).view(seq, batch, 3, heads, dh)
         qk = rms_normalize_heads(qkv.narrow(2, 0, 2))
         scale_rows(qk, self.qk_norm_scale)
-        attn = attention_rows(qk.select(2, 0), qk.select(2, 1), qkv.select(2, 2), ops, qk_norm_attention_scale(dh))
-        mixed = self.linear2(torch.cat([attn, ops.gelu_tanh(fused.narrow(1, 3 * width, self.mlp_dim))], dim=-1))
-        return torch.addcmul(x, mod.gate, mixed).view(seq, batch, width)
+        q = qk.select(2, 0).narrow(0, first_row, seq - first_row)
+        attn = attention_rows(q, qk.select(2, 1), qkv.select(2, 2), ops, qk_norm_attention_scale(dh))
+        kept = slice(first_row * batch, None)
+        mlp = ops.gelu_tanh(fused[kept].narrow(1, 3 * width, self.mlp_dim))
+        mixed = self.linear2(torch.cat([attn, mlp], dim=-1))
+        return torch.addcmul(x[kept], mod.gate, mixed).view(seq - first_row, batch, width)
 
 
 class FinalLayer(nn.Module):

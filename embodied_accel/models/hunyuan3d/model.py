@@ -223,9 +223,11 @@ class Hunyuan3DDiT(nn.Module):
         """Double blocks from ``start`` on, then every single block; returns the latent rows ``[L, B, D]``."""
         for index in range(start, len(self.double_blocks)):  # (slicing a ModuleList builds a new one)
             stream = self.double_blocks[index](stream, num_txt, mods.double[index])
-        for block, mod in zip(self.single_blocks, mods.single, strict=True):
-            stream = block(stream, mod)
-        return stream[num_txt:]
+        last = len(self.single_blocks) - 1
+        for index, (block, mod) in enumerate(zip(self.single_blocks, mods.single, strict=True)):
+            # the head reads the latent rows only: the last block computes the condition rows' keys and values only
+            stream = block(stream, mod, num_txt if index == last else 0)
+        return stream if last >= 0 else stream[num_txt:]
 
     def head(self, img: torch.Tensor, mods: StepModulation) -> torch.Tensor:
         """Latent rows ``[L, B, D]`` → velocity ``[B, L, C]``."""
