@@ -45,6 +45,26 @@ def test_hierarchical_decoding_gives_the_dense_mesh(pipeline, image):
     assert float(chamfer) <= 1e-6
 
 
+def test_the_decoders_grid_form_and_direct_form_give_one_grid(pipeline, image):
+    """The pipeline decodes the fixture's grid in the grid form (per-axis tables, folded constants, explicit
+    attention); the direct form on coordinates, hierarchically too, gives the same logits up to fp32 rounding."""
+    from embodied_accel.models.hunyuan3d import grid_query
+
+    assert pipeline.grid_form and grid_query.applies(pipeline.model.vae)
+    settings = ShapeSettings(steps=3, octree_resolution=24, min_resolution=6, num_chunks=700)
+    grids = {}
+    for form in (True, False):
+        pipeline.grid_form = form
+        try:
+            for decoding in ("dense", "hierarchical"):
+                result = pipeline.generate(image, ShapeSettings(**{**settings.__dict__, "decoding": decoding}))
+                grids[form, decoding] = result.grid
+        finally:
+            pipeline.grid_form = True
+    for decoding in ("dense", "hierarchical"):
+        assert float((grids[True, decoding] - grids[False, decoding]).abs().max()) <= 1e-5
+
+
 def _latents(pipeline, image, cache, steps=12):
     settings = ShapeSettings(steps=steps, octree_resolution=8, decoding="dense")
     result = pipeline.generate(image, settings, cache=cache, extract_surface=False)

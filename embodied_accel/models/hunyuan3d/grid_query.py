@@ -13,12 +13,12 @@ tests hold it to hy3dgen within 1e-4 like the direct form):
    linear layer; the query's per-head LayerNorm affine moves into the keys (weight) and into a per-key score bias
    (bias); ``c_proj`` moves into the values (``V_h · W_proj,h``, plus ``b_proj / H`` per key: each head's softmax
    row sums to 1); only the parameter-free normalizations remain per point.
-3. **Few keys.** When the latent set is small (``heads · latents`` no larger than the MLP's width: the reduced
-   configs), the scores of a chunk are smaller than its MLP activations and the attention runs as two matrix
-   products with an explicit softmax, in a **feature-major** layout (activations ``[features, points]``): the
-   normalizations' statistics come from small GEMMs with an averaging matrix, and softmax runs over the key axis
-   of ``[H, L, points]``. The released models (3072 latents × 16 heads) take the direct form, whose attention is
-   the op layer's (flash / SDPA); see :func:`applies`.
+3. **Few keys.** When the latent set is small (``L · (H − 1) ≤ W``: the fold of ``c_proj`` into the values then
+   costs no more than what it replaces; the reduced test config has 16 latents × 2 heads at width 32), the attention
+   runs as two matrix products with an explicit softmax, in a **feature-major** layout (activations ``[features,
+   points]``): the normalizations' statistics come from small GEMMs with an averaging matrix, and softmax runs over
+   the key axis of ``[H, L, points]``. Larger latent sets, the released models' 3072 × 16 heads included, take the
+   direct form, whose attention is the op layer's (flash / SDPA); see :func:`applies`.
 """
 
 from __future__ import annotations
@@ -55,9 +55,12 @@ class FoldedDecoder:
 
 
 def applies(vae: ShapeVaeDecoder) -> bool:
-    """Whether the grid form serves this decoder: per point, ``heads · latents`` scores at most the MLP's width."""
+    """Whether the grid form serves this decoder: when the values with ``c_proj`` folded in (``W · H · L``
+    multiply-adds per point) cost no more than the attention output and ``c_proj`` they replace (``H · L · Dh +
+    W²``), i.e. ``L · (H − 1) ≤ W``. Then the key set is small too, and an explicit softmax over it is cheap; for
+    larger ones the direct form's fused attention was faster (measured: 256 latents × 4 heads at width 256)."""
     cfg = vae.config
-    return cfg.heads * cfg.num_latents <= cfg.width * cfg.geo_decoder_mlp_expand_ratio
+    return cfg.num_latents * (cfg.heads - 1) <= cfg.width
 
 
 def _weight(linear) -> torch.Tensor:
