@@ -1,7 +1,8 @@
 """Triangle meshes: surface extraction from an SDF grid, export to .glb / .obj / .ply, and reading them back.
 
 Marching cubes is scikit-image's (``measure.marching_cubes``, Lewiner), an optional dependency:
-``pip install 'embodied-accel[shape]'``. Vertices are placed at ``index / R * 2 · bounds − bounds`` (upstream divides
+``pip install 'embodied-accel[shape]'``; it is told (its ``mask``) which cells the surface crosses, which shortens its
+traversal and changes nothing in its output. Vertices are placed at ``index / R * 2 · bounds − bounds`` (upstream divides
 by ``R + 1``, which shrinks its meshes by ``R / (R + 1)``); faces are wound so that normals point out of the shape
 (upstream reverses scikit-image's order when it exports, and so does this module).
 
@@ -48,6 +49,22 @@ def _skimage_measure():
     return measure
 
 
+def surface_cell_corners(values: np.ndarray, level: float) -> np.ndarray:
+    """Grid points that are corners of a cell the ``level`` surface crosses (its corners on both sides). Marching
+    cubes makes triangles in those cells only, so with this mask it visits fewer cells and returns the same mesh.
+    The side of ``level`` is decided as scikit-image decides it (``value - level > 0`` in double precision)."""
+    exact = float(np.float32(level)) == float(level)
+    inside = values > np.float32(level) if exact else values.astype(np.float64) > float(level)
+
+    def window(grid: np.ndarray, reduce) -> np.ndarray:  # 2×2×2 windows, separably
+        grid = reduce(grid[:-1], grid[1:])
+        grid = reduce(grid[:, :-1], grid[:, 1:])
+        return reduce(grid[:, :, :-1], grid[:, :, 1:])
+
+    crossed = window(inside, np.logical_or) & ~window(inside, np.logical_and)  # per cell
+    return window(np.pad(crossed, 1), np.logical_or)  # per point: a corner of a crossed cell
+
+
 def marching_cubes(grid, level: float, resolution: int, bounds: float) -> Mesh:
     """The ``level`` iso-surface of ``grid [R + 1]³`` (a tensor or array; positive = inside) as a :class:`Mesh`."""
     values = grid.detach().cpu().numpy() if hasattr(grid, "detach") else np.asarray(grid)
@@ -57,7 +74,8 @@ def marching_cubes(grid, level: float, resolution: int, bounds: float) -> Mesh:
             f"no surface: every SDF value of the grid is on one side of the level {level} "
             f"(min {values.min():.4g}, max {values.max():.4g})"
         )
-    vertices, faces, _normals, _values = _skimage_measure().marching_cubes(values, level, method="lewiner")
+    mask = surface_cell_corners(values, level)
+    vertices, faces, _normals, _values = _skimage_measure().marching_cubes(values, level, method="lewiner", mask=mask)
     vertices = (vertices / resolution * (2 * bounds) - bounds).astype(np.float32)
     return Mesh(vertices, np.ascontiguousarray(faces[:, ::-1]).astype(np.int64))
 
