@@ -168,8 +168,8 @@ class ShapePipeline:
     def _condition(self, buffers: dict, image: torch.Tensor) -> torch.Tensor:
         return self.model.conditioner(image, buffers["conditioner"])
 
-    def _dit_step(self, buffers: dict, x: torch.Tensor, txt: torch.Tensor, *flat_mods: torch.Tensor) -> torch.Tensor:
-        return self.model.dit(x, txt, StepModulation.from_flat(flat_mods, self.config.dit.depth))
+    def _dit_step(self, buffers: dict, x: torch.Tensor, txt: torch.Tensor, mods: StepModulation) -> torch.Tensor:
+        return self.model.dit(x, txt, mods)
 
     def _query(self, buffers: dict, *tensors: torch.Tensor) -> torch.Tensor:
         """One chunk of grid points: ``(cells, tables, *folded decoder)`` in the grid form, else ``(points, keys,
@@ -261,7 +261,7 @@ class ShapePipeline:
         else:
 
             def velocity(x: torch.Tensor, i: int) -> torch.Tensor:
-                return self.dit_call(bucket, x, txt, *mods[i].flat())
+                return self.dit_call(bucket, x, txt, mods[i])
 
         latents = sample(velocity, noise, schedule, settings.guidance, classifier_free, progress)
         timer.stop("diffusion sampling")

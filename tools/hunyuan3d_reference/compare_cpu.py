@@ -187,7 +187,7 @@ def ours_ops(pipeline, image, noise, steps, guidance, resolution, chunks) -> dic
             txt = model.dit.embed_condition(cond, unconditional=True)
         counts["conditioning"] = c.count
         with OpCounter() as c:
-            latents = sample(lambda x, i: pipeline.dit_call(bucket, x, txt, *mods[i].flat()), noise,
+            latents = sample(lambda x, i: pipeline.dit_call(bucket, x, txt, mods[i]), noise,
                              make_schedule(pipeline.config, steps), guidance, True)  # fmt: skip
         counts["diffusion sampling"] = c.count
         with OpCounter() as c:

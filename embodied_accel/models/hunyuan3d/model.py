@@ -20,6 +20,7 @@ Every module is a pure function of its weights and the tensors it is handed; not
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -131,24 +132,13 @@ class DinoConditioner(nn.Module):
 # ---- 2. DiT -----------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
-class StepModulation:
-    """Every block's modulation at one step (``[D]`` each: one time for every token and batch row)."""
+class StepModulation(NamedTuple):
+    """Every block's modulation at one step (``[D]`` each: one time for every token and batch row). Nested tuples
+    of tensors: a captured step takes it as its input (its tensors are the graph's inputs)."""
 
     double: tuple  # per double block: ((img mod1, img mod2), (txt mod1, txt mod2))
     single: tuple[Modulation, ...]
     final: Modulation
-
-    def flat(self) -> tuple[torch.Tensor, ...]:
-        """Every tensor in a fixed order (a captured step takes them as plain tensor inputs)."""
-        mods = [m for img, txt in self.double for m in (*img, *txt)] + [*self.single, self.final]
-        return tuple(t for m in mods for t in (m.shift, m.scale_plus_one, m.gate))
-
-    @staticmethod
-    def from_flat(tensors, depth: int) -> StepModulation:
-        mods = [Modulation(*tensors[i : i + 3]) for i in range(0, len(tensors), 3)]
-        double = tuple((tuple(mods[4 * b : 4 * b + 2]), tuple(mods[4 * b + 2 : 4 * b + 4])) for b in range(depth))
-        return StepModulation(double, tuple(mods[4 * depth : -1]), mods[-1])
 
 
 class Hunyuan3DDiT(nn.Module):
