@@ -98,8 +98,14 @@ def config_yaml(guidance_embed: bool) -> dict:
                 }
             },
         },
-        "scheduler": {"target": f"{pkg}.schedulers.FlowMatchEulerDiscreteScheduler", "params": {"num_train_timesteps": 1000}},
-        "image_processor": {"target": f"{pkg}.preprocessors.ImageProcessorV2", "params": {"size": PROCESSOR_SIZE, "border_ratio": 0.15}},
+        "scheduler": {
+            "target": f"{pkg}.schedulers.FlowMatchEulerDiscreteScheduler",
+            "params": {"num_train_timesteps": 1000},
+        },
+        "image_processor": {
+            "target": f"{pkg}.preprocessors.ImageProcessorV2",
+            "params": {"size": PROCESSOR_SIZE, "border_ratio": 0.15},
+        },
     }
 
 
@@ -180,8 +186,13 @@ def make(out_dir: Path, guidance_embed: bool, seed: int) -> None:
 
     # the pipeline: fixed noise, 5 steps, CFG 5.0 (guidance embedded for the distilled variant), latents per step
     pipeline = Hunyuan3DDiTFlowMatchingPipeline(
-        vae=vae, model=model, scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000),
-        conditioner=conditioner, image_processor=ImageProcessorV2(size=PROCESSOR_SIZE), device="cpu", dtype=torch.float32,
+        vae=vae,
+        model=model,
+        scheduler=FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000),
+        conditioner=conditioner,
+        image_processor=ImageProcessorV2(size=PROCESSOR_SIZE),
+        device="cpu",
+        dtype=torch.float32,
     )
     from PIL import Image
 
@@ -195,8 +206,12 @@ def make(out_dir: Path, guidance_embed: bool, seed: int) -> None:
     trajectory = []
     pipeline.prepare_latents = lambda *a, **k: noise.clone()
     latents = pipeline(
-        image=rgba, num_inference_steps=steps, guidance_scale=guidance_scale, output_type="latent",
-        callback=lambda i, t, outputs: trajectory.append(outputs.prev_sample.clone()), callback_steps=1,
+        image=rgba,
+        num_inference_steps=steps,
+        guidance_scale=guidance_scale,
+        output_type="latent",
+        callback=lambda i, t, outputs: trajectory.append(outputs.prev_sample.clone()),
+        callback_steps=1,
         enable_pbar=False,
     )
     io["pipeline.trajectory"] = torch.stack(trajectory)  # [steps, 1, L, C]
@@ -213,7 +228,9 @@ def make(out_dir: Path, guidance_embed: bool, seed: int) -> None:
     io["vae.queries"] = queries
     io["vae.sdf"] = vae.geo_decoder(queries=queries, latents=decoded)
     resolution = 24
-    grid = VanillaVolumeDecoder()(decoded, vae.geo_decoder, bounds=1.01, num_chunks=5000, octree_resolution=resolution, enable_pbar=False)
+    grid = VanillaVolumeDecoder()(
+        decoded, vae.geo_decoder, bounds=1.01, num_chunks=5000, octree_resolution=resolution, enable_pbar=False
+    )
     io["vae.grid_logits"] = grid
     meshes = vae.surface_extractor(grid, mc_level=0.0, bounds=1.01, octree_resolution=resolution)
     io["mesh.vertices"] = torch.from_numpy(np.ascontiguousarray(meshes[0].mesh_v))
