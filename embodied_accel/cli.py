@@ -33,6 +33,7 @@ from .eval import commands as eval_commands
 from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
+from .pipelines import shape_command
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
 from .train import commands as train_commands
@@ -261,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     eval_commands.add_eval_command(add_command, policy, _positive_int, _non_negative_int)
     reconstruct = vggt_commands.add_reconstruct_parser(commands, BACKEND_NAMES, ("float32", "bfloat16", "float16"))
     reconstruct.set_defaults(handler=cmd_reconstruct)
+
+    shape = shape_command.add_shape_parser(commands, BACKEND_NAMES, CAPTURE_MODES)
+    shape.set_defaults(handler=cmd_shape)
     return parser
 
 
@@ -817,6 +821,10 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 def cmd_reconstruct(args: argparse.Namespace) -> int:
     return vggt_commands.run_reconstruct(args, print_fn=lambda line: print(line, flush=True))
+
+
+def cmd_shape(args: argparse.Namespace) -> int:
+    return shape_command.run_shape(args, print_fn=lambda line: print(line, flush=True))
 
 
 # ---------------------------------------------------------------------------------------------------------------

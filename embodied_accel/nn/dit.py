@@ -172,6 +172,37 @@ class AlternateVLDiT(nn.Module):
         kv = out.view(batch, -1, len(cfg.cross_blocks), 2, cfg.num_heads, cfg.head_dim).permute(2, 3, 0, 4, 1, 5)
         return [(k, v) for k, v in kv.unbind(0)]
 
+    def run_blocks(
+        self,
+        x: torch.Tensor,  # [B*S, inner]
+        batch: int,
+        seq: int,
+        cross_kv: list[tuple[torch.Tensor, torch.Tensor]],  # from cross_kv()
+        text_mask,
+        image_mask,
+        modulation: tuple[Modulation, ...],  # this step's row of DiTModulation.blocks
+        start: int = 0,
+        stop: int | None = None,
+    ) -> torch.Tensor:
+        """Blocks ``start .. stop - 1`` on the token rows ``x`` (a DiT cache runs the first block and the rest
+        apart)."""
+        stop = len(self.blocks) if stop is None else stop
+        cross_index = sum(1 for i in range(start) if self.cfg.block_kind(i) != "self")
+        for i in range(start, stop):
+            block = self.blocks[i]
+            cross = None
+            if block.kind != "self":
+                k, v = cross_kv[cross_index]
+                cross = (k, v, text_mask if block.kind == "text" else image_mask)
+                cross_index += 1
+            x = block(x, batch, seq, modulation[i], cross)
+        return x
+
+    def output_layer(self, x: torch.Tensor, output_modulation: Modulation) -> torch.Tensor:
+        """The output AdaLN and projection: ``[B*S, inner]`` → ``[B*S, output_dim]``."""
+        x = self.ops.ada_layer_norm(x, output_modulation[0], output_modulation[1], self.cfg.output_eps)
+        return self.ops.linear(x, self.output_weight, self.output_bias)
+
     def forward(
         self,
         hidden: torch.Tensor,  # [B, S, inner]
@@ -182,16 +213,6 @@ class AlternateVLDiT(nn.Module):
         output_modulation: Modulation,
     ) -> torch.Tensor:
         """One pass: ``[B, S, inner]`` → ``[B*S, output_dim]``."""
-        cfg, ops = self.cfg, self.ops
         batch, seq, inner = hidden.shape
-        x = hidden.reshape(batch * seq, inner)
-        cross_index = 0
-        for i, block in enumerate(self.blocks):
-            cross = None
-            if block.kind != "self":
-                k, v = cross_kv[cross_index]
-                cross = (k, v, text_mask if block.kind == "text" else image_mask)
-                cross_index += 1
-            x = block(x, batch, seq, modulation[i], cross)
-        x = ops.ada_layer_norm(x, output_modulation[0], output_modulation[1], cfg.output_eps)
-        return ops.linear(x, self.output_weight, self.output_bias)
+        x = self.run_blocks(hidden.reshape(batch * seq, inner), batch, seq, cross_kv, text_mask, image_mask, modulation)
+        return self.output_layer(x, output_modulation)

@@ -29,5 +29,9 @@ class Linear(nn.Module):
         out = self.ops.linear(x.reshape(-1, self.in_features), self.weight_t, self.bias, flat_residual)
         return out.view(*lead, self.out_features)
 
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``x [rows, in] @ weight_t + bias`` written into ``out [rows, out]`` (a view of a larger buffer is fine)."""
+        return self.ops.linear_into(x, self.weight_t, self.bias, out)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"

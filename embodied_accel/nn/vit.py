@@ -1,15 +1,17 @@
 """DINOv2-style ViT blocks: pre-LN attention + MLP with optional QK-norm, 2-D RoPE and LayerScale.
 
-One :class:`VitBlock` covers DINOv2's blocks (no QK-norm, no RoPE, LayerScale), VGGT's frame / global blocks (QK-norm,
-2-D RoPE, LayerScale) and VGGT's camera trunk. Tokens travel as a 2-D ``[groups * seq, width]`` tensor; ``groups``
-independent sequences of ``seq`` tokens attend within themselves. Who attends to whom is decided by the caller
-through ``groups`` (VGGT's frame blocks: one group per frame; global blocks: one group per scene) and by the
-``attend`` callable (the op layer's attention by default; a sequence-parallel attention from ``parallel/``).
+One :class:`VitBlock` covers DINOv2's blocks (no QK-norm, no RoPE, LayerScale; a GELU MLP, or the SwiGLU MLP of
+DINOv2-giant), VGGT's frame / global blocks (QK-norm, 2-D RoPE, LayerScale), VGGT's camera trunk and Hunyuan3D's
+ShapeVAE self-attention blocks (QK-norm, no LayerScale, no Q/K/V bias). Tokens travel as a 2-D
+``[groups * seq, width]`` tensor; ``groups`` independent sequences of ``seq`` tokens attend within themselves. Who
+attends to whom is decided by the caller through ``groups`` (VGGT's frame blocks: one group per frame; global blocks:
+one group per scene) and by the ``attend`` callable (the op layer's attention by default; a sequence-parallel attention from ``parallel/``).
 
 Block math (the residual add and the next LayerNorm go through the op layer's ``add_layer_norm``)::
 
     x = x + ls1 * proj(attention(rope(qk_norm(q)), rope(qk_norm(k)), v))
-    x = x + ls2 * fc2(gelu(fc1(layer_norm(x))))
+    x = x + ls2 * fc2(gelu(fc1(layer_norm(x))))          # mlp="gelu"
+    x = x + ls2 * fc2(silu(a) * b), [a | b] = fc1(...)     # mlp="swiglu" (DINOv2-giant)
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class VitBlockConfig:
     layerscale: bool = True
     norm_eps: float = 1e-6  # DINOv2: 1e-6; VGGT's aggregator and heads use nn.LayerNorm's default 1e-5
     qk_norm_eps: float = 1e-5
+    qkv_bias: bool = True
+    mlp: str = "gelu"  # "gelu": fc2(gelu(fc1(x))); "swiglu": DINOv2's SwiGLU FFN (fc1 holds both halves)
 
     @property
     def head_dim(self) -> int:
@@ -46,11 +50,16 @@ class VitBlockConfig:
 
     @property
     def mlp_dim(self) -> int:
-        return int(self.width * self.mlp_ratio)
+        """The MLP's hidden width: ``width * mlp_ratio`` for GELU; for SwiGLU, two thirds of it rounded up to a
+        multiple of 8 (DINOv2's rule: 4096 for DINOv2-giant's 1536), the width of each half of ``fc1``."""
+        hidden = int(self.width * self.mlp_ratio)
+        return (int(hidden * 2 / 3) + 7) // 8 * 8 if self.mlp == "swiglu" else hidden
 
     def validate(self) -> None:
         if self.width % self.num_heads:
             raise ValueError(f"width {self.width} is not a multiple of num_heads {self.num_heads}")
+        if self.mlp not in ("gelu", "swiglu"):
+            raise ValueError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}")
 
 
 def rope_2d_cos_sin(positions: torch.Tensor, head_dim: int, frequency: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,7 +90,7 @@ class VitAttention(nn.Module):
     def __init__(self, cfg: VitBlockConfig, ops: OpSet):
         super().__init__()
         self.cfg, self.ops = cfg, ops
-        self.qkv = Linear(cfg.width, 3 * cfg.width, ops)
+        self.qkv = Linear(cfg.width, 3 * cfg.width, ops, bias=cfg.qkv_bias)
         self.proj = Linear(cfg.width, cfg.width, ops)
         if cfg.qk_norm:
             self.qk_norm_weight = nn.Parameter(torch.empty(2, 1, cfg.head_dim))  # rows: Q's norm, K's norm
@@ -130,7 +139,7 @@ class VitBlock(nn.Module):
         self.attn = VitAttention(cfg, ops)
         self.norm2_weight = nn.Parameter(torch.empty(w))
         self.norm2_bias = nn.Parameter(torch.empty(w))
-        self.fc1 = Linear(w, cfg.mlp_dim, ops)
+        self.fc1 = Linear(w, (2 if cfg.mlp == "swiglu" else 1) * cfg.mlp_dim, ops)
         self.fc2 = Linear(cfg.mlp_dim, w, ops)
         if cfg.layerscale:
             self.ls1 = nn.Parameter(torch.empty(w))
@@ -145,7 +154,7 @@ class VitBlock(nn.Module):
         if cfg.layerscale:
             a = a * self.ls1
         h, x = ops.add_layer_norm(a, x, self.norm2_weight, self.norm2_bias, cfg.norm_eps)
-        m = self.fc2(ops.gelu(self.fc1(h)))
+        m = self.fc2(ops.swiglu(self.fc1(h)) if cfg.mlp == "swiglu" else ops.gelu(self.fc1(h)))
         if cfg.layerscale:
             return torch.addcmul(x, m, self.ls2)
         return x + m

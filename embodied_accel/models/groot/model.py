@@ -24,6 +24,7 @@ capture.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +72,15 @@ class GrootBuffers:
     action_out_bias: torch.Tensor  # [B*horizon, inner]: W3's bias + the action position embedding, per row
     cross_kv: torch.Tensor  # [capacity, cross_blocks * 2 * inner]: its first B*L rows written once per call
     rtc_coefficients: torch.Tensor  # [num_steps] fp32: real-time chunking's guidance weight per step, before its clip
+
+
+class FlowContext(NamedTuple):
+    """Per call, what every flow step reads besides ``x_t`` (in :meth:`GrootModel.velocity`'s argument order)."""
+
+    state_tokens: torch.Tensor  # [B, T_state, inner]
+    cross_kv: list  # per cross-attention block (k, v), each [B, H, L, Dh]
+    text_mask: object  # prepared attention masks over the L vision-language tokens
+    image_mask: object
 
 
 def action_time_features(timesteps: list[int], width: int) -> torch.Tensor:
@@ -184,23 +194,54 @@ class GrootModel(nn.Module):
                               self.state_in_bias))  # fmt: skip
         return ops.linear(x, self.state_out_weight, self.state_out_bias).view(batch, steps, -1)
 
-    def velocity(
-        self, x_t, state_tokens, cross_kv, text_mask, image_mask, step: int, buffers: GrootBuffers
-    ) -> torch.Tensor:
-        """``v(x_t, t_step)``: ``[B, horizon, max_action_dim]`` → ``[B, horizon, max_action_dim]``."""
+    def action_tokens(self, x_t: torch.Tensor, state_tokens: torch.Tensor, step: int, buffers: GrootBuffers):
+        """The DiT's input at one step: ``[state tokens | action tokens of x_t]``, ``[B, T_state + horizon, inner]``."""
         ops = self.ops
         batch, horizon, action_dim = x_t.shape
         x = x_t.reshape(batch * horizon, action_dim).to(self.compute_dtype)
         a = ops.linear(x, self.action_in_weight, self.action_in_bias)
         a = F.silu(ops.linear(a, self.action_mix_weight, buffers.action_time_bias[step]))  # + the step's time part
         a = ops.linear(a, self.action_out_weight, residual=buffers.action_out_bias)  # + bias + position embedding
-        tokens = torch.cat([state_tokens, a.view(batch, horizon, -1)], dim=1)  # [B, T_state + horizon, inner]
-        modulation = buffers.modulation
-        out = self.dit(tokens, cross_kv, text_mask, image_mask, modulation.blocks[step], modulation.output[step])
+        return torch.cat([state_tokens, a.view(batch, horizon, -1)], dim=1)
+
+    def decode_velocity(self, out: torch.Tensor, batch: int, seq: int, horizon: int) -> torch.Tensor:
+        """The DiT's output rows ``[B*S, output_dim]`` → the velocity of the action rows ``[B, horizon, A]``."""
+        ops = self.ops
         # the decoder is per token: run it on every row (as the official code does), keep the action rows
         x = F.relu(ops.linear(out, self.decoder_in_weight, self.decoder_in_bias))
-        seq = tokens.shape[1]
-        return ops.linear(x, self.decoder_out_weight, self.decoder_out_bias).view(batch, seq, action_dim)[:, -horizon:]
+        return ops.linear(x, self.decoder_out_weight, self.decoder_out_bias).view(batch, seq, -1)[:, -horizon:]
+
+    def velocity(
+        self, x_t, state_tokens, cross_kv, text_mask, image_mask, step: int, buffers: GrootBuffers
+    ) -> torch.Tensor:
+        """``v(x_t, t_step)``: ``[B, horizon, max_action_dim]`` → ``[B, horizon, max_action_dim]``."""
+        batch, horizon, _ = x_t.shape
+        tokens = self.action_tokens(x_t, state_tokens, step, buffers)  # [B, T_state + horizon, inner]
+        modulation = buffers.modulation
+        out = self.dit(tokens, cross_kv, text_mask, image_mask, modulation.blocks[step], modulation.output[step])
+        return self.decode_velocity(out, batch, tokens.shape[1], horizon)
+
+    def flow_context(
+        self, features: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor, state: torch.Tensor,
+        buffers: GrootBuffers,
+    ) -> FlowContext:  # fmt: skip
+        """What every step of the flow reads besides ``x_t``: the cross-attention K/V of every block (one GEMM),
+        the text / image attention masks, the state tokens."""
+        ops, dtype = self.ops, self.compute_dtype
+        batch, length = input_ids.shape
+        vl = features.reshape(batch * length, -1)
+        if self.config.use_vlln:
+            vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
+        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv[: batch * length], batch)  # every cross block's K/V
+        is_image = input_ids == self.config.image_token_id
+        # every state and action token attends to the same keys: [B, tokens, L], one mask per kind of block
+        tokens = state.shape[1] + self.config.action_horizon
+        heads = self.config.dit.num_heads
+        text = (valid & ~is_image)[:, None, :].expand(batch, tokens, length)
+        image = (valid & is_image)[:, None, :].expand(batch, tokens, length)
+        text_mask = ops.prepare_attention_mask(text, dtype, heads)
+        image_mask = ops.prepare_attention_mask(image, dtype, heads)
+        return FlowContext(self.encode_state(state), cross_kv, text_mask, image_mask)
 
     def action_head(
         self,
@@ -220,25 +261,12 @@ class GrootModel(nn.Module):
         at ``β``): :func:`~embodied_accel.nn.rtc.guided_velocity_noise_to_data`. It runs in fp32 (in a bf16 model
         the guided velocity is then rounded to bf16 as the plain one is); rows with all-zero weights keep their
         velocity bit for bit."""
-        ops, dtype = self.ops, self.compute_dtype
-        batch, length = input_ids.shape
-        vl = features.reshape(batch * length, -1)
-        if self.config.use_vlln:
-            vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
-        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv[: batch * length], batch)  # every cross block's K/V
-        is_image = input_ids == self.config.image_token_id
-        # every state and action token attends to the same keys: [B, tokens, L], one mask per kind of block
-        tokens = state.shape[1] + self.config.action_horizon
-        heads = self.config.dit.num_heads
-        text = (valid & ~is_image)[:, None, :].expand(batch, tokens, length)
-        image = (valid & is_image)[:, None, :].expand(batch, tokens, length)
-        text_mask = ops.prepare_attention_mask(text, dtype, heads)
-        image_mask = ops.prepare_attention_mask(image, dtype, heads)
-        state_tokens = self.encode_state(state)
+        dtype = self.compute_dtype
+        context = self.flow_context(features, input_ids, valid, state, buffers)
         num_steps = len(buffers.action_time_bias)
         x_t = noise.to(dtype)
         for step in range(num_steps):
-            velocity = self.velocity(x_t, state_tokens, cross_kv, text_mask, image_mask, step, buffers)
+            velocity = self.velocity(x_t, *context, step, buffers)
             if guidance is not None:
                 coefficient = buffers.rtc_coefficients[step]
                 velocity = guided_velocity_noise_to_data(

@@ -1,0 +1,98 @@
+"""What GR00T N1.6 declares to the model-agnostic DiT cache (``cache/``): how one flow step of its action head
+splits into the pieces a cache runs or skips.
+
+* **embed** (always run): the action encoder of ``x_t`` at the step's time, after the state tokens: the DiT's token
+  rows ``[B * (T_state + horizon), inner]``;
+* **first block**: the AlternateVLDiT's block 0 (a cross-attention block);
+* **rest** (what a cache may skip): blocks 1 .. depth - 1; the residual stream is the token rows;
+* **head** (always run): the DiT's output AdaLN and projection, then the action decoder on the action rows;
+* TeaCache's signal: block 0's AdaLN-modulated input.
+
+The default path (:meth:`~.model.GrootModel.action_head`) does not use this; :func:`sample_with_cache` runs the same
+Euler loop with a :class:`~embodied_accel.cache.CachedDiT` in place of the velocity (no real-time chunking
+guidance). With settings that compute every step it equals the default path bit for bit (tested).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...cache import CachedDiT, DiTCachePlan
+from .model import FlowContext, GrootBuffers, GrootModel
+
+
+@dataclass(frozen=True)
+class FlowStep:
+    """A cache plan's ``ctx`` for one step: the call's flow context, the step, the bucket's buffers."""
+
+    context: FlowContext
+    step: int
+    buffers: GrootBuffers
+    batch: int
+    horizon: int
+
+    @property
+    def seq(self) -> int:
+        return self.context.state_tokens.shape[1] + self.horizon
+
+
+def dit_cache_plan(model: GrootModel) -> DiTCachePlan:
+    """GR00T's action-head DiT for the cache (see the module docstring)."""
+    dit = model.dit
+
+    def embed(x_t: torch.Tensor, ctx: FlowStep) -> torch.Tensor:
+        tokens = model.action_tokens(x_t, ctx.context.state_tokens, ctx.step, ctx.buffers)
+        return tokens.reshape(ctx.batch * ctx.seq, -1)
+
+    def blocks(hidden: torch.Tensor, ctx: FlowStep, start: int, stop: int | None) -> torch.Tensor:
+        c = ctx.context
+        modulation = ctx.buffers.modulation.blocks[ctx.step]
+        return dit.run_blocks(hidden, ctx.batch, ctx.seq, c.cross_kv, c.text_mask, c.image_mask, modulation,
+                              start, stop)  # fmt: skip
+
+    def head(out: torch.Tensor, ctx: FlowStep) -> torch.Tensor:
+        out = dit.output_layer(out, ctx.buffers.modulation.output[ctx.step])
+        return model.decode_velocity(out, ctx.batch, ctx.seq, ctx.horizon)
+
+    def modulated_input(hidden: torch.Tensor, ctx: FlowStep) -> torch.Tensor:
+        scale_plus_one, shift = ctx.buffers.modulation.blocks[ctx.step][0]
+        return model.ops.ada_layer_norm(hidden, scale_plus_one, shift, dit.cfg.eps)
+
+    return DiTCachePlan(
+        name="groot-action-head",
+        embed=embed,
+        first_block=lambda h, ctx: blocks(h, ctx, 0, 1),
+        rest=lambda h, ctx: blocks(h, ctx, 1, None),
+        stream=lambda h: h,
+        head=head,
+        modulated_input=modulated_input,
+    )
+
+
+@torch.no_grad()
+def sample_with_cache(
+    model: GrootModel,
+    cached: CachedDiT,
+    features: torch.Tensor,  # [B, L, D] from GrootModel.backbone()
+    input_ids: torch.Tensor,
+    valid: torch.Tensor,
+    state: torch.Tensor,
+    noise: torch.Tensor,  # [B, horizon, max_action_dim]
+    buffers: GrootBuffers,
+) -> torch.Tensor:
+    """The action head's flow with ``cached`` (built on :func:`dit_cache_plan`) giving each step's velocity; starts
+    a new cache session. Returns the normalized action chunk (fp32); the session's report is ``cached.session``."""
+    context = model.flow_context(features, input_ids, valid, state, buffers)
+    num_steps = len(buffers.action_time_bias)
+    cached.begin(num_steps)
+    batch, horizon, _ = noise.shape
+    x_t = noise.to(model.compute_dtype)
+    for step in range(num_steps):
+        velocity = cached(x_t, FlowStep(context, step, buffers, batch, horizon), step)
+        x_t = x_t.add(velocity, alpha=1.0 / num_steps)
+    return x_t.float()
+
+
+__all__ = ["FlowStep", "dit_cache_plan", "sample_with_cache"]

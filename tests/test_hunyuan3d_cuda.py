@@ -1,0 +1,33 @@
+"""Hunyuan3D-2 on the cuda backend's Triton kernels (under the interpreter on a CPU) against hy3dgen's fixture."""
+
+import torch
+from triton_setup import DEVICE, GPU, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
+
+pytestmark = requires_triton
+
+from embodied_accel.ops import get_ops  # noqa: E402
+
+cuda_ops = get_ops("cuda", GPU)
+
+
+def test_hunyuan3d_fixture_on_the_cuda_backend_matches_hy3dgen():
+    """The conditioner and the DiT of the hy3dgen fixture through the cuda backend's kernels (fp32)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from embodied_accel.models.hunyuan3d.model import Hunyuan3DModel
+    from embodied_accel.models.hunyuan3d.weights import config_from_checkpoint, load_checkpoint_weights
+
+    directory = Path(__file__).parent / "fixtures" / "hunyuan3d_tiny"
+    with torch.device("meta"):
+        model = Hunyuan3DModel(config_from_checkpoint(directory), cuda_ops)
+    load_checkpoint_weights(model, directory, DEVICE, progress=False)
+    io = {k: v.to(DEVICE) for k, v in load_file(str(directory / "io.safetensors")).items()}
+    with torch.no_grad():
+        tokens = model.conditioner(io["conditioner.image"], model.conditioner.static_buffers(DEVICE))
+        torch.testing.assert_close(tokens, io["conditioner.tokens"], rtol=0, atol=1e-4)
+        txt = model.dit.embed_condition(io["dit.cond"])
+        rows = [model.dit(io["dit.x"][i : i + 1], txt[:, i : i + 1], model.dit.step_modulation(io["dit.t"][i : i + 1])[0])
+                for i in range(2)]  # fmt: skip
+        torch.testing.assert_close(torch.cat(rows), io["dit.velocity"], rtol=0, atol=1e-4)
