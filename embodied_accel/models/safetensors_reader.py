@@ -138,4 +138,20 @@ class SafetensorsReader:
         return buffer.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
 
 
-__all__ = ["GIT_LFS_POINTER_PREFIX", "SAFETENSORS_DTYPES", "SafetensorsReader"]
+def tensor_mismatch_report(
+    missing: list[str], unexpected: list[str], mismatched: list[str], limit: int | None = None
+) -> str:
+    """A checkpoint's tensor-by-tensor problems against a model, one block per kind (missing, unexpected, of the
+    wrong shape), each listing its names (at most ``limit`` of them, then how many more)."""
+    parts = []
+    for label, names in (("missing tensor(s)", missing), ("unexpected tensor(s)", unexpected),
+                         ("tensor(s) of the wrong shape", mismatched)):  # fmt: skip
+        if not names:
+            continue
+        shown = names if limit is None else names[:limit]
+        more = f"\n  ... and {len(names) - len(shown)} more" if len(shown) < len(names) else ""
+        parts.append(f"{len(names)} {label}:\n  " + "\n  ".join(shown) + more)
+    return "\n".join(parts)
+
+
+__all__ = ["GIT_LFS_POINTER_PREFIX", "SAFETENSORS_DTYPES", "SafetensorsReader", "tensor_mismatch_report"]

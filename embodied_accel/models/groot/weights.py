@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..safetensors_reader import SAFETENSORS_DTYPES, SafetensorsReader
+from ..safetensors_reader import SAFETENSORS_DTYPES, SafetensorsReader, tensor_mismatch_report
 from .config import (
     CHECKPOINT_DEFAULTS,
     EAGLE_BACKBONE,
@@ -343,14 +343,8 @@ def build_state_dict(
     used = {key for rule in rules for key in rule.sources}
     unexpected = sorted(k for k in available - used if not k.startswith(IGNORED_PREFIXES))
     if missing or mismatched or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing tensor(s):\n  " + "\n  ".join(missing))
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected tensor(s):\n  " + "\n  ".join(unexpected))
-        if mismatched:
-            parts.append(f"{len(mismatched)} tensor(s) of the wrong shape:\n  " + "\n  ".join(mismatched))
-        raise CheckpointError("checkpoint does not match the model:\n" + "\n".join(parts))
+        report = tensor_mismatch_report(missing, unexpected, mismatched)
+        raise CheckpointError("checkpoint does not match the model:\n" + report)
 
     state: dict[str, torch.Tensor] = {}
     for rule in tqdm(rules, desc="loading weights", unit="tensor", disable=not progress):

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ...errors import CheckpointError
 from ...nn.gemma import GemmaConfig
 from ...nn.siglip import SiglipConfig
-from ..safetensors_reader import SafetensorsReader
+from ..safetensors_reader import SafetensorsReader, tensor_mismatch_report
 from .config import GEMMA_VARIANTS, PRESETS, Pi0Config, get_preset, with_overrides
 
 logger = logging.getLogger(__name__)
@@ -484,7 +484,7 @@ def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None
     config = with_overrides(config, **overrides)
     problems = describe_architecture_mismatch(config, found, expected_from)
     if problems:
-        details = _tensor_report(*_resolve_rules(weight_rules(config), set(shapes), shapes)[1:])
+        details = tensor_mismatch_report(*_resolve_rules(weight_rules(config), set(shapes), shapes)[1:], limit=LISTED_TENSORS)
         raise CheckpointError(_mismatch_message(weights_path, config, problems, details))
     return config
 
@@ -526,22 +526,6 @@ def _resolve_rules(
     return resolved, missing, unexpected, mismatched
 
 
-def _tensor_report(missing: list[str], unexpected: list[str], mismatched: list[str]) -> str:
-    """The tensor-by-tensor problems, at most :data:`LISTED_TENSORS` names of each kind."""
-    parts = []
-    for what, names in (("missing", missing), ("unexpected", unexpected), ("of the wrong shape", mismatched)):
-        if not names:
-            continue
-        more = f"\n  ... and {len(names) - LISTED_TENSORS} more" if len(names) > LISTED_TENSORS else ""
-        label = (
-            f"{len(names)} tensor(s) of the wrong shape"
-            if what == "of the wrong shape"
-            else f"{len(names)} {what} tensor(s)"
-        )
-        parts.append(f"{label}:\n  " + "\n  ".join(names[:LISTED_TENSORS]) + more)
-    return "\n".join(parts)
-
-
 def build_state_dict(
     rules: list[WeightRule],
     read,  # callable: key -> tensor (keys without "model.")
@@ -557,7 +541,7 @@ def build_state_dict(
     :data:`LISTED_TENSORS` names of each kind), after ``explain()``'s summary when given."""
     resolved, missing, unexpected, mismatched = _resolve_rules(rules, available, shapes)
     if missing or mismatched or unexpected:
-        report = _tensor_report(missing, unexpected, mismatched)
+        report = tensor_mismatch_report(missing, unexpected, mismatched, limit=LISTED_TENSORS)
         if explain is not None:
             raise CheckpointError(f"{explain()}\n{report}")
         raise CheckpointError(f"checkpoint does not match the model:\n{report}")

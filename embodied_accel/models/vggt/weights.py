@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..safetensors_reader import SafetensorsReader
+from ..safetensors_reader import SafetensorsReader, tensor_mismatch_report
 from .config import VggtConfig, get_preset
 from .model import FP32_PREFIXES
 
@@ -303,14 +303,8 @@ def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device,
     used = {k for _, _, keys in plan for k in keys}
     unexpected = sorted(available - used - set(IGNORED_KEYS))
     if missing or mismatched or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"{len(missing)} missing tensor(s):\n  " + "\n  ".join(missing))
-        if unexpected:
-            parts.append(f"{len(unexpected)} unexpected tensor(s):\n  " + "\n  ".join(unexpected))
-        if mismatched:
-            parts.append(f"{len(mismatched)} tensor(s) of the wrong shape:\n  " + "\n  ".join(mismatched))
-        raise CheckpointError(f"{source.path}: checkpoint does not match {model.config.name}:\n" + "\n".join(parts))
+        report = tensor_mismatch_report(missing, unexpected, mismatched)
+        raise CheckpointError(f"{source.path}: checkpoint does not match {model.config.name}:\n{report}")
     state = {}
     for name, shape, keys in tqdm(plan, desc="loading weights", unit="tensor", disable=not progress):
         tensor = _transform(name, [source.get(k) for k in keys], shape)
