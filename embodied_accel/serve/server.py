@@ -50,7 +50,7 @@ from .codec import (
     unpack_observation,
 )
 from .config import ServeConfig
-from .keymap import KeyMapError, ObservationMapper, annotate, can_tokenize_text
+from .keymap import RTC_KEYS, KeyMapError, ObservationMapper, annotate, can_tokenize_text
 from .metrics import CONTENT_TYPE, Metrics, log_event
 from .text import clip
 
@@ -132,7 +132,7 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
     rtc = getattr(policy, "rtc", None)
     if rtc is not None:  # real-time chunking: optional keys of a request, and the settings they are guided with
         meta["real_time_chunking"] = {
-            "keys": ["previous_actions", "inference_delay", "execution_horizon"],
+            "keys": list(RTC_KEYS),
             "schedule": rtc.schedule,
             "max_guidance_weight": rtc.max_guidance_weight,
             "execution_horizon": rtc.execution_horizon,
