@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -31,16 +30,10 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from embodied_accel.bench.harness import git_state  # noqa: E402
 from embodied_accel.train.distributed import configure_allocator  # noqa: E402
 
 TOKENS, STATE_DIM, ACTION_DIM, FRAME = 64, 8, 7, 256
-
-
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def main() -> None:
@@ -135,6 +128,7 @@ def main() -> None:
         print(f"batch {batch}: {entry['samples_per_s']:.1f} samples/s, {entry['step_ms']:.0f} ms/step, peak "
               f"{entry['peak_mem_mb'] / 1024:.1f} GiB allocated, {entry['peak_reserved_mb'] / 1024:.1f} GiB reserved")  # fmt: skip
     best = max(results, key=lambda r: r["samples_per_s"]) if results else None
+    git_sha, git_dirty = git_state(REPO_ROOT)  # untracked files (new results) do not count
     record = {
         "model": cfg.family, "preset": cfg.name, "device": torch.cuda.get_device_name(device) if on_gpu else "cpu",
         "backend": "reference",
@@ -143,8 +137,8 @@ def main() -> None:
         "trainable_parameters": counts["trainable"], "views": 2, "prompt_tokens": TOKENS, "sweep": results,
         "largest_batch": results[-1]["batch"] if results else None, "best": best,
         "target_samples_per_s": 20.0, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}, "git_sha": _git("rev-parse", "HEAD"),
-        "git_dirty": bool(_git("status", "--porcelain")),
+        "versions": {"torch": torch.__version__, "cuda": torch.version.cuda}, "git_sha": git_sha,
+        "git_dirty": git_dirty,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)

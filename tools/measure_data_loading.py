@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from embodied_accel.bench.harness import git_state  # noqa: E402
 from embodied_accel.data.lerobot_dataset import LeRobotDataset  # noqa: E402
 from embodied_accel.data.samples import ActionChunkSamples, FeatureMap, GlobalBatchSampler, make_loader  # noqa: E402
 from embodied_accel.data.writer import EpisodeData, write_lerobot_dataset  # noqa: E402
@@ -113,13 +113,6 @@ def training_wait(root: Path, out: Path, workers: int, batch_size: int, steps: i
             "data_wait_fraction": last["data_wait_fraction"]}  # fmt: skip
 
 
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=10)
@@ -145,6 +138,7 @@ def main() -> None:
     import av
     import pyarrow
 
+    git_sha, git_dirty = git_state(REPO_ROOT)  # untracked files (new results) do not count
     record = {
         "what": "training DataLoader throughput (decode + processor) and a tiny training step's wait on it",
         "dataset": {"format": "LeRobot v3.0", "episodes": args.episodes, "frames": args.episodes * args.length,
@@ -153,7 +147,7 @@ def main() -> None:
         "loader": loaders, "training": training, "device": "cpu", "cpu_count": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(), "torch_threads_main": 1,
         "versions": {"torch": torch.__version__, "av": av.__version__, "pyarrow": pyarrow.__version__},
-        "git_sha": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain")),
+        "git_sha": git_sha, "git_dirty": git_dirty,
         "date": datetime.now(UTC).isoformat(timespec="seconds"), "loadavg_start": load_start,
         "loadavg_end": os.getloadavg(),
     }  # fmt: skip

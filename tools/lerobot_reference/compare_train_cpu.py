@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -42,6 +41,7 @@ import torch.nn.functional as F  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from embodied_accel import load_policy  # noqa: E402
+from embodied_accel.bench.harness import git_state  # noqa: E402
 from embodied_accel.models.pi0.device_processing import DeviceProcessing  # noqa: E402
 from embodied_accel.models.pi0.processor import RawInputs, compact_raw_inputs  # noqa: E402
 from embodied_accel.train.lora import configure_trainable  # noqa: E402
@@ -132,13 +132,6 @@ def timed(steps: dict, warmup: int, runs: int) -> dict:
     }  # fmt: skip
 
 
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
@@ -171,13 +164,14 @@ def main() -> None:
             f"ms (x{result['ratio_full_padding_over_lerobot_p50']:.2f}); first-step losses differ by "
             f"{result['first_step_loss_difference']:.2e}"
         )
+    git_sha, git_dirty = git_state(REPO_ROOT)  # untracked files (new results) do not count
     import lerobot
 
     record.update(
         device="cpu", cpu=platform.processor() or platform.machine(), threads=args.threads, warmup=args.warmup,
         runs=args.runs, versions={"torch": torch.__version__, "lerobot": lerobot.__version__,
                                   "python": platform.python_version()},
-        git_sha=_git("rev-parse", "HEAD"), git_dirty=bool(_git("status", "--porcelain")),
+        git_sha=git_sha, git_dirty=git_dirty,
         date=datetime.now(UTC).isoformat(timespec="seconds"), loadavg_start=load_before, loadavg_end=os.getloadavg(),
     )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
