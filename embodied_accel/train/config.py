@@ -40,14 +40,15 @@ class TrainSettings:
     out: str = ""
     steps: int = 30000
     batch_size: int = 32  # per process; the global batch is batch_size x processes
-    lr: float = 2.5e-5
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    grad_clip_norm: float = 1.0
-    warmup_steps: int = 1000
-    decay_steps: int = 30000
-    decay_lr: float = 2.5e-6
+    # the optimizer's settings, flat in the settings file; their defaults are OptimizerSettings'
+    lr: float = OptimizerSettings.lr
+    betas: tuple[float, float] = OptimizerSettings.betas
+    eps: float = OptimizerSettings.eps
+    weight_decay: float = OptimizerSettings.weight_decay
+    grad_clip_norm: float = OptimizerSettings.grad_clip_norm
+    warmup_steps: int = OptimizerSettings.warmup_steps
+    decay_steps: int = OptimizerSettings.decay_steps
+    decay_lr: float = OptimizerSettings.decay_lr
     dtype: str = "bfloat16"  # autocast dtype of the forward; the weights (master copy) stay float32
     gradient_checkpointing: bool = False
     freeze: tuple[str, ...] = ()
