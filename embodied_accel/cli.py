@@ -22,13 +22,14 @@ import platform
 import sys
 import time
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import __version__
+from .argtypes import non_negative_float, non_negative_int, positive_int
 from .eval import commands as eval_commands
 from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
@@ -66,25 +67,6 @@ class CLIError(ValueError):
 # ---------------------------------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------------------------------
-
-
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
 
 
 def _seed(text: str) -> int:
@@ -165,12 +147,12 @@ def _policy_options() -> argparse.ArgumentParser:
     rtc.add_argument("--rtc-schedule", choices=SCHEDULES, help="soft mask over the overlap (default: linear)")
     rtc.add_argument(
         "--rtc-max-guidance",
-        type=serve_commands.non_negative_float,
+        type=non_negative_float,
         metavar="W",
         help="clip of the guidance weight (default: 10)",
     )
     rtc.add_argument(
-        "--rtc-execution-horizon", type=_positive_int, metavar="N", help="where the soft mask ends (default: 10)"
+        "--rtc-execution-horizon", type=positive_int, metavar="N", help="where the soft mask ends (default: 10)"
     )
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parent
@@ -189,11 +171,11 @@ def _observation_option(parser: argparse.ArgumentParser) -> None:
 def _call_shape_options(parser: argparse.ArgumentParser) -> None:
     """The options of a measured call (bench, profile): observation, batch, views, steps."""
     _observation_option(parser)
-    parser.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="batch size (default: 1)")
     parser.add_argument(
-        "--views", type=_positive_int, metavar="N", help="number of camera slots (default: the model's)"
+        "--views", type=positive_int, metavar="N", help="number of camera slots (default: the model's)"
     )
-    parser.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
+    parser.add_argument("--num-steps", type=positive_int, metavar="N", help="denoising steps (default: the model's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -222,18 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     noise = run.add_mutually_exclusive_group()
     noise.add_argument("--noise", type=Path, metavar="FILE", help="initial noise .npy [horizon, max_action_dim]")
     noise.add_argument("--seed", type=_seed, default=0, help="seed of the initial noise, 0 .. 2**64-1 (default: 0)")
-    run.add_argument("--num-steps", type=_positive_int, metavar="N", help="denoising steps (default: the model's)")
+    run.add_argument("--num-steps", type=positive_int, metavar="N", help="denoising steps (default: the model's)")
     run.add_argument("--output", type=Path, metavar="FILE", help="write the actions to a .npy or .json file")
     run.set_defaults(handler=cmd_run)
 
     info = add_command("info", [policy], help="describe a policy: size, backend, IO spec")
-    info.add_argument("--views", type=_positive_int, metavar="N", help="number of camera slots")
+    info.add_argument("--views", type=positive_int, metavar="N", help="number of camera slots")
     info.set_defaults(handler=cmd_info)
 
     bench = add_command("bench", [policy], help="time the model call and write a JSON result")
     _call_shape_options(bench)
-    bench.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed calls first (default: 3)")
-    bench.add_argument("--runs", type=_positive_int, default=100, help="timed calls (default: 100)")
+    bench.add_argument("--warmup", type=non_negative_int, default=3, help="untimed calls first (default: 3)")
+    bench.add_argument("--runs", type=positive_int, default=100, help="timed calls (default: 100)")
     bench.add_argument("--no-stages", action="store_true", help="skip the per-stage (vision/prefix/denoise) split")
     bench.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
     bench.add_argument("--note", help="free text stored in the result file")
@@ -242,24 +224,24 @@ def build_parser() -> argparse.ArgumentParser:
         "profile", [policy], help="profile the model call: device busy/idle, op types, top kernels, verdict"
     )
     _call_shape_options(prof)
-    prof.add_argument("--warmup", type=_non_negative_int, default=2, help="unprofiled calls first (default: 2)")
-    prof.add_argument("--calls", type=_positive_int, default=3, help="profiled calls (default: 3)")
+    prof.add_argument("--warmup", type=non_negative_int, default=2, help="unprofiled calls first (default: 2)")
+    prof.add_argument("--calls", type=positive_int, default=3, help="profiled calls (default: 3)")
     prof.add_argument("--out-dir", type=Path, default=Path("bench/profiles"), help="default: bench/profiles")
     prof.set_defaults(handler=cmd_profile)
     bench.set_defaults(handler=cmd_bench)
 
     serve = add_command("serve", [policy], help="serve the policy over websockets (openpi protocol)")
-    serve_commands.add_server_options(serve, _positive_int, network=True)
+    serve_commands.add_server_options(serve, network=True)
     serve.set_defaults(handler=cmd_serve)
 
     load = add_command("loadtest", [policy], help="N clients x M requests against a policy server")
-    serve_commands.add_loadtest_options(load, _positive_int, _non_negative_int)
-    serve_commands.add_server_options(load, _positive_int, network=False)
+    serve_commands.add_loadtest_options(load, positive_int, non_negative_int)
+    serve_commands.add_server_options(load, network=False)
     _observation_option(load)
     load.set_defaults(handler=cmd_loadtest)
 
-    train_commands.add_train_command(add_command, _positive_int, _non_negative_int)
-    eval_commands.add_eval_command(add_command, policy, _positive_int, _non_negative_int)
+    train_commands.add_train_command(add_command)
+    eval_commands.add_eval_command(add_command, policy)
     reconstruct = vggt_commands.add_reconstruct_parser(commands, BACKEND_NAMES, ("float32", "bfloat16", "float16"))
     reconstruct.set_defaults(handler=cmd_reconstruct)
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..argtypes import non_negative_int, positive_int
+
 logger = logging.getLogger(__name__)
 
 
@@ -37,10 +39,7 @@ def _keys(text: str) -> tuple[str, ...]:
     return keys
 
 
-def add_eval_command(
-    add_command: Callable[..., argparse.ArgumentParser], policy_parent: argparse.ArgumentParser, positive_int,
-    non_negative_int,
-) -> None:  # fmt: skip
+def add_eval_command(add_command: Callable[..., argparse.ArgumentParser], policy_parent: argparse.ArgumentParser) -> None:
     """Register ``eval`` (and its ``libero`` benchmark) through cli.py's ``add_command``."""
     evaluate = add_command("eval", [], help="closed-loop evaluation in simulation (LIBERO)")
     benchmarks = evaluate.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import non_negative_float, positive_float, positive_int
 from .config import ServeConfig
 from .keymap import KEYMAP_CHOICES, can_tokenize_text
 
@@ -46,27 +47,7 @@ def _token_ids(text: str) -> tuple[int, ...]:
     return ids
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
-    return value
-
-
-def add_server_options(parser: argparse.ArgumentParser, positive_int: Callable[[str], int], *, network: bool) -> None:
+def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> None:
     """Batching and model-call options (both commands); ``network``: also where and how to listen (serve)."""
     group = parser.add_argument_group("server")
     if network:
@@ -80,7 +61,7 @@ def add_server_options(parser: argparse.ArgumentParser, positive_int: Callable[[
         )
         group.add_argument(
             "--request-timeout-s",
-            type=_positive_float,
+            type=positive_float,
             default=ServeConfig.request_timeout_s,
             help=f"per-request limit, queue + inference (default: {ServeConfig.request_timeout_s:g})",
         )
@@ -103,7 +84,7 @@ def add_server_options(parser: argparse.ArgumentParser, positive_int: Callable[[
         )
         group.add_argument(
             "--drain-timeout",
-            type=_positive_float,
+            type=positive_float,
             default=ServeConfig.drain_timeout_s,
             metavar="S",
             help="on SIGINT / SIGTERM: seconds to answer the requests in flight and close every connection; "
@@ -137,7 +118,7 @@ def add_loadtest_options(
         "--warmup", type=non_negative_int, default=2, help="untimed requests per client first (default: 2)"
     )
     group.add_argument(
-        "--timeout-s", type=_positive_float, default=120.0, help="per-request client timeout (default: 120)"
+        "--timeout-s", type=positive_float, default=120.0, help="per-request client timeout (default: 120)"
     )
     group.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
     group.add_argument("--no-write", action="store_true", help="print only, write no result file")

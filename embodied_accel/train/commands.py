@@ -14,6 +14,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from ..argtypes import non_negative_int, positive_int
+
 
 def _camera_pair(text: str) -> tuple[str, str]:
     policy, sep, dataset = text.partition("=")
@@ -33,7 +35,7 @@ def _parts(text: str) -> tuple[str, ...]:
     return tuple(part for part in text.split(",") if part)
 
 
-def add_train_command(add_command: Callable[..., argparse.ArgumentParser], positive_int, non_negative_int) -> None:
+def add_train_command(add_command: Callable[..., argparse.ArgumentParser]) -> None:
     """Register ``train`` through cli.py's ``add_command(name, parents, **kwargs)``."""
     parser = add_command("train", [], help="fine-tune pi0 / pi0.5 on a LeRobot dataset (LeRobot-format checkpoints)")
     group = parser.add_argument_group("run")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from ...argtypes import positive_int
 from .config import PRESETS
 from .processor import MODES, list_images, load_frames
 
@@ -24,16 +25,6 @@ logger = logging.getLogger(__name__)
 SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "vggt_sample"
 DEFAULT_PRESET = "vggt-tiny"
 SP_MODES = ("ulysses", "ring", "hybrid")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
 
 
 def _percentile(text: str) -> float:
@@ -66,21 +57,21 @@ def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.Arg
     p.add_argument("--dtype", choices=dtype_names, default="float32", help="compute dtype (default: float32)")
     p.add_argument("--mode", choices=MODES, default="crop", help="preprocessing: crop (default) or pad")
     p.add_argument(
-        "--image-size", type=_positive_int, metavar="PX", help="frame width (crop) / side (pad), default: the model's"
+        "--image-size", type=positive_int, metavar="PX", help="frame width (crop) / side (pad), default: the model's"
     )
     p.add_argument(
-        "--frames-chunk-size", type=_positive_int, default=8, help="frames per dense-head chunk (default: 8)"
+        "--frames-chunk-size", type=positive_int, default=8, help="frames per dense-head chunk (default: 8)"
     )
     p.add_argument("--conf-percentile", type=_percentile, default=50.0,
                    help="keep points at or above this percentile of confidence (default: 50)")  # fmt: skip
     p.add_argument("--points-from", choices=("depth", "pointmap"), default="depth",
                    help="world points from depth + cameras (default) or the point head")  # fmt: skip
     p.add_argument(
-        "--max-points", type=_positive_int, default=1_000_000, help="at most this many points (default: 1e6)"
+        "--max-points", type=positive_int, default=1_000_000, help="at most this many points (default: 1e6)"
     )
     p.add_argument("--glb", action="store_true", help="also write the point cloud as .glb")
     p.add_argument("--sp", choices=SP_MODES, help="sequence parallelism across torchrun processes")
-    p.add_argument("--ulysses-degree", type=_positive_int, help="with --sp hybrid: processes per Ulysses group")
+    p.add_argument("--ulysses-degree", type=positive_int, help="with --sp hybrid: processes per Ulysses group")
     p.add_argument("--quant", choices=("w8a8",), help="int8 weights and activations for the planned linear layers")
     p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
