@@ -559,7 +559,8 @@ def test_requests_dropped_behind_a_refusal_or_left_by_their_client_are_counted()
     with start_fake(fake, max_batch=8, batch_wait_ms=200) as running:
         with connect(running.url, compression=None, max_size=None) as ws:
             ws.recv()
-            ws.send(codec.packb({"value": np.float32(1), "bad": np.bool_(True)}))  # fails in the model call
+            # fails in the model call, slowly: the two behind it are received (not left unread) before the refusal
+            ws.send(codec.packb({"value": np.float32(1), "bad": np.bool_(True), "sleep": np.float32(0.3)}))
             for value in (2, 3):
                 ws.send(codec.packb({"value": np.float32(value)}))
             assert "this observation is bad" in ws.recv(timeout=10)

@@ -102,6 +102,12 @@ def wants_error_frames(path: str) -> bool:
     return values[-1].lower() in ("1", "true", "yes")
 
 
+def _drop_reason(conn: _Connection) -> str:
+    """Why a request received on ``conn`` gets no reply: it was queued behind a refusal that closed the connection
+    (openpi mode), the shutdown's drain ran out, or the client left."""
+    return "after_error" if conn.refused else "drain_timeout" if conn.cut else "client_gone"
+
+
 def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) -> dict[str, Any]:
     """What the client reads on connect: the model, its inputs and outputs, and the server's limits."""
     meta: dict[str, Any] = {"server": f"embodied-accel {__version__}", "protocol": "openpi"}
@@ -423,7 +429,7 @@ class PolicyServer:
                     else:
                         item = await self._submit(conn, data, received)
                 except asyncio.CancelledError:  # the connection ended while the message was being decoded
-                    self.metrics.request_dropped("drain_timeout" if conn.cut else "client_gone")
+                    self.metrics.request_dropped(_drop_reason(conn))
                     self._track(-1)
                     raise
                 conn.replies.put_nowait(item)
@@ -530,7 +536,7 @@ class PolicyServer:
                 item.future.cancel()
             elif not item.future.cancelled():
                 item.future.exception()  # retrieved: asyncio does not report it as never retrieved
-        reason = "after_error" if conn.refused else "drain_timeout" if conn.cut else "client_gone"
+        reason = _drop_reason(conn)
         self.metrics.request_dropped(reason)
         self._track(-1)
         log_event(logger, logging.INFO, "request_dropped", conn=conn.id, reason=reason)
