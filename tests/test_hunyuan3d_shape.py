@@ -19,7 +19,6 @@ from embodied_accel.models.hunyuan3d.mesh import export_mesh, load_mesh
 from embodied_accel.models.hunyuan3d.metrics import compare_meshes
 from embodied_accel.pipelines.shape import ShapeSettings, load_shape_pipeline
 
-skimage = pytest.importorskip("skimage", reason="marching cubes needs scikit-image (the [shape] extra)")
 FIXTURE = Path(__file__).parent / "fixtures" / "hunyuan3d_tiny"
 
 
@@ -269,7 +268,7 @@ def test_hierarchical_masks_equal_their_pooling_definitions():
 def test_marching_cubes_masked_to_the_crossed_cells_returns_scikit_images_full_output():
     """The mask of crossed cells' corners leaves scikit-image's output unchanged (vertices, faces, normals,
     values), at a level a float32 holds exactly and at one it does not (0.1, decided in double precision)."""
-    from skimage import measure
+    measure = pytest.importorskip("skimage.measure", reason="the scikit-image method needs scikit-image")
 
     from embodied_accel.models.hunyuan3d.mesh import surface_cell_corners
 

@@ -71,6 +71,7 @@ class ShapeSettings:
     num_chunks: int | None = None  # query points per decoder call (None: CPU_CHUNK on a CPU, else 8000)
     bounds: float = 1.01
     mc_level: float = 0.0
+    marching_cubes: str = "native"  # or "scikit-image" (upstream's Lewiner variant; needs scikit-image)
     seed: int = 0
 
 
@@ -282,7 +283,8 @@ class ShapePipeline:
 
         mesh = None
         if extract_surface:
-            mesh = marching_cubes(grid, settings.mc_level, settings.octree_resolution, settings.bounds)
+            mesh = marching_cubes(grid, settings.mc_level, settings.octree_resolution, settings.bounds,
+                                  settings.marching_cubes)
             timer.stop("surface extraction")
         return ShapeResult(mesh, latents, grid, timer.wall, report, stats, timer.cpu)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..cache import load_cache_config
 from ..models.hunyuan3d.config import PRESETS
-from ..models.hunyuan3d.mesh import MESH_FORMATS, export_mesh, load_mesh
+from ..models.hunyuan3d.mesh import MARCHING_CUBES_METHODS, MESH_FORMATS, _skimage_measure, export_mesh, load_mesh
 from ..models.hunyuan3d.volume import MAX_OCTREE_RESOLUTION, MIN_OCTREE_RESOLUTION
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
                         f"(default: 384; {TINY_OCTREE_RESOLUTION} for the tiny preset)")  # fmt: skip
     p.add_argument("--decoding", choices=("hierarchical", "dense"), default="hierarchical",
                    help="volume decoding: coarse-to-fine near the surface (default) or every grid point")  # fmt: skip
+    p.add_argument("--marching-cubes", choices=MARCHING_CUBES_METHODS, default="native",
+                   help="surface extraction: this package's marching cubes (default) or scikit-image's Lewiner "
+                        "variant, upstream's (same vertices, its own triangles; needs scikit-image)")  # fmt: skip
     p.add_argument("--num-chunks", type=int, help="query points per decoder call (default: 2048 on a CPU, else 8000)")
     p.add_argument("--cache", type=Path, metavar="FILE.json", help="DiT cache settings (FBCache, TeaCache, TaylorSeer)")
     p.add_argument("--seed", type=int, default=0, help="noise seed (and a preset's weight seed); default 0")
@@ -102,8 +105,11 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
     if pipeline.random_weights:
         print_fn(f"note: {source} with seeded random weights (seed {args.seed}), not a trained model: the mesh is "
                  "a random shape; pass --checkpoint DIR for a real one")  # fmt: skip
+    if args.marching_cubes == "scikit-image":
+        _skimage_measure()  # missing: an error naming the install now, not after the sampling
     settings = ShapeSettings(steps=args.steps, guidance=args.guidance, octree_resolution=resolution,
-                             decoding=args.decoding, num_chunks=args.num_chunks, seed=args.seed)  # fmt: skip
+                             decoding=args.decoding, num_chunks=args.num_chunks, seed=args.seed,
+                             marching_cubes=args.marching_cubes)  # fmt: skip
     if args.calibrate_teacache is not None:
         from ..cache import save_cache_config
         from .shape import calibrate_teacache

@@ -1,10 +1,12 @@
 """Triangle meshes: surface extraction from an SDF grid, export to .glb / .obj / .ply, and reading them back.
 
-Marching cubes is scikit-image's (``measure.marching_cubes``, Lewiner), an optional dependency:
-``pip install 'embodied-accel[shape]'``; it is told (its ``mask``) which cells the surface crosses, which shortens its
-traversal and changes nothing in its output. Vertices are placed at ``index / R * 2 · bounds − bounds`` (upstream divides
-by ``R + 1``, which shrinks its meshes by ``R / (R + 1)``); faces are wound so that normals point out of the shape
-(upstream reverses scikit-image's order when it exports, and so does this module).
+Surface extraction is this package's marching cubes (``marching_cubes.py``: whole-array NumPy, the asymptotic
+decider on cell faces, watertight). ``method="scikit-image"`` runs scikit-image's Lewiner marching cubes instead
+(what upstream runs: same vertices, its own triangulation; ``pip install scikit-image``); it is told (its ``mask``)
+which cells the surface crosses, which shortens its traversal and changes nothing in its output. Vertices are placed
+at ``index / R * 2 · bounds − bounds`` (upstream divides by ``R + 1``, which shrinks its meshes by ``R / (R + 1)``);
+faces are wound so that normals point out of the shape (upstream reverses scikit-image's order when it exports, and
+so does this module for that method).
 
 The writers are small and dependency-free: binary glTF 2.0 (one mesh, one primitive: POSITION + indices),
 Wavefront OBJ and binary little-endian PLY.
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .marching_cubes import marching_cubes as native_marching_cubes
 
 MESH_FORMATS = (".glb", ".obj", ".ply")
 
@@ -39,12 +43,16 @@ class Mesh:
         return self.vertices.min(axis=0), self.vertices.max(axis=0)
 
 
+MARCHING_CUBES_METHODS = ("native", "scikit-image")
+
+
 def _skimage_measure():
     try:
         from skimage import measure
     except ImportError:
         raise ImportError(
-            "surface extraction needs scikit-image (marching cubes): pip install 'embodied-accel[shape]'"
+            "marching cubes method 'scikit-image' needs scikit-image: pip install scikit-image "
+            "(or use the default method, 'native')"
         ) from None
     return measure
 
@@ -65,8 +73,10 @@ def surface_cell_corners(values: np.ndarray, level: float) -> np.ndarray:
     return window(np.pad(crossed, 1), np.logical_or)  # per point: a corner of a crossed cell
 
 
-def marching_cubes(grid, level: float, resolution: int, bounds: float) -> Mesh:
+def marching_cubes(grid, level: float, resolution: int, bounds: float, method: str = "native") -> Mesh:
     """The ``level`` iso-surface of ``grid [R + 1]³`` (a tensor or array; positive = inside) as a :class:`Mesh`."""
+    if method not in MARCHING_CUBES_METHODS:
+        raise ValueError(f"marching cubes method: expected one of {', '.join(MARCHING_CUBES_METHODS)}, got {method!r}")
     values = grid.detach().cpu().numpy() if hasattr(grid, "detach") else np.asarray(grid)
     values = np.ascontiguousarray(values, dtype=np.float32)
     if not (values.min() < level < values.max()):
@@ -74,10 +84,15 @@ def marching_cubes(grid, level: float, resolution: int, bounds: float) -> Mesh:
             f"no surface: every SDF value of the grid is on one side of the level {level} "
             f"(min {values.min():.4g}, max {values.max():.4g})"
         )
-    mask = surface_cell_corners(values, level)
-    vertices, faces, _normals, _values = _skimage_measure().marching_cubes(values, level, method="lewiner", mask=mask)
+    if method == "native":
+        surface = native_marching_cubes(values, level)
+        vertices, faces = surface.vertices, surface.faces
+    else:
+        mask = surface_cell_corners(values, level)
+        vertices, faces, _normals, _values = _skimage_measure().marching_cubes(values, level, method="lewiner", mask=mask)
+        faces = faces[:, ::-1]
     vertices = (vertices / resolution * (2 * bounds) - bounds).astype(np.float32)
-    return Mesh(vertices, np.ascontiguousarray(faces[:, ::-1]).astype(np.int64))
+    return Mesh(vertices, np.ascontiguousarray(faces).astype(np.int64))
 
 
 # ---- writers --------------------------------------------------------------------------------------------------
@@ -228,4 +243,4 @@ def load_mesh(path: str | Path) -> Mesh:
         raise ValueError(f"{path}: not a readable mesh ({exc})") from None
 
 
-__all__ = ["MESH_FORMATS", "Mesh", "export_mesh", "load_mesh", "marching_cubes"]
+__all__ = ["MARCHING_CUBES_METHODS", "MESH_FORMATS", "Mesh", "export_mesh", "load_mesh", "marching_cubes"]
