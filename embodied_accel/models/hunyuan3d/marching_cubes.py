@@ -1,4 +1,4 @@
-"""Marching cubes in whole-tensor PyTorch ops, on any device: the iso-surface of a 3D grid as vertices and triangles.
+"""Marching cubes in whole-array NumPy: the iso-surface of a 3D grid as vertices and triangles.
 
 The algorithm is the classic one with the asymptotic decider on cell faces (Nielson and Hamann, 1991):
 
@@ -12,12 +12,13 @@ The algorithm is the classic one with the asymptotic decider on cell faces (Niel
   when the product of the inside diagonal's values exceeds the product of the outside diagonal's (values taken
   relative to the level). Both cells that share a face compute the same decision from the same four values, so the
   mesh has no cracks.
-* The segments chain into closed loops around the cell; each loop is one polygon, fanned into triangles, wound so
-  that the triangles' normals point from inside to outside (out of the shape).
+* The segments chain into closed loops around the cell; each loop is one polygon, wound so that the triangles'
+  normals point from inside to outside (out of the shape), and triangulated with the shortest diagonals that no
+  neighbouring cell could draw too (a polygon with none is fanned around a vertex at its centre).
 
 The triangulation of every (corner signs, face decisions) combination is derived below from these rules once (no
-hand-written case table), then applied to all crossed cells at once: one table look-up per cell, one ``unique`` over
-the crossed edges the triangles use. What the classic algorithm does not resolve is an ambiguity in a cell's interior
+hand-written case table), then applied to all crossed cells at once: one table look-up per cell, and one look-up
+per triangle corner in an edge -> vertex map built slab by slab. What the classic algorithm does not resolve is an ambiguity in a cell's interior
 (the trilinear interpolant may join two of its faces' patches through a tunnel that never touches a face); Lewiner's
 variant, scikit-image's, adds interior tests and extra vertices for it. Both give the same vertices on the grid's
 edges; the triangles differ where cells are ambiguous or where the same polygon is split along another diagonal.
@@ -71,6 +72,11 @@ def _cross(a, b):
     return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
 
 
+def _edge_midpoint(e: int) -> tuple[float, float, float]:
+    a, b = (_corner_offset(c) for c in EDGES[e])
+    return tuple((x + y) / 2 for x, y in zip(a, b, strict=True))
+
+
 def _directed_segments(case: int, f: int, join_inside: bool) -> list[tuple[int, int]]:
     """The segments in which the surface meets face ``f``, each directed so that, seen from outside the cell, the
     inside part of the face lies on its left."""
@@ -91,8 +97,7 @@ def _directed_segments(case: int, f: int, join_inside: bool) -> list[tuple[int, 
     segments = []
     for a, b in pairs:
         ea, eb = ring[a], ring[b]
-        mid = [[(x + y) / 2 for x, y in zip(_corner_offset(EDGES[e][0]), _corner_offset(EDGES[e][1]), strict=True)]
-               for e in (ea, eb)]  # fmt: skip
+        mid = [_edge_midpoint(ea), _edge_midpoint(eb)]
         shared = set(EDGES[ea]) & set(EDGES[eb])
         if shared:  # the segment cuts off this corner
             probe = shared.pop()
@@ -139,11 +144,6 @@ def _triangles(case: int, joins: int) -> tuple[list[tuple[int, int, int]], list[
             fan = [(polygon[i], polygon[(i + 1) % len(polygon)], centre) for i in range(len(polygon))]
         triangles += fan
     return triangles, centres
-
-
-def _edge_midpoint(e: int) -> tuple[float, float, float]:
-    a, b = (_corner_offset(c) for c in EDGES[e])
-    return tuple((x + y) / 2 for x, y in zip(a, b, strict=True))
 
 
 _FACE_EDGES = [{_EDGE_OF[frozenset((c[i], c[(i + 1) % 4]))] for i in range(4)} for c in FACES]
@@ -199,7 +199,6 @@ class _Tables:
     centres: np.ndarray  # [256 * 64, C, 12] bool: the edges whose vertices' mean is each centre vertex
     centre_count: np.ndarray  # [256 * 64]
     ambiguous_faces: np.ndarray  # [256] uint8: bit f set when face f is ambiguous for the case
-    edge_crossed: np.ndarray  # [12, 256] bool: whether edge e's two corners are on opposite sides
 
 
 @functools.cache
@@ -221,8 +220,7 @@ def _tables() -> _Tables:
             centres[row, i, polygon] = True
     corners = np.array([t for row in range(256 * 64) for t in rows.get(row, ([], []))[0]], np.int64)
     first = np.cumsum(count) - count
-    edge_crossed = np.array([[((case >> a) & 1) != ((case >> b) & 1) for case in range(256)] for a, b in EDGES])
-    return _Tables(corners, first, count, centres, centre_count, np.array(ambiguous, np.uint8), edge_crossed)
+    return _Tables(corners, first, count, centres, centre_count, np.array(ambiguous, np.uint8))
 
 
 @dataclass(frozen=True)
@@ -310,10 +308,10 @@ def marching_cubes(values: np.ndarray, level: float = 0.0) -> Surface:
 
     # triangles: each cell's row of the table, in cell order; corners as cell edges 0-11 or centres 12, 13, ...
     count = tables.count[row]
-    first = np.cumsum(count) - count
-    triangle = np.repeat(tables.first[row] - first, count) + np.arange(first[-1] + count[-1])
+    cell_first_triangle = np.concatenate([[0], np.cumsum(count)])
+    first = cell_first_triangle[:-1]
+    triangle = np.repeat(tables.first[row] - first, count) + np.arange(cell_first_triangle[-1])
     corners = tables.corners[triangle]  # [F, 3]
-    cell_first_triangle = np.append(first, first[-1] + count[-1])
     # rare: polygons fanned around a centre vertex (the mean of their vertices), numbered after the edges' vertices
     centre_count = tables.centre_count[row]
     centre_cells = np.flatnonzero(centre_count)
@@ -342,13 +340,13 @@ def marching_cubes(values: np.ndarray, level: float = 0.0) -> Surface:
         faces[t0:t1] = vertex_of[np.repeat(origins[c0:c1] - base, count[c0:c1])[:, None] + corner_key[t0:t1]]
         owners = centre_cells[(centre_cells >= c0) & (centre_cells < c1)]
         if len(owners):
-            owner = np.repeat(owners, centre_count[owners])
-            which = np.arange(len(owner)) - np.repeat(np.cumsum(centre_count[owners]) - centre_count[owners],
-                                                      centre_count[owners])  # fmt: skip
+            per_owner = centre_count[owners]
+            owner = np.repeat(owners, per_owner)
+            which = np.arange(len(owner)) - np.repeat(np.cumsum(per_owner) - per_owner, per_owner)
             members = tables.centres[row[owner], which]  # [C, 12]
-            member_vertex = vertex_of[np.where(members, origins[owner, None] - base + edge_key, origins[owner, None] - base)]
-            points = (vertices[np.where(members, member_vertex, 0)] * members[..., None]).sum(1) / members.sum(1)[:, None]
-            centre_points[first_centre[owner] + which] = points
+            member_vertex = vertex_of[origins[owner, None] - base + np.where(members, edge_key, 0)]  # [C, 12]
+            member_points = vertices[np.where(members, member_vertex, 0)] * members[..., None]
+            centre_points[first_centre[owner] + which] = member_points.sum(1) / members.sum(1)[:, None]
     if on_edge is None:
         return Surface(vertices, faces)
     centre_id = len(vertices) + np.repeat(first_centre, count)[:, None] + corners - 12
