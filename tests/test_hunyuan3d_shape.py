@@ -284,3 +284,9 @@ def test_marching_cubes_masked_to_the_crossed_cells_returns_scikit_images_full_o
             masked = measure.marching_cubes(grid, level, method="lewiner", mask=mask)
             for a, b in zip(full, masked, strict=True):
                 assert np.array_equal(a, b)
+
+
+def test_bad_settings_are_refused_before_any_work(pipeline, image):
+    for field, value in (("decoding", "octree"), ("marching_cubes", "lewiner")):
+        with pytest.raises(ValueError, match=f"{field}: expected one of"):
+            pipeline.generate(image, ShapeSettings(steps=2, octree_resolution=16, **{field: value}))

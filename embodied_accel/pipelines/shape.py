@@ -29,7 +29,7 @@ from .. import platform as platform_mod
 from ..cache import CacheConfig, CachedDiT, CacheReport, DiTCachePlan, SignalRecorder
 from ..models.hunyuan3d import grid_query
 from ..models.hunyuan3d.config import PRESETS, Hunyuan3DConfig, get_preset
-from ..models.hunyuan3d.mesh import Mesh, marching_cubes
+from ..models.hunyuan3d.mesh import MARCHING_CUBES_METHODS, Mesh, marching_cubes
 from ..models.hunyuan3d.model import GeometryKV, Hunyuan3DModel, StepModulation
 from ..models.hunyuan3d.processor import process_image, read_image
 from ..models.hunyuan3d.sampler import make_schedule, sample
@@ -234,6 +234,9 @@ class ShapePipeline:
         check_octree_resolution(settings.octree_resolution)
         if settings.decoding not in DECODINGS:
             raise ValueError(f"decoding: expected one of {', '.join(DECODINGS)}, got {settings.decoding!r}")
+        if settings.marching_cubes not in MARCHING_CUBES_METHODS:  # before the sampling, not after it
+            raise ValueError(f"marching_cubes: expected one of {', '.join(MARCHING_CUBES_METHODS)}, "
+                             f"got {settings.marching_cubes!r}")  # fmt: skip
         distilled = cfg.dit.guidance_embed
         bucket = ShapeBucket(steps, float(settings.guidance) if distilled else None)
         schedule = make_schedule(cfg, steps)
