@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from embodied_accel.models.hunyuan3d import grid_query
 from embodied_accel.models.hunyuan3d.model import Hunyuan3DModel
 from embodied_accel.models.hunyuan3d.sampler import make_schedule, sample
-from embodied_accel.models.hunyuan3d.volume import axis_coordinates, decode_dense, point_query
+from embodied_accel.models.hunyuan3d.volume import decode_dense, point_query, query_points
 from embodied_accel.models.hunyuan3d.weights import config_from_checkpoint, load_checkpoint_weights
 from embodied_accel.ops import get_ops
 
@@ -96,12 +96,13 @@ def test_vae_sdf_and_grid():
     assert close(grid, io["vae.grid_logits"][0]) <= TOL
     # the grid form: per-axis tables, the per-shape constants folded, explicit attention over the few latents
     assert grid_query.applies(model.vae)
-    folded, rows = grid_query.fold(model.vae, kv), resolution + 1
-    tables = grid_query.axis_tables(model.vae, axis_coordinates(resolution, 1.01, "cpu"), rows)
-    offsets = torch.arange(3) * rows
-    grid = decode_dense(lambda ijk, r: grid_query.query(model.vae, ijk + offsets, tables, folded), resolution, 1000,
-                        "cpu")  # fmt: skip
+    folded = grid_query.fold(model.vae, kv)
+    decoder = grid_query.GridFormDecoder(model.vae, 1.01, 1000, "cpu",
+                                         lambda tokens: grid_query.decode(model.vae, tokens, folded))  # fmt: skip
+    grid = decode_dense(decoder, resolution, 1000, "cpu")  # spans: the (j, k) plane's table
     assert close(grid, io["vae.grid_logits"][0]) <= TOL
+    points = query_points(decoder, torch.arange(grid.numel()), resolution, 1000)  # scattered points: three gathers
+    assert close(points.view_as(grid), io["vae.grid_logits"][0]) <= TOL
 
 
 def test_mesh_matches_upstream_up_to_its_vertex_scale():

@@ -268,9 +268,10 @@ def linear_into(
 # ---- ops first used by VGGT
 
 
-def gelu(x: torch.Tensor) -> torch.Tensor:
-    """GELU with the exact erf form (``nn.GELU()``), as DINOv2 / VGGT use."""
-    return F.gelu(x)
+def gelu(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """GELU with the exact erf form (``nn.GELU()``), as DINOv2 / VGGT use; into ``out`` when given (``x`` itself
+    for in place)."""
+    return F.gelu(x) if out is None else torch.ops.aten.gelu.out(x, out=out)
 
 
 def prepare_rope_2d(cos: torch.Tensor, sin: torch.Tensor) -> Rope2DTables:

@@ -34,8 +34,7 @@ from ..models.hunyuan3d.model import GeometryKV, Hunyuan3DModel, StepModulation
 from ..models.hunyuan3d.processor import process_image, read_image
 from ..models.hunyuan3d.sampler import make_schedule, sample
 from ..models.hunyuan3d.volume import (
-    GridQueryFn,
-    axis_coordinates,
+    GridDecoder,
     check_octree_resolution,
     decode_dense,
     decode_hierarchical,
@@ -147,7 +146,7 @@ class ShapePipeline:
         runtime = {"mode": capture, "buffers": self.buffers, "graph_backend": graph_backend, "plat": plat}
         self.conditioner_call = BucketedCall(self._condition, self.plan, dict, **runtime)
         self.dit_call = BucketedCall(self._dit_step, lambda bucket: {}, dict, **runtime)
-        self.decoder_call = BucketedCall(self._query, lambda bucket: {}, dict, **runtime)
+        self.decoder_call = BucketedCall(self._query, self._decoder_plan, dict, **runtime)
         self.grid_form = grid_query.applies(model.vae)  # see models/hunyuan3d/grid_query.py
 
     config: Hunyuan3DConfig = property(lambda self: self.model.config)  # type: ignore[assignment]
@@ -172,13 +171,21 @@ class ShapePipeline:
     def _dit_step(self, buffers: dict, x: torch.Tensor, txt: torch.Tensor, mods: StepModulation) -> torch.Tensor:
         return self.model.dit(x, txt, mods)
 
+    def _decoder_plan(self, chunk: int | None) -> dict[str, BufferSpec]:
+        """The grid form's workspace for chunks of ``chunk`` points, eagerly run (a captured call allocates its
+        intermediates in its own memory: a compiled graph or a CUDA graph's pool)."""
+        if chunk is None or self.capture != "eager":
+            return {}
+        build = lambda _: grid_query.GridWorkspace.allocate(self.model.vae, chunk, self.device)  # noqa: E731
+        return {"workspace": BufferSpec(build, key=("grid decoding", chunk))}
+
     def _query(self, buffers: dict, *tensors: torch.Tensor) -> torch.Tensor:
-        """One chunk of grid points: ``(cells, tables, *folded decoder)`` in the grid form, else ``(points, keys,
+        """One chunk of grid points: ``(tokens [W, N], *folded decoder)`` in the grid form, else ``(points, keys,
         values)``."""
         vae = self.model.vae
         if self.grid_form:
-            cells, tables, *folded = tensors
-            return grid_query.query(vae, cells, tables, grid_query.FoldedDecoder(*folded))
+            tokens, *folded = tensors
+            return grid_query.decode(vae, tokens, grid_query.FoldedDecoder(*folded), buffers.get("workspace"))
         points, keys, values = tensors
         return vae.query(points, GeometryKV(keys, values))[0]
 
@@ -188,26 +195,17 @@ class ShapePipeline:
             return settings.num_chunks
         return CPU_CHUNK if self.device.type == "cpu" else DEVICE_CHUNK
 
-    def grid_decoder(self, kv: GeometryKV, settings: ShapeSettings) -> GridQueryFn:
-        """The decoder of one shape on its grid: through the decoder's grid form when it applies (per-axis tables
-        of each resolution, padded to the finest one's size so every level's chunks have one shape), else on the
+    def grid_decoder(self, kv: GeometryKV, settings: ShapeSettings) -> GridDecoder:
+        """The decoder of one shape on its grid: through the decoder's grid form when it applies, else on the
         points' coordinates."""
         vae, dtype = self.model.vae, self.model.compute_dtype
         if not self.grid_form:
             return point_query(lambda points: self.decoder_call(None, points.to(dtype), kv.keys, kv.values),
                                settings.bounds, self.device)  # fmt: skip
         folded = grid_query.fold(vae, kv).flat()
-        rows = settings.octree_resolution + 1
-        offsets = torch.arange(3, device=self.device) * rows  # the x, y and z blocks of the tables
-        tables: dict[int, torch.Tensor] = {}
-
-        def query(ijk: torch.Tensor, resolution: int) -> torch.Tensor:
-            if resolution not in tables:
-                axis = axis_coordinates(resolution, settings.bounds, self.device)
-                tables[resolution] = grid_query.axis_tables(vae, axis, rows)
-            return self.decoder_call(None, ijk + offsets, tables[resolution], *folded)
-
-        return query
+        chunk = self.chunk_size(settings)
+        return grid_query.GridFormDecoder(vae, settings.bounds, chunk, self.device,
+                                          lambda tokens: self.decoder_call(chunk, tokens, *folded))  # fmt: skip
 
     def _synchronize(self) -> None:
         """Stage times are wall times of finished work: wait for the device at stage boundaries."""
