@@ -46,7 +46,7 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
     p.add_argument("--marching-cubes", choices=MARCHING_CUBES_METHODS, default="native",
                    help="surface extraction: this package's marching cubes (default) or scikit-image's Lewiner "
                         "variant, upstream's (same vertices, its own triangles; needs scikit-image)")  # fmt: skip
-    p.add_argument("--num-chunks", type=int, help="query points per decoder call (default: 2048 on a CPU, else 8000)")
+    p.add_argument("--num-chunks", type=int, help="query points per decoder call (default: 8000)")
     p.add_argument("--cache", type=Path, metavar="FILE.json", help="DiT cache settings (FBCache, TeaCache, TaylorSeer)")
     p.add_argument("--seed", type=int, default=0, help="noise seed (and a preset's weight seed); default 0")
     p.add_argument(

@@ -13,8 +13,8 @@ sampling (``--steps`` steps with CFG), volume decoding (dense on both sides at `
 hierarchical), surface extraction (marching cubes). Each stage is timed by the wall clock and by this process's
 CPU time (which other processes on a shared machine do not inflate); ratios are ours / upstream of the median and
 of the minimum. Upstream decodes in chunks of ``--num-chunks`` points (8000, its default), ours in its own default
-(2048 on a CPU); ``upstream_at_ours_chunks`` runs upstream at ours' chunk size too, to show what the chunk size
-alone makes. Ours also runs with ``capture="compile"`` (``--no-compile`` skips it; compilation happens in the
+(also 8000) or ``--ours-num-chunks``; where the two differ, ``upstream_at_ours_chunks`` runs upstream at ours' chunk
+size too, to show what the chunk size alone makes. Ours also runs with ``capture="compile"`` (``--no-compile`` skips it; compilation happens in the
 untimed first round). One JSON file: ``bench/results/<date>_hy3dgen_vs_ours_<config>_cpu.json`` with flat
 per-stage fields, aten ops per stage on both sides, the largest differences between the two outputs, the git
 commit and whether the tree was dirty, and the load average before and after.
