@@ -323,9 +323,9 @@ def marching_cubes(values: np.ndarray, level: float = 0.0) -> Surface:
     # into a map from (axis, lower end) to vertex, which the corners of the slab's cells then read. The map is
     # reused from slab to slab without clearing: a corner only reads edges its slab wrote
     plane = strides[0]
-    slab = max(1, _MAP_ENTRIES // (3 * plane) - 1)
+    slab = min(max(1, _MAP_ENTRIES // (3 * plane) - 1), n0 - 1)
     map_stride = (slab + 1) * plane
-    vertex_of = np.empty(3 * map_stride, np.int64)
+    vertex_of = np.empty(3 * map_stride, np.int32 if len(vertices) < 2**31 else np.int64)
     edge_key = np.array([e // 4 * map_stride + int(np.dot(_corner_offset(EDGES[e][0]), strides)) for e in range(12)])
     corner_key = edge_key[corners if on_edge is None else np.where(on_edge, corners, 0)]
     faces = np.empty_like(corners)
