@@ -290,3 +290,23 @@ def test_bad_settings_are_refused_before_any_work(pipeline, image):
     for field, value in (("decoding", "octree"), ("marching_cubes", "lewiner")):
         with pytest.raises(ValueError, match=f"{field}: expected one of"):
             pipeline.generate(image, ShapeSettings(steps=2, octree_resolution=16, **{field: value}))
+
+
+def test_images_are_taken_as_files_arrays_pil_images_or_processed_tensors(pipeline, image, tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, size=(40, 30, 4), dtype=np.uint8)
+    rgba[..., 3] = 0
+    rgba[8:30, 5:25, 3] = 255  # a foreground rectangle
+    Image.fromarray(rgba).save(tmp_path / "object.png")
+    from_array = pipeline.prepare_image(rgba)
+    assert torch.equal(pipeline.prepare_image(Image.fromarray(rgba)), from_array)
+    assert torch.equal(pipeline.prepare_image(tmp_path / "object.png"), from_array)
+    assert torch.equal(pipeline.prepare_image(str(tmp_path / "object.png")), from_array)
+    assert torch.equal(pipeline.prepare_image(image), image)  # processed: passed through
+    size = pipeline.config.processor_size
+    with pytest.raises(TypeError, match="image: expected a file path, a uint8 array .* got list"):
+        pipeline.generate([rgba], ShapeSettings(steps=2, octree_resolution=16))
+    with pytest.raises(ValueError, match=rf"image: a processed image tensor must be float \[1, 3, {size}, {size}\]"):
+        pipeline.generate(image[0], ShapeSettings(steps=2, octree_resolution=16))

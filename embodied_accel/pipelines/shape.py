@@ -31,7 +31,7 @@ from ..models.hunyuan3d import grid_query
 from ..models.hunyuan3d.config import PRESETS, Hunyuan3DConfig, get_preset
 from ..models.hunyuan3d.mesh import MARCHING_CUBES_METHODS, Mesh, marching_cubes
 from ..models.hunyuan3d.model import GeometryKV, Hunyuan3DModel, StepModulation
-from ..models.hunyuan3d.processor import process_image, read_image
+from ..models.hunyuan3d.processor import is_pil_image, pil_to_array, process_image, read_image
 from ..models.hunyuan3d.sampler import make_schedule, sample
 from ..models.hunyuan3d.volume import (
     GridDecoder,
@@ -215,16 +215,32 @@ class ShapePipeline:
 
     # ---- one generation
 
-    def prepare_image(self, image: str | Path | np.ndarray) -> torch.Tensor:
-        array = read_image(image) if isinstance(image, (str, Path)) else image
-        return process_image(array, self.config.processor_size, self.config.border_ratio).to(self.device)
+    def prepare_image(self, image) -> torch.Tensor:
+        """An image file, a uint8 array ``[H, W, 3 or 4]`` or a PIL image → the processed ``[1, 3, S, S]`` tensor;
+        an already processed tensor is checked and passed through."""
+        size = self.config.processor_size
+        if isinstance(image, torch.Tensor):
+            if tuple(image.shape) != (1, 3, size, size) or not image.is_floating_point():
+                raise ValueError(f"image: a processed image tensor must be float [1, 3, {size}, {size}] in [-1, 1], "
+                                 f"got {image.dtype} {list(image.shape)}")  # fmt: skip
+            return image.to(self.device)
+        if isinstance(image, (str, Path)):
+            array = read_image(image)
+        elif isinstance(image, np.ndarray):
+            array = image
+        elif is_pil_image(image):
+            array = pil_to_array(image)
+        else:
+            raise TypeError(f"image: expected a file path, a uint8 array [H, W, 3 or 4], a PIL image or a processed "
+                            f"[1, 3, {size}, {size}] tensor, got {type(image).__name__}")  # fmt: skip
+        return process_image(array, size, self.config.border_ratio).to(self.device)
 
     @torch.no_grad()
-    def generate(self, image: str | Path | np.ndarray | torch.Tensor, settings: ShapeSettings = ShapeSettings(),
+    def generate(self, image, settings: ShapeSettings = ShapeSettings(),
                  cache: CacheConfig | None = None, noise: torch.Tensor | None = None, progress: bool = False,
                  extract_surface: bool = True, decode: bool = True,
                  recorder: SignalRecorder | None = None) -> ShapeResult:  # fmt: skip
-        """One image (a file, a uint8 array, or an already processed ``[1, 3, S, S]`` tensor) → mesh.
+        """One image (a file, a uint8 array, a PIL image, or an already processed ``[1, 3, S, S]`` tensor) → mesh.
 
         ``decode=False`` stops after sampling (latents only); ``recorder`` runs the sampling steps through a
         TeaCache :class:`~embodied_accel.cache.SignalRecorder` (uncached; for calibration)."""
@@ -240,7 +256,7 @@ class ShapePipeline:
         bucket = ShapeBucket(steps, float(settings.guidance) if distilled else None)
         schedule = make_schedule(cfg, steps)
         timer = StageTimer(self._synchronize)
-        processed = image if isinstance(image, torch.Tensor) else self.prepare_image(image)
+        processed = self.prepare_image(image)
         cond = self.conditioner_call(None, processed.to(self.device, model.compute_dtype))
         classifier_free = not distilled
         txt = model.dit.embed_condition(cond, unconditional=classifier_free)  # [T, 2, D] with CFG

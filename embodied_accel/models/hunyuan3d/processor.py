@@ -34,10 +34,23 @@ def read_image(path: str | Path) -> np.ndarray:
     try:
         with Image.open(path) as image:
             image.load()
-            has_alpha = image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info)
-            return np.asarray(image.convert("RGBA" if has_alpha else "RGB"))
+            return pil_to_array(image)
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise ValueError(f"{path}: not a readable image ({exc})") from None
+
+
+def pil_to_array(image) -> np.ndarray:
+    """A PIL image → uint8 ``[H, W, 4]`` (RGBA) when it has transparency, else ``[H, W, 3]`` (RGB)."""
+    has_alpha = image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info)
+    return np.asarray(image.convert("RGBA" if has_alpha else "RGB"))
+
+
+def is_pil_image(image) -> bool:
+    try:
+        from PIL import Image
+    except ImportError:
+        return False
+    return isinstance(image, Image.Image)
 
 
 def recenter(image: np.ndarray, border_ratio: float) -> np.ndarray:
@@ -71,4 +84,4 @@ def process_image(image: np.ndarray, size: int, border_ratio: float) -> torch.Te
     return tensor.permute(2, 0, 1)[None].contiguous()
 
 
-__all__ = ["process_image", "read_image", "recenter"]
+__all__ = ["is_pil_image", "pil_to_array", "process_image", "read_image", "recenter"]
