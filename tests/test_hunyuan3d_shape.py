@@ -310,3 +310,29 @@ def test_images_are_taken_as_files_arrays_pil_images_or_processed_tensors(pipeli
         pipeline.generate([rgba], ShapeSettings(steps=2, octree_resolution=16))
     with pytest.raises(ValueError, match=rf"image: a processed image tensor must be float \[1, 3, {size}, {size}\]"):
         pipeline.generate(image[0], ShapeSettings(steps=2, octree_resolution=16))
+
+
+def test_cache_sweep_command_writes_speed_against_quality_and_a_chart(tmp_path, capsys):
+    configs = tmp_path / "sweep.json"
+    configs.write_text(json.dumps([{"method": "fbcache", "residual_diff_threshold": 0.0},
+                                   {"method": "taylorseer", "order": 1, "interval": 2}]))  # fmt: skip
+    out = tmp_path / "sweep"
+    code = main(["shape", "--steps", "6", "--octree-resolution", "12", "--no-progress", "--sweep-cache", str(out),
+                 "--sweep-configs", str(configs), "--sweep-runs", "1"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    (record_path,) = out.glob("*_hunyuan3d_cache_sweep_hunyuan3d-tiny_*.json")
+    assert record_path.with_suffix(".png").stat().st_size > 0
+    record = json.loads(record_path.read_text())
+    assert record["random_weights"] and [r["method"] for r in record["rows"]] == ["none", "fbcache", "taylorseer"]
+    none, exact, taylor = record["rows"]
+    assert exact["reused_steps"] == 0 and exact["chamfer"] <= 1e-12 and exact["volume_iou"] == 1.0  # threshold 0
+    assert taylor["reused_steps"] > 0 and taylor["computed_steps"] + taylor["reused_steps"] == 5
+    assert all(r["sampling_ms"] > 0 and r["speedup"] > 0 for r in record["rows"])
+
+    configs.write_text(json.dumps([{"method": "taylorseer", "order": 1}, {"method": "fbcache", "treshold": 1}]))
+    assert main(["shape", "--sweep-cache", str(out), "--sweep-configs", str(configs)]) == 2
+    assert f"--sweep-configs {configs} [1]: unknown key(s) treshold" in capsys.readouterr().err
+    assert main(["shape", "--sweep-configs", str(configs)]) == 2
+    assert "only with --sweep-cache" in capsys.readouterr().err
+    assert main(["shape", "--sweep-cache", str(out), "--cache", str(configs)]) == 2
+    assert "not with --cache" in capsys.readouterr().err

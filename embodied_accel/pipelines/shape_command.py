@@ -62,6 +62,13 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
                         "uncached samplings of IMAGE and write a TeaCache config (threshold --calibration-threshold)")  # fmt: skip
     p.add_argument("--calibration-runs", type=int, default=3, help="seeds to calibrate on (default: 3)")
     p.add_argument("--calibration-threshold", type=float, default=0.1, help="rel_l1_thresh written (default: 0.1)")
+    p.add_argument("--sweep-cache", type=Path, metavar="OUT_DIR",
+                   help="instead of a mesh: run IMAGE uncached, then with every cache setting of the sweep, and "
+                        "write sampling speed-up against mesh quality (Chamfer, F-score, IoU) as JSON and a chart")  # fmt: skip
+    p.add_argument("--sweep-configs", type=Path, metavar="FILE.json",
+                   help="the sweep's cache settings: a JSON list of --cache objects (default: FBCache, TeaCache and "
+                        "TaylorSeer around the Ascend recipe's settings)")  # fmt: skip
+    p.add_argument("--sweep-runs", type=int, default=3, help="runs per setting; the sampling time is their median")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     return p
 
@@ -81,6 +88,13 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--compare-to {args.compare_to}: no such mesh file")
     if args.checkpoint is not None and not args.checkpoint.is_dir():
         raise ValueError(f"--checkpoint {args.checkpoint}: not a directory (expected config.yaml + weights)")
+    if args.sweep_cache is None and (args.sweep_configs is not None or args.sweep_runs != 3):
+        raise ValueError("--sweep-configs / --sweep-runs: only with --sweep-cache OUT_DIR")
+    if args.sweep_cache is not None:
+        if args.cache is not None or args.calibrate_teacache is not None:
+            raise ValueError("--sweep-cache runs its own cache settings: not with --cache or --calibrate-teacache")
+        if args.sweep_runs < 1:
+            raise ValueError(f"--sweep-runs: expected an integer >= 1, got {args.sweep_runs}")
 
 
 def run_shape(args: argparse.Namespace, print_fn=print) -> int:
@@ -89,6 +103,12 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
 
     _check(args)
     cache = load_cache_config(args.cache) if args.cache is not None else None
+    sweep_configs = None
+    if args.sweep_cache is not None:  # settings and the chart's library checked before any work
+        from .shape_sweep import DEFAULT_SWEEP, check_chart_support, load_sweep_configs
+
+        check_chart_support()
+        sweep_configs = DEFAULT_SWEEP if args.sweep_configs is None else load_sweep_configs(args.sweep_configs)
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_PRESET)
     tiny = args.checkpoint is None and source == DEFAULT_PRESET
     resolution = args.octree_resolution or (TINY_OCTREE_RESOLUTION if tiny else 384)
@@ -121,6 +141,17 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
         path = save_cache_config(config, args.calibrate_teacache)
         print_fn(f"{path}: TeaCache coefficients {list(config.coefficients)} from {pairs} steps "
                  f"({args.calibration_runs} runs), fit R² {r2:.3f}")  # fmt: skip
+        return 0
+    if sweep_configs is not None:
+        from .shape_sweep import save_sweep, sweep_cache
+
+        def show(row: dict) -> None:
+            print_fn(f"  {row['label']:<36s} {row['sampling_ms']:9.1f} ms  x{row['speedup']:5.2f}  "
+                     f"reused {row['reused_steps']:3d}  F@0.01 {row['fscore@0.01']:.3f}  IoU {row['volume_iou']:.3f}")  # fmt: skip
+
+        record = sweep_cache(pipeline, image, settings, sweep_configs, args.sweep_runs, on_row=show)
+        path, chart = save_sweep(record, args.sweep_cache)
+        print_fn(f"{path}\n{chart}")
         return 0
     result = pipeline.generate(image, settings, cache=cache, progress=not args.no_progress)
     import time
