@@ -110,16 +110,20 @@ def cache_config_from_dict(data: dict[str, Any], where: str = "cache config") ->
     return config
 
 
-def load_cache_config(path: str | Path) -> CacheConfig:
-    """Read a cache configuration JSON file (see the module docstring)."""
+def read_settings_file(path: str | Path, option: str = "--cache") -> Any:
+    """A JSON file's content; a file that cannot be read or parsed is an error naming ``option`` and the file."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise CacheConfigError(f"--cache {path}: cannot read ({exc.strerror or exc})") from None
+        raise CacheConfigError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CacheConfigError(f"--cache {path}: not valid JSON ({exc})") from None
-    return cache_config_from_dict(data, where=f"--cache {path}")
+        raise CacheConfigError(f"{option} {path}: not valid JSON ({exc})") from None
+
+
+def load_cache_config(path: str | Path) -> CacheConfig:
+    """Read a cache configuration JSON file (see the module docstring)."""
+    return cache_config_from_dict(read_settings_file(path), where=f"--cache {path}")
 
 
 def save_cache_config(config: CacheConfig, path: str | Path) -> Path:
@@ -133,6 +137,7 @@ __all__ = [
     "CacheConfig",
     "CacheConfigError",
     "cache_config_from_dict",
+    "read_settings_file",
     "load_cache_config",
     "save_cache_config",
 ]

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..cache import CacheConfig, CacheConfigError, cache_config_from_dict
+from ..cache.config import read_settings_file
 from ..models.hunyuan3d.metrics import compare_meshes
 from .shape import ShapePipeline, ShapeSettings
 
@@ -42,13 +43,7 @@ DEFAULT_SWEEP: tuple[CacheConfig, ...] = (
 
 def load_sweep_configs(path: str | Path) -> list[CacheConfig]:
     """A JSON list of cache settings (each as in ``--cache``); errors name the file and the entry."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise CacheConfigError(f"--sweep-configs {path}: cannot read ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CacheConfigError(f"--sweep-configs {path}: not valid JSON ({exc})") from None
+    data = read_settings_file(path, "--sweep-configs")
     if not isinstance(data, list) or not data:
         raise CacheConfigError(f"--sweep-configs {path}: expected a non-empty JSON list of cache settings")
     return [cache_config_from_dict(entry, where=f"--sweep-configs {path} [{i}]") for i, entry in enumerate(data)]
