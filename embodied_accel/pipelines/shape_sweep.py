@@ -13,15 +13,13 @@ On random weights the quality columns only show that the machinery works; judge 
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from ..bench.harness import environment_stamp
 from ..cache import CacheConfig, CacheConfigError, cache_config_from_dict
 from ..cache.config import read_settings_file
 from ..models.hunyuan3d.metrics import compare_meshes
@@ -82,18 +80,17 @@ def sweep_cache(
                      **compare_meshes(result.mesh, reference.mesh)})  # fmt: skip
         if on_row is not None:
             on_row(rows[-1])
-    device = torch.cuda.get_device_name(pipeline.device) if pipeline.device.type == "cuda" else (
-        platform.processor() or platform.machine() or "cpu")  # fmt: skip
+    stamp = environment_stamp()  # device, versions, git sha, date, threads
+    if stamp["device_type"] != pipeline.device.type:  # a CPU pipeline on an accelerator's host
+        stamp.update(device=str(pipeline.device), device_type=pipeline.device.type)
     return {
-        "model": "hunyuan3d-2", "preset": pipeline.config.name, "source": pipeline.source, "device": device,
+        "model": "hunyuan3d-2", "preset": pipeline.config.name, "source": pipeline.source,
         "backend": pipeline.model.ops.backend, "capture": pipeline.capture,
         "dtype": str(pipeline.model.compute_dtype).removeprefix("torch."), "batch": 1,
         "steps": settings.steps or pipeline.config.default_steps, "guidance": settings.guidance,
         "octree_resolution": settings.octree_resolution, "decoding": settings.decoding, "runs": runs,
         "random_weights": pipeline.random_weights, "image": str(image) if isinstance(image, (str, Path)) else None,
-        "seed": settings.seed, "rows": rows,
-        "versions": {"torch": torch.__version__, "python": platform.python_version()},
-        "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "seed": settings.seed, "rows": rows, **stamp,
     }  # fmt: skip
 
 
@@ -114,7 +111,7 @@ def save_sweep(record: dict[str, Any], out_dir: str | Path) -> tuple[Path, Path]
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.fromisoformat(record["date"]).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     slug = "".join(c if c.isalnum() else "-" for c in record["device"].lower())[:24]
     path = out_dir / f"{stamp}_hunyuan3d_cache_sweep_{record['preset']}_{slug}.json"
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
