@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -49,8 +48,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
+from embodied_accel.bench.harness import count_aten_ops, git_state  # noqa: E402
 from embodied_accel.models.hunyuan3d.mesh import marching_cubes  # noqa: E402
 from embodied_accel.pipelines.shape import ShapeSettings, StageTimer, load_shape_pipeline  # noqa: E402
 
@@ -87,17 +86,16 @@ def build_upstream(config: dict, out_dir: Path):
     return model, vae, conditioner
 
 
-@torch.no_grad()
-def upstream_run(model, vae, conditioner, image, noise, steps, guidance, resolution, chunks) -> dict:
-    """Upstream's stages as its pipeline runs them (its scheduler, its modules), timed apart."""
-    from hy3dgen.shapegen.schedulers import FlowMatchEulerDiscreteScheduler
-
-    out = {}
-    clock = StageTimer(lambda: None)
+def upstream_condition(conditioner, image) -> dict:
+    """Upstream's conditioning: the image's embedding and the unconditional one, batched for CFG."""
     cond = conditioner(image=image)
     uncond = conditioner.unconditional_embedding(image.shape[0])
-    cond = {k: torch.cat([cond[k], uncond[k]]) for k in cond}
-    clock.stop("conditioning")
+    return {k: torch.cat([cond[k], uncond[k]]) for k in cond}
+
+
+def upstream_sample(model, cond: dict, noise, steps: int, guidance: float):
+    """Upstream's flow-matching loop with CFG (its scheduler, as its pipeline runs it)."""
+    from hy3dgen.shapegen.schedulers import FlowMatchEulerDiscreteScheduler
 
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000)
     scheduler.set_timesteps(sigmas=np.linspace(0, 1, steps), device="cpu")
@@ -107,20 +105,30 @@ def upstream_run(model, vae, conditioner, image, noise, steps, guidance, resolut
         v = model(x, t.expand(x.shape[0]).to(latents.dtype) / 1000, cond)
         v_cond, v_uncond = v.chunk(2)
         latents = scheduler.step(v_uncond + guidance * (v_cond - v_uncond), t, latents).prev_sample
-    clock.stop("diffusion sampling")
-    out["latents"] = latents
+    return latents
 
+
+def upstream_decode(vae, latents, resolution: int, chunks: int):
+    """Upstream's dense volume decoding: ``[1, R + 1, R + 1, R + 1]`` logits."""
     decoded = vae(latents / vae.scale_factor)
-    grid = vae.volume_decoder(decoded, vae.geo_decoder, bounds=1.01, num_chunks=chunks, octree_resolution=resolution,
+    return vae.volume_decoder(decoded, vae.geo_decoder, bounds=1.01, num_chunks=chunks, octree_resolution=resolution,
                               enable_pbar=False)  # fmt: skip
-    clock.stop("volume decoding")
-    out["grid"] = grid[0]
 
+
+@torch.no_grad()
+def upstream_run(model, vae, conditioner, image, noise, steps, guidance, resolution, chunks) -> dict:
+    """Upstream's stages as its pipeline runs them (its scheduler, its modules), timed apart."""
+    clock = StageTimer(lambda: None)
+    cond = upstream_condition(conditioner, image)
+    clock.stop("conditioning")
+    latents = upstream_sample(model, cond, noise, steps, guidance)
+    clock.stop("diffusion sampling")
+    grid = upstream_decode(vae, latents, resolution, chunks)
+    clock.stop("volume decoding")
     mesh = vae.surface_extractor(grid, mc_level=0.0, bounds=1.01, octree_resolution=resolution)[0]
     clock.stop("surface extraction")
-    out["vertices"] = 0 if mesh is None else len(mesh.mesh_v)
     times = dict(clock.wall, **{f"{k} cpu": v for k, v in clock.cpu.items()})
-    return {"times": times, **out}
+    return {"times": times, "latents": latents, "grid": grid[0], "vertices": 0 if mesh is None else len(mesh.mesh_v)}
 
 
 def ours_run(pipeline, image, noise, steps, guidance, resolution, chunks, decoding) -> dict:
@@ -137,85 +145,50 @@ def ours_run(pipeline, image, noise, steps, guidance, resolution, chunks, decodi
             "queried_points": result.decoding_stats["queried_points"]}  # fmt: skip
 
 
-class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched while active (host overhead, independent of the machine's load)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
+def aten_ops(fn) -> tuple:
+    """``(result, aten ops dispatched)`` of one call (host overhead, independent of the machine's load)."""
+    result, total, _ = count_aten_ops(fn)
+    return result, total
 
 
+@torch.no_grad()
 def upstream_ops(model, vae, conditioner, image, noise, steps, guidance, resolution, chunks) -> dict:
-    """Aten ops per stage of one upstream run (the same code as :func:`upstream_run`, stage by stage)."""
-    from hy3dgen.shapegen.schedulers import FlowMatchEulerDiscreteScheduler
-
-    counts = {}
-    with torch.no_grad():
-        with OpCounter() as c:
-            cond = conditioner(image=image)
-            uncond = conditioner.unconditional_embedding(image.shape[0])
-            cond = {k: torch.cat([cond[k], uncond[k]]) for k in cond}
-        counts["conditioning"] = c.count
-        with OpCounter() as c:
-            scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000)
-            scheduler.set_timesteps(sigmas=np.linspace(0, 1, steps), device="cpu")
-            latents = noise.clone()
-            for t in scheduler.timesteps:
-                x = torch.cat([latents] * 2)
-                v = model(x, t.expand(x.shape[0]).to(latents.dtype) / 1000, cond)
-                v_cond, v_uncond = v.chunk(2)
-                latents = scheduler.step(v_uncond + guidance * (v_cond - v_uncond), t, latents).prev_sample
-        counts["diffusion sampling"] = c.count
-        with OpCounter() as c:
-            decoded = vae(latents / vae.scale_factor)
-            vae.volume_decoder(decoded, vae.geo_decoder, bounds=1.01, num_chunks=chunks, octree_resolution=resolution,
-                               enable_pbar=False)  # fmt: skip
-        counts["volume decoding"] = c.count
-    return counts
+    """Aten ops per stage of one upstream run (the stages :func:`upstream_run` times)."""
+    cond, conditioning = aten_ops(lambda: upstream_condition(conditioner, image))
+    latents, sampling = aten_ops(lambda: upstream_sample(model, cond, noise, steps, guidance))
+    _, decoding = aten_ops(lambda: upstream_decode(vae, latents, resolution, chunks))
+    return {"conditioning": conditioning, "diffusion sampling": sampling, "volume decoding": decoding}
 
 
+@torch.no_grad()
 def ours_ops(pipeline, image, noise, steps, guidance, resolution, chunks) -> dict:
     """Aten ops per stage of one of our eager runs: the pipeline's pieces in the order ``generate`` runs them."""
     from embodied_accel.models.hunyuan3d.sampler import make_schedule, sample
     from embodied_accel.models.hunyuan3d.volume import decode_dense
     from embodied_accel.pipelines.shape import ShapeBucket, ShapeSettings
 
-    model, counts = pipeline.model, {}
+    model = pipeline.model
     bucket = ShapeBucket(steps, None)
     mods = pipeline.buffers.acquire(pipeline.plan(bucket)).values["modulations"]
-    with torch.no_grad():
-        with OpCounter() as c:
-            cond = pipeline.conditioner_call(None, image)
-            txt = model.dit.embed_condition(cond, unconditional=True)
-        counts["conditioning"] = c.count
-        with OpCounter() as c:
-            latents = sample(lambda x, i: pipeline.dit_call(bucket, x, txt, mods[i]), noise,
-                             make_schedule(pipeline.config, steps), guidance, True)  # fmt: skip
-        counts["diffusion sampling"] = c.count
-        with OpCounter() as c:
-            kv = model.vae.geometry_kv(model.vae.decode_latents(latents))
-            settings = ShapeSettings(octree_resolution=resolution, num_chunks=chunks)
-            decode_dense(pipeline.grid_decoder(kv, settings), resolution, chunks, "cpu")
-        counts["volume decoding"] = c.count
-    return counts
+    settings = ShapeSettings(octree_resolution=resolution, num_chunks=chunks)
+
+    def condition():
+        return model.dit.embed_condition(pipeline.conditioner_call(None, image), unconditional=True)
+
+    def decode(latents):
+        kv = model.vae.geometry_kv(model.vae.decode_latents(latents))
+        return decode_dense(pipeline.grid_decoder(kv, settings), resolution, chunks, "cpu")
+
+    txt, conditioning = aten_ops(condition)
+    latents, sampling = aten_ops(lambda: sample(lambda x, i: pipeline.dit_call(bucket, x, txt, mods[i]), noise,
+                                                make_schedule(pipeline.config, steps), guidance, True))  # fmt: skip
+    _, decoding = aten_ops(lambda: decode(latents))
+    return {"conditioning": conditioning, "diffusion sampling": sampling, "volume decoding": decoding}
 
 
 def summarize(samples: list[float]) -> dict:
     ms = [s * 1e3 for s in samples]
     return {"mean_ms": statistics.mean(ms), "p50_ms": statistics.median(ms), "min_ms": min(ms)}
-
-
-def git_state() -> tuple[str, bool]:
-    """This checkout's commit and whether its tracked files differ from it."""
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-    sha = sha.stdout.strip()
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
-    return sha, bool(status)
 
 
 def main() -> int:
