@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch
 
 from embodied_accel import load_policy
+from embodied_accel.bench.harness import git_state
 from embodied_accel.cache import CacheConfig, CachedDiT
 from embodied_accel.models.groot.plans import dit_cache_plan, sample_with_cache
 
@@ -44,13 +44,6 @@ CONFIGS = (  # pi0's experiment's settings, and larger FBCache / TeaCache thresh
     CacheConfig(method="taylorseer", order=0, interval=2),
 )
 REPEATS = 5  # timed runs per setting after one warm-up (the minimum is recorded)
-
-
-def git_state() -> tuple[str, bool]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False).stdout
-
-    return git("rev-parse", "HEAD").strip(), bool(git("status", "--porcelain", "--untracked-files=no").strip())
 
 
 @torch.no_grad()

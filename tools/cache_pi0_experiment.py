@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import platform
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from embodied_accel import load_policy  # noqa: E402
+from embodied_accel.bench.harness import git_state  # noqa: E402
 from embodied_accel.cache import CacheConfig, CachedDiT, DiTCachePlan  # noqa: E402
 from embodied_accel.cli import load_observation  # noqa: E402
 from embodied_accel.nn.gemma import PendingGatedResidual  # noqa: E402
@@ -129,7 +129,7 @@ def main() -> int:
         "experiment": "dit cache on the pi0 / pi0.5 action expert (random-weight tiny presets)",
         "device": platform.processor() or platform.machine(), "backend": "reference", "dtype": "float32",
         "rows": rows, "versions": {"torch": torch.__version__},
-        "git_sha": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip(),
+        "git_sha": git_state()[0],
         "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }  # fmt: skip
     out = REPO_ROOT / "bench" / "results" / f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}_cache_pi0_expert_cpu.json"

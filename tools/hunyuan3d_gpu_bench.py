@@ -24,7 +24,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -35,6 +34,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
+from embodied_accel.bench.harness import git_state  # noqa: E402
 from embodied_accel.cache import CacheConfig  # noqa: E402
 from embodied_accel.pipelines.shape import STAGES, ShapeSettings, load_shape_pipeline  # noqa: E402
 from embodied_accel.pipelines.shape_command import SAMPLE_IMAGE  # noqa: E402
@@ -87,7 +87,7 @@ def main() -> int:
         print("this benchmark needs an NVIDIA GPU", file=sys.stderr)
         return 2
     device_name = torch.cuda.get_device_name(0)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True).stdout.strip()
+    sha = git_state()[0]
     source = str(args.checkpoint) if args.checkpoint else args.preset
     for capture in args.capture:
         pipeline = load_shape_pipeline(source, backend="cuda", dtype=args.dtype, device="cuda", capture=capture,

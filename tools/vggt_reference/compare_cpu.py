@@ -26,32 +26,22 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = REPO_ROOT / "tests" / "fixtures" / "vggt_tiny"
 sys.path.insert(0, str(REPO_ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.counts = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.counts[str(func)] += 1
-        return func(*args, **(kwargs or {}))
+from embodied_accel.bench.harness import count_aten_ops  # noqa: E402
 
 
 def count_ops(fn) -> tuple[int, collections.Counter]:
     """Ops dispatched by one call, counted for every implementation under ``torch.inference_mode()`` (the mode
     ``VggtRunner`` runs in): the mode decides where composite ops (reshape, layer_norm, conv2d, ...) are counted, so
     all counts are taken in the same one."""
-    counter = OpCounter()
-    with counter, torch.inference_mode():
-        fn()
-    return sum(counter.counts.values()), counter.counts
+    with torch.inference_mode():
+        _, total, counts = count_aten_ops(fn)
+    return total, counts
 
 
 def in_inference_mode(fn):
