@@ -85,9 +85,9 @@ def test_the_workspace_gives_the_allocating_decode_bit_for_bit_and_is_reused():
     folded = grid_query.fold(vae, kv)
     work = grid_query.GridWorkspace.allocate(vae, CHUNK, "cpu")
     tables = grid_query.axis_tables(vae, volume.axis_coordinates(RESOLUTION, 1.01, "cpu"))
-    tokens, scratch = torch.empty(32, CHUNK), torch.empty(32, CHUNK)
+    tokens = torch.empty(32, CHUNK)
     for start in (0, 1300):
-        grid_query.embed_span(tables, start, tokens, scratch)
+        grid_query.embed_span(tables, start, tokens)
         before = tokens.clone()
         with_work = grid_query.decode(vae, tokens, folded, work)
         assert with_work.data_ptr() == work.logits.data_ptr()  # written into the workspace

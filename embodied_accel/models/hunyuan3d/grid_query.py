@@ -172,13 +172,10 @@ def embed_points(tables: GridTables, flat_index: torch.Tensor, out: torch.Tensor
     return out.add_(torch.index_select(tables.axes[2], 1, in_plane - row * n, out=scratch))
 
 
-def embed_span(tables: GridTables, start: int, out: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+def embed_span(tables: GridTables, start: int, out: torch.Tensor) -> torch.Tensor:
     """Query tokens ``out [W, N]`` of the flat indices ``start .. start + N - 1`` (past the grid's end: its last
-    point): per x-slab ``i``, ``T_x[i]`` plus a slice of the ``(j, k)`` plane's table (without one: as points)."""
+    point): per x-slab ``i``, ``T_x[i]`` plus a slice of the ``(j, k)`` plane's table (which ``tables`` must have)."""
     n, size = tables.n, out.shape[1]
-    if tables.plane is None:
-        index = torch.arange(start, start + size, device=out.device).clamp_(max=n**3 - 1)
-        return embed_points(tables, index, out, scratch)
     done, flat = 0, start
     while done < size and flat < n**3:
         slab, offset = divmod(flat, n * n)
@@ -288,7 +285,9 @@ class GridFormDecoder(GridDecoder):
     def span(self, start: int, size: int, resolution: int) -> torch.Tensor:
         if size != self.tokens.shape[1]:
             raise ValueError(f"span: this decoder embeds chunks of {self.tokens.shape[1]} points, got {size}")
-        return self.decode(embed_span(self._tables(resolution), start, self.tokens, self.scratch))
+        if not self.cheap_spans(resolution):  # no plane table: the span's points, gathered
+            return super().span(start, size, resolution)
+        return self.decode(embed_span(self._tables(resolution), start, self.tokens))
 
     def cheap_spans(self, resolution: int) -> bool:
         return self._tables(resolution).plane is not None

@@ -62,9 +62,9 @@ def grid_indices(flat_index: torch.Tensor, n: int, divisors: torch.Tensor | None
     return torch.remainder(flat_index[:, None] // divisors, n)
 
 
-def points_at(flat_index: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
+def points_at(flat_index: torch.Tensor, axis: torch.Tensor, divisors: torch.Tensor | None = None) -> torch.Tensor:
     """Coordinates ``[N, 3]`` of grid points given by their flat ``ij`` index."""
-    return axis[grid_indices(flat_index, axis.shape[0])]
+    return axis[grid_indices(flat_index, axis.shape[0], divisors)]
 
 
 #: Refinement decodes a whole span instead of scattered points when at least this fraction of the span's points
@@ -115,8 +115,7 @@ class _PointDecoder(GridDecoder):
         if resolution not in self.axes:
             n = resolution + 1
             self.axes[resolution] = axis_coordinates(resolution, self.bounds, self.device), index_divisors(n, self.device)
-        axis, divisors = self.axes[resolution]
-        return self.query(axis[grid_indices(flat_index, axis.shape[0], divisors)][None])
+        return self.query(points_at(flat_index, *self.axes[resolution])[None])
 
 
 def point_query(query: Callable[[torch.Tensor], torch.Tensor], bounds: float, device) -> GridDecoder:
