@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -49,7 +48,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
-from embodied_accel.bench.harness import count_aten_ops, git_state  # noqa: E402
+from embodied_accel.bench.harness import count_aten_ops, git_state, summarize  # noqa: E402
 from embodied_accel.models.hunyuan3d.mesh import marching_cubes  # noqa: E402
 from embodied_accel.pipelines.shape import ShapeSettings, StageTimer, load_shape_pipeline  # noqa: E402
 
@@ -184,11 +183,6 @@ def ours_ops(pipeline, image, noise, steps, guidance, resolution, chunks) -> dic
                                                 make_schedule(pipeline.config, steps), guidance, True))  # fmt: skip
     _, decoding = aten_ops(lambda: decode(latents))
     return {"conditioning": conditioning, "diffusion sampling": sampling, "volume decoding": decoding}
-
-
-def summarize(samples: list[float]) -> dict:
-    ms = [s * 1e3 for s in samples]
-    return {"mean_ms": statistics.mean(ms), "p50_ms": statistics.median(ms), "min_ms": min(ms)}
 
 
 def main() -> int:
