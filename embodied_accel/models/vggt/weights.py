@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,6 +24,8 @@ from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
 from ..safetensors_reader import SafetensorsReader, tensor_mismatch_report
+from .architecture import architecture_from_shapes
+from .architecture import config_for_checkpoint as architecture_config
 from .config import VggtConfig, get_preset
 from .model import FP32_PREFIXES
 
@@ -266,25 +267,14 @@ def resolve_checkpoint(source: str | Path) -> tuple[Path, dict | None]:
 
 
 def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, preset: str | None) -> VggtConfig:
-    """The architecture: ``preset`` if given, else the full-size ``vggt`` preset; head switches follow the
-    checkpoint's tensors, and the hub config's ``img_size`` / ``patch_size`` / ``embed_dim`` must agree."""
+    """The architecture of the checkpoint, read from its tensor shapes and ``config.json`` (see
+    :mod:`.architecture`); with ``preset``, that preset's, which both must agree with."""
     keys = source.keys()
     if not any(k.startswith("aggregator.") for k in keys):
         sample = ", ".join(sorted(keys)[:5])
         raise CheckpointError(f"{source.path}: not a VGGT checkpoint (no aggregator.* tensors; found {sample}, ...)")
-    config = get_preset(preset or "vggt")
-    enable = {
-        f"enable_{h}": any(k.startswith(f"{h}_head.") for k in keys) for h in ("camera", "depth", "point", "track")
-    }
-    config = replace(config, **enable)
-    if hub_config:
-        for ours, theirs in (("image_size", "img_size"), ("patch_size", "patch_size"), ("width", "embed_dim")):
-            if theirs in hub_config and int(hub_config[theirs]) != getattr(config, ours):
-                raise CheckpointError(
-                    f"{source.path}: config.json says {theirs}={hub_config[theirs]} but preset {config.name!r} has "
-                    f"{ours}={getattr(config, ours)} (pass --preset for a custom size)"
-                )
-    return config
+    found = architecture_from_shapes({key: source.shape(key) for key in keys})
+    return architecture_config(found, hub_config, preset, source.path, get_preset)
 
 
 def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device, progress: bool = False):
