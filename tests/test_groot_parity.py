@@ -14,9 +14,10 @@ from groot_fixture import TAGS, io, load, meta, observations, requires_groot_ext
 pytestmark = requires_groot_extra
 
 
-def model_inputs(policy, tag):
-    """The official pipeline's own model inputs (token ids, resized frames, normalized state), from the fixture."""
-    tensors = io()
+def model_inputs(policy, tag, tensors=None):
+    """The official pipeline's own model inputs (token ids, resized frames, normalized state), from the fixture
+    (``tensors``: another fixture's io.safetensors)."""
+    tensors = io() if tensors is None else tensors
     ids, valid = tensors[f"{tag}.input_ids"], tensors[f"{tag}.attention_mask"]
     spec = policy.processor.spec
     views = len(spec.video_keys)
