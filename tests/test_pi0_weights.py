@@ -207,6 +207,13 @@ def test_misshapen_tensor_is_listed(tmp_path):
         loaded("pi0-tiny", ckpt)
 
 
+def test_a_weight_stored_as_integers_is_refused_by_name(tmp_path):
+    key = "model.action_out_proj.weight"
+    ckpt = copy_checkpoint(tmp_path, edit=lambda t: t.update({key: t[key].to(torch.int32)}))
+    with pytest.raises(CheckpointError, match=r"action_out_proj\.weight: checkpoint I32, expected a floating-point"):
+        loaded("pi0-tiny", ckpt)
+
+
 def test_wrong_family_is_rejected(tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint is a pi0 policy but preset 'pi05-tiny' is pi05"):
         config_from_checkpoint(PI0, "pi05-tiny")
