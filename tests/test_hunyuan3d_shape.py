@@ -228,6 +228,13 @@ def test_shape_command_default_and_bad_input(tmp_path, capsys):
                  "--cache", str(cache), "--compare-to", str(out)])  # fmt: skip
     printed = capsys.readouterr().out
     assert code == 0 and "reused" in printed and "chamfer" in printed
+    recipe = json.loads((Path(__file__).parent / "fixtures" / "ascend_recipe" / "cache_config.json").read_text())
+    recipe["cache_forward"] = "Taylorseer"  # the recipe's own format, its TaylorSeer section
+    cache.write_text(json.dumps(recipe))
+    code = main(["shape", "-o", str(tmp_path / "r.glb"), "--steps", "6", "--octree-resolution", "12", "--no-progress",
+                 "--cache", str(cache)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0 and "TaylorSeer order 3 interval 4 (O3N3)" in printed and "reused" in printed
 
     cache.write_text(json.dumps({"method": "fbcache", "threshhold": 0.1}))
     assert main(["shape", "-o", str(out), "--cache", str(cache)]) == 2
