@@ -139,7 +139,11 @@ def test_fused_qwen3_layer_equals_a_plain_qwen3_layer():
     )
     with torch.no_grad():
         ours = model.llm.layers[0](h.reshape(b * s, d), b, s, tables, mask).view(b, s, d)
-    torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    # One layer, ~6 reductions of at most 96 terms (the MLP), fused vs separate: sqrt(6 x 96) u = 1.4e-6 of the
+    # output's scale (tests/fp32_tolerance.py).
+    from fp32_tolerance import fp32_tolerance, scaled_error
+
+    assert scaled_error(ours, expected) <= fp32_tolerance(6, 96)
 
 
 def test_embodiment_slot_reads_only_its_slice():
