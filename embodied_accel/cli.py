@@ -126,6 +126,9 @@ def _policy_options() -> argparse.ArgumentParser:
     group.add_argument(
         "--embodiment", metavar="TAG", help="GR00T: the embodiment tag (e.g. gr1); needed when a checkpoint has several"
     )
+    group.add_argument("--backbone-config", type=Path, metavar="FILE",
+                       help="GR00T: with --checkpoint, the Eagle backbone config.json it was trained with (any "
+                            "backbone; default: the released N1.6 one)")  # fmt: skip
     group.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="op backend (default: auto)")
     group.add_argument(
         "--cuda-attention",
@@ -370,6 +373,12 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
         if family_of(source).name != "groot":
             raise CLIError(f"--embodiment applies to GR00T policies; {source} is not one")
         extra["embodiment"] = args.embodiment
+    if args.backbone_config is not None:
+        from .policies import family_of
+
+        if args.checkpoint is None or family_of(source).name != "groot":
+            raise CLIError("--backbone-config applies to a GR00T --checkpoint")
+        extra["backbone_config"] = args.backbone_config
     start = time.perf_counter()
     policy = load_policy(
         source,

@@ -182,3 +182,67 @@ def test_teacache_calibration_recovers_a_known_relation():
     assert len(coefficients) == 5
     assert fit_quality(recorder.pairs, coefficients) > 0.9
     assert fit_quality(recorder.pairs, (0.0, 0.0, 0.0, 0.0, float(np.mean([p[1] for p in recorder.pairs])))) < 0.01
+
+
+# ---- the Ascend recipe's cache_config.json, as its write-up prints it (tests/fixtures/ascend_recipe)
+
+RECIPE = Path(__file__).parent / "fixtures" / "ascend_recipe" / "cache_config.json"
+
+
+def recipe_with(**changes) -> dict:
+    data = json.loads(RECIPE.read_text())
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            data[section][field] = value
+        else:
+            data[section] = value
+    return data
+
+
+def test_the_recipes_cache_config_is_read_as_written():
+    assert load_cache_config(RECIPE) == CacheConfig(method="none")  # its cache_forward: NoCache
+    fb = cache_config_from_dict(recipe_with(cache_forward="FBCache"))
+    assert (fb.method, fb.residual_diff_threshold) == ("fbcache", 0.05)
+    tea = cache_config_from_dict(recipe_with(cache_forward="TeaCache"))
+    assert (tea.method, tea.rel_l1_thresh, tea.warmup_steps) == ("teacache", 0.1, 2)
+    assert tea.coefficients == (733.226126, -401.131952, 67.5869174, -3.149879, 0.0961237896)
+    taylor = cache_config_from_dict(recipe_with(cache_forward="Taylorseer"))
+    assert (taylor.method, taylor.order, taylor.interval, taylor.warmup_steps, taylor.final_steps) == (
+        "taylorseer", 3, 4, 1, 1)  # fmt: skip
+    assert cache_config_from_dict(recipe_with(cache_forward="taylorseer", enable_separate_cfg=True)).separate_cfg
+
+
+def test_skip_interval_steps_is_our_interval_and_the_tables_n_counts_reused_steps():
+    """The recipe computes a step when (step - warmup + 1) % skip_interval_steps == 0: the same steps as our
+    interval; its tables' "O1N5" (5 steps reused between computed ones) is interval 6."""
+    steps, warmup = 20, 1
+    for interval in (1, 2, 4, 6):
+        config = cache_config_from_dict(recipe_with(cache_forward="Taylorseer", Taylorseer__skip_interval_steps=interval,
+                                                    Taylorseer__n_derivatives=1, Taylorseer__cutoff_steps=0))  # fmt: skip
+        cached = CachedDiT(polynomial_plan([0.5, 2.0]), config)
+        run(cached, steps)
+        recipe = [s < warmup or (s - warmup + 1) % interval == 0 for s in range(steps)]
+        assert cached.session.report.decisions[0] == recipe, interval
+    six = cache_config_from_dict(recipe_with(cache_forward="Taylorseer", Taylorseer__skip_interval_steps=6,
+                                             Taylorseer__n_derivatives=1))  # fmt: skip
+    assert six.describe() == "TaylorSeer order 1 interval 6 (O1N5)"
+
+
+@pytest.mark.parametrize(
+    "changes, fragment",
+    [
+        ({"cache_forward": "DeepCache"}, "cache_forward: expected one of NoCache, FBCache, TeaCache, Taylorseer"),
+        ({"cache_forward": "FBCache", "FBCache__threshold": 0.1}, "FBCache: unknown key.*threshold"),
+        ({"cache_forward": "Taylorseer", "Taylorseer__skip_interval_steps": 0},
+         "Taylorseer: skip_interval_steps: expected an integer >= 1"),
+        ({"TeaCache__judge_input": "hidden_states"}, "TeaCache: judge_input: only 'modulated_inp'"),
+        ({"FBCache__cache_name": "TeaCache"}, "FBCache: cache_name: expected 'FBCache'"),
+        ({"extra": 1}, "unknown key.*extra"),
+    ],
+)
+def test_a_bad_recipe_config_is_an_error_naming_the_key(tmp_path, changes, fragment):
+    path = tmp_path / "cache_config.json"
+    path.write_text(json.dumps(recipe_with(**changes)))
+    with pytest.raises(CacheConfigError, match=fragment):
+        load_cache_config(path)

@@ -148,6 +148,47 @@ def test_strict_loading_lists_missing_unexpected_and_misshaped_tensors(tmp_path)
     assert "model.latent_in.weight" in message and "model.extra.weight" in message and "vae.post_kl.bias" in message
 
 
+def test_misshaped_tensors_are_reported_in_the_checkpoints_layout(tmp_path):
+    """Shapes as the checkpoint stores them ([out, in] weights, DINOv2's [1, 1, C] token, separate LayerScales), not
+    as the loader lays them out after fusing and transposing."""
+    directory = _copy_fixture(tmp_path)
+    path = directory / "model.fp16.safetensors"
+    tensors = load_file(str(path))
+    dino = "conditioner.main_image_encoder.model."
+    tensors["model.double_blocks.0.img_attn.qkv.weight"] = torch.zeros(96, 33, dtype=torch.float16)
+    tensors[dino + "embeddings.cls_token"] = torch.zeros(1, 32, dtype=torch.float16)
+    tensors[dino + "encoder.layer.0.layer_scale1.lambda1"] = torch.zeros(31, dtype=torch.float16)
+    save_file(tensors, str(path))
+    with pytest.raises(CheckpointError) as error:
+        load_shape_pipeline(directory, progress=False)
+    message = str(error.value)
+    assert "model.double_blocks.0.img_attn.qkv.weight: checkpoint [96, 33], expected [96, 32]" in message
+    assert f"{dino}embeddings.cls_token: checkpoint [1, 32], expected [1, 1, 32]" in message
+    assert f"{dino}encoder.layer.0.layer_scale1.lambda1: checkpoint [31], expected [32]" in message
+    assert message.count("layer_scale1.lambda1") == 1  # read by two rules (weight and bias), listed once
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_non_finite_weight_is_refused_at_load_by_name(tmp_path, value):
+    directory = _copy_fixture(tmp_path)
+    path = directory / "model.fp16.safetensors"
+    tensors = load_file(str(path))
+    tensors["vae.geo_decoder.output_proj.weight"][0, 3] = value
+    save_file(tensors, str(path))
+    with pytest.raises(CheckpointError, match=r"tensor vae\.geo_decoder\.output_proj\.weight \[1, 32\] holds"):
+        load_shape_pipeline(directory, progress=False)
+
+
+def test_a_weight_stored_as_integers_is_refused_by_name(tmp_path):
+    directory = _copy_fixture(tmp_path)
+    path = directory / "model.fp16.safetensors"
+    tensors = load_file(str(path))
+    tensors["model.latent_in.weight"] = tensors["model.latent_in.weight"].to(torch.int32)
+    save_file(tensors, str(path))
+    with pytest.raises(CheckpointError, match=r"model\.latent_in\.weight: checkpoint I32, expected a floating"):
+        load_shape_pipeline(directory, progress=False)
+
+
 def test_a_checkpoint_of_another_model_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="config.yaml"):
         load_shape_pipeline(Path(__file__).parent / "fixtures" / "pi0_tiny", progress=False)
@@ -187,6 +228,13 @@ def test_shape_command_default_and_bad_input(tmp_path, capsys):
                  "--cache", str(cache), "--compare-to", str(out)])  # fmt: skip
     printed = capsys.readouterr().out
     assert code == 0 and "reused" in printed and "chamfer" in printed
+    recipe = json.loads((Path(__file__).parent / "fixtures" / "ascend_recipe" / "cache_config.json").read_text())
+    recipe["cache_forward"] = "Taylorseer"  # the recipe's own format, its TaylorSeer section
+    cache.write_text(json.dumps(recipe))
+    code = main(["shape", "-o", str(tmp_path / "r.glb"), "--steps", "6", "--octree-resolution", "12", "--no-progress",
+                 "--cache", str(cache)])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert code == 0 and "TaylorSeer order 3 interval 4 (O3N3)" in printed and "reused" in printed
 
     cache.write_text(json.dumps({"method": "fbcache", "threshhold": 0.1}))
     assert main(["shape", "-o", str(out), "--cache", str(cache)]) == 2
@@ -310,6 +358,52 @@ def test_images_are_taken_as_files_arrays_pil_images_or_processed_tensors(pipeli
         pipeline.generate([rgba], ShapeSettings(steps=2, octree_resolution=16))
     with pytest.raises(ValueError, match=rf"image: a processed image tensor must be float \[1, 3, {size}, {size}\]"):
         pipeline.generate(image[0], ShapeSettings(steps=2, octree_resolution=16))
+
+
+def _gradient_rgba(height: int, width: int) -> np.ndarray:
+    rows, cols = np.mgrid[0:height, 0:width]
+    rgba = np.stack([rows * 255 // max(height - 1, 1), cols * 255 // max(width - 1, 1), (rows + cols) % 256,
+                     np.zeros_like(rows)], -1).astype(np.uint8)  # fmt: skip
+    rgba[3 : height - 4, 5 : width - 6, 3] = 255
+    return rgba
+
+
+def test_16_bit_images_are_scaled_not_clipped(pipeline, tmp_path):
+    """A 16-bit PNG (grayscale or RGBA) is its 8-bit image scaled by 257, as file and as PIL image; Pillow's own
+    conversion would clip a 16-bit grayscale image to white."""
+    import cv2
+    from PIL import Image
+
+    rgba8 = _gradient_rgba(40, 30)
+    rgba16 = rgba8.astype(np.uint16) * 257
+    cv2.imwrite(str(tmp_path / "rgba16.png"), cv2.cvtColor(rgba16, cv2.COLOR_RGBA2BGRA))
+    assert torch.equal(pipeline.prepare_image(tmp_path / "rgba16.png"), pipeline.prepare_image(rgba8))
+    gray8 = rgba8[..., 0]
+    cv2.imwrite(str(tmp_path / "gray16.png"), gray8.astype(np.uint16) * 257)
+    expected = pipeline.prepare_image(np.repeat(gray8[..., None], 3, -1))
+    assert torch.equal(pipeline.prepare_image(tmp_path / "gray16.png"), expected)
+    with Image.open(tmp_path / "gray16.png") as image:
+        assert image.mode.startswith("I")
+        assert torch.equal(pipeline.prepare_image(image), expected)
+    assert expected.min() < 0  # not a white canvas
+
+
+@pytest.mark.parametrize(
+    "shape, opaque, fragment",
+    [
+        ((1, 1, 3), None, r"the foreground is 1x1 pixels \(1x1 image\)"),
+        ((20, 20, 4), (slice(5, 6), slice(2, 18)), r"the foreground is 1x16 pixels"),
+        ((20, 20, 4), (slice(0, 0), slice(0, 0)), r"empty \(20x20 pixels, none of them opaque\)"),
+    ],
+)
+def test_an_empty_image_is_refused_as_upstream_refuses_it(pipeline, shape, opaque, fragment):
+    """Upstream's box leaves out the foreground's last row and column: one pixel high or wide is empty."""
+    image = np.full(shape, 200, dtype=np.uint8)
+    if opaque is not None:
+        image[..., 3] = 0
+        image[opaque[0], opaque[1], 3] = 255
+    with pytest.raises(ValueError, match=fragment):
+        pipeline.prepare_image(image)
 
 
 def test_cache_sweep_command_writes_speed_against_quality_and_a_chart(tmp_path, capsys):

@@ -130,6 +130,16 @@ def test_mismatched_checkpoint_lists_every_problem(tmp_path):
     assert "depth_head.norm.weight: checkpoint [3], expected [64]" in message
 
 
+def test_a_weight_stored_as_integers_is_refused_by_name(tmp_path):
+    state = load_file(FIXTURE / "model.safetensors")
+    state["camera_head.embed_pose.weight"] = state["camera_head.embed_pose.weight"].to(torch.int32)
+    save_file(state, tmp_path / "model.safetensors")
+    torch.save(state, tmp_path / "model.pt")
+    for path in (tmp_path, tmp_path / "model.pt"):
+        with pytest.raises(CheckpointError, match="camera_head.embed_pose.weight: checkpoint I32, expected a floating"):
+            load_vggt_model(path, device="cpu", backend="reference", progress=False)
+
+
 def test_pt_file_and_module_prefix_load_like_safetensors(tmp_path):
     state = {f"module.{k}": v for k, v in load_file(FIXTURE / "model.safetensors").items()}
     torch.save({"model": state}, tmp_path / "model.pt")
@@ -175,6 +185,9 @@ class MetaCheckpoint:
 
     def shape(self, key):
         return tuple(self.layout[key])
+
+    def dtype(self, key):
+        return "F32"
 
     def get(self, key):
         return torch.empty(self.layout[key], device="meta")

@@ -10,6 +10,15 @@ Common limits: ``warmup_steps`` (the first steps are always computed), ``final_s
 ``max_cached_steps`` (at most this many reused steps per generation; -1 = no limit),
 ``max_consecutive_cached_steps`` (at most this many in a row; -1 = no limit). ``separate_cfg``: CFG runs as two
 calls per step, each stream with its own cache state (with batched CFG, one state serves the batch).
+
+The Ascend recipe's own ``cache_config.json`` is read as it is (:func:`cache_config_from_recipe`): ``cache_forward``
+names the section in force (``FBCache``, ``TeaCache``, ``Taylorseer`` or ``NoCache``), ``enable_separate_cfg`` is
+``separate_cfg``, and in the sections ``rel_l1_thresh`` is FBCache's ``residual_diff_threshold`` or TeaCache's
+``rel_l1_thresh``, ``n_derivatives`` is ``order``, ``warmup`` is ``warmup_steps``, ``cutoff_steps`` is
+``final_steps`` and ``skip_interval_steps`` is ``interval``: both count the steps from one computed step to the next
+(the recipe computes when ``(step − warmup + 1) % skip_interval_steps == 0``), so ``skip_interval_steps − 1`` steps
+are reused in between. The recipe's result tables name a setting by those reused steps instead: its "O1N5" is order
+1 with 5 steps reused, ``skip_interval_steps`` 6, our ``interval`` 6 (:meth:`CacheConfig.describe` gives both names).
 """
 
 from __future__ import annotations
@@ -79,8 +88,8 @@ class CacheConfig:
             return f"FBCache threshold {self.residual_diff_threshold}"
         if self.method == "teacache":
             return f"TeaCache threshold {self.rel_l1_thresh}"
-        if self.method == "taylorseer":
-            return f"TaylorSeer order {self.order} interval {self.interval}"
+        if self.method == "taylorseer":  # the recipe's tables count the reused steps between two computed ones
+            return f"TaylorSeer order {self.order} interval {self.interval} (O{self.order}N{self.interval - 1})"
         return "no cache"
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,8 +99,12 @@ class CacheConfig:
 
 
 def cache_config_from_dict(data: dict[str, Any], where: str = "cache config") -> CacheConfig:
+    """Our settings (see the module docstring), or the Ascend recipe's ``cache_config.json`` (a ``cache_forward``
+    key: :func:`cache_config_from_recipe`)."""
     if not isinstance(data, dict):
         raise CacheConfigError(f"{where}: expected a JSON object of cache settings, got {type(data).__name__}")
+    if "cache_forward" in data:
+        return cache_config_from_recipe(data, where)
     known = {f.name for f in fields(CacheConfig)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -108,6 +121,88 @@ def cache_config_from_dict(data: dict[str, Any], where: str = "cache config") ->
     except CacheConfigError as exc:
         raise CacheConfigError(str(exc).replace("cache config", where, 1)) from None
     return config
+
+
+#: The Ascend recipe's sections: its method name → ours, and each key of the section → our field (``None``: a key
+#: read and checked, with no counterpart here).
+RECIPE_SECTIONS: dict[str, tuple[str, dict[str, str | None]]] = {
+    "NoCache": ("none", {}),
+    "FBCache": ("fbcache", {"rel_l1_thresh": "residual_diff_threshold", "warmup": "warmup_steps",
+                            "cutoff_steps": "final_steps", "latent": None, "judge_input": None}),
+    "TeaCache": ("teacache", {"rel_l1_thresh": "rel_l1_thresh", "coefficients": "coefficients",
+                              "warmup": "warmup_steps", "cutoff_steps": "final_steps", "latent": None,
+                              "judge_input": None}),
+    "Taylorseer": ("taylorseer", {"n_derivatives": "order", "skip_interval_steps": "interval", "warmup": "warmup_steps",
+                                  "cutoff_steps": "final_steps", "offload": None}),
+}  # fmt: skip
+#: What the recipe's informational keys may say: the tensors its methods watch, which are ours too.
+_RECIPE_FIXED_VALUES = {
+    ("FBCache", "latent"): "latent",
+    ("FBCache", "judge_input"): "cache_latent",
+    ("TeaCache", "latent"): "latent",
+    ("TeaCache", "judge_input"): "modulated_inp",
+}
+
+
+def cache_config_from_recipe(data: dict[str, Any], where: str = "cache config") -> CacheConfig:
+    """The Ascend recipe's ``cache_config.json`` (``cache_forward`` + one section per method) as our settings.
+
+    Every section present is checked (an unknown section or key, or a bad value, is an error naming it); the one
+    ``cache_forward`` names is used. A key the section leaves out takes our default. ``offload`` (keeping
+    TaylorSeer's derivatives in host memory) changes memory, not results, and is accepted either way: the
+    derivatives stay on the device here. See the module docstring for how the keys map (``skip_interval_steps`` is
+    our ``interval``)."""
+    known_top = {"cache_forward", "comment", "enable_separate_cfg", *RECIPE_SECTIONS}
+    unknown = sorted(set(data) - known_top)
+    if unknown:
+        raise CacheConfigError(f"{where}: unknown key(s) {', '.join(unknown)} in the recipe's cache_config.json "
+                               f"format; known keys: {', '.join(sorted(known_top))}")  # fmt: skip
+    by_lower = {name.lower(): name for name in RECIPE_SECTIONS}
+    chosen = data["cache_forward"]
+    if not isinstance(chosen, str) or chosen.lower() not in by_lower:
+        raise CacheConfigError(f"{where}: cache_forward: expected one of {', '.join(RECIPE_SECTIONS)}, got {chosen!r}")
+    chosen = by_lower[chosen.lower()]
+    separate = data.get("enable_separate_cfg", False)
+    if not isinstance(separate, bool):
+        raise CacheConfigError(f"{where}: enable_separate_cfg: expected true or false, got {separate!r}")
+    configs = {}
+    for name, (method, keys) in RECIPE_SECTIONS.items():
+        if name not in data:
+            continue
+        section, at = data[name], f"{where}: {name}"
+        if not isinstance(section, dict):
+            raise CacheConfigError(f"{at}: expected a JSON object, got {type(section).__name__}")
+        unknown = sorted(set(section) - set(keys) - {"cache_name"})
+        if unknown:
+            raise CacheConfigError(f"{at}: unknown key(s) {', '.join(unknown)}; known keys: "
+                                   f"{', '.join(['cache_name', *keys])}")  # fmt: skip
+        if section.get("cache_name", name) != name:
+            raise CacheConfigError(f"{at}: cache_name: expected {name!r} (the section's name), "
+                                   f"got {section['cache_name']!r}")  # fmt: skip
+        for key in keys:
+            wanted = _RECIPE_FIXED_VALUES.get((name, key))
+            if wanted is not None and section.get(key, wanted) != wanted:
+                raise CacheConfigError(f"{at}: {key}: only {wanted!r} is supported, got {section[key]!r}")
+        if "offload" in section and not isinstance(section["offload"], bool):
+            raise CacheConfigError(f"{at}: offload: expected true or false, got {section['offload']!r}")
+        values: dict[str, Any] = {"method": method, "separate_cfg": separate}
+        values.update({ours: section[key] for key, ours in keys.items() if ours is not None and key in section})
+        if "coefficients" in values:
+            if not isinstance(values["coefficients"], list):
+                raise CacheConfigError(f"{at}: coefficients: expected a list of numbers, got {values['coefficients']!r}")
+            values["coefficients"] = tuple(values["coefficients"])
+        try:
+            configs[name] = CacheConfig(**values)
+        except CacheConfigError as exc:  # our field name → the recipe's key
+            message = str(exc).removeprefix("cache config: ")
+            field = message.split(":", 1)[0]
+            key = next((k for k, ours in keys.items() if ours == field), field)
+            raise CacheConfigError(f"{at}: {key}{message[len(field):]}") from None
+    if chosen == "NoCache" and chosen not in configs:
+        return CacheConfig(method="none", separate_cfg=separate)
+    if chosen not in configs:
+        raise CacheConfigError(f"{where}: cache_forward is {chosen!r} but there is no {chosen!r} section")
+    return configs[chosen]
 
 
 def read_settings_file(path: str | Path, option: str = "--cache") -> Any:
@@ -137,6 +232,7 @@ __all__ = [
     "CacheConfig",
     "CacheConfigError",
     "cache_config_from_dict",
+    "cache_config_from_recipe",
     "read_settings_file",
     "load_cache_config",
     "save_cache_config",

@@ -28,6 +28,10 @@ _SAFETENSORS_ITEM_BYTES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
     "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1,
 }  # fmt: skip
+#: The dtypes a weight may be stored in: a checkpoint tensor of any other dtype (an integer or bool where a weight is
+#: expected) is refused by every loader, whatever its shape.
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_NAMES_OF_TORCH_DTYPES = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
 #: The safetensors format caps its JSON header at 100 MB.
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 #: The first line of a git-lfs pointer file (what a clone without ``git lfs`` leaves in place of the weights).
@@ -125,6 +129,10 @@ class SafetensorsReader:
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self.entries[key]["shape"])
 
+    def dtype(self, key: str) -> str:
+        """The tensor's dtype as the file names it (``F32``, ``BF16``, ``I32``, ...), read from the header."""
+        return self.entries[key]["dtype"]
+
     def get_tensor(self, key: str) -> torch.Tensor:
         entry = self.entries[key]
         if entry["dtype"] not in SAFETENSORS_DTYPES:
@@ -138,14 +146,46 @@ class SafetensorsReader:
         return buffer.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(entry["shape"])
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype under its safetensors name (``torch.int32`` → ``I32``), for tensors read from other formats."""
+    return _NAMES_OF_TORCH_DTYPES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def wrong_dtype_line(key: str, stored: str) -> str | None:
+    """The report line for checkpoint tensor ``key`` if its dtype ``stored`` (a safetensors name) is not a
+    floating-point one (every weight a loader reads is), else ``None``."""
+    if stored in FLOAT_DTYPES:
+        return None
+    return f"{key}: checkpoint {stored}, expected a floating-point dtype ({', '.join(FLOAT_DTYPES)})"
+
+
+def non_finite_error(path: str | Path, key: str, tensor: torch.Tensor) -> CheckpointError | None:
+    """A :class:`CheckpointError` naming checkpoint tensor ``key`` of ``path`` if it holds a NaN or an infinity
+    (a damaged or diverged checkpoint), else ``None``."""
+    finite = torch.isfinite(tensor)
+    if bool(finite.all()):
+        return None
+    nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    return CheckpointError(
+        f"{path}: tensor {key} {list(tensor.shape)} holds {nan} NaN and {inf} infinite value(s) of "
+        f"{tensor.numel()}; a usable checkpoint has finite weights (a damaged file, or weights saved after training "
+        "diverged)"
+    )
+
+
 def tensor_mismatch_report(
-    missing: list[str], unexpected: list[str], mismatched: list[str], limit: int | None = None
+    missing: list[str],
+    unexpected: list[str],
+    mismatched: list[str],
+    limit: int | None = None,
+    wrong_dtype: list[str] = (),
 ) -> str:
     """A checkpoint's tensor-by-tensor problems against a model, one block per kind (missing, unexpected, of the
-    wrong shape), each listing its names (at most ``limit`` of them, then how many more)."""
+    wrong shape, of the wrong dtype), each listing its names (at most ``limit`` of them, then how many more)."""
     parts = []
     for label, names in (("missing tensor(s)", missing), ("unexpected tensor(s)", unexpected),
-                         ("tensor(s) of the wrong shape", mismatched)):  # fmt: skip
+                         ("tensor(s) of the wrong shape", mismatched),
+                         ("tensor(s) of the wrong dtype", wrong_dtype)):  # fmt: skip
         if not names:
             continue
         shown = names if limit is None else names[:limit]
@@ -154,4 +194,13 @@ def tensor_mismatch_report(
     return "\n".join(parts)
 
 
-__all__ = ["GIT_LFS_POINTER_PREFIX", "SAFETENSORS_DTYPES", "SafetensorsReader", "tensor_mismatch_report"]
+__all__ = [
+    "FLOAT_DTYPES",
+    "GIT_LFS_POINTER_PREFIX",
+    "SAFETENSORS_DTYPES",
+    "SafetensorsReader",
+    "dtype_name",
+    "non_finite_error",
+    "tensor_mismatch_report",
+    "wrong_dtype_line",
+]

@@ -30,12 +30,13 @@ from .shape import ShapePipeline, ShapeSettings
 HUNYUAN_VIDEO_COEFFICIENTS = (733.226126, -401.131952, 67.5869174, -3.149879, 0.0961237896)
 
 #: The Ascend recipe's settings (FBCache 0.04-0.06, TeaCache 0.1 / 0.2 with HunyuanVideo's coefficients, TaylorSeer
-#: O1 / O2 at intervals 1-5 after 3 warm-up steps) and a few more on each side.
+#: O1 / O2 as N1 / N3 / N5 after 3 warm-up steps, where N counts the steps reused between two computed ones: our
+#: intervals 2 / 4 / 6) and a few more on each side.
 DEFAULT_SWEEP: tuple[CacheConfig, ...] = (
     *(CacheConfig(method="fbcache", residual_diff_threshold=t, warmup_steps=2) for t in (0.02, 0.04, 0.06, 0.1, 0.2)),
     *(CacheConfig(method="teacache", rel_l1_thresh=t, coefficients=HUNYUAN_VIDEO_COEFFICIENTS, warmup_steps=2)
       for t in (0.05, 0.1, 0.2)),
-    *(CacheConfig(method="taylorseer", order=o, interval=n, warmup_steps=3) for o in (0, 1, 2) for n in (2, 3, 5)),
+    *(CacheConfig(method="taylorseer", order=o, interval=n, warmup_steps=3) for o in (0, 1, 2) for n in (2, 4, 6)),
 )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ class PolicyFamily:
     """One model family as :func:`load_policy` sees it."""
 
     name: str  # e.g. "pi0" (pi0 and pi0.5)
-    presets: tuple[str, ...]  # names accepted as ``source`` (seeded random weights)
+    presets: Collection[str]  # names accepted as ``source`` (seeded random weights); may be a live view of a dict
     recognizes: Callable[[Path, dict[str, Any] | None], bool]  # (checkpoint dir, its config.json or None)
     load: Callable[..., Any]  # load(source, **options) -> policy
     describe_checkpoint: str = ""  # what a checkpoint directory of this family holds, for error messages

@@ -432,13 +432,15 @@ def load_groot_policy(
     progress: bool = True,
     cuda_attention: str = "sdpa",
     rtc: RtcSettings | None = None,
+    backbone_config: str | Path | None = None,
 ) -> GrootPolicy:
     """Build a GR00T N1.6 policy from a preset name (seeded random weights) or a checkpoint directory.
 
     ``embodiment`` is the tag whose cameras, statistics and projector slot are used (required when the checkpoint
     has several; ``info`` lists them). ``tokenizer``: the Eagle tokenizer directory of an Isaac-GR00T checkout (or
     the checkout itself); without one, prompts are given as token ids. ``preset`` names the backbone of a small
-    custom checkpoint (e.g. ``groot-tiny``). ``rtc``: the real-time chunking settings (soft-mask schedule, guidance
+    custom checkpoint (e.g. ``groot-tiny``); ``backbone_config``, the Eagle backbone ``config.json`` the checkpoint
+    was trained with (the file Isaac-GR00T builds its backbone from), gives any backbone instead. ``rtc``: the real-time chunking settings (soft-mask schedule, guidance
     clip, default execution horizon) for requests that bring the previous chunk's leftover
     (:mod:`embodied_accel.nn.rtc`; default :class:`~embodied_accel.nn.rtc.RtcSettings`).
     """
@@ -451,8 +453,10 @@ def load_groot_policy(
     ops = get_ops(backend, cuda_attention=cuda_attention)
     path = Path(preset_or_checkpoint)
     is_checkpoint = path.is_dir()
+    if backbone_config is not None and not is_checkpoint:
+        raise ValueError("backbone_config: only used with a checkpoint directory (a preset has its own backbone)")
     if is_checkpoint:
-        config = config_from_checkpoint(path, preset)
+        config = config_from_checkpoint(path, preset, backbone_config)
         spec, images, formalize = load_embodiment(path, embodiment, config.max_state_dim, config.max_action_dim,
                                                   config.action_horizon, config.max_num_embodiments)  # fmt: skip
         if num_views is not None and num_views != len(spec.video_keys):
@@ -500,7 +504,7 @@ def _recognizes(path: Path, config: dict[str, Any] | None) -> bool:
 
 FAMILY = PolicyFamily(
     name="groot",
-    presets=tuple(PRESETS),
+    presets=PRESETS.keys(),  # a live view: a preset added to PRESETS later is known too
     recognizes=_recognizes,
     load=load_groot_policy,
     describe_checkpoint='a GR00T N1.6 directory (config.json with "model_type": "Gr00tN1d6", sharded safetensors, '

@@ -50,6 +50,24 @@ if not (ISAAC_GROOT / "gr00t").is_dir():
 sys.path.insert(0, str(ISAAC_GROOT))
 EAGLE_DIR = ISAAC_GROOT / "gr00t" / "model" / "modules" / "nvidia" / "Eagle-Block2A-2B-v2"
 
+
+def _import_torchvision() -> None:
+    """PyPI's torchvision wheels are built for a CUDA torch: with a CPU torch their C extension cannot load, and the
+    import then fails while registering fake kernels for that extension's ops. The pipeline here uses only
+    torchvision's pure-PyTorch transforms, so in that case (this process only) the registration module is skipped."""
+    import types
+
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        sys.modules["torchvision._meta_registrations"] = types.ModuleType("torchvision._meta_registrations")
+        import torchvision  # noqa: F401
+
+
+_import_torchvision()
+
 import diffusers  # noqa: E402
 import gr00t.model  # noqa: E402,F401  (registers the model classes)
 import transformers  # noqa: E402
@@ -96,6 +114,27 @@ MODEL = dict(
         "interleave_self_attention": True,
     },
 )
+# A backbone and action head of a size no preset has (``--size small``: tests/fixtures/groot_small): SigLIP2 40
+# wide, 3 layers of 5 heads, a 5x5 position table; Qwen3 64 wide, 4 layers truncated to 3, 4 query heads and 1 KV
+# head of 24 (heads x head_dim != width); a 2-block DiT of 3 heads of 16. Its Eagle config.json is written beside
+# the checkpoint as backbone_config.json (what a loader needs to build this backbone).
+SMALL_VISION = dict(hidden_size=40, intermediate_size=72, num_attention_heads=5, num_hidden_layers=3, num_patches=25)
+SMALL_TEXT = dict(
+    hidden_size=64, intermediate_size=112, num_attention_heads=4, num_key_value_heads=1, head_dim=24,
+    num_hidden_layers=4,
+)  # fmt: skip
+SMALL_MODEL = dict(
+    MODEL,
+    backbone_embedding_dim=64,
+    select_layer=3,
+    hidden_size=32,
+    input_embedding_dim=48,
+    max_num_embodiments=4,
+    diffusion_model_cfg=dict(MODEL["diffusion_model_cfg"], num_layers=2, num_attention_heads=3, output_dim=32),
+)
+SIZES = {"tiny": (VISION, TEXT, MODEL), "small": (SMALL_VISION, SMALL_TEXT, SMALL_MODEL)}
+#: The small fixture runs one embodiment.
+SMALL_EMBODIMENTS = ("gr1",)
 SHORTEST_IMAGE_EDGE = 112
 TOKENIZER_VOCAB = 320  # byte-level BPE: 256 bytes + merges; the added tokens follow
 SEED = 1234
@@ -225,7 +264,7 @@ def build_tiny_tokenizer(directory: Path) -> dict[str, int]:
     return added
 
 
-def build_eagle_dir(directory: Path, added: dict[str, int]) -> dict:
+def build_eagle_dir(directory: Path, added: dict[str, int], vision: dict = VISION, text: dict = TEXT) -> dict:
     """A copy of the bundled backbone directory with the tiny config and tokenizer (the remote code is the real one)."""
     for item in EAGLE_DIR.iterdir():
         if item.suffix == ".py" or item.name in ("processor_config.json", "preprocessor_config.json"):
@@ -233,10 +272,10 @@ def build_eagle_dir(directory: Path, added: dict[str, int]) -> dict:
     config = json.loads((EAGLE_DIR / "config.json").read_text())
     config["torch_dtype"] = "float32"
     config["image_token_index"] = added["<IMG_CONTEXT>"]
-    config["vision_config"].update(VISION, torch_dtype="float32")
+    config["vision_config"].update(vision, torch_dtype="float32")
     vocab_size = TOKENIZER_VOCAB + len(added)
     config["text_config"].update(
-        TEXT, vocab_size=vocab_size, max_window_layers=TEXT["num_hidden_layers"], torch_dtype="float32"
+        text, vocab_size=vocab_size, max_window_layers=text["num_hidden_layers"], torch_dtype="float32"
     )
     config["text_config"]["bos_token_id"] = added["<|endoftext|>"]
     config["text_config"]["eos_token_id"] = added["<|im_end|>"]
@@ -482,17 +521,21 @@ def run_embodiment(model, processor, tag: str, rng: np.random.Generator) -> tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--size", choices=tuple(SIZES), default="tiny",
+                        help="tiny: the groot-tiny preset's size; small: a size no preset has")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=None, help="default: tests/fixtures/groot_<size>")
     args = parser.parse_args()
+    vision, text, model_config = SIZES[args.size]
+    tags = SMALL_EMBODIMENTS if args.size == "small" else tuple(EMBODIMENTS)
 
     work = Path(tempfile.mkdtemp(prefix="groot_fixture_"))
     eagle_dir = work / "eagle"
     eagle_dir.mkdir()
     added = build_tiny_tokenizer(eagle_dir)
-    eagle_config = build_eagle_dir(eagle_dir, added)
+    eagle_config = build_eagle_dir(eagle_dir, added, vision, text)
     install_patches(eagle_dir)
 
-    config = Gr00tN1d6Config(**MODEL, shortest_image_edge=SHORTEST_IMAGE_EDGE)
+    config = Gr00tN1d6Config(**model_config, shortest_image_edge=SHORTEST_IMAGE_EDGE)
     with no_init_weights():
         model = modeling.Gr00tN1d6(config)
     model = model.float().eval()
@@ -508,9 +551,9 @@ def main() -> None:
         shortest_image_edge=SHORTEST_IMAGE_EDGE,
         crop_fraction=0.95,
         formalize_language=True,
-        max_state_dim=MODEL["max_state_dim"],
-        max_action_dim=MODEL["max_action_dim"],
-        max_action_horizon=MODEL["action_horizon"],
+        max_state_dim=model_config["max_state_dim"],
+        max_action_dim=model_config["max_action_dim"],
+        max_action_horizon=model_config["action_horizon"],
         apply_sincos_state_encoding=True,
         use_albumentations=True,
         use_relative_action=True,
@@ -518,7 +561,7 @@ def main() -> None:
     )
     processor.eval()
 
-    out = args.out
+    out = args.out or DEFAULT_OUT.parent / f"groot_{args.size}"
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -532,15 +575,18 @@ def main() -> None:
     for name in ("vocab.json", "merges.txt", "added_tokens.json", "tokenizer_config.json",
                  "special_tokens_map.json", "chat_template.json"):  # fmt: skip
         shutil.copy(eagle_dir / name, tokenizer_dir / name)
+    if args.size != "tiny":  # the backbone's own config.json, as the official code builds the backbone from it
+        shutil.copy(eagle_dir / "config.json", out / "backbone_config.json")
 
     tensors, infos = {}, {}
-    for tag in EMBODIMENTS:
+    for tag in tags:
         t, info = run_embodiment(model, processor, tag, rng)
         tensors.update(t)
         infos[tag] = info
     save_file(tensors, out / "io.safetensors")
     meta = {
-        "isaac_groot_commit": os.popen(f"git -C {ISAAC_GROOT} rev-parse HEAD").read().strip(),
+        "isaac_groot_commit": os.popen(f"git -C {ISAAC_GROOT} rev-parse HEAD 2>/dev/null").read().strip()
+        or os.environ.get("ISAAC_GROOT_COMMIT", ""),
         "versions": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
@@ -549,12 +595,12 @@ def main() -> None:
         },
         "seed": SEED,
         "noise_seed": NOISE_SEED,
-        "vision": VISION,
-        "text": TEXT,
+        "vision": vision,
+        "text": text,
         "image_token_index": eagle_config["image_token_index"],
-        "model": MODEL,
+        "model": model_config,
         "shortest_image_edge": SHORTEST_IMAGE_EDGE,
-        "embodiments": {tag: {**infos[tag], "slot": EMBODIMENTS[tag]["slot"]} for tag in EMBODIMENTS},
+        "embodiments": {tag: {**infos[tag], "slot": EMBODIMENTS[tag]["slot"]} for tag in tags},
         "shapes": {k: list(v.shape) for k, v in tensors.items()},
     }
     (out / "io.json").write_text(json.dumps(meta, indent=2) + "\n")

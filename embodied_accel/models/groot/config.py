@@ -1,15 +1,19 @@
 """Architecture configs and named presets for GR00T N1.6.
 
 The backbone (Eagle-Block2A-2B-v2: SigLIP2 + pixel-unshuffle projector + Qwen3 truncated to ``select_layer``
-layers) is not described by a GR00T checkpoint's ``config.json``: the official code builds it from a config bundled
-with the code. Its values are therefore presets here. The action head is read from ``config.json``, whose absent
+layers) is not described by a GR00T checkpoint's ``config.json``: the official code builds it from the Eagle
+``config.json`` bundled with the code (``gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2/config.json``). Its values
+are a preset here, or read from that file (:func:`backbone_from_eagle_config`) for any other backbone. The action head is read from ``config.json``, whose absent
 fields take the official config class's defaults (:data:`CHECKPOINT_DEFAULTS`). Runtime knobs (backend, dtype,
 capture, embodiment) are arguments of ``load_policy``.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ...nn.dit import DiTConfig
@@ -132,6 +136,90 @@ CHECKPOINT_DEFAULTS: dict[str, Any] = {
         "interleave_self_attention": True,
     },
 }
+
+
+def _eagle_field(section: dict, key: str, where: str, kind: type = int) -> Any:
+    if key not in section:
+        raise ValueError(f"{where}: {key} is missing")
+    value = section[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value <= 0:
+        raise ValueError(f"{where}: {key}: expected a positive {'number' if kind is float else 'integer'}, got {value!r}")
+    return kind(value)
+
+
+def backbone_from_eagle_config(path: str | Path) -> dict[str, Any]:
+    """The backbone fields of a :class:`GrootConfig` (``vision``, ``llm``, ``vocab_size``, ``image_token_id``,
+    ``unshuffle``) from an Eagle backbone ``config.json``, the file Isaac-GR00T builds its backbone from.
+
+    ``llm.depth`` is the file's ``num_hidden_layers``; the checkpoint's ``select_layer`` truncates it. Variants this
+    implementation does not compute (windowed or rotary SigLIP2 attention, no pixel shuffle, another projector depth,
+    another vision layer than the last) are errors naming the field. Raises ``ValueError`` naming the file."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"backbone config {path}: cannot read it ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"backbone config {path}: not valid JSON ({exc})") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("vision_config"), dict) or not isinstance(
+        raw.get("text_config"), dict
+    ):
+        raise ValueError(f"backbone config {path}: expected an Eagle config.json (vision_config and text_config "
+                         "objects), as Isaac-GR00T bundles in gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2/")  # fmt: skip
+    vision, text = raw["vision_config"], raw["text_config"]
+    supported = {
+        "use_pixel_shuffle": (raw.get("use_pixel_shuffle", True), True),
+        "mlp_connector_layers": (raw.get("mlp_connector_layers", 2), 2),
+        "select_layer": (raw.get("select_layer", -1), -1),
+        "vision_config.model_type": (vision.get("model_type", "siglip2_vision_model"), "siglip2_vision_model"),
+        "vision_config.use_rope": (vision.get("use_rope", False), False),
+        "vision_config.use_windows_attn": (vision.get("use_windows_attn", False), False),
+        "vision_config.hidden_act": (vision.get("hidden_act", "gelu_pytorch_tanh"), "gelu_pytorch_tanh"),
+        "text_config.model_type": (text.get("model_type", "qwen3"), "qwen3"),
+        "text_config.hidden_act": (text.get("hidden_act", "silu"), "silu"),
+        "text_config.attention_bias": (text.get("attention_bias", False), False),
+        "text_config.rope_scaling": (text.get("rope_scaling"), None),
+    }
+    for name, (found, wanted) in supported.items():
+        if found != wanted:
+            raise ValueError(f"backbone config {path}: {name} is {found!r}; only {wanted!r} (as in "
+                             f"{EAGLE_BACKBONE}) is supported")  # fmt: skip
+    where_v, where_t = f"backbone config {path}: vision_config", f"backbone config {path}: text_config"
+    patch = _eagle_field(vision, "patch_size", where_v)
+    num_patches = _eagle_field(vision, "num_patches", where_v)
+    grid = math.isqrt(num_patches)
+    if grid * grid != num_patches:
+        raise ValueError(f"{where_v}: num_patches {num_patches} is not a square grid")
+    ratio = raw.get("downsample_ratio", 0.5)
+    unshuffle = round(1 / ratio) if isinstance(ratio, (int, float)) and ratio > 0 else 0
+    if unshuffle < 1 or not math.isclose(unshuffle * ratio, 1.0):
+        raise ValueError(f"backbone config {path}: downsample_ratio {ratio!r}: expected 1 / an integer (0.5)")
+    llm_width = _eagle_field(text, "hidden_size", where_t)
+    heads = _eagle_field(text, "num_attention_heads", where_t)
+    return {
+        "vision": SiglipConfig(
+            width=_eagle_field(vision, "hidden_size", where_v),
+            depth=_eagle_field(vision, "num_hidden_layers", where_v),
+            num_heads=_eagle_field(vision, "num_attention_heads", where_v),
+            mlp_dim=_eagle_field(vision, "intermediate_size", where_v),
+            patch_size=patch,
+            image_size=grid * patch,
+            eps=_eagle_field(vision, "layer_norm_eps", where_v, float) if "layer_norm_eps" in vision else 1e-6,
+        ),
+        "llm": Qwen3Config(
+            width=llm_width,
+            depth=_eagle_field(text, "num_hidden_layers", where_t),
+            mlp_dim=_eagle_field(text, "intermediate_size", where_t),
+            num_heads=heads,
+            num_kv_heads=_eagle_field(text, "num_key_value_heads", where_t) if "num_key_value_heads" in text else heads,
+            head_dim=_eagle_field(text, "head_dim", where_t) if "head_dim" in text else llm_width // heads,
+            eps=_eagle_field(text, "rms_norm_eps", where_t, float) if "rms_norm_eps" in text else 1e-6,
+            rope_theta=_eagle_field(text, "rope_theta", where_t, float) if "rope_theta" in text else 1_000_000.0,
+        ),
+        "vocab_size": _eagle_field(text, "vocab_size", where_t),
+        "image_token_id": _eagle_field(raw, "image_token_index", f"backbone config {path}"),
+        "unshuffle": unshuffle,
+    }
 
 
 def get_preset(name: str) -> GrootConfig:

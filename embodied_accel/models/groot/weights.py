@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..safetensors_reader import SAFETENSORS_DTYPES, SafetensorsReader, tensor_mismatch_report
+from ..safetensors_reader import SAFETENSORS_DTYPES, SafetensorsReader, tensor_mismatch_report, wrong_dtype_line
 from .config import (
     CHECKPOINT_DEFAULTS,
     EAGLE_BACKBONE,
     GrootConfig,
+    backbone_from_eagle_config,
     get_preset,
     with_overrides,
 )
@@ -215,13 +216,23 @@ def is_groot_checkpoint(config: dict | None) -> bool:
     return config is not None and config.get("model_type") == MODEL_TYPE
 
 
-def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None) -> GrootConfig:
-    """The architecture of a checkpoint: the backbone from ``preset`` (default: the released N1.6 backbone), the
-    action head from ``config.json``. Unsupported variants are errors naming the field."""
+def config_from_checkpoint(
+    checkpoint_dir: str | Path, preset: str | None = None, backbone_config: str | Path | None = None
+) -> GrootConfig:
+    """The architecture of a checkpoint: the backbone from ``backbone_config`` (an Eagle backbone ``config.json``,
+    the file Isaac-GR00T builds it from) or ``preset`` (default: the released N1.6 backbone), the action head from
+    ``config.json``. Unsupported variants are errors naming the field."""
     checkpoint_dir = Path(checkpoint_dir)
     cfg = read_checkpoint_config(checkpoint_dir)
     where = checkpoint_dir / "config.json"
+    if backbone_config is not None and preset is not None:
+        raise ValueError("preset and backbone_config both name the backbone: give one")
     base = get_preset(preset or "groot-n1.6")
+    if backbone_config is not None:
+        try:
+            base = replace(base, name="groot-custom", **backbone_from_eagle_config(backbone_config))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     if cfg["model_name"] != EAGLE_BACKBONE:
         raise CheckpointError(f"{where}: model_name {cfg['model_name']!r}; GR00T N1.6 uses {EAGLE_BACKBONE!r}")
     dit_cfg = cfg["diffusion_model_cfg"]
@@ -236,8 +247,13 @@ def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None
         if found != wanted:
             raise CheckpointError(f"{where}: {name} is {found!r}; only {wanted!r} (the N1.6 release) is supported")
     if cfg["backbone_embedding_dim"] != base.llm.width:
-        raise CheckpointError(f"{where}: backbone_embedding_dim {cfg['backbone_embedding_dim']} but the "
-                              f"{base.name} backbone is {base.llm.width} wide (pass the matching preset)")  # fmt: skip
+        named = f"the backbone of {backbone_config}" if backbone_config is not None else f"the {base.name} backbone"
+        raise CheckpointError(f"{where}: backbone_embedding_dim {cfg['backbone_embedding_dim']} but {named} is "
+                              f"{base.llm.width} wide (give the checkpoint's Eagle backbone config.json: "
+                              "--backbone-config FILE, backbone_config= in Python)")  # fmt: skip
+    if int(cfg["select_layer"]) > base.llm.depth:
+        raise CheckpointError(f"{where}: select_layer {cfg['select_layer']} but the backbone's LLM has only "
+                              f"{base.llm.depth} layers")  # fmt: skip
     try:
         dit = type(base.dit)(
             depth=int(dit_cfg["num_layers"]),
@@ -255,7 +271,7 @@ def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None
                                   f"{cfg['hidden_size']}")  # fmt: skip
         return with_overrides(
             base,
-            name=base.name if preset else "groot-n1.6",
+            name=base.name if preset or backbone_config is not None else "groot-n1.6",
             llm=type(base.llm)(**{**base.llm.__dict__, "depth": int(cfg["select_layer"])}),
             dit=dit,
             hidden_size=int(cfg["hidden_size"]),
@@ -307,6 +323,9 @@ class ShardedCheckpoint:
     def shape(self, key: str) -> tuple[int, ...]:
         return self.readers[key].shape(key)
 
+    def dtype(self, key: str) -> str:
+        return self.readers[key].dtype(key)
+
     def read(self, key: str) -> torch.Tensor:
         return self.readers[key].get_tensor(key)
 
@@ -333,17 +352,20 @@ def build_state_dict(
         raise CheckpointError(f"embodiment slot {slot} is outside the checkpoint's {config.max_num_embodiments} slots")
     rules = weight_rules(config)
     available = checkpoint.keys()
-    missing, mismatched = [], []
+    missing, mismatched, wrong_dtype = [], [], []
     for rule in rules:
         for key, shape in zip(rule.sources, rule.source_shapes, strict=True):
             if key not in available:
                 missing.append(key)
-            elif tuple(checkpoint.shape(key)) != shape:
+                continue
+            if tuple(checkpoint.shape(key)) != shape:
                 mismatched.append(f"{key}: checkpoint {list(checkpoint.shape(key))}, expected {list(shape)}")
+            if (line := wrong_dtype_line(key, checkpoint.dtype(key))) is not None:
+                wrong_dtype.append(line)
     used = {key for rule in rules for key in rule.sources}
     unexpected = sorted(k for k in available - used if not k.startswith(IGNORED_PREFIXES))
-    if missing or mismatched or unexpected:
-        report = tensor_mismatch_report(missing, unexpected, mismatched)
+    if missing or mismatched or unexpected or wrong_dtype:
+        report = tensor_mismatch_report(missing, unexpected, mismatched, wrong_dtype=wrong_dtype)
         raise CheckpointError("checkpoint does not match the model:\n" + report)
 
     state: dict[str, torch.Tensor] = {}

@@ -10,7 +10,8 @@ pattern → the upstream key(s) and a transform). Load-time transforms: linear w
 separate query / key / value become one QKV matrix, its patch-embedding convolution a ``[3·p·p, C]`` matrix and its
 LayerScales fold into the layers before them; the ShapeVAE's per-head interleaved ``[q_h | k_h | v_h]`` (and
 ``[k_h | v_h]``) output rows are regrouped as ``[q heads | k heads | v heads]``; QK-norm weights are stacked (the
-DiT's repeated per head). A missing, unexpected or mis-shaped tensor is an error listing them by name; nothing is
+DiT's repeated per head). A missing, unexpected, mis-shaped or non-floating-point tensor is an error listing them by
+name and shape in the checkpoint's own layout, a tensor holding a NaN or an infinity is an error naming it; nothing is
 randomly initialized.
 """
 
@@ -26,7 +27,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..safetensors_reader import SafetensorsReader
+from ..safetensors_reader import (
+    SafetensorsReader,
+    dtype_name,
+    non_finite_error,
+    tensor_mismatch_report,
+    wrong_dtype_line,
+)
 from .config import Hunyuan3DConfig, config_from_yaml
 from .model import Hunyuan3DModel
 
@@ -181,25 +188,29 @@ def apply_rule(rule: Rule, tensors: list[torch.Tensor], target_shape: tuple[int,
     raise ValueError(f"unknown transform {kind!r}")
 
 
-def source_shape(rule: Rule, shapes: list[tuple[int, ...]], target_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape :func:`apply_rule` makes from source tensors of these shapes (for checking before reading);
-    ``target_shape`` (the parameter's) gives the head count a per-head repetition makes."""
-    kind, first = rule.transform, shapes[0]
-    if kind in ("t", "t_scaled", "heads3_t", "heads2_t"):
-        return tuple(reversed(first)) if len(first) == 2 else first
-    if kind == "qkv_t":
-        return (first[1], sum(s[0] for s in shapes)) if len(first) == 2 else first
+def expected_source_shapes(rule: Rule, target_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """The shape each checkpoint tensor of ``rule`` must have (in the checkpoint's own layout) for our parameter of
+    ``target_shape``: the inverse of :func:`apply_rule`, so that a mis-shaped tensor is reported as the checkpoint
+    stores it."""
+    kind, count = rule.transform, len(rule.sources)
+    if kind in ("t", "heads3_t", "heads2_t"):
+        return [tuple(reversed(target_shape))]
+    if kind == "t_scaled":  # the linear layer's [out, in] weight, then the LayerScale over its outputs
+        return [tuple(reversed(target_shape)), (target_shape[1],)]
+    if kind == "scaled":
+        return [target_shape, target_shape]
+    if kind == "qkv_t":  # [in, 3·out] from three [out, in]
+        return [(target_shape[1] // count, target_shape[0])] * count
     if kind == "qkv":
-        return (sum(s[0] for s in shapes),)
-    if kind == "patch_t":
-        return (math.prod(first[1:]), first[0])
-    if kind == "flat":
-        return tuple(d for d in first if d != 1) or (1,)
-    if kind == "stack":
-        return (len(shapes), 1, *first)
-    if kind == "stack_heads":
-        return (len(shapes), target_shape[1] if len(target_shape) == 3 else 1, *first)
-    return first
+        return [(target_shape[0] // count,)] * count
+    if kind == "patch_t":  # [3·p·p, C] from the [C, 3, p, p] convolution
+        patch = math.isqrt(target_shape[0] // 3)
+        return [(target_shape[1], 3, patch, patch)]
+    if kind == "flat":  # transformers' DINOv2 keeps [1, 1, C] / [1, N, C]
+        return [(1,) * (3 - len(target_shape)) + target_shape]
+    if kind in ("stack", "stack_heads"):  # one [D] row per source
+        return [(target_shape[-1],)] * count
+    return [target_shape]
 
 
 class CheckpointFile:
@@ -224,6 +235,10 @@ class CheckpointFile:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         return self._shapes
 
+    def dtype(self, key: str) -> str:
+        """The stored dtype under its safetensors name (``F16``, ``I32``, ...)."""
+        return self._reader.dtype(key) if self._tensors is None else dtype_name(self._tensors[key].dtype)
+
     def get(self, key: str) -> torch.Tensor:
         return self._tensors[key] if self._tensors is not None else self._reader.get_tensor(key)
 
@@ -245,11 +260,6 @@ def config_from_checkpoint(directory: str | Path) -> Hunyuan3DConfig:
     return config_from_yaml(directory / "config.yaml", name=directory.name)
 
 
-def _list(title: str, names: list[str]) -> str:
-    shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
-    return f"{len(names)} {title}: {shown}"
-
-
 def load_checkpoint_weights(model: Hunyuan3DModel, directory: str | Path, device, progress: bool = True) -> Path:
     """Stream the directory's weights into ``model`` (built on ``meta``) strictly; returns the file read."""
     path = find_weights(Path(directory))
@@ -257,30 +267,33 @@ def load_checkpoint_weights(model: Hunyuan3DModel, directory: str | Path, device
     shapes = file.shapes()
     config, dtype = model.config, model.compute_dtype
     params = dict(model.named_parameters())
-    rules, missing, misshaped = {}, [], []
+    rules, missing, misshaped, wrong_dtype = {}, [], [], []
     for name, param in params.items():
         rule = rule_for(name, config)
         absent = [key for key in rule.sources if key not in shapes]
         if absent:
             missing.extend(absent)
             continue
-        made = source_shape(rule, [shapes[key] for key in rule.sources], tuple(param.shape))
-        if made != tuple(param.shape):
-            misshaped.append(f"{rule.sources[0]} {list(shapes[rule.sources[0]])} (expected for {list(param.shape)})")
-            continue
+        for key, expected in zip(rule.sources, expected_source_shapes(rule, tuple(param.shape)), strict=True):
+            if shapes[key] != expected:
+                misshaped.append(f"{key}: checkpoint {list(shapes[key])}, expected {list(expected)}")
+            if (line := wrong_dtype_line(key, file.dtype(key))) is not None:
+                wrong_dtype.append(line)
         rules[name] = rule
     used = {key for name in params for key in rule_for(name, config).sources}
     unexpected = sorted(key for key in shapes if key not in used and key not in IGNORED_KEYS)
-    if missing or misshaped or unexpected:
-        parts = [
-            _list(t, n) for t, n in (("missing", missing), ("mis-shaped", misshaped), ("unexpected", unexpected)) if n
-        ]
-        raise CheckpointError(
-            f"{path} does not match the architecture of its config.yaml ({config.name}): " + "; ".join(parts)
-        )
+    if missing or misshaped or unexpected or wrong_dtype:
+        report = tensor_mismatch_report(list(dict.fromkeys(missing)), unexpected, list(dict.fromkeys(misshaped)),
+                                        limit=10, wrong_dtype=list(dict.fromkeys(wrong_dtype)))  # fmt: skip
+        raise CheckpointError(f"{path} does not match the architecture of its config.yaml ({config.name}):\n{report}")
     state = {}
     for name, rule in tqdm(rules.items(), desc="loading weights", unit="tensor", disable=not progress, leave=False):
-        tensors = [file.get(key).to(torch.float32) for key in rule.sources]
+        tensors = []
+        for key in rule.sources:
+            tensor = file.get(key)
+            if (error := non_finite_error(path, key, tensor)) is not None:
+                raise error
+            tensors.append(tensor.to(torch.float32))
         value = apply_rule(rule, tensors, tuple(params[name].shape), config.vae.heads)
         state[name] = value.to(device=device, dtype=dtype)  # linear weights stay [in, out] views of [out, in] rows
     model.load_state_dict(state, strict=True, assign=True)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ...errors import CheckpointError
 from ...nn.gemma import GemmaConfig
 from ...nn.siglip import SiglipConfig
-from ..safetensors_reader import SafetensorsReader, tensor_mismatch_report
+from ..safetensors_reader import SafetensorsReader, tensor_mismatch_report, wrong_dtype_line
 from .config import GEMMA_VARIANTS, PRESETS, Pi0Config, get_preset, with_overrides
 
 logger = logging.getLogger(__name__)
@@ -536,12 +536,20 @@ def build_state_dict(
     embed_scale: float,
     progress: bool = False,
     explain: Callable[[], str] | None = None,
+    dtypes: dict[str, str] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Apply ``rules`` to the checkpoint; raise :class:`CheckpointError` listing every problem (at most
-    :data:`LISTED_TENSORS` names of each kind), after ``explain()``'s summary when given."""
+    :data:`LISTED_TENSORS` names of each kind), after ``explain()``'s summary when given. ``dtypes``: each key's
+    stored dtype (safetensors names); a weight stored as anything but floating point is one of the problems."""
     resolved, missing, unexpected, mismatched = _resolve_rules(rules, available, shapes)
-    if missing or mismatched or unexpected:
-        report = tensor_mismatch_report(missing, unexpected, mismatched, limit=LISTED_TENSORS)
+    wrong_dtype = [
+        line
+        for _, keys in resolved
+        for key in keys
+        if dtypes is not None and (line := wrong_dtype_line(key, dtypes[key])) is not None
+    ]
+    if missing or mismatched or unexpected or wrong_dtype:
+        report = tensor_mismatch_report(missing, unexpected, mismatched, limit=LISTED_TENSORS, wrong_dtype=wrong_dtype)
         if explain is not None:
             raise CheckpointError(f"{explain()}\n{report}")
         raise CheckpointError(f"checkpoint does not match the model:\n{report}")
@@ -590,6 +598,7 @@ def load_checkpoint_weights(model, checkpoint_dir: str | Path, device, progress:
         embed_scale=math.sqrt(config.vlm.width),
         progress=progress,
         explain=explain,
+        dtypes={short: reader.dtype(raw) for raw, short in strip.items()},
     )
     model.load_state_dict(state, strict=True, assign=True)
     model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)

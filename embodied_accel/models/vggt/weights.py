@@ -7,8 +7,8 @@ upstream's key names (a training checkpoint's ``{"model": state_dict}`` and a ``
 The name mapping is a table of data (:data:`RENAMES`, applied in order to each of our parameter names) plus one
 transform per parameter kind (linear weights are transposed views, convolutions that run as GEMMs get their kernels
 laid out as GEMM matrices (:data:`GEMM_KERNELS`), the special tokens lose their leading singleton dims, Q/K norms are
-stacked). A missing, unexpected or mis-shaped tensor is an error that lists them all; nothing is ever randomly
-initialised. DINOv2's ``mask_token`` (used only in training) is the one checkpoint tensor that is never read.
+stacked). A missing, unexpected, mis-shaped or non-floating-point tensor is an error that lists them all; nothing is
+ever randomly initialised. DINOv2's ``mask_token`` (used only in training) is the one checkpoint tensor that is never read.
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import json
 import logging
 import math
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..safetensors_reader import SafetensorsReader, tensor_mismatch_report
+from ..safetensors_reader import SafetensorsReader, dtype_name, tensor_mismatch_report, wrong_dtype_line
+from .architecture import architecture_from_shapes
+from .architecture import config_for_checkpoint as architecture_config
 from .config import VggtConfig, get_preset
 from .model import FP32_PREFIXES
 
@@ -235,6 +236,11 @@ class StateDictSource:
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._shapes[self._raw[key]])
 
+    def dtype(self, key: str) -> str:
+        """The stored dtype under its safetensors name (``F32``, ``I32``, ...)."""
+        raw = self._raw[key]
+        return self._reader.dtype(raw) if self._tensors is None else dtype_name(self._tensors[raw].dtype)
+
     def get(self, key: str) -> torch.Tensor:
         raw = self._raw[key]
         return self._tensors[raw] if self._tensors is not None else self._reader.get_tensor(raw)
@@ -266,44 +272,36 @@ def resolve_checkpoint(source: str | Path) -> tuple[Path, dict | None]:
 
 
 def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, preset: str | None) -> VggtConfig:
-    """The architecture: ``preset`` if given, else the full-size ``vggt`` preset; head switches follow the
-    checkpoint's tensors, and the hub config's ``img_size`` / ``patch_size`` / ``embed_dim`` must agree."""
+    """The architecture of the checkpoint, read from its tensor shapes and ``config.json`` (see
+    :mod:`.architecture`); with ``preset``, that preset's, which both must agree with."""
     keys = source.keys()
     if not any(k.startswith("aggregator.") for k in keys):
         sample = ", ".join(sorted(keys)[:5])
         raise CheckpointError(f"{source.path}: not a VGGT checkpoint (no aggregator.* tensors; found {sample}, ...)")
-    config = get_preset(preset or "vggt")
-    enable = {
-        f"enable_{h}": any(k.startswith(f"{h}_head.") for k in keys) for h in ("camera", "depth", "point", "track")
-    }
-    config = replace(config, **enable)
-    if hub_config:
-        for ours, theirs in (("image_size", "img_size"), ("patch_size", "patch_size"), ("width", "embed_dim")):
-            if theirs in hub_config and int(hub_config[theirs]) != getattr(config, ours):
-                raise CheckpointError(
-                    f"{source.path}: config.json says {theirs}={hub_config[theirs]} but preset {config.name!r} has "
-                    f"{ours}={getattr(config, ours)} (pass --preset for a custom size)"
-                )
-    return config
+    found = architecture_from_shapes({key: source.shape(key) for key in keys})
+    return architecture_config(found, hub_config, preset, source.path, get_preset)
 
 
 def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device, progress: bool = False):
     """Our state dict from the checkpoint; raises :class:`CheckpointError` listing every problem."""
     available = source.keys()
     block_diagonal = paired_block_diagonal(model)
-    missing, mismatched, plan = [], [], []
+    missing, mismatched, wrong_dtype, plan = [], [], [], []
     for name, param in model.named_parameters():
         sources = checkpoint_sources(name, tuple(param.shape), block_diagonal)
         for key, shape in sources:
             if key not in available:
                 missing.append(key)
-            elif source.shape(key) != shape:
+                continue
+            if source.shape(key) != shape:
                 mismatched.append(f"{key}: checkpoint {list(source.shape(key))}, expected {list(shape)}")
+            if (line := wrong_dtype_line(key, source.dtype(key))) is not None:
+                wrong_dtype.append(line)
         plan.append((name, tuple(param.shape), [k for k, _ in sources]))
     used = {k for _, _, keys in plan for k in keys}
     unexpected = sorted(available - used - set(IGNORED_KEYS))
-    if missing or mismatched or unexpected:
-        report = tensor_mismatch_report(missing, unexpected, mismatched)
+    if missing or mismatched or unexpected or wrong_dtype:
+        report = tensor_mismatch_report(missing, unexpected, mismatched, wrong_dtype=wrong_dtype)
         raise CheckpointError(f"{source.path}: checkpoint does not match {model.config.name}:\n{report}")
     state = {}
     for name, shape, keys in tqdm(plan, desc="loading weights", unit="tensor", disable=not progress):
