@@ -50,6 +50,13 @@ class Rasterization:
 
     face_ids: torch.Tensor
     barycentric: torch.Tensor
+    covered: torch.Tensor | None = None  # [K] flat indices of the covered pixels (ascending), when known
+
+    def covered_pixels(self) -> torch.Tensor:
+        """Flat indices of the pixels some face covers, ascending."""
+        if self.covered is not None:
+            return self.covered
+        return torch.nonzero(self.face_ids.view(-1) > 0).squeeze(1)
 
     @property
     def mask(self) -> torch.Tensor:
@@ -217,7 +224,7 @@ def rasterize(clip_positions: torch.Tensor, faces: torch.Tensor, height: int, wi
         face = zbuffer[covered] % KEY_FACE_RANGE - 1
         face_ids[covered] = (face + 1).to(torch.int32)
         barycentric[covered] = _pixel_barycentrics(clip, faces, sf, face, covered, width)
-    return Rasterization(face_ids.view(height, width), barycentric.view(height, width, 3))
+    return Rasterization(face_ids.view(height, width), barycentric.view(height, width, 3), covered)
 
 
 def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> torch.Tensor:
@@ -237,12 +244,17 @@ def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> to
 def interpolate(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor) -> torch.Tensor:
     """Per-pixel barycentric interpolation of per-vertex ``attributes [N, C]`` over the faces of ``raster``
     (``faces [F, 3]`` may index another vertex array than the one rasterized, e.g. UV vertices). ``[H, W, C]``;
-    0 where no face covers the pixel. The sum runs ``b0·v0 + b1·v1 + b2·v2`` as the official ``interpolate``."""
-    face = (raster.face_ids.long() - 1).clamp(min=0)  # [H, W]
-    corners = attributes[faces.long()[face]]  # [H, W, 3, C]
-    bary = raster.barycentric[..., None]  # [H, W, 3, 1]
+    0 where no face covers the pixel. The sum runs ``b0·v0 + b1·v1 + b2·v2`` as the official ``interpolate``; only
+    covered pixels are computed."""
+    height, width = raster.face_ids.shape
+    pixel = raster.covered_pixels()
+    face = raster.face_ids.view(-1)[pixel].long() - 1
+    corners = attributes[faces.long()[face]]  # [K, 3, C]
+    bary = raster.barycentric.view(-1, 3)[pixel][..., None]  # [K, 3, 1]
     weighted = bary * corners
-    return weighted[..., 0, :] + weighted[..., 1, :] + weighted[..., 2, :]
+    out = torch.zeros(height * width, attributes.shape[-1], dtype=weighted.dtype, device=weighted.device)
+    out[pixel] = weighted[:, 0] + weighted[:, 1] + weighted[:, 2]
+    return out.view(height, width, -1)
 
 
 __all__ = ["DEPTH_STEPS", "EMPTY_KEY", "KEY_FACE_RANGE", "Rasterization", "interpolate", "rasterize", "screen_coordinates"]
