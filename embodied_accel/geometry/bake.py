@@ -54,13 +54,14 @@ def boundary_kernel_size(render_size: int) -> int:
 
 def _square_max(mask: torch.Tensor, size: int) -> torch.Tensor:
     """Per pixel: is any pixel of the ``size × size`` square around it set (outside the image counts as unset)?
-    Boolean ``[H, W]`` → ``[H, W]``, separably."""
+    Boolean ``[H, W]`` → ``[H, W]`` (OpenCV's dilation of the 8-bit mask: the same as upstream's box convolution
+    followed by ``> 0``)."""
     if size <= 1:
         return mask
-    x = mask.float()[None, None]
-    x = F.max_pool2d(x, (size, 1), stride=1, padding=(size // 2, 0))
-    x = F.max_pool2d(x, (1, size), stride=1, padding=(0, size // 2))
-    return x[0, 0] > 0
+    cv2 = _cv2()
+    image = mask.to(torch.uint8).cpu().numpy()
+    out = cv2.dilate(image, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0)
+    return torch.from_numpy(out).to(mask.device) > 0
 
 
 def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,14 +111,15 @@ def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) ->
     depth_image = (depth - depth_min) / (depth_max - depth_min) * visible[..., None].float()
     edges = cv2.Canny((depth_image.cpu().numpy() * 255).astype(np.uint8), 30, 80)
     edges = torch.from_numpy(edges).to(image.device) > 0
-    lookat = torch.tensor([[0, 0, -1]], device=image.device)
-    cosine = F.cosine_similarity(lookat, normal.view(-1, 3)).view(height, width, 1)
-    cosine[cosine < np.cos(BAKE_ANGLE_LIMIT / 180 * np.pi)] = 0
     kernel = boundary_kernel_size(renderer.render_size)
-    kept = ~_square_max(~visible, kernel) & ~_square_max(edges, kernel)
-    coords = uv.view(-1, 2)[kept.view(-1)][:, [1, 0]]
-    texture = _mean_splat(renderer.texture_size, coords, image.reshape(-1, image.shape[-1])[kept.view(-1)].float())
-    cos_map = _mean_splat(renderer.texture_size, coords, cosine.view(-1, 1)[kept.view(-1)])
+    kept = (~_square_max(~visible, kernel) & ~_square_max(edges, kernel)).view(-1)
+    # the cosine is a per-pixel function: computed on the kept pixels only (the others are never splatted)
+    lookat = torch.tensor([[0, 0, -1]], device=image.device)
+    cosine = F.cosine_similarity(lookat, normal.view(-1, 3)[kept])[:, None]
+    cosine[cosine < np.cos(BAKE_ANGLE_LIMIT / 180 * np.pi)] = 0
+    coords = uv.view(-1, 2)[kept][:, [1, 0]]
+    texture = _mean_splat(renderer.texture_size, coords, image.reshape(-1, image.shape[-1])[kept].float())
+    cos_map = _mean_splat(renderer.texture_size, coords, cosine)
     return ViewBake(texture, cos_map)
 
 

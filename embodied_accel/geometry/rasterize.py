@@ -114,8 +114,11 @@ def _alpha(beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
 def _reduce_keys(
     zbuffer: torch.Tensor, screen: torch.Tensor, faces: torch.Tensor, sf: _ScreenFaces, height: int, width: int
 ) -> None:
-    """Reduce every face's keys into ``zbuffer [H·W]`` (minimum), block by block."""
-    device = screen.device
+    """Reduce every face's keys into ``zbuffer [H·W]`` (minimum).
+
+    Faces of one orientation (the one nearer the camera on average) go first; then each face of the other
+    orientation whose smallest possible key exceeds every key already in its bounding box is skipped, since it cannot
+    lower any of them (on a closed mesh, most back faces). The result is the same minimum."""
     tri = screen[faces]  # [F, 3 vertices, 3]
     x_min = tri[:, :, 0].amin(dim=1)
     x_max = tri[:, :, 0].amax(dim=1)
@@ -128,14 +131,86 @@ def _reduce_keys(
     y_lo = torch.clamp(torch.nan_to_num(y_min, nan=big), -big, big).floor().clamp(min=0).long()
     x_hi = (torch.clamp(torch.nan_to_num(x_max, nan=-big), -big, big) + 1.0).ceil().long() - 1
     y_hi = (torch.clamp(torch.nan_to_num(y_max, nan=-big), -big, big) + 1.0).ceil().long() - 1
-    x_hi = x_hi.clamp(max=width - 1)
-    y_hi = y_hi.clamp(max=height - 1)
-    n_cols = x_hi - x_lo + 1
-    n_rows = y_hi - y_lo + 1
-    drawn = finite & ~sf.area_zero & (n_cols > 0) & (n_rows > 0)
-    face_index = torch.nonzero(drawn).squeeze(1)
+    box = _Boxes(x_lo, x_hi.clamp(max=width - 1), y_lo, y_hi.clamp(max=height - 1))
+    drawn = finite & ~sf.area_zero & (box.n_cols > 0) & (box.n_rows > 0)
+    z_min = tri[:, :, 2].amin(dim=1)
+    positive = sf.inv_area > 0
+    first_positive = _mean(z_min[drawn & positive]) <= _mean(z_min[drawn & ~positive])
+    first = torch.nonzero(drawn & (positive == first_positive)).squeeze(1)
+    second = torch.nonzero(drawn & (positive != first_positive)).squeeze(1)
+    _reduce_faces(zbuffer, screen, faces, sf, first, box, height, width)
+    if second.numel():
+        second = second[~_occluded(zbuffer, second, box, z_min[second], height, width)]
+        _reduce_faces(zbuffer, screen, faces, sf, second, box, height, width)
+
+
+def _mean(values: torch.Tensor) -> float:
+    return float(values.mean()) if values.numel() else float("inf")
+
+
+@dataclass(frozen=True)
+class _Boxes:
+    """Per face, the candidate pixel box (inclusive, clipped to the image)."""
+
+    x_lo: torch.Tensor
+    x_hi: torch.Tensor
+    y_lo: torch.Tensor
+    y_hi: torch.Tensor
+
+    @property
+    def n_cols(self) -> torch.Tensor:
+        return self.x_hi - self.x_lo + 1
+
+    @property
+    def n_rows(self) -> torch.Tensor:
+        return self.y_hi - self.y_lo + 1
+
+
+_TILE = 16
+
+
+def _occluded(zbuffer, face_index, box: _Boxes, z_min, height, width) -> torch.Tensor:
+    """Faces whose smallest possible key is above the largest key in their box: they cannot win a pixel. The box's
+    maximum comes from a max pyramid of ``_TILE``-pixel tiles, at the level where the box spans at most 2×2 tiles."""
+    rows, cols = -(-height // _TILE), -(-width // _TILE)
+    grid = torch.full((rows * _TILE, cols * _TILE), EMPTY_KEY, dtype=torch.int64, device=zbuffer.device)
+    grid[:height, :width] = zbuffer.view(height, width)
+    level_max = [grid.view(rows, _TILE, cols, _TILE).amax(dim=(1, 3))]
+    while level_max[-1].shape[0] > 1 or level_max[-1].shape[1] > 1:
+        m = level_max[-1]
+        m = torch.nn.functional.pad(m, (0, m.shape[1] % 2, 0, m.shape[0] % 2), value=EMPTY_KEY)
+        level_max.append(m.view(m.shape[0] // 2, 2, m.shape[1] // 2, 2).amax(dim=(1, 3)))
+    extent = torch.maximum(box.n_cols[face_index], box.n_rows[face_index])
+    level = torch.zeros_like(extent)
+    while True:  # the smallest level whose tiles are at least as large as the box
+        small = (_TILE << level) < extent
+        if not small.any():
+            break
+        level = level + small.long()
+    level = level.clamp(max=len(level_max) - 1)
+    box_max = torch.full_like(extent, EMPTY_KEY)
+    for lv, table in enumerate(level_max):
+        sel = torch.nonzero(level == lv).squeeze(1)
+        if sel.numel() == 0:
+            continue
+        f = face_index[sel]
+        shift = _TILE.bit_length() - 1 + lv
+        ty = torch.stack([box.y_lo[f] >> shift, box.y_hi[f] >> shift]).clamp(max=table.shape[0] - 1)
+        tx = torch.stack([box.x_lo[f] >> shift, box.x_hi[f] >> shift]).clamp(max=table.shape[1] - 1)
+        corners = torch.stack([table[ty[i], tx[j]] for i in (0, 1) for j in (0, 1)])
+        box_max[sel] = corners.amax(dim=0)
+    # A covered pixel's depth is a convex combination of the vertex depths, up to float32 rounding of the weights.
+    margin = 1e-5 * z_min.abs() + 1e-6
+    lowest_key = ((z_min - margin) * float(DEPTH_STEPS)).floor().long() * KEY_FACE_RANGE
+    return lowest_key > box_max
+
+
+def _reduce_faces(zbuffer, screen, faces, sf, face_index, box: _Boxes, height, width) -> None:
+    """Reduce the keys of ``face_index``'s faces into ``zbuffer``, block by block."""
     if face_index.numel() == 0:
         return
+    device = screen.device
+    n_rows, n_cols, y_lo, y_hi, x_lo = box.n_rows, box.n_cols, box.y_lo, box.y_hi, box.x_lo
     # Cut tall boxes into bands of at most _BAND_ROWS rows: one entry per (face, band).
     bands = (n_rows[face_index] + _BAND_ROWS - 1) // _BAND_ROWS
     entry_face = torch.repeat_interleave(face_index, bands)
