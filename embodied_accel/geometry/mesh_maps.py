@@ -1,0 +1,128 @@
+"""A UV-mapped mesh placed for Hunyuan3D-2's texture cameras, its rasterizations (each computed once), and the
+normal and position maps the multiview model is conditioned on.
+
+Placement follows upstream's ``MeshRender.set_mesh``: ``(x, y, z) → (−x, z, −y)`` (the shape generator's axes to
+the renderer's), the bounding-box centre moved to the origin and the farthest vertex to ``1.15 / 2``; texture ``v`` is
+flipped (``1 − v``). Every step is the same float32 operation upstream performs, so the maps agree with upstream's to
+float32 rounding (bit for bit where the operations are the same kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .camera import Camera, orthographic_matrix, transform
+from .rasterize import Rasterization, interpolate, rasterize
+
+#: Upstream's placement: the mesh's bounding sphere (about its box centre) gets this diameter.
+SCALE_FACTOR = 1.15
+#: trimesh's ``unitize`` threshold: vectors with a smaller norm are left zero.
+_UNIT_THRESHOLD = np.finfo(np.float64).resolution * 100
+
+
+@dataclass(frozen=True)
+class UVMesh:
+    """A triangle mesh with one texture coordinate per vertex (seams split, as xatlas returns them):
+    ``vertices [V, 3]``, ``faces [F, 3]``, ``uv [V, 2]`` in [0, 1] (v up, glTF's convention flipped)."""
+
+    vertices: np.ndarray
+    faces: np.ndarray
+    uv: np.ndarray
+
+
+def vertex_normals(positions: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
+    """Per-vertex mean of the unit face normals around it, normalized (trimesh's ``mean_vertex_normals``: summed in
+    float32, normalized in float64, zero where the sum vanishes), float32 ``[V, 3]``."""
+    tri = positions[faces]  # [F, 3, 3]
+    face_normals = F.normalize(torch.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0], dim=-1), dim=-1)
+    summed = torch.zeros_like(positions).index_add_(0, faces.reshape(-1), face_normals.repeat_interleave(3, dim=0))
+    summed = summed.double()
+    norm = summed.square().sum(dim=1, keepdim=True).sqrt()
+    valid = norm > _UNIT_THRESHOLD
+    return torch.where(valid, summed / torch.where(valid, norm, torch.ones_like(norm)), 0.0).float()
+
+
+class MeshRenderer:
+    """A :class:`UVMesh` placed in the texture cameras' space, with its rasterizations cached per
+    ``(camera, height, width)``: the normal map, position map and back-projection of one camera share one.
+
+    ``render_size`` is the maps' and views' resolution, ``texture_size`` the texture's (square, as upstream).
+    """
+
+    def __init__(self, mesh: UVMesh, render_size: int = 2048, texture_size: int = 2048, device="cpu",
+                 ortho_scale: float = 1.2):  # fmt: skip
+        self.render_size = int(render_size)
+        self.texture_size = int(texture_size)
+        self.device = torch.device(device)
+        pos = torch.from_numpy(np.asarray(mesh.vertices)).to(self.device).float()
+        self.faces = torch.from_numpy(np.asarray(mesh.faces)).to(self.device).to(torch.int64)
+        uv = torch.from_numpy(np.asarray(mesh.uv)).to(self.device).float()
+        pos[:, [0, 1]] = -pos[:, [0, 1]]
+        pos[:, [1, 2]] = pos[:, [2, 1]]
+        uv[:, 1] = 1.0 - uv[:, 1]
+        max_bb = pos.max(0)[0]
+        min_bb = pos.min(0)[0]
+        center = (max_bb + min_bb) / 2
+        scale = torch.norm(pos - center, dim=1).max() * 2.0
+        self.positions = (pos - center) * (SCALE_FACTOR / float(scale))  # [V, 3]
+        self.uv_flipped = uv  # [V, 2]: v flipped (upstream's internal convention)
+        self.projection = orthographic_matrix(ortho_scale)
+        self._rasterizations: dict[tuple[Camera, int, int], Rasterization] = {}
+        self._normals: torch.Tensor | None = None
+        self.rasterization_count = 0
+
+    # ---- cameras and rasterizations -------------------------------------------------------------------------
+
+    def camera_positions(self, camera: Camera) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(camera-space [V, 4], clip-space [V, 4])`` vertex positions."""
+        pos_camera = transform(camera.view_matrix(), self.positions)
+        return pos_camera, transform(self.projection, pos_camera)
+
+    def rasterization(self, camera: Camera, resolution: int | None = None) -> Rasterization:
+        """The camera's rasterization at ``resolution`` (default: the render size), computed on first use."""
+        size = self.render_size if resolution is None else int(resolution)
+        key = (camera, size, size)
+        if key not in self._rasterizations:
+            _, clip = self.camera_positions(camera)
+            self._rasterizations[key] = rasterize(clip, self.faces, size, size)
+            self.rasterization_count += 1
+        return self._rasterizations[key]
+
+    # ---- maps -----------------------------------------------------------------------------------------------
+
+    def world_normals(self) -> torch.Tensor:
+        if self._normals is None:
+            self._normals = vertex_normals(self.positions, self.faces)
+        return self._normals
+
+    def normal_map(self, camera: Camera, resolution: int | None = None, background=(1.0, 1.0, 1.0)) -> torch.Tensor:
+        """World-space normals seen from ``camera``, mapped to [0, 1] (``(n + 1) / 2``), ``background`` elsewhere
+        (before the mapping, as upstream): float32 ``[H, W, 3]``."""
+        raster = self.rasterization(camera, resolution)
+        normal = interpolate(self.world_normals(), raster, self.faces)
+        normal = _where_covered(raster, normal, background)
+        return (normal + 1) * 0.5
+
+    def position_map(self, camera: Camera, resolution: int | None = None, background=(1.0, 1.0, 1.0)) -> torch.Tensor:
+        """``0.5 − position / 1.15`` per pixel (the placed mesh's coordinates in [0, 1]), ``background`` elsewhere:
+        float32 ``[H, W, 3]``."""
+        raster = self.rasterization(camera, resolution)
+        position = interpolate(0.5 - self.positions / SCALE_FACTOR, raster, self.faces)
+        return _where_covered(raster, position, background)
+
+
+def _where_covered(raster: Rasterization, values: torch.Tensor, background) -> torch.Tensor:
+    bg = torch.tensor(background, dtype=values.dtype, device=values.device)
+    return torch.where(raster.mask[..., None], values, bg)
+
+
+def to_uint8_image(image: torch.Tensor) -> np.ndarray:
+    """A float ``[H, W, C]`` map in [0, 1] as upstream hands it on (``(x · 255).astype(uint8)``: truncation)."""
+    return (image.cpu().numpy() * 255).astype(np.uint8)
+
+
+__all__ = ["SCALE_FACTOR", "MeshRenderer", "UVMesh", "to_uint8_image", "vertex_normals"]

@@ -1,0 +1,335 @@
+"""A triangle rasterizer in plain PyTorch: per pixel, the front face and its perspective-correct barycentrics.
+
+It follows the rules of Hunyuan3D-2's ``custom_rasterizer`` (its CPU path, ``rasterize_image_cpu``) operation for
+operation, so that the same inputs give the same face indices and bit-identical barycentrics, on any device:
+
+* A vertex ``(x, y, z, w)`` in clip space lands at ``((x / w · ½ + ½) · (W − 1) + ½, (½ + ½ · y / w) · (H − 1) + ½)``
+  in pixels, with depth ``z / w · 0.49999 + ½``. Row ``r`` of the output is the pixel row whose centre is ``r + ½``.
+* A face covers a pixel of its bounding box (columns from ``trunc(x_min)`` while ``column < x_max + 1``, rows alike)
+  when the barycentrics of the pixel centre are all in [0, 1]. They are the two signed areas over the face's area,
+  in float32, with ``α = 1 − β − γ`` evaluated in double precision as the C++ code does (``1.0`` is a double there)
+  and rounded to float32. A face of zero area covers nothing; a back-facing one (clockwise) is drawn like any other.
+* The nearest face wins through one int64 key per (pixel, face): ``trunc(depth · 2¹⁸) · (2³¹ − 1) + face + 1``,
+  reduced with a minimum (``scatter_reduce(amin)``), so equal quantized depths go to the lower face index and the
+  result does not depend on the order in which faces are visited. Faces with a negative depth are not drawn.
+* The winner's barycentrics are recomputed at the pixel centre, divided by each vertex's ``w`` and renormalized
+  (perspective-correct; an orthographic camera has ``w = 1``).
+
+Faces are visited in groups whose bounding boxes have similar sizes: each group is one dense
+``[faces, rows, columns]`` block of candidate pixels, built by broadcasting per-face and per-row / per-column terms
+(no per-pixel gathers), in chunks of bounded size. Bounding boxes taller than ``_BAND_ROWS`` are cut into bands.
+Depths of 8192 and more (far outside the clip volume) are not drawn (the C++ code overflows an ``int`` there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: The face-id multiplier of the official depth key (``MAXINT``).
+KEY_FACE_RANGE = 2147483647
+#: The key of a pixel no face covers (``MAXINT² + MAXINT − 1``); its face part decodes to ``MAXINT − 1``.
+EMPTY_KEY = KEY_FACE_RANGE * KEY_FACE_RANGE + KEY_FACE_RANGE - 1
+#: Depth quantization: ``2 << 17``.
+DEPTH_STEPS = 262144
+_MAX_DEPTH = 8192.0
+#: Bounding boxes of more rows are cut into bands of this many rows.
+_BAND_ROWS = 64
+#: Size classes of the candidate blocks (a box is padded up to the next class: at most 1.5x the pixels).
+_SIZE_CLASSES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+                 3072, 4096, 6144, 8192, 12288, 16384)  # fmt: skip
+#: Candidate pixels per block at most (bounds the temporary memory: ~40 bytes each).
+_BLOCK_CANDIDATES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Rasterization:
+    """What :func:`rasterize` returns: ``face_ids [H, W] int32`` holds the covering face's index + 1 (0: no face),
+    ``barycentric [H, W, 3] float32`` its perspective-correct barycentrics (0 where no face)."""
+
+    face_ids: torch.Tensor
+    barycentric: torch.Tensor
+    covered: torch.Tensor | None = None  # [K] flat indices of the covered pixels (ascending), when known
+
+    def covered_pixels(self) -> torch.Tensor:
+        """Flat indices of the pixels some face covers, ascending."""
+        if self.covered is not None:
+            return self.covered
+        return torch.nonzero(self.face_ids.view(-1) > 0).squeeze(1)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """``[H, W]`` bool: pixels some face covers."""
+        return self.face_ids > 0
+
+
+@dataclass(frozen=True)
+class _ScreenFaces:
+    """Per face, the float32 terms the coverage test and the barycentrics are made of (the C++ code's operands)."""
+
+    a0: torch.Tensor  # x of vertex 0, pixels
+    a1: torch.Tensor  # y of vertex 0
+    e_ca0: torch.Tensor  # c0 - a0
+    e_ca1: torch.Tensor  # c1 - a1
+    e_ba0: torch.Tensor  # b0 - a0
+    e_ba1: torch.Tensor  # b1 - a1
+    inv_area: torch.Tensor  # 1 / signed area (0 where the area is 0)
+    area_zero: torch.Tensor  # bool
+
+
+def _screen_faces(screen: torch.Tensor, faces: torch.Tensor) -> _ScreenFaces:
+    a, b, c = (screen[faces[:, k]] for k in range(3))  # [F, 3] each
+    a0, a1 = a[:, 0], a[:, 1]
+    e_ca0, e_ca1 = c[:, 0] - a0, c[:, 1] - a1
+    e_ba0, e_ba1 = b[:, 0] - a0, b[:, 1] - a1
+    area = e_ca0 * e_ba1 - e_ba0 * e_ca1
+    area_zero = area == 0
+    inv_area = torch.where(area_zero, torch.zeros_like(area), 1.0 / torch.where(area_zero, torch.ones_like(area), area))
+    return _ScreenFaces(a0, a1, e_ca0, e_ca1, e_ba0, e_ba1, inv_area, area_zero)
+
+
+def screen_coordinates(clip: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Clip-space vertices ``[N, 4]`` → pixel coordinates and depth ``[N, 3]`` (float32, the official formulas)."""
+    half = torch.tensor(0.5, dtype=torch.float32, device=clip.device)
+    x = clip[:, 0] / clip[:, 3]
+    y = clip[:, 1] / clip[:, 3]
+    z = clip[:, 2] / clip[:, 3]
+    sx = (x * half + half) * float(width - 1) + half
+    sy = (half + half * y) * float(height - 1) + half
+    sz = z * torch.tensor(0.49999, dtype=torch.float32, device=clip.device) + half
+    return torch.stack([sx, sy, sz], dim=1)
+
+
+def _size_class(extent: torch.Tensor) -> torch.Tensor:
+    classes = torch.tensor(_SIZE_CLASSES, dtype=torch.int64, device=extent.device)
+    return classes[torch.searchsorted(classes, extent)]
+
+
+def _alpha(beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """``1.0 - beta - gamma`` in double precision, rounded to float32 (as the C++ expression is evaluated)."""
+    return (1.0 - beta.double() - gamma.double()).float()
+
+
+def _reduce_keys(
+    zbuffer: torch.Tensor, screen: torch.Tensor, faces: torch.Tensor, sf: _ScreenFaces, height: int, width: int
+) -> None:
+    """Reduce every face's keys into ``zbuffer [H·W]`` (minimum).
+
+    Faces of one orientation (the one nearer the camera on average) go first; then each face of the other
+    orientation whose smallest possible key exceeds every key already in its bounding box is skipped, since it cannot
+    lower any of them (on a closed mesh, most back faces). The result is the same minimum."""
+    tri = screen[faces]  # [F, 3 vertices, 3]
+    x_min = tri[:, :, 0].amin(dim=1)
+    x_max = tri[:, :, 0].amax(dim=1)
+    y_min = tri[:, :, 1].amin(dim=1)
+    y_max = tri[:, :, 1].amax(dim=1)
+    # The C++ loop starts at int(x_min) (truncation; negative columns are skipped) and runs while px < x_max + 1.
+    finite = torch.isfinite(tri[:, :, :2]).all(dim=2).all(dim=1)
+    big = float(1 << 30)
+    x_lo = torch.clamp(torch.nan_to_num(x_min, nan=big), -big, big).floor().clamp(min=0).long()
+    y_lo = torch.clamp(torch.nan_to_num(y_min, nan=big), -big, big).floor().clamp(min=0).long()
+    x_hi = (torch.clamp(torch.nan_to_num(x_max, nan=-big), -big, big) + 1.0).ceil().long() - 1
+    y_hi = (torch.clamp(torch.nan_to_num(y_max, nan=-big), -big, big) + 1.0).ceil().long() - 1
+    box = _Boxes(x_lo, x_hi.clamp(max=width - 1), y_lo, y_hi.clamp(max=height - 1))
+    drawn = finite & ~sf.area_zero & (box.n_cols > 0) & (box.n_rows > 0)
+    z_min = tri[:, :, 2].amin(dim=1)
+    positive = sf.inv_area > 0
+    first_positive = _mean(z_min[drawn & positive]) <= _mean(z_min[drawn & ~positive])
+    first = torch.nonzero(drawn & (positive == first_positive)).squeeze(1)
+    second = torch.nonzero(drawn & (positive != first_positive)).squeeze(1)
+    _reduce_faces(zbuffer, screen, faces, sf, first, box, height, width)
+    if second.numel():
+        second = second[~_occluded(zbuffer, second, box, z_min[second], height, width)]
+        _reduce_faces(zbuffer, screen, faces, sf, second, box, height, width)
+
+
+def _mean(values: torch.Tensor) -> float:
+    return float(values.mean()) if values.numel() else float("inf")
+
+
+@dataclass(frozen=True)
+class _Boxes:
+    """Per face, the candidate pixel box (inclusive, clipped to the image)."""
+
+    x_lo: torch.Tensor
+    x_hi: torch.Tensor
+    y_lo: torch.Tensor
+    y_hi: torch.Tensor
+
+    @property
+    def n_cols(self) -> torch.Tensor:
+        return self.x_hi - self.x_lo + 1
+
+    @property
+    def n_rows(self) -> torch.Tensor:
+        return self.y_hi - self.y_lo + 1
+
+
+_TILE = 16
+
+
+def _occluded(zbuffer, face_index, box: _Boxes, z_min, height, width) -> torch.Tensor:
+    """Faces whose smallest possible key is above the largest key in their box: they cannot win a pixel. The box's
+    maximum comes from a max pyramid of ``_TILE``-pixel tiles, at the level where the box spans at most 2×2 tiles."""
+    rows, cols = -(-height // _TILE), -(-width // _TILE)
+    grid = torch.full((rows * _TILE, cols * _TILE), EMPTY_KEY, dtype=torch.int64, device=zbuffer.device)
+    grid[:height, :width] = zbuffer.view(height, width)
+    level_max = [grid.view(rows, _TILE, cols, _TILE).amax(dim=(1, 3))]
+    while level_max[-1].shape[0] > 1 or level_max[-1].shape[1] > 1:
+        m = level_max[-1]
+        m = torch.nn.functional.pad(m, (0, m.shape[1] % 2, 0, m.shape[0] % 2), value=EMPTY_KEY)
+        level_max.append(m.view(m.shape[0] // 2, 2, m.shape[1] // 2, 2).amax(dim=(1, 3)))
+    extent = torch.maximum(box.n_cols[face_index], box.n_rows[face_index])
+    level = torch.zeros_like(extent)
+    while True:  # the smallest level whose tiles are at least as large as the box
+        small = (_TILE << level) < extent
+        if not small.any():
+            break
+        level = level + small.long()
+    level = level.clamp(max=len(level_max) - 1)
+    box_max = torch.full_like(extent, EMPTY_KEY)
+    for lv, table in enumerate(level_max):
+        sel = torch.nonzero(level == lv).squeeze(1)
+        if sel.numel() == 0:
+            continue
+        f = face_index[sel]
+        shift = _TILE.bit_length() - 1 + lv
+        ty = torch.stack([box.y_lo[f] >> shift, box.y_hi[f] >> shift]).clamp(max=table.shape[0] - 1)
+        tx = torch.stack([box.x_lo[f] >> shift, box.x_hi[f] >> shift]).clamp(max=table.shape[1] - 1)
+        corners = torch.stack([table[ty[i], tx[j]] for i in (0, 1) for j in (0, 1)])
+        box_max[sel] = corners.amax(dim=0)
+    # A covered pixel's depth is a convex combination of the vertex depths, up to float32 rounding of the weights.
+    margin = 1e-5 * z_min.abs() + 1e-6
+    lowest_key = ((z_min - margin) * float(DEPTH_STEPS)).floor().long() * KEY_FACE_RANGE
+    return lowest_key > box_max
+
+
+def _reduce_faces(zbuffer, screen, faces, sf, face_index, box: _Boxes, height, width) -> None:
+    """Reduce the keys of ``face_index``'s faces into ``zbuffer``, block by block."""
+    if face_index.numel() == 0:
+        return
+    device = screen.device
+    n_rows, n_cols, y_lo, y_hi, x_lo = box.n_rows, box.n_cols, box.y_lo, box.y_hi, box.x_lo
+    # Cut tall boxes into bands of at most _BAND_ROWS rows: one entry per (face, band).
+    bands = (n_rows[face_index] + _BAND_ROWS - 1) // _BAND_ROWS
+    entry_face = torch.repeat_interleave(face_index, bands)
+    first = torch.cumsum(bands, 0) - bands
+    band_of_entry = torch.arange(entry_face.numel(), device=device) - torch.repeat_interleave(first, bands)
+    entry_y0 = y_lo[entry_face] + band_of_entry * _BAND_ROWS
+    entry_rows = torch.minimum(y_hi[entry_face] - entry_y0 + 1, torch.full_like(entry_y0, _BAND_ROWS))
+    entry_cols = n_cols[entry_face]
+    cls_rows = _size_class(entry_rows)
+    cls_cols = _size_class(entry_cols)
+    group_key = cls_rows * (1 << 20) + cls_cols
+    order = torch.argsort(group_key, stable=True)
+    keys_sorted = group_key[order]
+    unique_keys, counts = torch.unique_consecutive(keys_sorted, return_counts=True)
+    start = 0
+    for key, count in zip(unique_keys.tolist(), counts.tolist(), strict=True):
+        rows_p, cols_p = key >> 20, key & ((1 << 20) - 1)
+        per_block = max(1, _BLOCK_CANDIDATES // (rows_p * cols_p))
+        group = order[start : start + count]
+        start += count
+        for s in range(0, count, per_block):
+            entries = group[s : s + per_block]
+            pix, tok = _block_keys(
+                screen, faces, sf, entry_face[entries], x_lo[entry_face[entries]], entry_cols[entries],
+                entry_y0[entries], entry_rows[entries], rows_p, cols_p, width,
+            )  # fmt: skip
+            zbuffer.scatter_reduce_(0, pix.clamp_(max=height * width - 1), tok, reduce="amin")
+
+
+def _block_keys(screen, faces, sf, face, x0, n_cols, y0, n_rows, rows_p, cols_p, width):
+    """Coverage and depth keys of one block: ``len(face)`` boxes padded to ``rows_p × cols_p`` candidates, each with
+    its pixel index and key (``EMPTY_KEY`` where the face does not cover the candidate), all dense."""
+    device = screen.device
+    half = torch.tensor(0.5, dtype=torch.float32, device=device)
+    col = torch.arange(cols_p, device=device)
+    row = torch.arange(rows_p, device=device)
+    px = x0[:, None] + col  # [B, C]
+    py = y0[:, None] + row  # [B, R]
+    dx = (px.float() + half) - sf.a0[face][:, None]  # [B, C]  p0 - a0
+    dy = (py.float() + half) - sf.a1[face][:, None]  # [B, R]  p1 - a1
+    # beta_tri = (c0 - a0)(p1 - a1) - (p0 - a0)(c1 - a1); gamma_tri = (p0 - a0)(b1 - a1) - (b0 - a0)(p1 - a1)
+    inv = sf.inv_area[face][:, None, None]
+    beta = ((sf.e_ca0[face][:, None] * dy)[:, :, None] - (dx * sf.e_ca1[face][:, None])[:, None, :]) * inv
+    gamma = ((dx * sf.e_ba1[face][:, None])[:, None, :] - (sf.e_ba0[face][:, None] * dy)[:, :, None]) * inv
+    alpha = _alpha(beta, gamma)  # [B, R, C]
+    low = torch.minimum(torch.minimum(beta, gamma), alpha)  # NaN propagates: not inside, as in C++
+    high = torch.maximum(torch.maximum(beta, gamma), alpha)
+    z = screen[:, 2][faces[face]][:, :, None, None]  # [B, 3, 1, 1]
+    depth = alpha * z[:, 0] + beta * z[:, 1] + gamma * z[:, 2]
+    inside = (low >= 0) & (high <= 1) & (depth >= 0) & (depth < _MAX_DEPTH)
+    inside &= (col[None, :] < n_cols[:, None])[:, None, :] & (row[None, :] < n_rows[:, None])[:, :, None]
+    quantized = (depth * torch.tensor(float(DEPTH_STEPS), dtype=torch.float32, device=device)).long()  # truncation
+    tokens = torch.where(inside, quantized * KEY_FACE_RANGE + (face + 1)[:, None, None], EMPTY_KEY)
+    pixels = (py * width)[:, :, None] + px[:, None, :]
+    return pixels.clamp_(0, None).view(-1), tokens.view(-1)
+
+
+def rasterize(clip_positions: torch.Tensor, faces: torch.Tensor, height: int, width: int) -> Rasterization:
+    """Rasterize triangles given in clip space.
+
+    ``clip_positions [N, 4]`` (float32; ``[1, N, 4]`` accepted), ``faces [F, 3]`` (integer vertex indices), the
+    output size ``height × width``. Returns a :class:`Rasterization` on the positions' device. See the module
+    docstring for the rules (those of Hunyuan3D-2's rasterizer, bit for bit).
+    """
+    if clip_positions.dim() == 3 and clip_positions.shape[0] == 1:
+        clip_positions = clip_positions[0]
+    if clip_positions.dim() != 2 or clip_positions.shape[1] != 4:
+        raise ValueError(f"clip_positions: expected [N, 4] (x, y, z, w per vertex), got {tuple(clip_positions.shape)}")
+    if faces.dim() != 2 or faces.shape[1] != 3:
+        raise ValueError(f"faces: expected [F, 3] vertex indices, got {tuple(faces.shape)}")
+    if height < 1 or width < 1:
+        raise ValueError(f"resolution: expected positive height and width, got {height} x {width}")
+    device = clip_positions.device
+    clip = clip_positions.to(torch.float32)
+    faces = faces.to(device=device, dtype=torch.int64)
+    if faces.numel() and (int(faces.min()) < 0 or int(faces.max()) >= clip.shape[0]):
+        raise ValueError(f"faces: vertex indices must lie in 0 .. {clip.shape[0] - 1}")
+    screen = screen_coordinates(clip, height, width)
+    sf = _screen_faces(screen, faces)
+    zbuffer = torch.full((height * width,), EMPTY_KEY, dtype=torch.int64, device=device)
+    _reduce_keys(zbuffer, screen, faces, sf, height, width)
+    covered = torch.nonzero(zbuffer != EMPTY_KEY).squeeze(1)
+    face_ids = torch.zeros(height * width, dtype=torch.int32, device=device)
+    barycentric = torch.zeros(height * width, 3, dtype=torch.float32, device=device)
+    if covered.numel():
+        face = zbuffer[covered] % KEY_FACE_RANGE - 1
+        face_ids[covered] = (face + 1).to(torch.int32)
+        barycentric[covered] = _pixel_barycentrics(clip, faces, sf, face, covered, width)
+    return Rasterization(face_ids.view(height, width), barycentric.view(height, width, 3), covered)
+
+
+def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> torch.Tensor:
+    """Perspective-correct barycentrics of ``face`` at the centres of ``pixel`` (flat indices), float32 ``[K, 3]``."""
+    half = torch.tensor(0.5, dtype=torch.float32, device=clip.device)
+    dx = ((pixel % width).float() + half) - sf.a0[face]
+    dy = (torch.div(pixel, width, rounding_mode="floor").float() + half) - sf.a1[face]
+    beta = (sf.e_ca0[face] * dy - dx * sf.e_ca1[face]) * sf.inv_area[face]
+    gamma = (dx * sf.e_ba1[face] - sf.e_ba0[face] * dy) * sf.inv_area[face]
+    alpha = _alpha(beta, gamma)
+    w = clip[:, 3][faces[face]]  # [K, 3]
+    b0, b1, b2 = alpha / w[:, 0], beta / w[:, 1], gamma / w[:, 2]
+    norm = 1.0 / (b0 + b1 + b2)
+    return torch.stack([b0 * norm, b1 * norm, b2 * norm], dim=1)
+
+
+def interpolate(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor) -> torch.Tensor:
+    """Per-pixel barycentric interpolation of per-vertex ``attributes [N, C]`` over the faces of ``raster``
+    (``faces [F, 3]`` may index another vertex array than the one rasterized, e.g. UV vertices). ``[H, W, C]``;
+    0 where no face covers the pixel. The sum runs ``b0·v0 + b1·v1 + b2·v2`` as the official ``interpolate``; only
+    covered pixels are computed."""
+    height, width = raster.face_ids.shape
+    pixel = raster.covered_pixels()
+    face = raster.face_ids.view(-1)[pixel].long() - 1
+    corners = attributes[faces.long()[face]]  # [K, 3, C]
+    bary = raster.barycentric.view(-1, 3)[pixel][..., None]  # [K, 3, 1]
+    weighted = bary * corners
+    out = torch.zeros(height * width, attributes.shape[-1], dtype=weighted.dtype, device=weighted.device)
+    out[pixel] = weighted[:, 0] + weighted[:, 1] + weighted[:, 2]
+    return out.view(height, width, -1)
+
+
+__all__ = ["DEPTH_STEPS", "EMPTY_KEY", "KEY_FACE_RANGE", "Rasterization", "interpolate", "rasterize", "screen_coordinates"]
