@@ -70,6 +70,14 @@ class FamilyExport:
     #: Files copied into the export directory (name there → file here), e.g. the tokenizer.
     files: dict[str, Path] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, family: str, model: str, source: str, compute_dtype: torch.dtype,
+           builders: dict[str, Callable[[], GraphExport]], parts: Sequence[str], call: dict[str, Any],
+           files: dict[str, Path] | None = None) -> FamilyExport:  # fmt: skip
+        """The export of ``parts`` (each built by its entry in ``builders``, in the order asked)."""
+        return cls(family, model, source, str(compute_dtype).removeprefix("torch."),
+                   [builders[part]() for part in parts], call, files or {})  # fmt: skip
+
 
 def require_onnx():
     try:

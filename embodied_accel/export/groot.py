@@ -128,14 +128,7 @@ def describe(policy, *, batch: int = 1, parts: tuple[str, ...] = PARTS, num_step
                    "state_horizon": bucket.state_horizon, "image_token_id": cfg.image_token_id},  # fmt: skip
         "embodiment": _plain(spec),
     }
-    return FamilyExport(
-        family="groot",
-        model=cfg.name,
-        source=policy.source,
-        dtype=str(model.compute_dtype).removeprefix("torch."),
-        graphs=[graphs[part]() for part in parts],
-        call=call,
-    )
+    return FamilyExport.of("groot", cfg.name, policy.source, model.compute_dtype, graphs, parts, call)
 
 
 __all__ = ["PARTS", "describe"]

@@ -113,14 +113,7 @@ def describe(model: Hunyuan3DModel, source: str, *, steps: int | None = None, gu
         },
         "query_chunk": chunk,
     }  # fmt: skip
-    return FamilyExport(
-        family="hunyuan3d",
-        model=cfg.name,
-        source=source,
-        dtype=str(model.compute_dtype).removeprefix("torch."),
-        graphs=[graphs[part]() for part in parts],
-        call=call,
-    )
+    return FamilyExport.of("hunyuan3d", cfg.name, source, model.compute_dtype, graphs, parts, call)
 
 
 __all__ = ["PARTS", "describe"]

@@ -159,15 +159,7 @@ def describe(policy, *, batch: int = 1, parts: tuple[str, ...] = PARTS, num_step
             "normalization": normalization(io.action_norm, io.action_stats, io.eps),
         },
     }  # fmt: skip
-    return FamilyExport(
-        family="pi0",
-        model=cfg.name,
-        source=policy.source,
-        dtype=str(model.compute_dtype).removeprefix("torch."),
-        graphs=[graphs[part]() for part in parts],
-        call=call,
-        files=files,
-    )
+    return FamilyExport.of("pi0", cfg.name, policy.source, model.compute_dtype, graphs, parts, call, files)
 
 
 __all__ = ["PARTS", "describe", "normalization"]

@@ -44,7 +44,7 @@ def describe(model: VggtModel, source: str, *, batch: int = 1, frames: Sequence[
         graph = ForwardGraph(model, batch, count, (height, width))
         images = torch.rand(batch, count, 3, height, width, generator=generator)
         with torch.no_grad():
-            produced = graph.static and model(images, graph.static).as_dict()
+            produced = model(images, graph.static).as_dict()
         names = tuple(name for name in OUTPUTS if name in produced)
         graphs.append(GraphExport("forward", f"frames{count}", graph, (("images", images),), names))
     call = {
@@ -56,14 +56,9 @@ def describe(model: VggtModel, source: str, *, batch: int = 1, frames: Sequence[
         "patch_size": cfg.patch_size,
         "outputs": list(OUTPUTS),
     }
-    return FamilyExport(
-        family="vggt",
-        model=cfg.name,
-        source=source,
-        dtype=str(model.compute_dtype).removeprefix("torch."),
-        graphs=graphs if "forward" in parts else [],
-        call=call,
-    )
+    described = FamilyExport.of("vggt", cfg.name, source, model.compute_dtype, {}, (), call)
+    described.graphs = graphs if "forward" in parts else []  # one graph of the part per frame-count bucket
+    return described
 
 
 __all__ = ["OUTPUTS", "PARTS", "describe"]
