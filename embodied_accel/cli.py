@@ -31,12 +31,14 @@ import numpy as np
 from . import __version__
 from .argtypes import non_negative_float, non_negative_int, positive_int
 from .eval import commands as eval_commands
+from .export import command as export_command
 from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .pipelines import shape_command
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
+from .serve import onnx_source
 from .train import commands as train_commands
 
 logger = logging.getLogger(__name__)
@@ -235,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = add_command("serve", [policy], help="serve the policy over websockets (openpi protocol)")
     serve_commands.add_server_options(serve, network=True)
+    onnx_source.add_onnx_options(serve)
     serve.set_defaults(handler=cmd_serve)
 
     load = add_command("loadtest", [policy], help="N clients x M requests against a policy server")
@@ -250,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     shape = shape_command.add_shape_parser(commands, BACKEND_NAMES, CAPTURE_MODES)
     shape.set_defaults(handler=cmd_shape)
+    export_command.add_export_parser(commands, [common])
     return parser
 
 
@@ -794,7 +798,7 @@ def _attention_suffix(record: dict[str, Any]) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     serve_commands.require_serve_extra("serve")
-    policy, _ = _load_policy(args, num_views=args.views)
+    policy = onnx_source.onnx_policy(args) or _load_policy(args, num_views=args.views)[0]
     return serve_commands.run_serve(policy, args, announce=lambda line: print(line, flush=True))
 
 

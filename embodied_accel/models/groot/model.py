@@ -227,21 +227,26 @@ class GrootModel(nn.Module):
     ) -> FlowContext:  # fmt: skip
         """What every step of the flow reads besides ``x_t``: the cross-attention K/V of every block (one GEMM),
         the text / image attention masks, the state tokens."""
-        ops, dtype = self.ops, self.compute_dtype
+        ops = self.ops
         batch, length = input_ids.shape
         vl = features.reshape(batch * length, -1)
         if self.config.use_vlln:
             vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
         cross_kv = self.dit.cross_kv(vl, buffers.cross_kv[: batch * length], batch)  # every cross block's K/V
+        text_mask, image_mask = self.attention_masks(input_ids, valid, state.shape[1])
+        return FlowContext(self.encode_state(state), cross_kv, text_mask, image_mask)
+
+    def attention_masks(self, input_ids: torch.Tensor, valid: torch.Tensor, state_horizon: int):
+        """The DiT's prepared text and image attention masks: every state and action token attends to the same
+        keys, the valid text (resp. image) tokens of the ``[B, L]`` prompt; ``[B, tokens, L]`` each."""
+        ops, dtype = self.ops, self.compute_dtype
+        batch, length = input_ids.shape
         is_image = input_ids == self.config.image_token_id
-        # every state and action token attends to the same keys: [B, tokens, L], one mask per kind of block
-        tokens = state.shape[1] + self.config.action_horizon
+        tokens = state_horizon + self.config.action_horizon
         heads = self.config.dit.num_heads
         text = (valid & ~is_image)[:, None, :].expand(batch, tokens, length)
         image = (valid & is_image)[:, None, :].expand(batch, tokens, length)
-        text_mask = ops.prepare_attention_mask(text, dtype, heads)
-        image_mask = ops.prepare_attention_mask(image, dtype, heads)
-        return FlowContext(self.encode_state(state), cross_kv, text_mask, image_mask)
+        return ops.prepare_attention_mask(text, dtype, heads), ops.prepare_attention_mask(image, dtype, heads)
 
     def action_head(
         self,

@@ -208,29 +208,34 @@ class Pi0Model(nn.Module):
         tokens = self.ops.linear(features, self.projector_weight, self.projector_bias)
         return tokens.view(batch, cams * self.config.vision.num_patches, -1)
 
-    def embed_prefix(self, images, image_masks, tokens, token_masks):
-        """Prefix embeddings ``[B, P, D]`` and validity ``[B, P]`` (images first, then prompt tokens)."""
-        image_tokens = self.embed_images(images).to(self.compute_dtype)
+    def embed_prefix(self, images, image_masks, tokens, token_masks, image_tokens=None):
+        """Prefix embeddings ``[B, P, D]`` and validity ``[B, P]`` (images first, then prompt tokens).
+        ``image_tokens``: :meth:`embed_images`' output when it ran apart (an exported vision graph); ``images`` unused."""
+        if image_tokens is None:
+            image_tokens = self.embed_images(images)
+        image_tokens = image_tokens.to(self.compute_dtype)
         text = F.embedding(tokens, self.embed_tokens)
         prefix = torch.cat([image_tokens, text], dim=1)
         image_valid = image_masks.repeat_interleave(self.config.vision.num_patches, dim=1)
         return prefix, torch.cat([image_valid, token_masks], dim=1)
 
     @torch.no_grad()
-    def prefill(self, buffers: Pi0Buffers, images, image_masks, tokens, token_masks, state) -> PrefixContext:
+    def prefill(
+        self, buffers: Pi0Buffers, images, image_masks, tokens, token_masks, state, image_tokens=None
+    ) -> PrefixContext:
         """Prefix pass (and pi0's state token) into the static cache; constants for the loop.
 
         ``images: [B, N, 3, 224, 224]`` in [-1, 1], ``image_masks: [B, N]`` bool, ``tokens,
-        token_masks: [B, L]``, ``state: [B, max_state_dim]`` normalized (pi0; ignored by pi0.5).
+        token_masks: [B, L]``, ``state: [B, max_state_dim]`` normalized (pi0; ignored by pi0.5); ``image_tokens``:
+        the vision tower's output instead of ``images`` (see :meth:`embed_prefix`).
         """
         cfg, ops, dtype = self.config, self.ops, self.compute_dtype
-        batch, horizon, device = tokens.shape[0], cfg.action_horizon, tokens.device
+        batch = tokens.shape[0]
         heads = cfg.vlm.num_heads
 
         # 1. prefix pass: the VLM writes K/V for every prefix position into the static cache.
-        prefix, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks)
+        prefix, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks, image_tokens)
         prefix_len = prefix.shape[1]
-        state_len = 1 if cfg.has_state_token else 0
         total_len = self.sequence_length(prefix_len)
         self._check_buffers(buffers, batch, total_len)
         cache = buffers.kv_cache
@@ -264,9 +269,18 @@ class Pi0Model(nn.Module):
                 kv_only=True,
             )
 
-        # 3. what every denoising step reads: action tokens see the prefix, the state and each other.
+        return self.action_context(buffers, prefix_valid)
+
+    def action_context(self, buffers: Pi0Buffers, prefix_valid: torch.Tensor) -> PrefixContext:
+        """What every denoising step reads once the cache holds the prefix (and pi0's state token) of
+        ``prefix_valid: [B, P]``: action tokens see the valid prefix, the state and each other."""
+        cfg, ops, dtype, heads = self.config, self.ops, self.compute_dtype, self.config.vlm.num_heads
+        (batch, prefix_len), horizon = prefix_valid.shape, cfg.action_horizon
+        state_len = 1 if cfg.has_state_token else 0
+        num_valid = prefix_valid.sum(dim=1, keepdim=True)  # [B, 1]
+        cache = buffers.kv_cache
         suffix_start = prefix_len + state_len
-        action_positions = num_valid + state_len + torch.arange(horizon, device=device)[None, :]
+        action_positions = num_valid + state_len + torch.arange(horizon, device=prefix_valid.device)[None, :]
         action_may_attend = F.pad(prefix_valid, (0, state_len + horizon), value=True)[:, None, :]
         return PrefixContext(
             rope_tables=self.rope_tables(action_positions, buffers.rope_cos, buffers.rope_sin),

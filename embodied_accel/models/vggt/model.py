@@ -71,8 +71,11 @@ class PatchEmbed(nn.Module):
         n, _, h, w = images.shape
         p, width = self.config.patch_size, self.config.width
         pixels = images.reshape(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3]
-        patches = images.new_empty(pixels.shape)
-        torch.addcmul(buffers.image_shift, pixels, buffers.image_scale, out=patches)  # (x - mean) / std
+        if torch.compiler.is_exporting():  # ONNX export: the out= write below loses its layout when decomposed
+            patches = torch.addcmul(buffers.image_shift, pixels, buffers.image_scale).contiguous()
+        else:
+            patches = images.new_empty(pixels.shape)
+            torch.addcmul(buffers.image_shift, pixels, buffers.image_scale, out=patches)  # (x - mean) / std
         kernel_t = self.proj.weight_t  # [p·p·3, C]
         patches = torch.baddbmm(
             buffers.patch_pos_embed, patches.view(n, -1, kernel_t.shape[0]), kernel_t.expand(n, -1, -1)

@@ -1,0 +1,42 @@
+"""Run an exported directory (``embodied-accel export``) with ONNX Runtime: no PyTorch, no model code.
+
+>>> from embodied_accel import deploy
+>>> policy = deploy.load("exports/pi0")               # CPU; providers="cuda" / "tensorrt" with onnxruntime-gpu
+>>> policy.infer(observation, noise=noise)["actions"]  # the whole call, every denoising step
+
+Each family's runner reads its section of the manifest (:mod:`.manifest`): pi0 / pi0.5 as a policy
+(:class:`.pi0.OnnxPi0Policy`: processing, vision, prefix, the loop), GR00T N1.6 from model inputs to the normalized
+chunk (:class:`.groot.OnnxGrootModel`), VGGT per frame-count bucket (:class:`.vggt.OnnxVggt`), Hunyuan3D-2's
+sampling loop and decoder (:class:`.hunyuan3d.OnnxShapeModel`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from .manifest import Manifest, ManifestError
+from .runtime import PROVIDERS, ExportedGraphs
+
+#: family → "module:class" of its runner.
+RUNNERS = {
+    "pi0": "embodied_accel.deploy.pi0:OnnxPi0Policy",
+    "groot": "embodied_accel.deploy.groot:OnnxGrootModel",
+    "vggt": "embodied_accel.deploy.vggt:OnnxVggt",
+    "hunyuan3d": "embodied_accel.deploy.hunyuan3d:OnnxShapeModel",
+}
+
+
+def load(directory: str | Path, providers: str | Sequence[str] = "cpu", threads: int | None = None):
+    """The runner of an export directory (its family's, from the manifest). ``providers``: ``cpu``, ``cuda``,
+    ``tensorrt`` or a list of ONNX Runtime execution provider names; ``threads``: ONNX Runtime's intra-op threads."""
+    graphs = ExportedGraphs(directory, providers, threads)
+    family = graphs.manifest.family
+    if family not in RUNNERS:
+        raise ManifestError(f"{directory}: family {family!r} has no runner here; known: {', '.join(RUNNERS)}")
+    module, _, name = RUNNERS[family].partition(":")
+    return getattr(importlib.import_module(module), name)(graphs)
+
+
+__all__ = ["PROVIDERS", "RUNNERS", "ExportedGraphs", "Manifest", "ManifestError", "load"]

@@ -1,0 +1,43 @@
+"""An exported GR00T N1.6 model in ONNX Runtime: model inputs (as the policy's processor pads them into the exported
+bucket) → the normalized action chunk, every flow step included.
+
+The embodiment's keys and statistics are in the manifest (``call.embodiment``); the image chain, the chat-template
+prompt and the relative-action decoding of the policy's host processor are not reproduced here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .runtime import ExportedGraphs
+
+
+class OnnxGrootModel:
+    """``sample(images, input_ids, valid, image_positions, state, noise)`` → ``[B, horizon, max_action_dim]``."""
+
+    def __init__(self, graphs: ExportedGraphs):
+        self.graphs = graphs
+        call = graphs.manifest.call
+        self.call = call
+        self.steps = int(call["loop"]["steps"])
+        self.dt = np.float32(call["loop"]["dt"])
+        self.bucket = graphs.manifest.buckets("action_step")[0]
+
+    def sample(self, images: Sequence[np.ndarray], input_ids: np.ndarray, valid: np.ndarray,
+               image_positions: np.ndarray, state: np.ndarray, noise: np.ndarray) -> np.ndarray:  # fmt: skip
+        run, bucket = self.graphs.run, self.bucket
+        prompt = {"input_ids": np.asarray(input_ids, np.int64), "valid": np.asarray(valid, bool)}
+        slots = {f"image_{i}": np.asarray(image, np.float32) for i, image in enumerate(images)}
+        features = run("backbone", bucket, **prompt, image_positions=np.asarray(image_positions, np.int64),
+                       **slots)["features"]  # fmt: skip
+        context = run("action_context", bucket, features=features, **prompt, state=np.asarray(state, np.float32))
+        x_t = np.asarray(noise, np.float32)
+        for step in range(self.steps):
+            velocity = run("action_step", bucket, x_t=x_t, step=np.array([step], np.int64), **context, **prompt)
+            x_t = x_t + self.dt * velocity["velocity"]
+        return x_t
+
+
+__all__ = ["OnnxGrootModel"]

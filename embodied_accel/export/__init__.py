@@ -1,0 +1,130 @@
+"""Export a model to ONNX for deployment: :func:`export_model`, or ``embodied-accel export``.
+
+Every family contributes a small description of its graphs (``embodied_accel.export.<family>``: which modules,
+which static shapes, which inputs and outputs, what the manifest records); one engine (:mod:`.engine`) traces,
+checks and verifies them and writes the manifest. The exported directory runs without PyTorch through
+:mod:`embodied_accel.deploy`; :mod:`.tensorrt` builds TensorRT engines from it.
+
+Graphs are traced through the reference backend on the CPU (the fused backends' custom ops have no ONNX form), in
+the requested dtype.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .engine import DEFAULT_OPSET, ExportError, FamilyExport, GraphExport, write_export
+
+
+@dataclass(frozen=True)
+class ExportFamily:
+    """One family as the exporter sees it: its parts, and how to load a source and describe its graphs."""
+
+    name: str
+    module: str  # the module with PARTS and describe()
+    load_and_describe: Callable[..., FamilyExport]
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return importlib.import_module(self.module).PARTS
+
+
+def _policy_family(source: str, parts, dtype, batch=1, num_steps=None, **options) -> FamilyExport:
+    from .. import load_policy
+    from ..policies import family_of
+
+    module = importlib.import_module(f"embodied_accel.export.{family_of(source).name}")
+    policy = load_policy(source, backend="reference", device="cpu", dtype=dtype, progress=False, **options)
+    return module.describe(policy, batch=batch, parts=parts, num_steps=num_steps)
+
+
+def _vggt_family(source: str, parts, dtype, batch=1, frames=(2,), image_hw=None, seed=0, **options) -> FamilyExport:
+    from ..models.vggt.loading import load_vggt_model
+    from . import vggt
+
+    model, _ = load_vggt_model(source, backend="reference", device="cpu", dtype=dtype, seed=seed, progress=False,
+                               **options)  # fmt: skip
+    return vggt.describe(model, str(source), batch=batch, frames=frames, image_hw=image_hw, parts=parts)
+
+
+def _shape_family(source: str, parts, dtype, num_steps=None, guidance=5.0, chunk=8000, seed=0) -> FamilyExport:
+    from ..pipelines.shape import load_shape_pipeline
+    from . import hunyuan3d
+
+    pipeline = load_shape_pipeline(source, backend="reference", device="cpu", dtype=dtype, seed=seed, progress=False)
+    return hunyuan3d.describe(pipeline.model, str(source), steps=num_steps, guidance=guidance, chunk=chunk,
+                              parts=parts)  # fmt: skip
+
+
+FAMILIES = {
+    "pi0": ExportFamily("pi0", "embodied_accel.export.pi0", _policy_family),
+    "groot": ExportFamily("groot", "embodied_accel.export.groot", _policy_family),
+    "vggt": ExportFamily("vggt", "embodied_accel.export.vggt", _vggt_family),
+    "hunyuan3d": ExportFamily("hunyuan3d", "embodied_accel.export.hunyuan3d", _shape_family),
+}
+
+
+def family_of(source: str | Path) -> ExportFamily:
+    """The family of a preset name or checkpoint (pi0 / pi0.5 and GR00T as :func:`embodied_accel.load_policy`
+    recognizes them, VGGT and Hunyuan3D-2 by preset or by their files)."""
+    from ..models.hunyuan3d.config import PRESETS as SHAPE_PRESETS
+    from ..models.vggt.config import PRESETS as VGGT_PRESETS
+    from ..policies import family_of as policy_family_of
+
+    text, path = str(source), Path(source)
+    if text in VGGT_PRESETS:
+        return FAMILIES["vggt"]
+    if text in SHAPE_PRESETS or (path / "config.yaml").is_file():
+        return FAMILIES["hunyuan3d"]
+    try:
+        return FAMILIES[policy_family_of(source).name]
+    except ValueError as policy_error:
+        if path.is_file() or path.is_dir():  # VGGT checkpoints: a .pt / .safetensors file or a directory of one
+            return FAMILIES["vggt"]
+        presets = ", ".join([*VGGT_PRESETS, *SHAPE_PRESETS])
+        raise ExportError(f"{policy_error}; or a VGGT / Hunyuan3D-2 preset or checkpoint ({presets})") from None
+
+
+def export_model(
+    source: str | Path,
+    output: str | Path,
+    *,
+    parts: Sequence[str] | None = None,
+    dtype: str = "float32",
+    opset: int = DEFAULT_OPSET,
+    verify: bool = True,
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
+):
+    """Export ``source`` (a preset name or a checkpoint) into the directory ``output``; returns the manifest.
+
+    ``parts``: a subset of the family's parts (default: all). ``options`` go to the family: ``batch``, ``num_steps``
+    (policies, Hunyuan3D-2), ``frames`` / ``image_hw`` (VGGT), ``guidance`` / ``chunk`` (Hunyuan3D-2), and the loader's
+    ``tokenizer``, ``preset``, ``embodiment``, ``num_views``, ``seed``.
+    """
+    family = family_of(source)
+    known = family.parts
+    chosen = tuple(known if not parts else parts)
+    unknown = [part for part in chosen if part not in known]
+    if unknown:
+        raise ExportError(f"--parts: {', '.join(map(repr, unknown))} is not a part of {family.name}; "
+                          f"its parts: {', '.join(known)}")  # fmt: skip
+    described = family.load_and_describe(str(source), chosen, dtype, **options)
+    return write_export(described, output, opset=opset, verify=verify, progress=progress)
+
+
+__all__ = [
+    "DEFAULT_OPSET",
+    "FAMILIES",
+    "ExportError",
+    "ExportFamily",
+    "FamilyExport",
+    "GraphExport",
+    "export_model",
+    "family_of",
+    "write_export",
+]

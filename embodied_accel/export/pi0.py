@@ -1,0 +1,165 @@
+"""pi0 / pi0.5 for export: the three graphs TensorRT deployments split these models into, and the manifest's call.
+
+* ``vision``: camera images ``[B, N, 3, S, S]`` in [-1, 1] → projected image tokens ``[B, N·patches, D]``
+  (SigLIP and the projector);
+* ``prefix``: image tokens, prompt tokens, their masks (and pi0's normalized state) → the KV cache of every VLM
+  layer over the prefix (and pi0's state token), ``[depth, 2, B, Hkv, P (+1), Dh]``;
+* ``denoise_step``: the noisy actions ``x_t``, the step index, that cache and the masks → the velocity of one Euler
+  step (the action expert reading the cache; the step's time features or adaRMS modulation come from per-step
+  tables in the graph).
+
+Each graph runs the model's own methods (:meth:`~embodied_accel.models.pi0.model.Pi0Model.embed_images`,
+``prefill``, ``action_context``, ``denoise_step``) through the reference backend, on buffers it builds inside the
+graph; the loop (``x ← x + dt·v`` over the schedule) and the pre- and post-processing are in the manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..models.pi0.device_processing import AffineNormalizer
+from ..models.pi0.io_spec import IOSpec
+from ..models.pi0.model import Pi0Buffers, Pi0Model
+from .engine import FamilyExport, GraphExport
+from .tables import StepTables
+
+PARTS = ("vision", "prefix", "denoise_step")
+
+
+class VisionGraph(nn.Module):
+    def __init__(self, model: Pi0Model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_images(images)
+
+
+class _CacheGraph(nn.Module):
+    """A graph that builds a zeroed KV cache and the rotary table for one call's sequence inside itself."""
+
+    def __init__(self, model: Pi0Model, cameras: int, tokens: int):
+        super().__init__()
+        self.model = model
+        self.prefix_len = model.prefix_length(cameras, tokens)
+        self.state_len = 1 if model.config.has_state_token else 0
+        self.length = model.sequence_length(self.prefix_len)
+        cos, sin = model.rotary_table(self.length, "cpu")
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def buffers_for(self, batch: int, schedule=None) -> Pi0Buffers:
+        cache = self.model.new_kv_cache(batch, self.length, self.rope_cos.device)
+        return Pi0Buffers(cache, self.rope_cos, self.rope_sin, schedule)
+
+
+class PrefixGraph(_CacheGraph):
+    def forward(self, image_tokens, image_masks, tokens, token_masks, state=None) -> torch.Tensor:
+        buffers = self.buffers_for(tokens.shape[0])
+        self.model.prefill(buffers, None, image_masks, tokens, token_masks, state, image_tokens=image_tokens)
+        return buffers.kv_cache.buffer[:, :, :, :, : self.prefix_len + self.state_len]
+
+
+class DenoiseStepGraph(_CacheGraph):
+    def __init__(self, model: Pi0Model, cameras: int, tokens: int, num_steps: int):
+        super().__init__(model, cameras, tokens)
+        self.steps = StepTables(model.step_schedule(num_steps, "cpu").per_step)
+
+    def forward(self, x_t, step, prefix_kv, image_masks, token_masks) -> torch.Tensor:
+        model = self.model
+        buffers = self.buffers_for(x_t.shape[0])
+        buffers.kv_cache.buffer[:, :, :, :, : prefix_kv.shape[4]].copy_(prefix_kv)
+        image_valid = image_masks.repeat_interleave(model.config.vision.num_patches, dim=1)
+        context = model.action_context(buffers, torch.cat([image_valid, token_masks], dim=1))
+        return model.denoise_step(
+            x_t, self.steps.select(step), context.rope_tables, context.attention_mask, context.slots
+        )
+
+
+def normalization(mode: str, stats: dict[str, np.ndarray], eps: float) -> dict[str, Any]:
+    """One feature's normalization for the manifest: the mode, the statistics, and the constants the device path
+    computes from them (:class:`~embodied_accel.models.pi0.device_processing.AffineNormalizer`)."""
+    normalizer = AffineNormalizer(mode, stats, eps)
+    return {
+        "mode": mode,
+        "stats": {name: np.asarray(value, np.float32).tolist() for name, value in stats.items()},
+        "eps": eps,
+        "low": normalizer.low.tolist(),
+        "scale": normalizer.scale.tolist(),
+        "std_eps": normalizer.std_eps.tolist(),
+    }
+
+
+def describe(policy, *, batch: int = 1, parts: tuple[str, ...] = PARTS, num_steps: int | None = None) -> FamilyExport:
+    """The export of a loaded pi0 / pi0.5 policy (:func:`embodied_accel.load_policy`, reference backend) at one
+    bucket: ``batch`` rows, every camera slot, the full prompt length, ``num_steps`` (default: the model's)."""
+    model: Pi0Model = policy.model
+    cfg, io = model.config, policy.io
+    io: IOSpec
+    steps = cfg.num_steps if num_steps is None else num_steps
+    cameras, tokens, size = len(io.image_keys), cfg.max_token_len, cfg.vision.image_size
+    bucket = f"b{batch}"
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(batch, cameras, 3, size, size, generator=generator) * 2 - 1
+    image_masks = torch.ones(batch, cameras, dtype=torch.bool)
+    image_masks[:, -1] = cameras == 1  # a missing camera: masks take part in the graph
+    token_ids = torch.randint(0, cfg.vocab_size, (batch, tokens), generator=generator)
+    token_masks = torch.arange(tokens)[None, :].expand(batch, -1) < max(1, tokens // 3)
+    state = torch.randn(batch, cfg.max_state_dim, generator=generator)
+    x_t = torch.randn(batch, cfg.action_horizon, cfg.max_action_dim, generator=generator)
+    step = torch.tensor([min(1, steps - 1)], dtype=torch.int64)
+
+    vision = VisionGraph(model)
+    prefix = PrefixGraph(model, cameras, tokens)
+    with torch.no_grad():
+        image_tokens = vision(images)
+        state_inputs = (("state", state),) if cfg.has_state_token else ()
+        prefix_inputs = (
+            ("image_tokens", image_tokens), ("image_masks", image_masks), ("tokens", token_ids),
+            ("token_masks", token_masks), *state_inputs,
+        )  # fmt: skip
+        prefix_kv = prefix(*(t for _, t in prefix_inputs))
+    graphs = {
+        "vision": lambda: GraphExport("vision", bucket, vision, (("images", images),), ("image_tokens",)),
+        "prefix": lambda: GraphExport("prefix", bucket, prefix, prefix_inputs, ("prefix_kv",)),
+        "denoise_step": lambda: GraphExport(
+            "denoise_step", bucket, DenoiseStepGraph(model, cameras, tokens, steps),
+            (("x_t", x_t), ("step", step), ("prefix_kv", prefix_kv), ("image_masks", image_masks),
+             ("token_masks", token_masks)),
+            ("velocity",),
+        ),
+    }  # fmt: skip
+    tokenizer = policy.processor.tokenizer
+    files = {"tokenizer.model": Path(tokenizer.source)} if tokenizer is not None else {}
+    call = {
+        "kind": "flow_policy",
+        "variant": cfg.family,
+        "batch": batch,
+        "loop": {"kind": "euler", "steps": steps, "dt": -1.0 / steps, "start_time": 1.0},
+        "noise_shape": [cfg.action_horizon, cfg.max_action_dim],
+        "images": {
+            "keys": list(io.image_keys), "size": size, "resize": "resize_with_pad_bilinear", "range": [-1.0, 1.0],
+            "missing_value": -1.0,
+        },
+        "state": {
+            "key": io.state_key, "dim": io.state_dim, "padded_dim": cfg.max_state_dim,
+            "normalization": normalization(io.state_norm, io.state_stats, io.eps),
+        },
+        "prompt": {
+            "max_tokens": tokens, "vocab_size": cfg.vocab_size, "format": cfg.family,
+            "tokenizer": "tokenizer.model" if files else None, "state_bins": 256,
+        },
+        "actions": {
+            "horizon": cfg.action_horizon, "dim": io.action_dim, "padded_dim": cfg.max_action_dim,
+            "normalization": normalization(io.action_norm, io.action_stats, io.eps),
+        },
+    }  # fmt: skip
+    return FamilyExport.of("pi0", cfg.name, policy.source, model.compute_dtype, graphs, parts, call, files)
+
+
+__all__ = ["PARTS", "describe", "normalization"]
