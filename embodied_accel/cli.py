@@ -629,9 +629,24 @@ def _measured_call_inputs(args: argparse.Namespace):
     return policy, load_s, [observation] * args.batch
 
 
+def aten_op_counts(policy, call) -> tuple[int, str, int]:
+    """The aten ops of one call of ``call`` as ``bench`` records them and ``profile`` reports them: ``(count, method,
+    profiler's top-level count)``. An eager call counts every op it dispatches (a dispatch mode); a captured one, what
+    the profiler sees (a dispatch mode makes torch.compile skip its frames)."""
+    from .bench import harness
+
+    profiled = harness.count_profiled_aten_ops(call)
+    if policy.capture == "eager":
+        return harness.count_aten_ops(call)[1], "dispatch_mode", profiled
+    return profiled, "profiler_top_level", profiled
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from .bench import profiler
 
+    no_chart = profiler.chart_support()
+    if no_chart is not None:  # said before the work, and again with the files
+        _say(args, f"no chart: {no_chart}; the summary and the trace are written")
     policy, _, observations = _measured_call_inputs(args)
     call, views = policy.measured_call(observations, args.num_steps)
     backend = policy.backend + ("-triton-attention" if policy.ops.settings.get("cuda_attention") == "triton" else "")
@@ -645,12 +660,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         trace_path=out_dir / "trace.json",
     )
+    _say(args, "counting the aten ops of one call (as bench does) ...")
+    summary.aten_ops_per_call, summary.aten_ops_method, _ = aten_op_counts(policy, call)
     print(summary.format())
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-    chart = profiler.plot_summary(summary, out_dir / "breakdown.png", name)
+    chart = profiler.plot_summary(summary, out_dir / "breakdown.png", name) if no_chart is None else None
     print(
         f"wrote {out_dir / 'trace.json'} (chrome://tracing), {out_dir / 'summary.json'}"
-        + (f", {chart}" if chart else "")
+        + (f", {chart}" if chart else f"; no chart: {no_chart}")
     )
     return 0
 
@@ -679,12 +696,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     peak_mem_mb = plat.peak_memory_mb()
     _say(args, "counting the aten ops of one call ...")
-    profiled_aten_ops = harness.count_profiled_aten_ops(call)
-    if policy.capture == "eager":
-        _, aten_ops, _ = harness.count_aten_ops(call)
-        aten_ops_method = "dispatch_mode"
-    else:  # a dispatch mode makes torch.compile skip its frames: count what the profiler sees instead
-        aten_ops, aten_ops_method = profiled_aten_ops, "profiler_top_level"
+    aten_ops, aten_ops_method, profiled_aten_ops = aten_op_counts(policy, call)
     if plat.device_type == "cuda":  # kernel launches and busy time exist only on the GPU
         _say(args, "device activity of one call (profiler) ...")
     kernel_launches, busy = harness.device_activity(call, plat)

@@ -39,3 +39,36 @@ def test_the_readme_says_how_to_get_the_cpu_build_and_keeps_its_two_commands():
     intro = text[: text.index("## What it is")]
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in intro
     assert "first gives the CPU build" not in intro
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# profile
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_profile_counts_the_ops_bench_counts_and_explains_the_trace_count(capsys, tmp_path):
+    common = ["--num-steps", "2", "--no-progress", "--backend", "reference"]
+    code, _, err = run_cli(capsys, "bench", *common, "--runs", "1", "--warmup", "1", "--no-stages", "--out-dir",
+                           tmp_path / "bench")  # fmt: skip
+    assert code == 0, err
+    bench = json.loads(next((tmp_path / "bench").glob("*.json")).read_text())
+    code, out, err = run_cli(capsys, "profile", *common, "--calls", "1", "--warmup", "1", "--out-dir",
+                             tmp_path / "profile")  # fmt: skip
+    assert code == 0, err
+    summary = json.loads(next((tmp_path / "profile").glob("*/summary.json")).read_text())
+    assert summary["aten_ops_per_call"] == bench["aten_ops_per_call"]
+    assert summary["aten_ops_method"] == bench["aten_ops_method"] == "dispatch_mode"
+    assert f"aten ops:      {bench['aten_ops_per_call']} per call" in out
+    assert "top-level aten ops in the trace" in out and "a composite op" in out
+
+
+def test_profile_without_matplotlib_names_the_extra_and_writes_the_rest(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, out, err = run_cli(capsys, "profile", "--num-steps", "1", "--calls", "1", "--warmup", "0",
+                             "--no-progress", "--out-dir", tmp_path)  # fmt: skip
+    assert code == 0, err
+    assert "no chart: matplotlib is not installed (pip install 'embodied-accel[profile]')" in out
+    assert "pip install 'embodied-accel[profile]'" in err  # said before the work too
+    run_dir = next(tmp_path.iterdir())
+    assert (run_dir / "summary.json").is_file() and (run_dir / "trace.json").is_file()
+    assert not (run_dir / "breakdown.png").exists()
