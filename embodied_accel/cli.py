@@ -206,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     noise.add_argument("--seed", type=_seed, default=0, help="seed of the initial noise, 0 .. 2**64-1 (default: 0)")
     run.add_argument("--num-steps", type=positive_int, metavar="N", help="denoising steps (default: the model's)")
     run.add_argument("--output", type=Path, metavar="FILE", help="write the actions to a .npy or .json file")
+    run.add_argument(
+        "--no-warm-call", action="store_true", help="skip the second, warm call (its latency is shown beside the first's)"
+    )
     run.set_defaults(handler=cmd_run)
 
     info = add_command("info", [policy], help="describe a policy: size, backend, IO spec")
@@ -532,6 +535,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = policy.infer(observation, noise=noise, seed=seed, num_steps=args.num_steps)
     actions = np.asarray(result["actions"])
     steps = args.num_steps or policy.config.num_steps
+    # the first call pays one-time work (allocations, lazy initialization, a compile or capture); the second is warm
+    warm_ms = None if args.no_warm_call else policy.infer(observation, noise=noise, seed=seed, num_steps=steps)["infer_ms"]
 
     if policy.random_weights:
         print(_random_weights_notice(policy))
@@ -542,7 +547,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"noise:       {f'file {args.noise}' if noise is not None else f'seed {seed}'}, {steps} denoising steps")
     print(f"actions:     shape {tuple(actions.shape)} {actions.dtype}")
     print(_action_summary(actions))
-    print(f"latency:     {result['infer_ms']:.1f} ms (one call incl. pre/post-processing; a first call is not warm)")
+    print(_latency_line(result["infer_ms"], warm_ms))
     if args.output is not None:
         meta = {
             "source": policy.source,
@@ -551,10 +556,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             "seed": seed,
             "num_steps": steps,
             "infer_ms": result["infer_ms"],
+            "warm_infer_ms": warm_ms,
         }
         save_actions(args.output, actions, meta)
         print(f"wrote:       {args.output}")
     return 0
+
+
+def _latency_line(first_ms: float, warm_ms: float | None) -> str:
+    """Both latencies of ``run`` (each incl. pre- and post-processing): the cold first call and the warm second."""
+    first = f"first call {first_ms:.1f} ms (cold: one-time allocations and initialization)"
+    if warm_ms is None:
+        return f"latency:     {first}; no warm call (--no-warm-call)"
+    return f"latency:     warm {warm_ms:.1f} ms (second call, incl. pre/post-processing); {first}"
 
 
 def _action_summary(actions: np.ndarray) -> str:

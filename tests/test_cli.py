@@ -365,7 +365,7 @@ def test_captured_modes_announce_the_first_call_before_it_runs(capsys, monkeypat
         "embodied-accel run: compiling the call for this shape with torch.compile (first call only; this can take "
         "a minute) ...\n"
     )
-    assert stderr_at_call == [announcement]
+    assert stderr_at_call == [announcement, ""]  # the second, warm call is not announced
 
 
 @needs_policy

@@ -42,6 +42,20 @@ def test_the_readme_says_how_to_get_the_cpu_build_and_keeps_its_two_commands():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# run, load_policy
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_run_shows_a_warm_latency_beside_the_first_call(capsys, tmp_path):
+    out_file = tmp_path / "actions.json"
+    code, out, err = run_cli(capsys, "run", "--num-steps", "2", "--no-progress", "--output", out_file)
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("latency:"))
+    assert re.search(r"warm \d+\.\d ms \(second call", line) and re.search(r"first call \d+\.\d ms \(cold", line)
+    assert json.loads(out_file.read_text())["warm_infer_ms"] > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # profile
 # ---------------------------------------------------------------------------------------------------------------
 
