@@ -86,3 +86,81 @@ def test_profile_without_matplotlib_names_the_extra_and_writes_the_rest(capsys, 
     run_dir = next(tmp_path.iterdir())
     assert (run_dir / "summary.json").is_file() and (run_dir / "trace.json").is_file()
     assert not (run_dir / "breakdown.png").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# train with no dataset
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_default_workers_leave_a_core_to_the_training_loop():
+    from embodied_accel.train.config import TrainSettings, available_cores
+
+    workers = TrainSettings().workers
+    assert workers <= available_cores() - 1 or workers == 0
+    assert workers == min(4, available_cores() - 1)
+
+
+def test_a_short_run_logs_enough_points_for_its_curve():
+    from embodied_accel.train.config import TrainSettings
+
+    assert TrainSettings(steps=20).log_interval == 1
+    assert TrainSettings(steps=100).log_interval == 5
+    assert TrainSettings(steps=30000).log_interval == 10
+    assert TrainSettings(steps=20, log_every=7).log_interval == 7
+
+
+def test_the_loss_curve_of_a_few_steps_is_readable():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from embodied_accel.train.report import loss_figure
+
+    records = [{"step": s, "loss": 2.0 - 0.1 * s, "lr": 1e-3, "samples_per_s": 3.0} for s in (1, 2, 3)]
+    figure = loss_figure(records)
+    loss_axis = figure.axes[0]
+    assert loss_axis.get_yscale() == "linear"  # 1.7 .. 1.9: a log axis would label it 1.8 x 10^0
+    assert all(float(t).is_integer() for t in loss_axis.get_xticks())
+    assert loss_axis.lines[0].get_marker() == "o"
+    single = loss_figure(records[:1]).axes[0]
+    assert single.get_xlim()[0] <= 0 and single.get_xlim()[1] >= 2  # one record still has whole steps around it
+    plt.close("all")
+
+
+def test_train_with_no_dataset_writes_a_checkpoint_that_run_runs(capsys, tmp_path):
+    pytest.importorskip("pyarrow", reason="the [train] extra (pyarrow) is not installed")
+    pytest.importorskip("av", reason="the [train] extra (PyAV) is not installed")
+    out = tmp_path / "sample"
+    code, printed, err = run_cli(capsys, "train", "--out", out, "--steps", "2", "--batch-size", "2", "--workers", "0",
+                                 "--no-progress")  # fmt: skip
+    assert code == 0, err
+    assert "built-in sample dataset" in printed
+    assert (out / "sample_dataset" / "meta" / "info.json").is_file()
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2  # a record per step in the sample run
+    checkpoint = out / "checkpoints" / "last" / "pretrained_model"
+    assert f"embodied-accel run --checkpoint {out.resolve() / 'checkpoints/last/pretrained_model'}" in printed
+    code, printed, err = run_cli(capsys, "run", "--checkpoint", checkpoint, "--num-steps", "2", "--no-warm-call",
+                                 "--no-progress")  # fmt: skip
+    assert code == 0, err
+    assert "shape (50, 7)" in printed and "RANDOM" not in printed
+    assert "(instruction: text 'pick up the red block'" in printed  # the checkpoint's own tokenizer
+
+
+def test_the_sample_dataset_has_the_sample_observations_keys(tmp_path):
+    pytest.importorskip("pyarrow", reason="the [train] extra (pyarrow) is not installed")
+    pytest.importorskip("av", reason="the [train] extra (PyAV) is not installed")
+    import numpy as np
+
+    from embodied_accel.data.lerobot_dataset import LeRobotDataset
+    from embodied_accel.data.sample_dataset import sample_episodes, write_sample_dataset
+
+    dataset = LeRobotDataset(write_sample_dataset(tmp_path / "ds", num_episodes=2, length=5))
+    with np.load(cli.SAMPLE_OBSERVATION) as sample:
+        cameras = sorted(k for k in sample.files if k.startswith("observation.images."))
+        state_dim = sample["observation.state"].shape[0]
+    assert sorted(dataset.camera_keys) == cameras
+    assert dataset.features["observation.state"].shape == (state_dim,)
+    assert dataset.features["action"].shape == (7,) and dataset.num_frames == 10
+    first, second = sample_episodes(num_episodes=2, length=5)
+    # the block lies elsewhere in each episode: the actions follow the images
+    assert not np.allclose(first.columns["action"], second.columns["action"])
