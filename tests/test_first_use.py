@@ -164,3 +164,34 @@ def test_the_sample_dataset_has_the_sample_observations_keys(tmp_path):
     first, second = sample_episodes(num_episodes=2, length=5)
     # the block lies elsewhere in each episode: the actions follow the images
     assert not np.allclose(first.columns["action"], second.columns["action"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# eval libero: the default plan and progress (the harness's own fakes; the real simulator: test_eval_libero.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_eval_libero_by_default_runs_one_episode_per_task():
+    assert cli.build_parser().parse_args(["eval", "libero", "--suite", "spatial"]).episodes == 1
+
+
+def test_the_harness_reports_every_step_and_every_episode(capsys):
+    from test_eval_harness import PointSimulator, _seeking_policy
+
+    from embodied_accel.eval.rollout import Episode, run_episodes
+
+    class TimedSimulator(PointSimulator):
+        def episode_timing(self) -> str:
+            return "0.01 s per step"
+
+    lines: list[str] = []
+    episodes = [Episode(0, 3, 0, 0), Episode(1, 9, 0, 1)]  # the first succeeds after 3 steps, the second times out
+    run_episodes([TimedSimulator([])], episodes, _seeking_policy([]), lambda raw, ep: raw, max_steps=6,
+                 replan_every=2, progress=True, report=lines.append)  # fmt: skip
+    assert lines[0] == "episode 1/2: task 3, initial state 0"
+    assert re.fullmatch(r"episode 1/2: success after 3 steps, \d+\.\d s \(0\.01 s per step\)", lines[1]), lines[1]
+    assert lines[2] == "episode 2/2: task 9, initial state 0"
+    assert re.fullmatch(r"episode 2/2: failure after 6 steps, \d+\.\d s \(0\.01 s per step\)", lines[3]), lines[3]
+    assert len(lines) == 4
+    # a bar of control steps: 3 + 6, its total shrunk by the 3 steps the first episode did not need
+    assert "9/9" in capsys.readouterr().err
