@@ -42,6 +42,49 @@ def test_the_readme_says_how_to_get_the_cpu_build_and_keeps_its_two_commands():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Messages that name what to do
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_groot_without_its_extra_names_the_extra(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "cv2", None)  # as if opencv-python-headless were not installed
+    code, _, err = run_cli(capsys, "run", "--model", "groot-tiny", "--no-progress")
+    assert code == 2
+    assert "pip install 'embodied-accel[groot]'" in err and "opencv-python-headless" in err
+    assert "No module named" not in err
+
+
+def test_a_groot_checkpoint_of_the_tiny_size_loads_or_names_groot_tiny():
+    from groot_fixture import DIR
+
+    from embodied_accel.errors import CheckpointError
+    from embodied_accel.models.groot.weights import config_from_checkpoint
+
+    try:
+        config_from_checkpoint(DIR)  # no preset given
+    except CheckpointError as exc:
+        assert "--preset groot-tiny" in str(exc)
+
+
+def test_a_vggt_checkpoint_of_the_tiny_size_loads_or_names_vggt_tiny(tmp_path):
+    import shutil
+
+    from embodied_accel.errors import CheckpointError
+    from embodied_accel.models.vggt.config import get_preset
+    from embodied_accel.models.vggt.loading import load_vggt_model
+
+    tiny = get_preset("vggt-tiny")
+    shutil.copy(REPO / "tests/fixtures/vggt_tiny/model.safetensors", tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(
+        json.dumps({"img_size": tiny.image_size, "patch_size": tiny.patch_size, "embed_dim": tiny.width})
+    )
+    try:
+        load_vggt_model(tmp_path, device="cpu", backend="reference", progress=False)  # no preset given
+    except CheckpointError as exc:
+        assert "--preset vggt-tiny" in str(exc)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # run, load_policy
 # ---------------------------------------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from ..safetensors_reader import SAFETENSORS_DTYPES, SafetensorsReader, tensor_m
 from .config import (
     CHECKPOINT_DEFAULTS,
     EAGLE_BACKBONE,
+    PRESETS,
     GrootConfig,
     get_preset,
     with_overrides,
@@ -236,8 +237,10 @@ def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None
         if found != wanted:
             raise CheckpointError(f"{where}: {name} is {found!r}; only {wanted!r} (the N1.6 release) is supported")
     if cfg["backbone_embedding_dim"] != base.llm.width:
+        fitting = [name for name in PRESETS if get_preset(name).llm.width == cfg["backbone_embedding_dim"]]
+        hint = f"pass --preset {' or '.join(fitting)}" if fitting else "no preset has a backbone that wide"
         raise CheckpointError(f"{where}: backbone_embedding_dim {cfg['backbone_embedding_dim']} but the "
-                              f"{base.name} backbone is {base.llm.width} wide (pass the matching preset)")  # fmt: skip
+                              f"{base.name} backbone is {base.llm.width} wide ({hint})")  # fmt: skip
     try:
         dit = type(base.dit)(
             depth=int(dit_cfg["num_layers"]),

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
 from ..safetensors_reader import SafetensorsReader, tensor_mismatch_report
-from .config import VggtConfig, get_preset
+from .config import PRESETS, VggtConfig, get_preset
 from .model import FP32_PREFIXES
 
 logger = logging.getLogger(__name__)
@@ -278,11 +278,16 @@ def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, pres
     }
     config = replace(config, **enable)
     if hub_config:
-        for ours, theirs in (("image_size", "img_size"), ("patch_size", "patch_size"), ("width", "embed_dim")):
-            if theirs in hub_config and int(hub_config[theirs]) != getattr(config, ours):
+        sizes = [(ours, theirs) for ours, theirs in (("image_size", "img_size"), ("patch_size", "patch_size"),
+                                                     ("width", "embed_dim")) if theirs in hub_config]  # fmt: skip
+        for ours, theirs in sizes:
+            if int(hub_config[theirs]) != getattr(config, ours):
+                fitting = [name for name in PRESETS
+                           if all(getattr(get_preset(name), o) == int(hub_config[t]) for o, t in sizes)]  # fmt: skip
+                hint = f"pass --preset {' or '.join(fitting)}" if fitting else "no preset has these sizes"
                 raise CheckpointError(
                     f"{source.path}: config.json says {theirs}={hub_config[theirs]} but preset {config.name!r} has "
-                    f"{ours}={getattr(config, ours)} (pass --preset for a custom size)"
+                    f"{ours}={getattr(config, ours)} ({hint})"
                 )
     return config
 
