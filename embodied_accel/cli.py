@@ -1,15 +1,9 @@
-"""The ``embodied-accel`` command: run a policy on an observation, describe it, benchmark it.
+"""The ``embodied-accel`` command: run, benchmark, profile and serve robot policies (pi0 / pi0.5, GR00T N1.6),
+fine-tune and evaluate them, reconstruct scenes (VGGT) and generate meshes (Hunyuan3D-2).
 
-    embodied-accel run                       # pi0-tiny, seeded random weights, the bundled sample observation
-    embodied-accel run --checkpoint DIR --observation obs.npz --output actions.npy
-    embodied-accel info --model pi05
-    embodied-accel bench --runs 100 --batch 1 --views 2
-    embodied-accel serve --model pi0-tiny --port 8000   # openpi-compatible websocket policy server
-    embodied-accel loadtest --clients 16 --requests 200  # against an in-process server, or --url ws://host:port
-    embodied-accel train --dataset DIR --checkpoint BASE --out DIR    # fine-tune on a LeRobot dataset
-    embodied-accel eval libero --checkpoint DIR --suite libero_spatial   # closed-loop LIBERO success rates
-
-A bad flag, file or observation ends with a message on stderr naming the problem and exit code 2.
+Every command runs with no arguments on a built-in default (a tiny preset with seeded random weights, a bundled
+sample input) and takes --log-level before or after its name. A bad flag, file or observation ends with a
+message on stderr naming the problem and exit code 2.
 """
 
 from __future__ import annotations
@@ -60,6 +54,22 @@ TOKEN_MASK_KEY = "observation.language.attention_mask"
 IMAGE_KEY_PREFIX = "observation.images."
 
 
+EXAMPLES = """examples:
+  embodied-accel run                       # pi0-tiny, seeded random weights, the bundled sample observation
+  embodied-accel run --checkpoint DIR --observation obs.npz --output actions.npy
+  embodied-accel info --model pi05
+  embodied-accel bench --runs 100 --batch 1 --views 2
+  embodied-accel profile --model groot-tiny   # where the call's time goes: op types, top kernels, verdict
+  embodied-accel serve --model pi0-tiny --port 8000   # openpi-compatible websocket policy server
+  embodied-accel loadtest --clients 16 --requests 200  # against an in-process server, or --url ws://host:port
+  embodied-accel train                     # a few steps on the built-in sample dataset; then run --checkpoint
+  embodied-accel train --dataset DIR --checkpoint BASE --out DIR    # fine-tune on a LeRobot dataset
+  embodied-accel eval libero --checkpoint DIR --suite libero_spatial   # closed-loop LIBERO success rates
+  embodied-accel reconstruct IMAGES_DIR -o scene.ply   # VGGT: cameras, depth, point cloud
+  embodied-accel shape IMAGE -o mesh.glb   # Hunyuan3D-2: image -> mesh
+"""
+
+
 class CLIError(ValueError):
     """A user error the command reports in one line (exit code 2)."""
 
@@ -98,6 +108,21 @@ def _common_options() -> argparse.ArgumentParser:
         help=f"default: {DEFAULT_LOG_LEVEL}",
     )
     return parent
+
+
+def _takes_log_level(parser: argparse.ArgumentParser) -> bool:
+    return any("--log-level" in action.option_strings for action in parser._actions)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a subcommand, and of a subcommand's own subcommands (``eval libero``): each takes the options
+    of :func:`_common_options` after its name, whichever module registers it."""
+
+    def __init__(self, *args: Any, parents: list[argparse.ArgumentParser] | tuple = (), **kwargs: Any):
+        parents = list(parents)
+        if not any(_takes_log_level(parent) for parent in parents):
+            parents.insert(0, _common_options())
+        super().__init__(*args, parents=parents, **kwargs)
 
 
 def _policy_options() -> argparse.ArgumentParser:
@@ -179,7 +204,12 @@ def _call_shape_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.replace("``", ""),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
@@ -192,12 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="version",
         version=f"%(prog)s {__version__} (torch {_torch_version()}, Python {platform.python_version()})",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
     policy = _policy_options()
-    common = _common_options()
 
     def add_command(name: str, parents: list[argparse.ArgumentParser], **kwargs) -> argparse.ArgumentParser:
-        return commands.add_parser(name, parents=[common, *parents], **kwargs)
+        return commands.add_parser(name, parents=parents, **kwargs)
 
     run = add_command("run", [policy], help="run a policy once and summarize its action chunk")
     _observation_option(run)
@@ -365,7 +394,9 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
 
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
     if args.preset is not None and args.checkpoint is None:
-        raise CLIError("--preset names the architecture of a --checkpoint; for a preset use --model")
+        raise CLIError(
+            f"--preset names the architecture of a --checkpoint; to run the preset itself: --model {args.preset}"
+        )
     extra = {}
     if args.embodiment is not None:
         from .policies import family_of

@@ -41,6 +41,27 @@ def test_the_readme_says_how_to_get_the_cpu_build_and_keeps_its_two_commands():
     assert "first gives the CPU build" not in intro
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["shape", "--log-level", "info"],
+        ["reconstruct", "--log-level", "info"],
+        ["eval", "libero", "--suite", "spatial", "--log-level", "info"],
+        ["train", "--log-level", "info"],
+    ],
+)
+def test_every_command_takes_log_level_after_its_name(argv):
+    assert cli.build_parser().parse_args(argv).log_level == "INFO"
+
+
+def test_the_top_level_help_lists_what_the_commands_do(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    assert "fine-tune" in out and "VGGT" in out and "Hunyuan3D-2" in out
+    for command in ("run", "profile", "train", "eval libero", "reconstruct", "shape"):
+        assert f"embodied-accel {command}" in out, command
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Messages that name what to do
 # ---------------------------------------------------------------------------------------------------------------
@@ -52,6 +73,18 @@ def test_groot_without_its_extra_names_the_extra(capsys, monkeypatch):
     assert code == 2
     assert "pip install 'embodied-accel[groot]'" in err and "opencv-python-headless" in err
     assert "No module named" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["run", "--preset", "groot-tiny"], "--model groot-tiny"),
+        (["reconstruct", "--preset", "vggt-tiny"], "--model vggt-tiny"),
+    ],
+)
+def test_a_preset_without_a_checkpoint_names_the_flag_for_it(capsys, argv, hint):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2 and hint in err
 
 
 def test_a_groot_checkpoint_of_the_tiny_size_loads_or_names_groot_tiny():
@@ -96,6 +129,20 @@ def test_run_shows_a_warm_latency_beside_the_first_call(capsys, tmp_path):
     line = next(line for line in out.splitlines() if line.startswith("latency:"))
     assert re.search(r"warm \d+\.\d ms \(second call", line) and re.search(r"first call \d+\.\d ms \(cold", line)
     assert json.loads(out_file.read_text())["warm_infer_ms"] > 0
+
+
+def test_load_policy_prints_no_progress_bar_unless_asked(tmp_path, capsys):
+    pytest.importorskip("pyarrow", reason="the checkpoint writer comes with the [train] extra")
+    from lerobot_data import make_base_checkpoint
+
+    import embodied_accel
+
+    checkpoint = make_base_checkpoint(tmp_path / "base")
+    capsys.readouterr()
+    embodied_accel.load_policy(str(checkpoint), backend="reference")
+    assert "loading weights" not in capsys.readouterr().err
+    embodied_accel.load_policy(str(checkpoint), backend="reference", progress=True)
+    assert "loading weights" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,3 +285,25 @@ def test_the_harness_reports_every_step_and_every_episode(capsys):
     assert len(lines) == 4
     # a bar of control steps: 3 + 6, its total shrunk by the 3 steps the first episode did not need
     assert "9/9" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reconstruct
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_reconstruct_reads_its_frames_before_the_checkpoint(capsys, tmp_path):
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    (frames / "a.png").write_bytes(b"not an image")
+    code, _, err = run_cli(capsys, "reconstruct", frames, "--checkpoint", tmp_path / "missing", "-o",
+                           tmp_path / "scene.ply")  # fmt: skip
+    assert code == 2 and "a.png: not a readable image" in err
+
+
+def test_reconstruct_says_once_that_the_weights_are_random(capsys, caplog, tmp_path):
+    pytest.importorskip("PIL", reason="the [vggt] extra (Pillow) is not installed")
+    code, out, err = run_cli(capsys, "reconstruct", "-o", tmp_path / "scene.ply", "--no-progress")
+    assert code == 0, err
+    said = out + err + "".join(record.getMessage() for record in caplog.records)
+    assert said.lower().count("random weights") == 1, said
