@@ -8,6 +8,10 @@ import torch
 from embodied_accel.bench.profiler import COMPUTE_BOUND_ABOVE, categorize, profile_calls
 from embodied_accel.cli import main
 
+#: Bookkeeping in float64 on a handful of values (statistics, fractions, schedules): a few roundings near 1e-16
+#: each, so 1e-12 relative leaves room for any order of them and none for a wrong formula.
+FLOAT64_ARITHMETIC = 1e-12
+
 
 @pytest.mark.parametrize(
     "name,category",
@@ -44,7 +48,7 @@ def test_profile_of_an_overhead_bound_call():
     assert summary.calls == 2
     assert summary.launches_per_call == 200
     assert 0.0 <= summary.device_busy_fraction <= 1.0
-    assert summary.device_busy_fraction + summary.device_idle_fraction == pytest.approx(1.0)
+    assert summary.device_busy_fraction + summary.device_idle_fraction == pytest.approx(1.0, rel=FLOAT64_ARITHMETIC)
     # the 200 adds are timed as elementwise work (which category takes longest is left to the scheduler: on a
     # loaded machine one stray op outside them can outlast the lot)
     assert summary.time_by_type_ms["elementwise"] > 0
@@ -115,8 +119,8 @@ def test_cuda_summary_from_a_synthetic_trace(spans, busy, verdict):
     plat = Platform("cuda", "synthetic H100", has_triton=True, has_torch_npu=False)
     summary = summarize(_gpu_trace(spans), "embodied_accel.profile.call", 1, plat)
     assert summary.launch_kind == "kernel launches" and summary.launches_per_call == len(spans)
-    assert summary.wall_ms_per_call == pytest.approx(1.0)
-    assert summary.device_busy_fraction == pytest.approx(busy)
+    assert summary.wall_ms_per_call == pytest.approx(1.0, rel=FLOAT64_ARITHMETIC)
+    assert summary.device_busy_fraction == pytest.approx(busy, rel=FLOAT64_ARITHMETIC)
     assert summary.verdict.startswith(verdict)
     assert {name for name, _, _ in summary.top_kernels} == {name for name, _, _ in spans}
-    assert sum(summary.time_by_type_ms.values()) == pytest.approx(sum(e - s for _, s, e in spans) / 1e3)
+    assert sum(summary.time_by_type_ms.values()) == pytest.approx(sum(e - s for _, s, e in spans) / 1e3, rel=FLOAT64_ARITHMETIC)
