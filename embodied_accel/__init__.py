@@ -18,14 +18,16 @@ def load_policy(preset_or_checkpoint: str, **kwargs):
 
     Keyword arguments: ``backend`` (auto|reference|cuda|npu), ``dtype`` (float32|bfloat16), ``device``,
     ``seed`` (random-weight presets), ``preset`` (architecture of a small custom checkpoint),
-    ``tokenizer`` (SentencePiece file), ``num_views``, ``capture`` (eager|compile|cudagraph|torchair), ``progress``,
-    ``cuda_attention`` (sdpa|triton: the cuda backend's attention kernel). GR00T N1.6 (presets ``groot-n1.6``,
-    ``groot-tiny`` or a checkpoint directory, see :func:`policies.groot.load_groot_policy`) also takes
-    ``embodiment`` (the embodiment tag) and reads ``tokenizer`` as an Isaac-GR00T checkout or its tokenizer dir.
+    ``tokenizer`` (SentencePiece file), ``num_views``, ``capture`` (eager|compile|cudagraph|torchair), ``progress``
+    (default False: ``True`` shows a progress bar on stderr while a checkpoint's weights load; off by default so that
+    notebooks and logs get none unasked), ``cuda_attention`` (sdpa|triton: the cuda backend's attention kernel).
+    GR00T N1.6 (presets ``groot-n1.6``, ``groot-tiny`` or a checkpoint directory, see
+    :func:`policies.groot.load_groot_policy`) also takes ``embodiment`` (the embodiment tag) and reads ``tokenizer``
+    as an Isaac-GR00T checkout or its tokenizer dir.
     """
     from .policies import load_policy as load_any
 
-    return load_any(preset_or_checkpoint, **kwargs)
+    return load_any(preset_or_checkpoint, **{"progress": False, **kwargs})
 
 
 __all__ = ["__version__", "load_policy"]

@@ -1,15 +1,9 @@
-"""The ``embodied-accel`` command: run a policy on an observation, describe it, benchmark it.
+"""The ``embodied-accel`` command: run, benchmark, profile and serve robot policies (pi0 / pi0.5, GR00T N1.6),
+fine-tune and evaluate them, reconstruct scenes (VGGT) and generate meshes (Hunyuan3D-2).
 
-    embodied-accel run                       # pi0-tiny, seeded random weights, the bundled sample observation
-    embodied-accel run --checkpoint DIR --observation obs.npz --output actions.npy
-    embodied-accel info --model pi05
-    embodied-accel bench --runs 100 --batch 1 --views 2
-    embodied-accel serve --model pi0-tiny --port 8000   # openpi-compatible websocket policy server
-    embodied-accel loadtest --clients 16 --requests 200  # against an in-process server, or --url ws://host:port
-    embodied-accel train --dataset DIR --checkpoint BASE --out DIR    # fine-tune on a LeRobot dataset
-    embodied-accel eval libero --checkpoint DIR --suite libero_spatial   # closed-loop LIBERO success rates
-
-A bad flag, file or observation ends with a message on stderr naming the problem and exit code 2.
+Every command runs with no arguments on a built-in default (a tiny preset with seeded random weights, a bundled
+sample input) and takes --log-level before or after its name. A bad flag, file or observation ends with a
+message on stderr naming the problem and exit code 2.
 """
 
 from __future__ import annotations
@@ -62,6 +56,22 @@ TOKEN_MASK_KEY = "observation.language.attention_mask"
 IMAGE_KEY_PREFIX = "observation.images."
 
 
+EXAMPLES = """examples:
+  embodied-accel run                       # pi0-tiny, seeded random weights, the bundled sample observation
+  embodied-accel run --checkpoint DIR --observation obs.npz --output actions.npy
+  embodied-accel info --model pi05
+  embodied-accel bench --runs 100 --batch 1 --views 2
+  embodied-accel profile --model groot-tiny   # where the call's time goes: op types, top kernels, verdict
+  embodied-accel serve --model pi0-tiny --port 8000   # openpi-compatible websocket policy server
+  embodied-accel loadtest --clients 16 --requests 200  # against an in-process server, or --url ws://host:port
+  embodied-accel train                     # a few steps on the built-in sample dataset; then run --checkpoint
+  embodied-accel train --dataset DIR --checkpoint BASE --out DIR    # fine-tune on a LeRobot dataset
+  embodied-accel eval libero --checkpoint DIR --suite libero_spatial   # closed-loop LIBERO success rates
+  embodied-accel reconstruct IMAGES_DIR -o scene.ply   # VGGT: cameras, depth, point cloud
+  embodied-accel shape IMAGE -o mesh.glb   # Hunyuan3D-2: image -> mesh
+"""
+
+
 class CLIError(ValueError):
     """A user error the command reports in one line (exit code 2)."""
 
@@ -100,6 +110,21 @@ def _common_options() -> argparse.ArgumentParser:
         help=f"default: {DEFAULT_LOG_LEVEL}",
     )
     return parent
+
+
+def _takes_log_level(parser: argparse.ArgumentParser) -> bool:
+    return any("--log-level" in action.option_strings for action in parser._actions)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a subcommand, and of a subcommand's own subcommands (``eval libero``): each takes the options
+    of :func:`_common_options` after its name, whichever module registers it."""
+
+    def __init__(self, *args: Any, parents: list[argparse.ArgumentParser] | tuple = (), **kwargs: Any):
+        parents = list(parents)
+        if not any(_takes_log_level(parent) for parent in parents):
+            parents.insert(0, _common_options())
+        super().__init__(*args, parents=parents, **kwargs)
 
 
 def _policy_options() -> argparse.ArgumentParser:
@@ -184,7 +209,12 @@ def _call_shape_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.replace("``", ""),
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--log-level",
         choices=LOG_LEVELS,
@@ -197,12 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="version",
         version=f"%(prog)s {__version__} (torch {_torch_version()}, Python {platform.python_version()})",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
     policy = _policy_options()
-    common = _common_options()
 
     def add_command(name: str, parents: list[argparse.ArgumentParser], **kwargs) -> argparse.ArgumentParser:
-        return commands.add_parser(name, parents=[common, *parents], **kwargs)
+        return commands.add_parser(name, parents=parents, **kwargs)
 
     run = add_command("run", [policy], help="run a policy once and summarize its action chunk")
     _observation_option(run)
@@ -211,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     noise.add_argument("--seed", type=_seed, default=0, help="seed of the initial noise, 0 .. 2**64-1 (default: 0)")
     run.add_argument("--num-steps", type=positive_int, metavar="N", help="denoising steps (default: the model's)")
     run.add_argument("--output", type=Path, metavar="FILE", help="write the actions to a .npy or .json file")
+    run.add_argument(
+        "--no-warm-call", action="store_true", help="skip the second, warm call (its latency is shown beside the first's)"
+    )
     run.set_defaults(handler=cmd_run)
 
     info = add_command("info", [policy], help="describe a policy: size, backend, IO spec")
@@ -253,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     shape = shape_command.add_shape_parser(commands, BACKEND_NAMES, CAPTURE_MODES)
     shape.set_defaults(handler=cmd_shape)
-    export_command.add_export_parser(commands, [common])
+    export_command.add_export_parser(commands)
     return parser
 
 
@@ -369,7 +401,9 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
 
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
     if args.preset is not None and args.checkpoint is None:
-        raise CLIError("--preset names the architecture of a --checkpoint; for a preset use --model")
+        raise CLIError(
+            f"--preset names the architecture of a --checkpoint; to run the preset itself: --model {args.preset}"
+        )
     extra = {}
     if args.embodiment is not None:
         from .policies import family_of
@@ -545,6 +579,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = policy.infer(observation, noise=noise, seed=seed, num_steps=args.num_steps)
     actions = np.asarray(result["actions"])
     steps = args.num_steps or policy.config.num_steps
+    # the first call pays one-time work (allocations, lazy initialization, a compile or capture); the second is warm
+    warm_ms = None if args.no_warm_call else policy.infer(observation, noise=noise, seed=seed, num_steps=steps)["infer_ms"]
 
     if policy.random_weights:
         print(_random_weights_notice(policy))
@@ -555,7 +591,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"noise:       {f'file {args.noise}' if noise is not None else f'seed {seed}'}, {steps} denoising steps")
     print(f"actions:     shape {tuple(actions.shape)} {actions.dtype}")
     print(_action_summary(actions))
-    print(f"latency:     {result['infer_ms']:.1f} ms (one call incl. pre/post-processing; a first call is not warm)")
+    print(_latency_line(result["infer_ms"], warm_ms))
     if args.output is not None:
         meta = {
             "source": policy.source,
@@ -564,10 +600,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             "seed": seed,
             "num_steps": steps,
             "infer_ms": result["infer_ms"],
+            "warm_infer_ms": warm_ms,
         }
         save_actions(args.output, actions, meta)
         print(f"wrote:       {args.output}")
     return 0
+
+
+def _latency_line(first_ms: float, warm_ms: float | None) -> str:
+    """Both latencies of ``run`` (each incl. pre- and post-processing): the cold first call and the warm second."""
+    first = f"first call {first_ms:.1f} ms (cold: one-time allocations and initialization)"
+    if warm_ms is None:
+        return f"latency:     {first}; no warm call (--no-warm-call)"
+    return f"latency:     warm {warm_ms:.1f} ms (second call, incl. pre/post-processing); {first}"
 
 
 def _action_summary(actions: np.ndarray) -> str:
@@ -642,9 +687,24 @@ def _measured_call_inputs(args: argparse.Namespace):
     return policy, load_s, [observation] * args.batch
 
 
+def aten_op_counts(policy, call) -> tuple[int, str, int]:
+    """The aten ops of one call of ``call`` as ``bench`` records them and ``profile`` reports them: ``(count, method,
+    profiler's top-level count)``. An eager call counts every op it dispatches (a dispatch mode); a captured one, what
+    the profiler sees (a dispatch mode makes torch.compile skip its frames)."""
+    from .bench import harness
+
+    profiled = harness.count_profiled_aten_ops(call)
+    if policy.capture == "eager":
+        return harness.count_aten_ops(call)[1], "dispatch_mode", profiled
+    return profiled, "profiler_top_level", profiled
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from .bench import profiler
 
+    no_chart = profiler.chart_support()
+    if no_chart is not None:  # said before the work, and again with the files
+        _say(args, f"no chart: {no_chart}; the summary and the trace are written")
     policy, _, observations = _measured_call_inputs(args)
     call, views = policy.measured_call(observations, args.num_steps)
     backend = policy.backend + ("-triton-attention" if policy.ops.settings.get("cuda_attention") == "triton" else "")
@@ -658,12 +718,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         trace_path=out_dir / "trace.json",
     )
+    _say(args, "counting the aten ops of one call (as bench does) ...")
+    summary.aten_ops_per_call, summary.aten_ops_method, _ = aten_op_counts(policy, call)
     print(summary.format())
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-    chart = profiler.plot_summary(summary, out_dir / "breakdown.png", name)
+    chart = profiler.plot_summary(summary, out_dir / "breakdown.png", name) if no_chart is None else None
     print(
         f"wrote {out_dir / 'trace.json'} (chrome://tracing), {out_dir / 'summary.json'}"
-        + (f", {chart}" if chart else "")
+        + (f", {chart}" if chart else f"; no chart: {no_chart}")
     )
     return 0
 
@@ -692,12 +754,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     peak_mem_mb = plat.peak_memory_mb()
     _say(args, "counting the aten ops of one call ...")
-    profiled_aten_ops = harness.count_profiled_aten_ops(call)
-    if policy.capture == "eager":
-        _, aten_ops, _ = harness.count_aten_ops(call)
-        aten_ops_method = "dispatch_mode"
-    else:  # a dispatch mode makes torch.compile skip its frames: count what the profiler sees instead
-        aten_ops, aten_ops_method = profiled_aten_ops, "profiler_top_level"
+    aten_ops, aten_ops_method, profiled_aten_ops = aten_op_counts(policy, call)
     if plat.device_type == "cuda":  # kernel launches and busy time exist only on the GPU
         _say(args, "device activity of one call (profiler) ...")
     kernel_launches, busy = harness.device_activity(call, plat)

@@ -13,6 +13,10 @@ import torch
 from embodied_accel.bench import harness
 from embodied_accel.platform import Platform
 
+#: Bookkeeping in float64 on a handful of values (statistics, fractions, schedules): a few roundings near 1e-16
+#: each, so 1e-12 relative leaves room for any order of them and none for a wrong formula.
+FLOAT64_ARITHMETIC = 1e-12
+
 CPU = Platform(device_type="cpu", device_name="Test CPU @ 2.0GHz", has_triton=False, has_torch_npu=False)
 
 
@@ -42,12 +46,12 @@ def test_count_aten_ops_includes_views_and_passes_arguments():
 
 def test_summarize_known_numbers():
     stats = harness.summarize([0.001, 0.002, 0.003, 0.004, 0.005])  # seconds
-    assert stats["mean_ms"] == pytest.approx(3.0)
-    assert stats["p50_ms"] == pytest.approx(3.0)
-    assert stats["p90_ms"] == pytest.approx(4.6)  # linear interpolation between 4 and 5
-    assert stats["min_ms"] == pytest.approx(1.0)
-    assert stats["max_ms"] == pytest.approx(5.0)
-    assert stats["std_ms"] == pytest.approx(math.sqrt(2.5))  # sample standard deviation
+    assert stats["mean_ms"] == pytest.approx(3.0, rel=FLOAT64_ARITHMETIC)
+    assert stats["p50_ms"] == pytest.approx(3.0, rel=FLOAT64_ARITHMETIC)
+    assert stats["p90_ms"] == pytest.approx(4.6, rel=FLOAT64_ARITHMETIC)  # linear interpolation between 4 and 5
+    assert stats["min_ms"] == pytest.approx(1.0, rel=FLOAT64_ARITHMETIC)
+    assert stats["max_ms"] == pytest.approx(5.0, rel=FLOAT64_ARITHMETIC)
+    assert stats["std_ms"] == pytest.approx(math.sqrt(2.5), rel=FLOAT64_ARITHMETIC)  # sample standard deviation
     assert harness.summarize([0.01])["std_ms"] == 0.0
     with pytest.raises(ValueError):
         harness.summarize([])
@@ -66,8 +70,8 @@ def test_time_calls_runs_warmup_then_timed_calls_with_synchronisation():
 
 
 def test_busy_fraction_merges_overlapping_intervals():
-    assert harness.busy_fraction([(0, 2), (1, 3), (5, 6)], 0, 10) == pytest.approx(0.4)
-    assert harness.busy_fraction([(-5, 1), (9, 20)], 0, 10) == pytest.approx(0.2)  # clipped to the window
+    assert harness.busy_fraction([(0, 2), (1, 3), (5, 6)], 0, 10) == pytest.approx(0.4, rel=FLOAT64_ARITHMETIC)
+    assert harness.busy_fraction([(-5, 1), (9, 20)], 0, 10) == pytest.approx(0.2, rel=FLOAT64_ARITHMETIC)  # clipped to the window
     assert harness.busy_fraction([], 0, 1) == 0.0
 
 
@@ -141,7 +145,7 @@ def test_write_result_writes_flat_json_with_every_design_key(tmp_path):
     )
     data = json.loads(path.read_text())
     assert set(harness.RESULT_KEYS) <= set(data)
-    assert data["runs"] == 3 and data["mean_ms"] == pytest.approx(11.0) and data["p50_ms"] == pytest.approx(11.0)
+    assert data["runs"] == 3 and data["mean_ms"] == pytest.approx(11.0, rel=FLOAT64_ARITHMETIC) and data["p50_ms"] == pytest.approx(11.0, rel=FLOAT64_ARITHMETIC)
     assert data["kernel_launches_per_call"] is None and data["device_busy_fraction"] is None  # CPU
     assert data["device"] == "Test CPU @ 2.0GHz" and data["aten_ops_per_call"] == 923
     assert data["warmup"] == 3 and data["note"] == "unit test"

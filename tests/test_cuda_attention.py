@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerances import pi0_tolerance  # noqa: E402
 from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
     DEVICE,
     GPU,
@@ -287,7 +288,8 @@ def test_pi0_models_with_triton_attention_match_lerobot(family, preset, big_tile
     args = [io[k].to(DEVICE) for k in ("images", "image_masks", "tokens", "token_masks")]
     actions = model.sample_actions(*args, state, io["noise"].to(DEVICE), num_steps=10)
     err = (actions.cpu() - io["actions_model"]).abs().max().item()
-    assert err <= 1e-4, err
+    # LeRobot's call and ours (the Triton attention) round differently: a pi0 call's bound, relative to its actions
+    assert err <= pi0_tolerance(get_preset(preset)) * io["actions_model"].abs().max().item(), err
 
 
 def test_cuda_attention_option_is_validated_and_recorded(caplog):

@@ -3,6 +3,7 @@ GR00T parity fixture on the cuda backend. Under the Triton interpreter on a mach
 
 import pytest
 import torch
+from tolerances import groot_tolerance  # noqa: E402
 from triton_setup import DEVICE, GPU, TOLERANCE, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
 
 pytestmark = requires_triton
@@ -84,5 +85,7 @@ def test_groot_on_the_cuda_backend_matches_isaac_groot():
                          device=DEVICE)  # fmt: skip
     out = policy.infer_batch(observations("gr1", policy.processor.spec, rows=[0]), noise=io()["gr1.noise"][:1])
     for key in policy.processor.spec.actions:
-        err = abs(out[f"action.{key.key}"][0] - io()[f"gr1.action.{key.key}"][0].numpy()).max()
-        assert err <= 1e-4, (key.key, err)
+        expected = io()[f"gr1.action.{key.key}"][0].numpy()
+        err = abs(out[f"action.{key.key}"][0] - expected).max()
+        # Isaac-GR00T's call and ours (the Triton kernels) round differently: a GR00T call's bound
+        assert err <= groot_tolerance() * abs(expected).max(), (key.key, err)

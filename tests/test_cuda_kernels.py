@@ -6,6 +6,7 @@ kernels are imported); on a GPU the same tests run on the device.
 
 import pytest
 import torch
+from tolerances import pi0_tolerance  # noqa: E402
 from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
     DEVICE,
     GPU,
@@ -175,4 +176,5 @@ def test_pi0_models_on_the_cuda_backend_match_lerobot(family, preset):
     args = [io[k][b].to(DEVICE) for k in ("images", "image_masks", "tokens", "token_masks")]
     actions = model.sample_actions(*args, state, io["noise"][b].to(DEVICE), num_steps=10)
     err = (actions.cpu() - io["actions_model"][b]).abs().max().item()
-    assert err <= 1e-4, err
+    # LeRobot's call and ours (the Triton kernels) round differently: a pi0 call's bound, relative to its actions
+    assert err <= pi0_tolerance(get_preset(preset)) * io["actions_model"][b].abs().max().item(), err

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tolerances import pi0_tolerance
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
@@ -193,7 +194,10 @@ def test_cuda_graph_call_equals_eager_on_the_gpu(preset, mode):
     for seed in range(3):
         raw = graphed.prepare_raw([dict(o) for o in _observations(seed)])
         noise = graphed.make_noise(raw.batch_size, seed=seed)
-        torch.testing.assert_close(graphed.run(raw, noise), eager.run(raw, noise), rtol=1e-4, atol=1e-4)
+        expected = eager.run(raw, noise)
+        # the captured kernels (inductor's, or cuBLAS's choice under capture) may sum in another order than eager's
+        tolerance = pi0_tolerance(eager.config) * expected.abs().max().item()
+        torch.testing.assert_close(graphed.run(raw, noise), expected, rtol=0, atol=tolerance)
     (call,) = graphed.whole_call.graphs
     assert len(call.buckets) == 1 and call.replays == 3
 

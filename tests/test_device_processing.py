@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from tolerances import pi0_tolerance
 
 from embodied_accel import load_policy
 from embodied_accel.errors import ObservationError
@@ -134,14 +135,15 @@ def test_whole_device_call_equals_host_path(family, preset):
     raw = policy.prepare_raw(observations)
     assert len(raw.frames) == 2 and raw.frames[0].dtype == torch.uint8  # the missing camera was dropped
     device = policy.run(raw, noise).numpy()
-    np.testing.assert_allclose(device, host, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(policy.infer_batch(observations, noise=noise)["actions"], host, rtol=0, atol=1e-6)
+    # the device processing runs the host processor's ops in the same order on the same values: bit for bit
+    np.testing.assert_array_equal(device, host)
+    np.testing.assert_array_equal(policy.infer_batch(observations, noise=noise)["actions"], host)
     # rows whose cameras differ in size: the host path, same answer per row
     mixed = [observations[0], {**observations[1], "observation.images.base_0_rgb": observations[0][
         "observation.images.base_0_rgb"][:100]}]
     assert policy.prepare_raw(mixed) is None
     mixed_out = policy.infer_batch(mixed, noise=noise)["actions"]
-    np.testing.assert_allclose(mixed_out[0], host[0], rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(mixed_out[0], host[0])
 
 
 @pytest.mark.parametrize("family,preset", [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")])
@@ -155,8 +157,11 @@ def test_compiled_whole_call_is_one_graph_and_equals_eager(family, preset):
     torch._dynamo.utils.counters.clear()
     first = compiled.run(raw, io["noise"])
     assert not torch._dynamo.utils.counters["graph_break"]
-    torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-5)
+    # inductor fuses the elementwise ops and runs its own reductions: the same sums in another order
+    tolerance = pi0_tolerance(eager.config)
+    torch.testing.assert_close(first, expected, rtol=0, atol=tolerance * expected.abs().max().item())
     other = torch.randn_like(io["noise"])
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = compiled.run(compiled.prepare_raw(observations), other)
-    torch.testing.assert_close(again, eager.run(raw, other), rtol=1e-5, atol=1e-5)
+    reference = eager.run(raw, other)
+    torch.testing.assert_close(again, reference, rtol=0, atol=tolerance * reference.abs().max().item())

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tolerances import rounding_tolerance
 
 from embodied_accel.cache import (
     CacheConfig,
@@ -52,8 +53,9 @@ def test_taylorseer_order1_forecasts_a_linear_residual_exactly():
     outs = run(cached, 12)
     exact = [plan.full_step(torch.zeros(4), s) for s in range(12)]
     assert cached.session.report.reused_steps > 0
+    # the forecast r_j + (r_j - r_i) * k / (j - i) rounds a few times at the residual's magnitude (<= 0.5 + 2 * 11)
     for ours, ref in zip(outs, exact, strict=True):
-        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours, ref, atol=rounding_tolerance(chain=4) * 23, rtol=0)
 
 
 def test_taylorseer_error_falls_with_order_on_a_cubic_and_order0_is_reuse():
@@ -104,7 +106,9 @@ def test_fbcache_compares_with_the_last_computed_step_and_teacache_accumulates()
     for s in range(1, 8):
         if signals[s] is not None:
             last = max(i for i in range(s) if decisions[i])
-            assert signals[s] == pytest.approx(abs(s - last) / (last + 1), rel=1e-4)
+            # float32 residuals 0.001 * (n + 1): their difference magnifies their rounding by (s + last + 2) / |s - last|
+            # <= 15, then a division
+            assert signals[s] == pytest.approx(abs(s - last) / (last + 1), rel=rounding_tolerance(chain=16))
     tea = CachedDiT(plan, CacheConfig(method="teacache", rel_l1_thresh=0.25, coefficients=(1.0, 0.0), final_steps=0))
     run(tea, 8)
     assert tea.session.report.decisions[0] != [True] * 8

@@ -5,6 +5,7 @@ EMBODIED_ACCEL_LIBERO_PYTHON)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -30,8 +31,16 @@ def test_ci_sized_libero_run_writes_its_table_and_video(tmp_path, capsys):
         "--sim-python", SIMULATOR_PYTHON, "--inference-delay", "2", "--real-time-chunking",
     ])  # fmt: skip
     assert code == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "libero_spatial" in printed and "success rate" in printed and "chunk switches: 9" in printed
+    # progress on stderr: the plan, each stage of the reset as it starts and ends, the episode's end
+    assert "1 task(s) x 1 episode(s) = 1 episode(s) of up to 50 steps" in captured.err
+    assert "simulator 0: building the scene of task 0, initial state 0, 10 settling steps ..." in captured.err
+    assert re.search(r"simulator 0: ready \(scene built in [\d.]+ s, reset [\d.]+ s, settling [\d.]+ s\); rendering "
+                     r"the two cameras takes [\d.]+ s of every step", captured.err), captured.err  # fmt: skip
+    assert re.search(r"episode 1/1: (success|failure) after \d+ steps, [\d.]+ s \([\d.]+ s per step, about \d+% of "
+                     r"it rendering\)", captured.err), captured.err  # fmt: skip
     results = json.loads((out / "results.json").read_text())
     assert results["episodes"] == 1 and results["results"][0]["steps"] == 50
     # a chunk every 5 steps, each requested 2 steps before it takes over (at steps 0, 3, 8, ..., 48; the last one

@@ -8,6 +8,7 @@ import pytest
 import torch
 from groot_fixture import DIR, TOKENIZER, io, load, observations, requires_groot_extra
 from test_cudagraph import CaptureSafety, ReplayStandIn
+from tolerances import groot_tolerance
 
 from embodied_accel import load_policy
 from embodied_accel.cli import main
@@ -76,13 +77,15 @@ def test_compiled_whole_call_is_one_graph_without_recompiles():
     eager = policy.model.sample_actions(*call_args(policy, inputs, io()["gr1.noise"]))
     compiled = torch.compile(policy.model.sample_actions, fullgraph=True, dynamic=False, backend="aot_eager")
     torch._dynamo.utils.counters.clear()
-    torch.testing.assert_close(compiled(*call_args(policy, inputs, io()["gr1.noise"])), eager, rtol=1e-5, atol=1e-5)
+    # aot_eager runs the call's decomposed aten ops: the same sums, some in another grouping
+    tolerance = groot_tolerance() * eager.abs().max().item()
+    torch.testing.assert_close(compiled(*call_args(policy, inputs, io()["gr1.noise"])), eager, rtol=0, atol=tolerance)
     assert not torch._dynamo.utils.counters["graph_break"]
     other = torch.randn_like(io()["gr1.noise"])
     with torch._dynamo.config.patch(error_on_recompile=True):
         again = compiled(*call_args(policy, inputs, other))
-    torch.testing.assert_close(again, policy.model.sample_actions(*call_args(policy, inputs, other)), rtol=1e-5,
-                               atol=1e-5)  # fmt: skip
+    expected = policy.model.sample_actions(*call_args(policy, inputs, other))
+    torch.testing.assert_close(again, expected, rtol=0, atol=groot_tolerance() * expected.abs().max().item())
 
 
 def test_bf16_policy_stays_close_to_fp32():
@@ -127,7 +130,8 @@ def test_server_speaks_openpi_with_groot_keys():
         client = PolicyClient(running.url)
         assert client.metadata["family"] == "groot" and client.metadata["cameras"] == ["video.ego_view"]
         answer = client.infer(obs)
-        np.testing.assert_allclose(answer["actions"], policy.infer(obs, seed=0)["actions"], rtol=1e-6, atol=1e-6)
+        expected = policy.infer(obs, seed=0)["actions"]  # the server's batch of one against infer's call
+        np.testing.assert_allclose(answer["actions"], expected, rtol=0, atol=groot_tolerance() * np.abs(expected).max())
         with pytest.raises(Exception, match=r"state.left_arm.*expected \[1, 3\]"):
             client.infer({**obs, "state.left_arm": np.zeros(4, np.float32)})
 
@@ -147,7 +151,9 @@ def test_cuda_graph_call_equals_eager_on_the_gpu(mode, backend):
         obs = observations("libero_panda", spec, rows=rows)
         noise = io()["libero_panda.noise"][rows]
         expected = eager.infer_batch(obs, noise=noise)["actions"]
-        np.testing.assert_allclose(graphed.infer_batch(obs, noise=noise)["actions"], expected, rtol=1e-4, atol=1e-4)
+        graph_tolerance = groot_tolerance() * np.abs(expected).max()  # captured kernels may sum in another order
+        np.testing.assert_allclose(graphed.infer_batch(obs, noise=noise)["actions"], expected, rtol=0, atol=graph_tolerance)
         reference = np.concatenate([io()[f"libero_panda.action.{a.key}"][rows].numpy() for a in spec.actions], -1)
+        # parity with Isaac-GR00T's fixture, at the GR00T parity tests' tolerance (tests/test_groot_parity.py)
         np.testing.assert_allclose(expected, reference, rtol=1e-4, atol=1e-4)
     assert graphed.capture_seconds > 0 and len(graphed.model_call.graphs) >= 1

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from tolerances import rounding_tolerance
 
 from embodied_accel.models.hunyuan3d import grid_query, volume
 from embodied_accel.models.hunyuan3d.config import VaeConfig
@@ -39,6 +40,13 @@ def tiny_decoder(qk_norm: bool, ln_post: bool, seed: int = 0) -> tuple[ShapeVaeD
     return vae, kv
 
 
+def bound(reference: torch.Tensor) -> float:
+    """The grid form sums the direct form's terms in another grouping (biases folded over a row of ones, per-axis
+    plane sums): the longest sum is the decoder MLP's 128 hidden units, about 4 dependent layers (query embedding,
+    cross-attention, MLP, output), relative to the largest value."""
+    return rounding_tolerance(terms=128, chain=4) * float(reference.abs().max())
+
+
 def grid_form(vae, kv, chunk: int = CHUNK, work: bool = True) -> grid_query.GridFormDecoder:
     folded = grid_query.fold(vae, kv)
     workspace = grid_query.GridWorkspace.allocate(vae, chunk, "cpu") if work else None
@@ -59,11 +67,11 @@ def test_grid_form_equals_direct_form_by_spans_and_by_points(qk_norm, ln_post):
     decoder = grid_form(vae, kv)
     assert decoder.cheap_spans(RESOLUTION)
     dense = volume.decode_dense(decoder, RESOLUTION, CHUNK, "cpu")
-    assert float((dense - reference).abs().max()) <= 1e-5
+    assert float((dense - reference).abs().max()) <= bound(reference)
     # scattered points (every third one: too sparse for spans) and all points (every chunk a dense span)
     for flat in (torch.arange(0, reference.numel(), 3), torch.arange(reference.numel())):
         values = volume.query_points(decoder, flat, RESOLUTION, CHUNK)
-        assert float((values - reference.view(-1)[flat]).abs().max()) <= 1e-5
+        assert float((values - reference.view(-1)[flat]).abs().max()) <= bound(reference)
 
 
 @torch.no_grad()
@@ -73,10 +81,10 @@ def test_without_the_plane_table_spans_and_points_gather_the_three_axes(monkeypa
     monkeypatch.setattr(grid_query, "PLANE_TABLE_BYTES", 0)
     decoder = grid_form(vae, kv)
     assert not decoder.cheap_spans(RESOLUTION)
-    assert float((volume.decode_dense(decoder, RESOLUTION, CHUNK, "cpu") - reference).abs().max()) <= 1e-5
+    assert float((volume.decode_dense(decoder, RESOLUTION, CHUNK, "cpu") - reference).abs().max()) <= bound(reference)
     flat = torch.arange(5, reference.numel(), 7)
     values = volume.query_points(decoder, flat, RESOLUTION, CHUNK)
-    assert float((values - reference.view(-1)[flat]).abs().max()) <= 1e-5
+    assert float((values - reference.view(-1)[flat]).abs().max()) <= bound(reference)
 
 
 @torch.no_grad()

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tolerances import UNIT_ROUNDOFF, assert_rounding_close, pi0_tolerance, rounding_tolerance
 
 from embodied_accel import platform as platform_mod
 from embodied_accel.models.pi0 import weights as pi0_weights
@@ -38,10 +39,12 @@ from embodied_accel.runtime import torchair as torchair_mode
 STANDIN = Path(__file__).parent / "torch_npu_standin"
 FIXTURES = Path(__file__).parent / "fixtures"
 NPU = platform_mod.Platform("npu", "torch_npu CPU stand-in", has_triton=False, has_torch_npu=True)
+#: Per-dtype tolerance of a fused operator against the reference (the reasoning of triton_setup.TOLERANCE): float32,
+#: reductions up to 2048 long and a few roundings; half types, the output's rounding and up to 3 of intermediates.
 TOLERANCE = {
-    torch.float32: dict(rtol=1e-5, atol=1e-5),
-    torch.float16: dict(rtol=2e-3, atol=2e-3),
-    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+    torch.float32: dict(rtol=rounding_tolerance(terms=2048, chain=2), atol=rounding_tolerance(terms=2048, chain=2)),
+    torch.float16: dict(rtol=5 * UNIT_ROUNDOFF[torch.float16], atol=5 * UNIT_ROUNDOFF[torch.float16]),
+    torch.bfloat16: dict(rtol=5 * UNIT_ROUNDOFF[torch.bfloat16], atol=5 * UNIT_ROUNDOFF[torch.bfloat16]),
 }
 CASES = [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")]
 _loaded: dict[str, object] = {}
@@ -154,7 +157,7 @@ def test_rms_norm_applies_the_folded_weight_exactly_once(ops, torch_npu, monkeyp
     seen = []
     real = torch_npu.npu_rms_norm
     monkeypatch.setattr(torch_npu, "npu_rms_norm", lambda x, g, epsilon: seen.append(g) or real(x, g, epsilon=epsilon))
-    torch.testing.assert_close(ops.rms_norm(x, folded, 1e-6), gemma, rtol=1e-5, atol=1e-5)
+    assert_rounding_close(ops.rms_norm(x, folded, 1e-6), gemma, terms=64, chain=2)
     assert torch.equal(seen[0], folded)
     assert not torch.allclose(ops.rms_norm(x, 1 + folded, 1e-6), gemma, atol=1e-2)  # applied twice
     assert not torch.allclose(ops.rms_norm(x, raw_w, 1e-6), gemma, atol=1e-2)  # not applied
@@ -340,10 +343,16 @@ def _parity_error(family, preset, ops, dtype=torch.float32):
     return (actions - io["actions_model"]).abs().max().item()
 
 
+def _parity_bound(family, preset):
+    """LeRobot's call and ours (fused operators) round differently: a pi0 call's bound, relative to its actions."""
+    _, io = _fixture(family)
+    return pi0_tolerance(get_preset(preset)) * io["actions_model"].abs().max().item()
+
+
 @pytest.mark.parametrize("family,preset", CASES)
 def test_pi0_models_match_lerobot_on_the_npu_backend(ops, calls, family, preset):
     """fp32: the fused norms and RoPE run (attention has no fp32 kernel and runs the reference)."""
-    assert _parity_error(family, preset, ops) <= 1e-4
+    assert _parity_error(family, preset, ops) <= _parity_bound(family, preset)
     assert calls["npu_rms_norm"] > 0 and calls["npu_rotary_mul"] > 0 and calls["npu_layer_norm_eval"] > 0
     assert "npu_fused_infer_attention_score" not in calls
 
@@ -398,7 +407,7 @@ def test_conv_kernels_cast_to_fractal_z_once_at_load(ops, torch_npu, monkeypatch
     assert [name for name, p in model.named_parameters() if torch_npu.get_npu_format(p) == 4] == [
         "vision.patch_embed_weight"
     ]
-    assert _parity_error("pi0", "pi0-tiny", ops) <= 1e-4
+    assert _parity_error("pi0", "pi0-tiny", ops) <= _parity_bound("pi0", "pi0-tiny")
 
 
 # ------------------------------------------------------------------ torchair capture mode
@@ -443,7 +452,7 @@ def test_torchair_capture_compiles_the_whole_call_as_asked(ops, torchair, no_all
     assert experimental["keep_inference_input_mutations"]
 
     first = compiled(*args, noise=io["noise"])
-    torch.testing.assert_close(first, expected, rtol=0, atol=1e-5)
+    assert torch.equal(first, expected)  # the stand-in's graph backend runs the captured ops eagerly: the same ops
     (graph,) = torchair.compiled_graphs  # the whole call, one graph
     targets = {str(node.target) for node in graph.graph.nodes if node.op == "call_function"}
     for operator in ("npu_fused_infer_attention_score", "npu_rms_norm", "npu_rotary_mul", "npu_layer_norm_eval"):

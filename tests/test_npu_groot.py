@@ -5,6 +5,7 @@ import pytest
 import torch
 from groot_fixture import DIR, io, load, observations, requires_groot_extra
 from test_npu_backend import TOLERANCE, calls, ops, randn, torch_npu  # noqa: F401  (fixtures)
+from tolerances import groot_tolerance  # noqa: E402
 
 from embodied_accel.ops import reference
 
@@ -48,6 +49,8 @@ def test_groot_on_the_npu_backend_matches_isaac_groot(ops, calls):  # noqa: F811
     policy = GrootPolicy(model.eval(), reference_policy.processor, source=str(DIR), random_weights=False, device="cpu")
     out = policy.infer_batch(observations("libero_panda", policy.processor.spec), noise=io()["libero_panda.noise"])
     for key in policy.processor.spec.actions:
-        err = abs(out[f"action.{key.key}"] - io()[f"libero_panda.action.{key.key}"].numpy()).max()
-        assert err <= 1e-4, (key.key, err)
+        expected = io()[f"libero_panda.action.{key.key}"].numpy()
+        err = abs(out[f"action.{key.key}"] - expected).max()
+        # Isaac-GR00T's call and ours (the fused operators) round differently: a GR00T call's bound
+        assert err <= groot_tolerance() * abs(expected).max(), (key.key, err)
     assert {"npu_rms_norm", "npu_swiglu", "npu_layer_norm_eval", "npu_rotary_mul"} <= set(calls)

@@ -5,6 +5,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from tolerances import UNIT_ROUNDOFF, assert_rounding_close, rounding_tolerance
 
 from embodied_accel import platform as platform_mod
 from embodied_accel.ops import OP_NAMES, BackendUnavailableError, get_ops, reference
@@ -36,21 +37,25 @@ def naive_attention(q, k, v, may_attend, scale):
 def test_rms_norm(shape):
     torch.manual_seed(0)
     x, w = torch.randn(shape) * 3, torch.randn(shape[-1])
-    torch.testing.assert_close(ops.rms_norm(x, w, 1e-6), naive_rms(x, w, 1e-6), rtol=1e-5, atol=1e-5)
+    # a mean of D squares, then a few elementwise roundings (rsqrt, divide, multiplies): chain 2 covers them
+    assert_rounding_close(ops.rms_norm(x, w, 1e-6), naive_rms(x, w, 1e-6), terms=shape[-1], chain=2)
 
 
 def test_rms_norm_bf16_input_keeps_dtype():
     x, w = torch.randn(5, 123).bfloat16(), torch.randn(123)
     out = ops.rms_norm(x, w, 1e-6)
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out, naive_rms(x, w, 1e-6), rtol=2e-2, atol=2e-2)
+    # both compute in float32 and round once to bfloat16: one bfloat16 ulp (2u) apart at most, plus float32's part
+    tolerance = 2 * UNIT_ROUNDOFF[torch.bfloat16] + rounding_tolerance(terms=123, chain=2)
+    expected = naive_rms(x, w, 1e-6)
+    torch.testing.assert_close(out, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
 
 
 def test_add_rms_norm_returns_norm_and_sum():
     x, r, w = torch.randn(5, 123), torch.randn(5, 123), torch.randn(123)
     normed, total = ops.add_rms_norm(x, r, w, 1e-6)
-    torch.testing.assert_close(total, x + r)
-    torch.testing.assert_close(normed, naive_rms(x + r, w, 1e-6), rtol=1e-5, atol=1e-5)
+    assert torch.equal(total, x + r)  # the same single addition
+    assert_rounding_close(normed, naive_rms(x + r, w, 1e-6), terms=123, chain=2)
 
 
 def test_ada_rms_norm_matches_modulated_formula():
@@ -59,7 +64,7 @@ def test_ada_rms_norm_matches_modulated_formula():
     scale, shift, _gate = F.linear(cond, dense_w, dense_b).chunk(3)
     rms = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
     expected = rms * (1 + scale) + shift
-    torch.testing.assert_close(ops.ada_rms_norm(x, 1 + scale, shift, 1e-6), expected, rtol=1e-5, atol=1e-5)
+    assert_rounding_close(ops.ada_rms_norm(x, 1 + scale, shift, 1e-6), expected, terms=32, chain=2)
 
 
 def test_gated_add_ada_rms_norm_is_gated_residual_then_ada_norm():
@@ -68,17 +73,18 @@ def test_gated_add_ada_rms_norm_is_gated_residual_then_ada_norm():
     total = residual + x * gate
     expected = total * torch.rsqrt(total.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + scale) + shift
     normed, got_total = ops.gated_add_ada_rms_norm(x, residual, gate, 1 + scale, shift, 1e-6)
-    torch.testing.assert_close(got_total, total, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(normed, expected, rtol=1e-5, atol=1e-5)
+    assert_rounding_close(got_total, total, chain=2)  # a multiply and an add, maybe fused (one rounding)
+    assert_rounding_close(normed, expected, terms=123, chain=3)  # the norm of a sum that may round differently
 
 
 def test_layer_norms():
     x, r, w, b = torch.randn(7, 33), torch.randn(7, 33), torch.randn(33), torch.randn(33)
     expected = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-6) * w + b
-    torch.testing.assert_close(ops.layer_norm(x, w, b, 1e-6), expected, rtol=1e-5, atol=1e-5)
+    # a mean and a variance of 33 terms (the variance's terms are themselves differences), then a few roundings
+    assert_rounding_close(ops.layer_norm(x, w, b, 1e-6), expected, terms=33, chain=3)
     normed, total = ops.add_layer_norm(x, r, w, b, 1e-6)
-    torch.testing.assert_close(total, x + r)
-    torch.testing.assert_close(normed, ops.layer_norm(x + r, w, b, 1e-6))
+    assert torch.equal(total, x + r)
+    assert torch.equal(normed, ops.layer_norm(x + r, w, b, 1e-6))  # the same op on the same sum
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -88,15 +94,17 @@ def test_linear(bias, residual):
     b = torch.randn(9) if bias else None
     r = torch.randn(13, 9) if residual else None
     expected = x @ w + (b if bias else 0) + (r if residual else 0)
-    torch.testing.assert_close(ops.linear(x, w, b, r), expected, rtol=1e-5, atol=1e-5)
+    # 17-term dot products, then up to two additions (fused into the GEMM or not); relative to |x| |w| ~ 17
+    assert_rounding_close(ops.linear(x, w, b, r), expected, terms=17, chain=2, scale=17.0)
 
 
 def test_gelu_and_geglu():
     x = torch.randn(5, 2 * 123)
     gate, up = x.chunk(2, dim=-1)
     tanh_gelu = 0.5 * gate * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (gate + 0.044715 * gate**3)))
-    torch.testing.assert_close(ops.gelu_tanh(gate), tanh_gelu, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ops.geglu(x), tanh_gelu * up, rtol=1e-5, atol=1e-5)
+    # about 9 elementwise roundings (cube, multiply-adds, tanh, products) on each side; tanh's own error is a few ulp
+    assert_rounding_close(ops.gelu_tanh(gate), tanh_gelu, chain=16)
+    assert_rounding_close(ops.geglu(x), tanh_gelu * up, chain=17)
 
 
 @pytest.mark.parametrize("batch,heads,kv_heads,seq,dim", [(2, 8, 1, 51, 256), (1, 5, 1, 123, 64), (3, 4, 2, 7, 16)])
@@ -111,7 +119,7 @@ def test_rope_on_merged_qkv(batch, heads, kv_heads, seq, dim):
     out = ops.rope(x, ops.prepare_rope(cos, sin, heads + kv_heads, total))
     qk = x[:, : heads + kv_heads]
     expected_qk = qk * cos[:, None] + rotate_half(qk) * sin[:, None]
-    torch.testing.assert_close(out[:, : heads + kv_heads], expected_qk, rtol=1e-5, atol=1e-5)
+    assert_rounding_close(out[:, : heads + kv_heads], expected_qk, chain=3)  # two products and a sum
     assert torch.equal(out[:, heads + kv_heads :], x[:, heads + kv_heads :])  # V passes through exactly
 
 
@@ -124,7 +132,8 @@ def test_attention_gqa_with_block_mask(heads, kv_heads):
     may_attend[:, :, 0] = True
     mask = ops.prepare_attention_mask(may_attend, torch.float32, heads)
     out = ops.attention(q, k, v, mask, d**-0.5)
-    torch.testing.assert_close(out, naive_attention(q, k, v, may_attend, d**-0.5), rtol=1e-5, atol=1e-5)
+    # scores are d-term dot products, the softmax an sk-term sum, the output an sk-term weighted sum
+    assert_rounding_close(out, naive_attention(q, k, v, may_attend, d**-0.5), terms=sk, chain=4)
 
 
 def test_attention_prefix_lm_and_fully_masked_rows_are_finite():
@@ -135,8 +144,8 @@ def test_attention_prefix_lm_and_fully_masked_rows_are_finite():
     q, k, v = torch.randn(b, h, s, d), torch.randn(b, 1, s, d), torch.randn(b, 1, s, d)
     out = ops.attention(q, k, v, ops.prepare_attention_mask(may_attend, torch.float32, h), d**-0.5)
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out[:, :, 9], v[:, 0].mean(dim=1).expand(h, d)[None], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out, naive_attention(q, k, v, may_attend, d**-0.5), rtol=1e-5, atol=1e-5)
+    assert_rounding_close(out[:, :, 9], v[:, 0].mean(dim=1).expand(h, d)[None], terms=s, chain=2)
+    assert_rounding_close(out, naive_attention(q, k, v, may_attend, d**-0.5), terms=s, chain=4)
 
 
 def mem_efficient_sdpa_would_pad(mask: torch.Tensor) -> bool:
@@ -172,12 +181,12 @@ def test_masked_score_is_finite_in_every_dtype(dtype):
     out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.additive.float(), scale=0.3)
     assert torch.isfinite(out).all()
     expected = naive_attention(q.float(), k.float(), v.float(), may_attend, 0.3)
-    torch.testing.assert_close(out[:, :, 1:], expected[:, :, 1:], rtol=1e-5, atol=1e-5)
+    assert_rounding_close(out[:, :, 1:], expected[:, :, 1:], terms=6, chain=4)
 
 
 def test_attention_without_mask():
     q, k, v = torch.randn(2, 4, 256, 16), torch.randn(2, 4, 256, 16), torch.randn(2, 4, 256, 16)
-    torch.testing.assert_close(ops.attention(q, k, v, None, 0.25), naive_attention(q, k, v, None, 0.25), rtol=1e-5, atol=1e-5)
+    assert_rounding_close(ops.attention(q, k, v, None, 0.25), naive_attention(q, k, v, None, 0.25), terms=256, chain=4)
 
 
 def test_registry_reference_and_unknown():

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tolerances import rounding_tolerance
 
 from embodied_accel.ops import get_ops
 
@@ -35,7 +36,9 @@ def _attention_errors(world, rank, ops):
             out = attn(*shards, 0.3)
             expected = shard_sequence(ref, 2, world, rank)
             valid = max(0, min(length - rank * shards[0].shape[2], shards[0].shape[2]))
-            err = (out[:, :, :valid] - expected[:, :, :valid]).abs().max().item() if valid else 0.0
+            # relative to the largest output: a convex combination of v's rows, so no cancellation below it
+            scale = expected.abs().max().item()
+            err = (out[:, :, :valid] - expected[:, :, :valid]).abs().max().item() / scale if valid else 0.0
             assert torch.isfinite(out).all()
             errors[f"attention/{mode}/L{length}"] = err
             errors[f"bytes/{mode}/L{length}"] = attn.stats.total_bytes
@@ -87,6 +90,18 @@ def _worker(rank, world, init_file, result_file):
         dist.destroy_process_group()
 
 
+#: The parallel runs sum the same terms in another order (attention over shards merged by their softmax statistics):
+#: attention alone, 16 keys of width 8 and the softmax's few roundings; VGGT end to end, sums of up to 288 terms (the
+#: DPT's 3x3 convolutions over 32 channels) about 80 dependent layers deep (12 transformer blocks of 4 GEMMs, the
+#: camera trunk's 4 iterations, the DPT's ~20 layers, the track head), and exp / expm1 on the dense heads, which turn
+#: their argument's absolute error (|x| <= log1p(1e2) + 1 for points up to 1e2) into a relative one.
+TOLERANCES = {
+    "attention": rounding_tolerance(terms=16, chain=4),
+    "vggt": rounding_tolerance(terms=288, chain=80) * 5.7,
+    "refuses_indivisible_heads": 0.0,
+}
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_sequence_parallel_equals_one_process(tmp_path, world):
     result = tmp_path / "errors"
@@ -96,7 +111,8 @@ def test_sequence_parallel_equals_one_process(tmp_path, world):
         for key, value in errors.items():
             if key.startswith("bytes/"):
                 continue
-            assert math.isfinite(value) and value <= 1e-5, f"rank {rank} {key}: max error {value:.3g}"
+            bound = TOLERANCES[key.split("/")[0]]
+            assert math.isfinite(value) and value <= bound, f"rank {rank} {key}: max error {value:.3g} > {bound:.3g}"
     # Communication per rank: Ulysses sends 4 tensors x (P-1)/P of its shard; Ring sends K and V (P-1) times.
     shard = -(-16 // world)
     elems = 2 * 4 * shard * 8 * 4  # batch x heads x shard x head_dim x fp32 bytes

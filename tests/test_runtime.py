@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tolerances import pi0_tolerance
 
 from embodied_accel import load_policy
 from embodied_accel.models.pi0.processor import ModelInputs
@@ -33,14 +34,18 @@ def test_compiled_call_is_one_graph_reused_and_equals_eager(family, preset):
     torch._dynamo.utils.counters.clear()
     first = compiled.sample(inputs, io["noise"])  # fullgraph=True: a graph break would raise here
     assert not torch._dynamo.utils.counters["graph_break"]
-    torch.testing.assert_close(first, expected, rtol=0, atol=1e-5)
-    assert (first - io["actions_model"]).abs().max().item() <= 1e-4  # still LeRobot parity
+    # inductor fuses the elementwise ops and runs its own reductions: the same sums in another order
+    tolerance = pi0_tolerance(compiled.config)
+    torch.testing.assert_close(first, expected, rtol=0, atol=tolerance * expected.abs().max().item())
+    # still LeRobot parity, at the parity tests' tolerance (tests/test_pi0_parity.py derives it)
+    assert (first - io["actions_model"]).abs().max().item() <= 1e-4
 
     other_noise = torch.randn_like(io["noise"])
     with torch._dynamo.config.patch(error_on_recompile=True):  # same shapes: no recompilation
         again = compiled.sample(inputs, other_noise)
         torch.testing.assert_close(compiled.sample(inputs, io["noise"]), first, rtol=0, atol=0)
-    torch.testing.assert_close(again, eager.sample(inputs, other_noise), rtol=0, atol=1e-5)
+    reference = eager.sample(inputs, other_noise)
+    torch.testing.assert_close(again, reference, rtol=0, atol=tolerance * reference.abs().max().item())
 
 
 def test_capture_modes_that_cannot_run_raise():

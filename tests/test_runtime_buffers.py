@@ -13,6 +13,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from tolerances import pi0_tolerance
 
 from embodied_accel import load_policy
 from embodied_accel.nn.kv_cache import StaticKVCache
@@ -122,7 +123,9 @@ def test_rows_that_differ_on_a_missing_leading_camera_batch_together(preset):
     noise = policy.make_noise(2, seed=0)
     for row, obs in enumerate((without_base, with_base)):
         single = policy.infer(obs, noise=noise[row].cpu())["actions"]
-        np.testing.assert_allclose(batched[row], single, rtol=1e-5, atol=1e-5)
+        # a batch of 2 blocks its GEMMs otherwise than a batch of 1: the same sums in another order
+        atol = pi0_tolerance(policy.config) * np.abs(single).max()
+        np.testing.assert_allclose(batched[row], single, rtol=0, atol=atol)
 
 
 # ---------------------------------------------------------------------------------------------------- autograd

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tolerances import pi0_tolerance
 
 from embodied_accel import cli
 from embodied_accel.serve.client import PolicyClient, http_get
@@ -176,7 +177,8 @@ def test_default_token_ids_answer_openpi_requests_with_a_text_prompt(tmp_path, m
         "observation.language.tokens": np.array([2, 7, 9], np.int64),
     }
     expected = policy.infer(model_obs, num_steps=1, seed=0)["actions"]
-    np.testing.assert_allclose(actions, expected, rtol=1e-5, atol=1e-5)
+    # the server's batch of one may block its GEMMs otherwise than infer's call: the same sums in another order
+    np.testing.assert_allclose(actions, expected, rtol=0, atol=pi0_tolerance(policy.config) * np.abs(expected).max())
 
 
 MISSING_EXTRA = """

@@ -304,6 +304,8 @@ def test_executor_sends_the_unexecuted_rest_of_its_chunk_and_the_expected_delay(
 
 def test_the_server_guides_requests_that_carry_the_previous_chunk():
     """The optional keys pass through every key map; a request with them is answered as the policy answers it."""
+    from tolerances import pi0_tolerance
+
     from embodied_accel import load_policy
     from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
 
@@ -317,5 +319,6 @@ def test_the_server_guides_requests_that_carry_the_previous_chunk():
         guided = client.infer(request)["actions"]
         model_obs, _ = running.server.mapper(request)
     expected = policy.infer(model_obs, seed=0, num_steps=2)["actions"]
-    np.testing.assert_allclose(guided, expected, rtol=1e-5, atol=1e-5)
+    # the server's batch of one may block its GEMMs otherwise than infer's call: the same sums in another order
+    np.testing.assert_allclose(guided, expected, rtol=0, atol=pi0_tolerance(policy.config) * np.abs(expected).max())
     assert np.abs(guided[:4] - previous[:4]).max() < 0.5 * np.abs(plain[:4] - previous[:4]).max()

@@ -21,6 +21,10 @@ from embodied_accel.train.config import TrainSettings
 from embodied_accel.train.optim import warmup_cosine_factor
 from embodied_accel.train.trainer import train
 
+#: Bookkeeping in float64 on a handful of values (statistics, fractions, schedules): a few roundings near 1e-16
+#: each, so 1e-12 relative leaves room for any order of them and none for a wrong formula.
+FLOAT64_ARITHMETIC = 1e-12
+
 FIXTURE_CONFIG_KEYS = "tests/fixtures/{}_tiny/config.json"
 
 
@@ -101,9 +105,9 @@ def test_lora_and_freezing_train_only_what_they_should(dataset, tmp_path):
 
 
 def test_schedule_matches_lerobot_formula():
-    assert warmup_cosine_factor(0, 10, 100, 0.1) == pytest.approx(1 / 11)
-    assert warmup_cosine_factor(10, 10, 100, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 0.1)))
-    assert warmup_cosine_factor(500, 10, 100, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine_factor(0, 10, 100, 0.1) == pytest.approx(1 / 11, rel=FLOAT64_ARITHMETIC)
+    assert warmup_cosine_factor(10, 10, 100, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * 0.1)), rel=FLOAT64_ARITHMETIC)
+    assert warmup_cosine_factor(500, 10, 100, 0.1) == pytest.approx(0.1, rel=FLOAT64_ARITHMETIC)
 
 
 def test_bad_settings_name_the_field(tmp_path):

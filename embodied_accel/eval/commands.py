@@ -1,10 +1,13 @@
 """The ``embodied-accel eval libero`` command (options and body; cli.py registers it).
 
     embodied-accel eval libero --checkpoint runs/pi05_libero/checkpoints/last/pretrained_model --suite spatial
-    embodied-accel eval libero --server ws://gpu-box:8000 --suite libero_10 --workers 8 --videos 4
-    embodied-accel eval libero --model pi05-tiny --suite spatial --tasks 0 --episodes 1 --max-steps 50  # plumbing
+    embodied-accel eval libero --server ws://gpu-box:8000 --suite libero_10 --workers 8 --episodes 50  # the protocol
+    embodied-accel eval libero --model pi05-tiny --suite spatial --tasks 0 --max-steps 50  # plumbing
 
-Writes ``OUT/results.json`` (per episode, per task, per suite) and ``OUT/videos/*.mp4``, prints the success table.
+By default one episode of every task of the suite (LIBERO's protocol is 50: ``--episodes 50``). Progress: a bar of
+control steps on a terminal, and on stderr a line per stage (scene building, reset, settling, the share of each step
+that rendering takes) and per episode. Writes ``OUT/results.json`` (per episode, per task, per suite) and
+``OUT/videos/*.mp4``, prints the success table.
 """
 
 from __future__ import annotations
@@ -12,10 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+
+from tqdm.auto import tqdm
 
 from ..argtypes import non_negative_int, positive_int
 
@@ -50,7 +56,8 @@ def add_eval_command(add_command: Callable[..., argparse.ArgumentParser], policy
     group.add_argument("--suite", required=True, help="libero_spatial | libero_object | libero_goal | libero_10 | "
                        "libero_90 (the prefix may be left out)")  # fmt: skip
     group.add_argument("--tasks", type=_indices, help="task indices (default: every task of the suite)")
-    group.add_argument("--episodes", type=positive_int, default=50, help="episodes per task (default: 50)")
+    group.add_argument("--episodes", type=positive_int, default=1, help="episodes per task (default: 1; LIBERO's "
+                       "protocol: 50)")  # fmt: skip
     group.add_argument("--seed", type=non_negative_int, default=7, help="simulator and policy seed (default: 7)")
     group.add_argument("--workers", type=positive_int, default=1, help="simulator processes (default: 1)")
     group.add_argument("--replan-every", type=positive_int, default=5, help="steps of each action chunk executed "
@@ -98,7 +105,10 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
         raise ValueError("--server and --checkpoint: give one (the server already holds its policy)")
     out = args.out or Path("eval_results") / f"{suite.name}_{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
     out.mkdir(parents=True, exist_ok=True)
-    progress = not args.no_progress
+    progress = not args.no_progress and sys.stderr.isatty()
+
+    def say(line: str) -> None:  # above the progress bar, on stderr
+        tqdm.write(f"eval libero: {line}", file=sys.stderr)
 
     policy, source = None, args.server
     if args.server is None:
@@ -115,8 +125,9 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
     cameras = args.camera_keys or (policy.io.image_keys[:2] if policy is not None else LEROBOT_LIBERO_CAMERAS)
     keys = ObservationKeys(cameras[0], cameras[1] if len(cameras) > 1 else None, args.state_key)
 
-    simulators = [LiberoProcess(suite, python, out / "logs" / f"simulator_{i}.log", args.settle_steps)
-                  for i in range(args.workers)]  # fmt: skip
+    say(f"starting {args.workers} simulator process(es) ({python})")
+    simulators = [LiberoProcess(suite, python, out / "logs" / f"simulator_{i}.log", args.settle_steps, report=say,
+                                name=f"simulator {i}") for i in range(args.workers)]  # fmt: skip
     start = time.perf_counter()
     try:
         catalogue = simulators[0].tasks()
@@ -126,6 +137,8 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
             raise ValueError(f"--tasks: {suite.name} has tasks 0..{len(catalogue) - 1}; got {bad}")
         episodes = plan_episodes(suite, tasks, args.episodes, [t["init_states"] for t in catalogue], args.seed,
                                  args.videos)  # fmt: skip
+        say(f"{len(tasks)} task(s) x {args.episodes} episode(s) = {len(episodes)} episode(s) of up to "
+            f"{args.max_steps or suite.max_steps} steps on {len(simulators[: len(episodes)])} simulator(s)")  # fmt: skip
         caller = DirectPolicy(policy, args.seed, args.num_steps) if policy is not None else RemotePolicy(
             args.server, len(simulators))
         try:
@@ -134,7 +147,7 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
                 observation_for(keys, [t["language"] for t in catalogue]),
                 max_steps=args.max_steps or suite.max_steps, replan_every=args.replan_every,
                 video_frame=lambda raw: raw["agentview"], video_dir=out / "videos", fps=CONTROL_HZ, progress=progress,
-                inference_delay=args.inference_delay, real_time_chunking=args.real_time_chunking,
+                inference_delay=args.inference_delay, real_time_chunking=args.real_time_chunking, report=say,
             )  # fmt: skip
         finally:
             caller.close()

@@ -86,11 +86,17 @@ def find_simulator_python(explicit: str | None = None) -> str | None:
 
 
 class LiberoProcess:
-    """One simulator process (see :mod:`.libero_worker`) behind the harness's :class:`~.rollout.Simulator` calls."""
+    """One simulator process (see :mod:`.libero_worker`) behind the harness's :class:`~.rollout.Simulator` calls.
+
+    ``report`` gets a line per stage of a reset as it starts and ends (building a task's scene takes seconds,
+    rendering the cameras most of every step); :meth:`episode_timing` sums up the steps since the last reset."""
 
     def __init__(self, suite: SuiteSpec, python: str, log_path: Path, settle_steps: int = SETTLE_STEPS,
-                 resolution: int = RESOLUTION):  # fmt: skip
+                 resolution: int = RESOLUTION, report=None, name: str = "simulator"):  # fmt: skip
         self.suite, self.settle_steps, self.resolution, self.log_path = suite, settle_steps, resolution, log_path
+        self.report, self.name = report or (lambda line: logger.info("%s", line)), name
+        self.scene_task: int | None = None  # the task whose scene the process holds
+        self.render_s, self.step_seconds = 0.0, []
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(_package_path()), *filter(None, [env.get("PYTHONPATH")])])
         env.setdefault("MUJOCO_GL", "egl")
@@ -129,11 +135,29 @@ class LiberoProcess:
 
     # the harness's Simulator protocol
     def start_reset(self, episode: Episode) -> None:
+        scene = "building the scene of" if episode.task != self.scene_task else "resetting"
+        self.report(f"{self.name}: {scene} task {episode.task}, initial state {episode.init_state}, "
+                    f"{self.settle_steps} settling steps ...")  # fmt: skip
+        self.scene_task = episode.task
         self.send({"op": "reset", "suite": self.suite.name, "task": episode.task, "init_state": episode.init_state,
                    "seed": episode.seed, "resolution": self.resolution, "settle_steps": self.settle_steps})  # fmt: skip
 
     def finish_reset(self) -> dict:
-        return self.reply()["observation"]
+        answer = self.reply()
+        timings = answer.get("timings", {})
+        self.render_s, self.step_seconds = timings.get("render_s", 0.0), []
+        stages = [f"scene built in {timings['scene_s']:.1f} s"] if timings.get("scene_s") else []
+        stages += [f"reset {timings.get('reset_s', 0.0):.1f} s", f"settling {timings.get('settle_s', 0.0):.1f} s"]
+        self.report(f"{self.name}: ready ({', '.join(stages)}); rendering the two cameras takes {self.render_s:.2f} s "
+                    "of every step")  # fmt: skip
+        return answer["observation"]
+
+    def episode_timing(self) -> str:
+        """The steps since the last reset: their mean time and the share of it rendering takes."""
+        if not self.step_seconds:
+            return ""
+        mean = sum(self.step_seconds) / len(self.step_seconds)
+        return f"{mean:.2f} s per step, about {min(self.render_s / mean, 1.0):.0%} of it rendering"
 
     def start_step(self, action: np.ndarray) -> None:
         action = np.asarray(action, dtype=np.float64).reshape(-1)
@@ -143,6 +167,7 @@ class LiberoProcess:
 
     def finish_step(self) -> tuple[dict, bool, bool]:
         answer = self.reply()
+        self.step_seconds.append(answer.get("timings", {}).get("step_s", 0.0))
         return answer["observation"], answer["done"], answer["success"]
 
     def close(self) -> None:

@@ -5,11 +5,17 @@ EGL or OSMesa as ``MUJOCO_GL`` says), not torch: it runs in any Python environme
 Requests and replies (dicts):
 
 * ``{"op": "tasks", "suite": S}`` → ``{"tasks": [{"name", "language", "init_states"}]}``
-* ``{"op": "reset", "suite", "task", "init_state", "seed", "resolution", "settle_steps"}`` → ``{"observation"}``:
-  builds the task's scene (kept while the task stays the same), resets it, applies the fixed initial state, then
-  ``settle_steps`` no-op steps (gripper open) while the objects fall into place, as openpi's LIBERO client does;
-* ``{"op": "step", "action": [7]}`` → ``{"observation", "done", "success"}``;
+* ``{"op": "reset", "suite", "task", "init_state", "seed", "resolution", "settle_steps"}`` → ``{"observation",
+  "timings"}``: builds the task's scene (kept while the task stays the same), resets it, applies the fixed initial
+  state, then ``settle_steps`` no-op steps (gripper open) while the objects fall into place, as openpi's LIBERO
+  client does;
+* ``{"op": "step", "action": [7]}`` → ``{"observation", "done", "success", "timings"}``;
 * ``{"op": "close"}``.
+
+``timings`` are the seconds of each stage: ``scene_s`` (building the task's environment; 0 when it is kept),
+``reset_s`` (the environment's reset, which rebuilds the MuJoCo model, and the initial state), ``settle_s``, and
+``render_s``: one off-screen rendering of the two cameras, timed once per scene (a step renders them once; with
+Mesa's software EGL that is most of a step), then ``step_s`` per step (physics and rendering).
 
 An observation is ``{"agentview": [H, W, 3] uint8, "wrist": [H, W, 3] uint8, "state": [8] float32}``: both images
 turned 180° (LIBERO renders them upside down; LeRobot's and openpi's LIBERO datasets store them turned), the state
@@ -22,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 import traceback
 
 import numpy as np
@@ -53,6 +60,7 @@ class LiberoSimulator:
         self._benchmark, self._bddl_root, self._env_class = benchmark, get_libero_path("bddl_files"), OffScreenRenderEnv
         self._suites: dict[str, object] = {}
         self._env, self._env_key = None, None
+        self._render_s = 0.0  # the current scene's rendering of the two cameras
 
     def suite(self, name: str):
         if name not in self._suites:
@@ -73,25 +81,43 @@ class LiberoSimulator:
     def reset(self, suite: str, task: int, init_state: int, seed: int, resolution: int, settle_steps: int) -> dict:
         benchmark_suite = self.suite(suite)
         key = (suite, task, resolution)
-        if self._env_key != key:
+        start = time.perf_counter()
+        built = self._env_key != key
+        if built:
             self.close()
             spec = benchmark_suite.get_task(task)
             bddl = os.path.join(self._bddl_root, spec.problem_folder, spec.bddl_file)
             self._env = self._env_class(bddl_file_name=bddl, camera_heights=resolution, camera_widths=resolution)
             self._env_key = key
+        scene = time.perf_counter()
         env = self._env
         env.seed(seed)
         env.reset()
         states = benchmark_suite.get_task_init_states(task)
         obs = env.set_init_state(states[init_state])
+        reset = time.perf_counter()
         for _ in range(settle_steps):
             obs, _, _, _ = env.step(SETTLE_ACTION)
-        return {"observation": self.observation(obs)}
+        settled = time.perf_counter()
+        if built:
+            self._render_s = self._time_rendering(resolution)
+        timings = {"scene_s": scene - start, "reset_s": reset - scene, "settle_s": settled - reset,
+                   "render_s": self._render_s}  # fmt: skip
+        return {"observation": self.observation(obs), "timings": timings}
+
+    def _time_rendering(self, resolution: int) -> float:
+        """Seconds of one off-screen rendering of the agent view and the wrist camera (what every step renders)."""
+        start = time.perf_counter()
+        for camera in ("agentview", "robot0_eye_in_hand"):
+            self._env.sim.render(camera_name=camera, width=resolution, height=resolution)
+        return time.perf_counter() - start
 
     def step(self, action) -> dict:
+        start = time.perf_counter()
         obs, _reward, done, _info = self._env.step(np.asarray(action, dtype=np.float64).tolist())
         success = bool(self._env.check_success()) if hasattr(self._env, "check_success") else bool(done)
-        return {"observation": self.observation(obs), "done": bool(done) or success, "success": success}
+        return {"observation": self.observation(obs), "done": bool(done) or success, "success": success,
+                "timings": {"step_s": time.perf_counter() - start}}  # fmt: skip
 
     @staticmethod
     def observation(obs: dict) -> dict:

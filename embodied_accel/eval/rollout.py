@@ -10,6 +10,10 @@ ends on success or after ``max_steps``; the next episode of the plan starts on t
 The harness knows nothing of a particular simulator: a :class:`Simulator` resets to an episode and steps, an
 ``observation_for(raw, episode)`` turns its raw observation into the policy's observation dict. Any policy we load works.
 
+Progress: a bar counts control steps over every simulator (its total shrinks when an episode ends early), and
+``report`` gets a line as each episode starts and ends (success or failure, steps, seconds, and the simulator's own
+account of its step time when it has an ``episode_timing()``); a simulator reports its reset stages itself.
+
 Inference delay (``inference_delay = d`` control steps, simulated): a real robot keeps moving while the next chunk is
 computed. The simulators wait for the policy, so the harness replays that timing: the next chunk is requested ``d``
 steps before the current one's executed part ends, the robot executes those ``d`` steps from the current chunk
@@ -142,9 +146,13 @@ def run_episodes(
     progress: bool = True,
     inference_delay: int = 0,
     real_time_chunking: bool = False,
+    report: Callable[[str], None] | None = None,
 ) -> list[EpisodeResult]:
-    """Run ``episodes`` on ``simulators`` (see the module docstring); results in episode order."""
+    """Run ``episodes`` on ``simulators`` (see the module docstring); results in episode order. ``report`` gets the
+    episode lines (default: the log, at INFO)."""
     from tqdm.auto import tqdm
+
+    report = report or (lambda line: logger.info("%s", line))
 
     if replan_every < 1 or max_steps < 1:
         raise ValueError(f"replan_every and max_steps must be >= 1, got {replan_every}, {max_steps}")
@@ -154,11 +162,14 @@ def run_episodes(
     pending = list(episodes)
     slots = [_Slot(sim) for sim in simulators]
     results: list[EpisodeResult] = []
-    bar = tqdm(total=len(episodes), desc="episodes", unit="ep", disable=not progress)
+    count = len(episodes)
+    bar = tqdm(total=count * max_steps, desc="steps", unit="step", disable=not progress)
 
     def start_next(batch: list[_Slot]) -> None:
         for slot in batch:
             slot.episode = pending.pop(0)
+            report(f"episode {slot.episode.number + 1}/{count}: task {slot.episode.task}, initial state "
+                   f"{slot.episode.init_state}")  # fmt: skip
             slot.simulator.start_reset(slot.episode)
         for slot in batch:
             slot.observation = _checked(slot, slot.simulator.finish_reset)
@@ -172,10 +183,15 @@ def run_episodes(
         if slot.frames and video_dir is not None:
             video = str(write_video(video_dir / f"episode_{episode.number:04d}_task{episode.task}_"
                                     f"{'success' if success else 'failure'}.mp4", slot.frames, fps))  # fmt: skip
+        seconds = time.perf_counter() - slot.started
         results.append(EpisodeResult(episode.number, episode.task, episode.init_state, success, slot.steps,
-                                     time.perf_counter() - slot.started, slot.calls, video, slot.jumps))  # fmt: skip
+                                     seconds, slot.calls, video, slot.jumps))  # fmt: skip
+        timing = getattr(slot.simulator, "episode_timing", lambda: "")()
+        report(f"episode {episode.number + 1}/{count}: {'success' if success else 'failure'} after {slot.steps} "
+               f"steps, {seconds:.1f} s" + (f" ({timing})" if timing else ""))  # fmt: skip
         slot.episode, slot.frames = None, []
-        bar.update(1)
+        bar.total -= max_steps - slot.steps  # the steps it did not need
+        bar.set_postfix_str(f"episodes {len(results)}/{count}, successes {sum(r.success for r in results)}")
 
     try:
         start_next(slots[: len(pending)])
@@ -217,6 +233,7 @@ def run_episodes(
             for slot in active:
                 slot.observation, done, success = _checked(slot, slot.simulator.finish_step)
                 slot.steps += 1
+                bar.update(1)
                 if slot.frames:
                     slot.frames.append(video_frame(slot.observation))
                 if done or success or slot.steps >= max_steps:

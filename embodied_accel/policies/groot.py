@@ -44,6 +44,7 @@ from ..models.groot.processor import (
     StateKey,
     decode_actions,
     load_embodiment,
+    require_image_packages,
     transform_frame,
 )
 from ..models.groot.tokenizer import CHECKOUT_SUBDIR, QwenTokenizer, find_tokenizer_dir
@@ -446,6 +447,7 @@ def load_groot_policy(
     """
     if rtc is not None and not isinstance(rtc, RtcSettings):
         raise ValueError(f"rtc: expected an RtcSettings, got {type(rtc).__name__}")
+    require_image_packages()
     compute_dtype = _resolve_dtype(dtype)
     check_capture(capture)
     prepare_capture(capture)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,23 @@ from .lora import FREEZABLE_PARTS, LORA_TOWERS
 from .optim import OptimizerSettings
 
 TRAIN_DTYPES = ("float32", "bfloat16")
+MAX_DEFAULT_WORKERS = 4
+#: How many points the loss curve gets at least when ``log_every`` is left to its default (at most every 10 steps).
+LOGGED_POINTS, MAX_DEFAULT_LOG_EVERY = 20, 10
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity masks (macOS, Windows)
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """DataLoader worker processes by default: up to 4, leaving one core to the training loop itself (0, loading in
+    the training process, on a single core)."""
+    return min(MAX_DEFAULT_WORKERS, available_cores() - 1)
 
 
 @dataclass
@@ -56,10 +74,10 @@ class TrainSettings:
     lora_alpha: float = 16.0
     lora_towers: tuple[str, ...] = LORA_TOWERS
     parallel: str = "ddp"  # with one process: no wrapper
-    workers: int = 4
+    workers: int = field(default_factory=default_workers)
     seed: int = 0
     save_every: int = 5000
-    log_every: int = 10
+    log_every: int | None = None  # None: every min(10, steps / 20) steps (see log_interval)
     camera_map: dict[str, str] = field(default_factory=dict)
     state_key: str = "observation.state"
     action_key: str = "action"
@@ -68,6 +86,14 @@ class TrainSettings:
     resume: bool = False
     stop_after: int | None = None  # end this process after this step (a checkpoint is written), as a time-limited job
     progress: bool = True
+
+    @property
+    def log_interval(self) -> int:
+        """Steps between two metrics records: ``log_every``, or by default every 10 steps but at least
+        :data:`LOGGED_POINTS` records in a shorter run (so that its loss curve has points to show)."""
+        if self.log_every is not None:
+            return self.log_every
+        return max(1, min(MAX_DEFAULT_LOG_EVERY, self.steps // LOGGED_POINTS))
 
     def optimizer(self) -> OptimizerSettings:
         return OptimizerSettings(
@@ -82,6 +108,8 @@ class TrainSettings:
                 raise ValueError(f"{name}: required (--{name} or `{name} = ...` in the config file)")
         for name in ("steps", "batch_size", "save_every", "log_every"):
             value = getattr(self, name)
+            if name == "log_every" and value is None:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
         if self.stop_after is not None and not 1 <= self.stop_after <= self.steps:
@@ -135,4 +163,4 @@ def settings_from(file_values: dict[str, Any], overrides: dict[str, Any]) -> Tra
     return TrainSettings(**values).check()
 
 
-__all__ = ["TRAIN_DTYPES", "TrainSettings", "read_config_file", "settings_from"]
+__all__ = ["TRAIN_DTYPES", "TrainSettings", "available_cores", "default_workers", "read_config_file", "settings_from"]

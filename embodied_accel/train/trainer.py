@@ -260,7 +260,7 @@ def _loop(settings, parts: RunParts, optimizer, scheduler, loader, span, samples
         interval["count"] += loss.valid_elements
         interval["steps"] += 1
         done = step + 1
-        if done % settings.log_every == 0 or done == end_step:
+        if done % settings.log_interval == 0 or done == end_step:
             last = _log_interval(interval, done, grad_norm, lr, global_batch, context, plat, metrics_path, bar)
         bar.update(1)
         if done % settings.save_every == 0 or done == end_step:

@@ -22,6 +22,7 @@ checkpoint's ``processor_config.json``, ``statistics.json`` and ``embodiment_id.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
@@ -41,7 +42,7 @@ from ...nn.rtc import (
     request_weights,
     rtc_requested,
 )
-from .tokenizer import QwenTokenizer
+from .tokenizer import EXTRA, QwenTokenizer
 
 __all__ = ["EmbodimentError", "GrootProcessor", "ObservationError"]
 
@@ -301,6 +302,23 @@ def load_embodiment(checkpoint_dir: Path, tag: str | None, max_state_dim: int, m
 # ---------------------------------------------------------------------------------------------------------------
 # Images
 # ---------------------------------------------------------------------------------------------------------------
+
+
+#: The packages of GR00T's image processing (the ``[groot]`` extra): module name -> pip package.
+IMAGE_PACKAGES = {"cv2": "opencv-python-headless", "PIL": "pillow"}
+
+
+def require_image_packages() -> None:
+    """Raise ImportError naming the ``[groot]`` extra when OpenCV or Pillow is missing (checked before a policy is
+    built, not at its first call)."""
+    missing = []
+    for module, package in IMAGE_PACKAGES.items():
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(package)
+    if missing:
+        raise ImportError(f"GR00T's image processing needs {' and '.join(missing)}: {EXTRA}")
 
 
 def _smallest_edge_to(frame: np.ndarray, edge: int) -> np.ndarray:

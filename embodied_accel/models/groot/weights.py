@@ -24,6 +24,7 @@ from ..safetensors_reader import SAFETENSORS_DTYPES, SafetensorsReader, tensor_m
 from .config import (
     CHECKPOINT_DEFAULTS,
     EAGLE_BACKBONE,
+    PRESETS,
     GrootConfig,
     backbone_from_eagle_config,
     get_preset,
@@ -248,9 +249,11 @@ def config_from_checkpoint(
             raise CheckpointError(f"{where}: {name} is {found!r}; only {wanted!r} (the N1.6 release) is supported")
     if cfg["backbone_embedding_dim"] != base.llm.width:
         named = f"the backbone of {backbone_config}" if backbone_config is not None else f"the {base.name} backbone"
+        fitting = [name for name in PRESETS if get_preset(name).llm.width == cfg["backbone_embedding_dim"]]
+        preset_hint = f", or --preset {' or '.join(fitting)}" if fitting and backbone_config is None else ""
         raise CheckpointError(f"{where}: backbone_embedding_dim {cfg['backbone_embedding_dim']} but {named} is "
                               f"{base.llm.width} wide (give the checkpoint's Eagle backbone config.json: "
-                              "--backbone-config FILE, backbone_config= in Python)")  # fmt: skip
+                              f"--backbone-config FILE, backbone_config= in Python{preset_hint})")  # fmt: skip
     if int(cfg["select_layer"]) > base.llm.depth:
         raise CheckpointError(f"{where}: select_layer {cfg['select_layer']} but the backbone's LLM has only "
                               f"{base.llm.depth} layers")  # fmt: skip

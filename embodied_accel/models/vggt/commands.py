@@ -9,8 +9,10 @@ the frames are split across the processes (sequence-parallel global attention); 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -78,6 +80,29 @@ def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.Arg
     return p
 
 
+def _expected_frame_size(args: argparse.Namespace, source: str) -> tuple[int, int]:
+    """``(frame size, patch size)`` before the model is built: the preset's (``--model`` / ``--preset``, else the
+    full-size ``vggt``, the usual checkpoint), ``--image-size`` first."""
+    config = PRESETS[args.preset if args.preset is not None else source if source in PRESETS else "vggt"]
+    return args.image_size or config.image_size, config.patch_size
+
+
+@contextlib.contextmanager
+def _random_weights_warning_muted(muted: bool) -> Iterator[None]:
+    """Building a preset, the loader's only warning is that its weights are random, which the command prints in
+    its own words: without this, the notice came twice."""
+    from . import loading
+
+    loader_logger = logging.getLogger(loading.__name__)
+    level = loader_logger.level
+    if muted:
+        loader_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        loader_logger.setLevel(level)
+
+
 def _outputs(path: Path) -> dict[str, Path]:
     if path.suffix.lower() != ".ply":
         raise ValueError(f"-o {path}: expected a .ply file name")
@@ -101,7 +126,7 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
     rank = 0 if world is None else world.rank
     say = print_fn if rank == 0 else (lambda *a, **k: None)
     if args.checkpoint is None and args.preset is not None:
-        raise ValueError("--preset describes a --checkpoint; for random weights use --model PRESET")
+        raise ValueError(f"--preset describes a --checkpoint; for the preset's random weights: --model {args.preset}")
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_PRESET)
     folder = args.images
     if folder is None:
@@ -109,12 +134,17 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
             raise ValueError("IMAGES_DIR is required with --checkpoint (the bundled sample is for the tiny preset)")
         folder = SAMPLE_DIR
     paths = list_images(folder)
+    # every frame is read and checked before the (possibly long) load, at the size the architecture will most
+    # likely ask for; read again after the load only if the checkpoint's own size differs
+    size = _expected_frame_size(args, source)
+    frames = load_frames(paths, args.mode, *size)
     device = normalize_device(None if world is None else world.device)
     t0 = time.perf_counter()
-    model, random_weights = load_vggt_model(
-        source, preset=args.preset, backend=args.backend, dtype=args.dtype, device=device, seed=args.seed,
-        progress=progress and rank == 0,
-    )  # fmt: skip
+    with _random_weights_warning_muted(args.checkpoint is None):  # this command says so itself, once
+        model, random_weights = load_vggt_model(
+            source, preset=args.preset, backend=args.backend, dtype=args.dtype, device=device, seed=args.seed,
+            progress=progress and rank == 0,
+        )  # fmt: skip
     if random_weights:
         say(f"NOTE: {source} has seeded random weights (seed {args.seed}): the geometry is not meaningful; "
             "pass --checkpoint for a trained VGGT")  # fmt: skip
@@ -124,8 +154,9 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
 
         replaced = attach_w8a8(model, VGGT_W8A8_PLAN)
         say(f"W8A8: {len(replaced)} linear layers int8; kept in the model dtype: {VGGT_W8A8_PLAN.keep}")
-    target = args.image_size or model.config.image_size
-    frames = load_frames(paths, args.mode, target, model.config.patch_size)
+    model_size = (args.image_size or model.config.image_size, model.config.patch_size)
+    if model_size != size:
+        frames = load_frames(paths, args.mode, *model_size)
     images = frames.images
     load_s = time.perf_counter() - t0
     say(f"{len(paths)} frames from {folder} -> {images.shape[-2]}x{images.shape[-1]} ({args.mode}); model "
