@@ -8,12 +8,12 @@ checkpoint layout (bf16 shards + index) and our actions must equal the official 
 
 import pytest
 import torch
-from fp32_tolerance import fp32_tolerance, scaled_error
 from groot_fixture import TAGS, io, load, meta, observations, requires_groot_extra
+from tolerances import fp32_tolerance, scaled_error
 
 pytestmark = requires_groot_extra
 
-#: Backbone features (tests/fp32_tolerance.py): SigLIP2's patch embedding (588 = 14x14x3 terms), 2 SigLIP2 and 2
+#: Backbone features (tests/tolerances.py, fp32_tolerance): SigLIP2's patch embedding (588 = 14x14x3 terms), 2 SigLIP2 and 2
 #: Qwen3 layers of ~6 reductions, the 2-layer projector: ~27 reductions: sqrt(27 x 588) u = 7.5e-6 of the features'
 #: scale; measured 7e-7.
 FEATURES = fp32_tolerance(27, 588)

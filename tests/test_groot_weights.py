@@ -140,8 +140,8 @@ def test_fused_qwen3_layer_equals_a_plain_qwen3_layer():
     with torch.no_grad():
         ours = model.llm.layers[0](h.reshape(b * s, d), b, s, tables, mask).view(b, s, d)
     # One layer, ~6 reductions of at most 96 terms (the MLP), fused vs separate: sqrt(6 x 96) u = 1.4e-6 of the
-    # output's scale (tests/fp32_tolerance.py).
-    from fp32_tolerance import fp32_tolerance, scaled_error
+    # output's scale (tests/tolerances.py, fp32_tolerance).
+    from tolerances import fp32_tolerance, scaled_error
 
     assert scaled_error(ours, expected) <= fp32_tolerance(6, 96)
 
@@ -282,8 +282,8 @@ def test_a_backbone_no_preset_has_loads_from_its_eagle_config_and_matches_upstre
     position table, Qwen3 64 wide with 4 query heads and 1 KV head of 24 (heads x head_dim != width), truncated to
     its checkpoint's select_layer 3 of 4; the official model's backbone features and action chunk from its own
     model inputs."""
-    from fp32_tolerance import fp32_tolerance, scaled_error
     from test_groot_parity import model_inputs
+    from tolerances import fp32_tolerance, scaled_error
 
     from embodied_accel import load_policy
     from embodied_accel.models.groot.model import GrootBucket

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fp32_tolerance import UNIT_ROUNDOFF, fp32_tolerance, scaled_error
 from safetensors.torch import load_file
+from tolerances import UNIT_ROUNDOFF, fp32_tolerance, scaled_error
 
 from embodied_accel.models.hunyuan3d import grid_query
 from embodied_accel.models.hunyuan3d.model import Hunyuan3DModel
@@ -18,7 +18,7 @@ from embodied_accel.models.hunyuan3d.weights import config_from_checkpoint, load
 from embodied_accel.ops import get_ops
 
 FIXTURES = Path(__file__).parent / "fixtures"
-#: Tolerances relative to each output's scale (see tests/fp32_tolerance.py), per stage:
+#: Tolerances relative to each output's scale (see tests/tolerances.py, fp32_tolerance), per stage:
 #: the conditioner: DINOv2's patch embedding (588 = 14x14x3 terms) and 2 blocks of 6 reductions;
 CONDITIONER = fp32_tolerance(1 + 2 * 6, 588)  # 5.2e-6; measured 9.4e-7
 #: one DiT call on given inputs: 2 double- and 2 single-stream blocks of ~6 reductions, at most 128 terms (MLP);
@@ -150,7 +150,7 @@ def test_mesh_matches_upstream_up_to_its_vertex_scale():
     ours_sorted = mesh.vertices[np.lexsort(mesh.vertices.T)]
     # Both place a vertex on the same grid edge from the same two logits in fp32 (a few operations on coordinates
     # up to 1.01, each rounding by half an ulp), then upstream's are rescaled here in fp64: 8 ulps (16 u) of 1.01.
-    vertex_tolerance = 16 * UNIT_ROUNDOFF * bounds  # measured 2.4e-7
+    vertex_tolerance = 16 * UNIT_ROUNDOFF[torch.float32] * bounds  # measured 2.4e-7
     assert np.abs(ours_sorted - theirs_rescaled[np.lexsort(theirs_rescaled.T)]).max() <= vertex_tolerance
 
     def area(vertices, faces):  # (the fixture's surface meets the grid's boundary: open, so no volume)

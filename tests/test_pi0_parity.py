@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from fp32_tolerance import fp32_tolerance, scaled_error
 from safetensors.torch import load_file
+from tolerances import fp32_tolerance, scaled_error
 
 from embodied_accel import load_policy
 from embodied_accel.bench.harness import count_aten_ops
@@ -20,7 +20,7 @@ from embodied_accel.models.pi0.processor import ModelInputs
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")]
-#: An action element's path (tests/fp32_tolerance.py): the patch embedding, 2 SigLIP layers and 2 Gemma layers of ~6
+#: An action element's path (tests/tolerances.py, fp32_tolerance): the patch embedding, 2 SigLIP layers and 2 Gemma layers of ~6
 #: reductions each, the projector, 2 action-expert layers and the heads: ~41 reductions, the longest the attention
 #: over the prefix (3 x 256 image + 48 text tokens = 816 terms). The 10 Euler steps of dt = 0.1 add their errors
 #: scaled by dt (sqrt(10) x 0.1 < 1 of one step's). sqrt(41 x 816) u = 1.1e-5 of the actions' scale; measured

@@ -415,8 +415,8 @@ def test_a_checkpoint_no_preset_describes_loads_with_assumed_heads(tmp_path, cap
 @pytest.mark.parametrize("family,directory", [("pi0", PI0), ("pi05", PI05)])
 def test_fixtures_load_without_a_preset_and_match_lerobot(family, directory):
     """tests/test_pi0_parity.py's comparison (and tolerance), through the public API with no preset."""
-    from fp32_tolerance import scaled_error
     from test_pi0_parity import ACTIONS
+    from tolerances import scaled_error
 
     from embodied_accel import load_policy
 

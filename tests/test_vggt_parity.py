@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from fp32_tolerance import fp32_tolerance, scaled_error
 from safetensors.torch import load_file
+from tolerances import fp32_tolerance, scaled_error
 
 from embodied_accel.errors import CheckpointError
 from embodied_accel.models.vggt.loading import Bucket, VggtRunner, load_vggt_model

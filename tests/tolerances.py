@@ -62,11 +62,30 @@ def groot_tolerance(dtype: torch.dtype = torch.float32) -> float:
     return rounding_tolerance(dtype, terms=GROOT_TINY_TERMS, chain=GROOT_TINY_LAYERS)
 
 
+def fp32_tolerance(stages: int, reduction: int, amplification: float = 1.0) -> float:
+    """The parity tests' bound against an upstream fixture: ``sqrt(stages · reduction) · u · amplification``, the
+    expected relative error (the model above with ``LAMBDA = 1``) of an output computed through ``stages``
+    sequential reductions of at most ``reduction`` terms, of the output's scale (:func:`scaled_error`). Tighter than
+    :func:`rounding_tolerance` by ``2 * LAMBDA``: a parity test states its measured error beside it, and a step that
+    amplifies relative errors (an exponential, an iterated solver, a sampler's division by a small step) is named in
+    ``amplification``."""
+    return math.sqrt(stages * reduction) * UNIT_ROUNDOFF[torch.float32] * amplification
+
+
+def scaled_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """``max |ours − reference| / max |reference|``: the error relative to the output's scale."""
+    assert ours.shape == reference.shape, (tuple(ours.shape), tuple(reference.shape))
+    difference = (ours.double() - reference.double()).abs().max().item()
+    return difference / max(reference.double().abs().max().item(), 1e-30)
+
+
 __all__ = [
     "LAMBDA",
     "UNIT_ROUNDOFF",
     "assert_rounding_close",
+    "fp32_tolerance",
     "groot_tolerance",
     "pi0_tolerance",
     "rounding_tolerance",
+    "scaled_error",
 ]
