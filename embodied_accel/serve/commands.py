@@ -221,19 +221,13 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
     if hasattr(args, "drain_timeout"):
         fields["drain_timeout_s"] = args.drain_timeout
     if hasattr(args, "allow_origin"):
-        fields.update(
-            api_key=api_key(args),
-            allowed_origins=tuple(args.allow_origin),
-            metrics_need_key=args.metrics_need_key,
-            max_connections=args.max_connections,
-            max_buffered_bytes=args.max_buffered_bytes,
-            paced_byte_rate=args.paced_byte_rate,
-            large_message_bytes=args.large_message_bytes,
-            connection_byte_rate=args.connection_byte_rate,
-            max_observation_keys=args.max_observation_keys,
-            strict_keys=args.strict_keys,
-            unhealthy_after=args.unhealthy_after,
-        )
+        fields.update(api_key=api_key(args), allowed_origins=tuple(args.allow_origin))
+    for name in (
+        "metrics_need_key", "max_connections", "max_buffered_bytes", "paced_byte_rate", "large_message_bytes",
+        "connection_byte_rate", "max_observation_keys", "strict_keys", "unhealthy_after",
+    ):  # fmt: skip
+        if hasattr(args, name):
+            fields[name] = getattr(args, name)
     fields.update(overrides)
     return ServeConfig(**fields)
 

@@ -41,7 +41,7 @@ class ServeConfig:
     # at a time, connections in turn, paced_byte_rate bytes/s in all (see server.py).
     large_message_bytes: int = 2**20
     connection_byte_rate: float = 16 * 2**20
-    paced_byte_rate: float = 32 * 2**20
+    paced_byte_rate: float = 16 * 2**20
     decode_workers: int = 2
     max_observation_keys: int = 256  # keys of one observation (nested maps counted by their entries)
     strict_keys: bool = False  # refuse observations with keys the model does not use (else: reply warnings)

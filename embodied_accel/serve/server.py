@@ -592,7 +592,7 @@ class PolicyServer:
 
     def _release_memory_soon(self) -> None:
         """A connection that sent large messages closed: in a second (once for all that close meanwhile), collect
-        garbage and give free heap pages back to the system, off the event loop."""
+        its buffers and give free heap pages back to the system, off the event loop."""
         if self._memory_release is not None or self._loop is None:
             return
         loop = self._loop
