@@ -18,8 +18,8 @@ sends when given ``api_key=``; ``Bearer <key>`` works too), else HTTP 401; a han
 connections, 503. Each refusal is counted (``connections_refused_total``).
 
 Per connection, a reader task receives messages (at most ``max_inflight_per_connection`` unfinished), decodes,
-maps and validates each on a decoder thread (:meth:`_Runner.prepare`: tokenization included; a large or hostile
-message never stalls the event loop or the model; what a message may expand to is bounded, see
+maps and validates each on a decoder thread (``Runner.prepare`` of :mod:`.batching`: tokenization included; a large
+or hostile message never stalls the event loop or the model; what a message may expand to is bounded, see
 :class:`~.codec.DecodeLimits`) and queues it, and the connection's handler answers them strictly in arrival order.
 Receiving bytes costs the server CPU time in proportion to their number (the websocket layer copies each message
 several times, 16 MiB ones with fresh pages), time the model's thread then waits for. So messages are decoded on
