@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 
 from embodied_accel import load_policy
 from embodied_accel.errors import ObservationError
-from embodied_accel.serve import codec, commands, keymap
+from embodied_accel.serve import codec, commands, keymap, loadtest
 from embodied_accel.serve import server as server_mod
 from embodied_accel.serve.client import PolicyClient, RequestRefused, http_get
 from embodied_accel.serve.metrics import PREFIX, parse_metrics
@@ -419,6 +419,9 @@ def test_an_api_key_and_browser_origins_are_checked_on_the_handshake(pi0):
         with connect(running.url, additional_headers={**key_header, "Origin": "https://lab.example"}) as ws:
             assert codec.unpackb(ws.recv())["model"] == "pi0-tiny"
         assert PolicyClient(running.url, api_key="s3cret").infer(libero(3))["actions"].shape == (50, 7)
+        stats = loadtest.run_loadtest(running.url, clients=1, requests=1, warmup=0, observation=libero(3),
+                                      api_key="s3cret")  # fmt: skip
+        assert stats["ok"] == 1 and stats["server_rss_before_mb"] > 0  # its /metrics readings carry the key too
         with pytest.raises(ConnectionError, match="401"):
             PolicyClient(running.url, connect_timeout_s=30)  # refused at once, not retried
         assert http_get(running.url, "/metrics")[0] == 401 and http_get(running.url, "/healthz")[0] == 200

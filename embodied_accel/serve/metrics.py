@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .keymap import UNUSED_KINDS
 from .text import for_log
 
 PREFIX = "embodied_accel_"
@@ -36,8 +37,6 @@ DROP_REASONS = ("after_error", "client_gone", "drain_timeout")
 #: key (401), a browser page from an origin not allowed (403), ``--max-connections`` reached (503), shutting down
 #: (503).
 REFUSAL_REASONS = ("unauthorized", "forbidden_origin", "limit", "shutdown")
-#: Why an observation key was not used (the ``kind`` label of ``observation_keys_unused_total``; see keymap.py).
-UNUSED_KEY_KINDS = ("unknown", "misspelled", "ignored")
 
 
 class Histogram:
@@ -136,7 +135,7 @@ class Metrics:
         self.connections_open = 0
         self.connections_total = 0
         self.connections_refused = dict.fromkeys(REFUSAL_REASONS, 0)
-        self.unused_keys = dict.fromkeys(UNUSED_KEY_KINDS, 0)
+        self.unused_keys = dict.fromkeys(UNUSED_KINDS, 0)  # the kind label of observation_keys_unused_total
         self.inflight = 0
         self.queue_depth = 0
         self.buffered_bytes = 0
@@ -376,7 +375,6 @@ __all__ = [
     "DROP_REASONS",
     "ERROR_KINDS",
     "REFUSAL_REASONS",
-    "UNUSED_KEY_KINDS",
     "Histogram",
     "JsonFormatter",
     "Metrics",
