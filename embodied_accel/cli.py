@@ -855,8 +855,12 @@ def _attention_suffix(record: dict[str, Any]) -> str:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     serve_commands.require_serve_extra("serve")
-    policy = onnx_source.onnx_policy(args) or _load_policy(args, num_views=args.views)[0]
-    return serve_commands.run_serve(policy, args, announce=lambda line: print(line, flush=True))
+    # the port is bound before the model loads: "address in use" comes at once, not after a full load
+    return serve_commands.run_serve(
+        lambda: onnx_source.onnx_policy(args) or _load_policy(args, num_views=args.views)[0],
+        args,
+        announce=lambda line: print(line, flush=True),
+    )
 
 
 def cmd_loadtest(args: argparse.Namespace) -> int:

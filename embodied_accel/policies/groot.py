@@ -47,7 +47,7 @@ from ..models.groot.processor import (
     require_image_packages,
     transform_frame,
 )
-from ..models.groot.tokenizer import CHECKOUT_SUBDIR, QwenTokenizer, find_tokenizer_dir
+from ..models.groot.tokenizer import CHECKOUT_SUBDIR, PRESET_TOKENIZERS, QwenTokenizer, find_tokenizer_dir
 from ..models.groot.weights import (
     config_from_checkpoint,
     init_random_weights,
@@ -476,7 +476,7 @@ def load_groot_policy(
             raise ValueError(f"num_views: expected a positive int, got {num_views!r}")
         spec = preset_embodiment(config, num_views or 1)
         images, formalize = ImageSettings(112 if config.name == "groot-tiny" else 256, 0.95), True
-        tok = _load_tokenizer(tokenizer, None)
+        tok = _load_tokenizer(tokenizer or PRESET_TOKENIZERS.get(config.name), None)  # groot-tiny: bundled
     else:
         raise ValueError(f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a GR00T preset; presets: "
                          f"{', '.join(PRESETS)}")  # fmt: skip

@@ -1,8 +1,10 @@
 """Request batching: one queue for all connections, one inference thread, per-request error isolation.
 
-The event loop hands each decoded observation to :meth:`Batcher.submit` and gets an ``asyncio.Future``. A batch
-loop takes the oldest requests, up to ``max_batch``, and runs them on the single inference thread, so the event
-loop keeps serving sockets while the model computes.
+Each observation is checked alone when it arrives (:meth:`Runner.prepare`: the processor's validation and
+tokenization), on the server's decoder threads, so a bad one fails only its own request and no request's
+validation holds up the model. The event loop hands each prepared observation to :meth:`Batcher.submit` and gets an
+``asyncio.Future``. A batch loop takes the oldest requests, up to ``max_batch``, and runs them on the single
+inference thread, so the event loop keeps serving sockets while the model computes.
 
 How long a batch waits for more requests: robots (and openpi-client) send their next observation only when the
 previous answer has arrived, so while a batch runs its clients cannot send, and the others queue up. If the next
@@ -16,13 +18,15 @@ window after its answer (clients that run a request loop). Nobody else is waited
 requests (it executes its chunk first), a monitor that never sends, or a client that is gone. With a window that
 covers the clients' turnaround (answer → next request) the groups merge into full batches (README, "Batching").
 
-Each batch then goes through three steps:
+Each batch then goes through two steps:
 
-1. each observation is checked alone (:meth:`Runner.prepare`: the processor's validation), so a bad one fails
-   only its own request;
-2. the checked ones are grouped by :meth:`Runner.signature` (:func:`merge_signatures`: shapes that can be
-   stacked) and each group is one model call (:meth:`Runner.run`, for a pi0 policy one ``infer_batch``);
-3. if a batched call fails anyway, its requests are retried one by one, so only the culprit gets the error.
+1. the prepared observations are grouped by :meth:`Runner.signature` (:func:`merge_signatures`: shapes that can be
+   stacked) and each group is one model call (:meth:`Runner.run`, for a pi0 policy one ``run_validated``);
+2. if a batched call fails anyway, its requests are retried one by one, so only the culprit gets the error.
+
+Health: ``unhealthy_after`` requests in a row that fail with an internal error in the model call (a failed
+device turns every call into one) make :attr:`Batcher.healthy` false, so ``/healthz`` answers 503 and a supervisor
+restarts the server; an answered request makes it true again.
 
 Results go back to the loop with ``call_soon_threadsafe``; a request whose future is already done (timed out or
 its connection gone) is skipped before its batch starts and its late result is dropped.
@@ -68,7 +72,7 @@ class Result:
 
 @dataclasses.dataclass(eq=False)
 class Request:
-    observation: Mapping[str, Any]
+    prepared: Any  # what Runner.prepare made of the observation
     received: float  # time.monotonic() at receipt
     future: asyncio.Future
     source: Hashable | None = None  # who sent it (a connection); None: unknown
@@ -205,11 +209,19 @@ class Batcher:
     ``batch_wait_s``: how long the oldest request may wait for others to join its batch (see the module doc).
     """
 
-    def __init__(self, runner: Runner, metrics: Metrics, *, max_batch: int, batch_wait_s: float) -> None:
-        if max_batch < 1 or batch_wait_s < 0:
-            raise ValueError(f"max_batch must be >= 1 and batch_wait_s >= 0, got {max_batch}, {batch_wait_s}")
+    def __init__(
+        self, runner: Runner, metrics: Metrics, *, max_batch: int, batch_wait_s: float, unhealthy_after: int = 3
+    ) -> None:
+        if max_batch < 1 or batch_wait_s < 0 or unhealthy_after < 1:
+            raise ValueError(
+                f"max_batch and unhealthy_after must be >= 1 and batch_wait_s >= 0, got {max_batch}, "
+                f"{unhealthy_after}, {batch_wait_s}"
+            )
         self.runner, self.metrics = runner, metrics
         self.max_batch, self.batch_wait_s = max_batch, batch_wait_s
+        self.unhealthy_after = unhealthy_after
+        self.consecutive_internal_errors = 0  # requests in a row that failed inside the model call
+        self.last_internal_error = ""
         self._pending: collections.deque[Request] = collections.deque()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embodied-accel-infer")
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -224,11 +236,16 @@ class Batcher:
         self._wakeup = asyncio.Event()
         self._task = self._loop.create_task(self._batches(), name="embodied-accel-batcher")
 
-    def submit(self, observation: Mapping[str, Any], received: float, source: Hashable | None = None) -> asyncio.Future:
-        """Queue one model observation from ``source`` (e.g. a connection id); the future resolves to a
-        :class:`Result` or raises RequestError."""
+    @property
+    def healthy(self) -> bool:
+        """False after ``unhealthy_after`` requests in a row failed with an internal error in the model call."""
+        return self.consecutive_internal_errors < self.unhealthy_after
+
+    def submit(self, prepared: Any, received: float, source: Hashable | None = None) -> asyncio.Future:
+        """Queue one observation (as :meth:`Runner.prepare` made it) from ``source`` (e.g. a connection id); the
+        future resolves to a :class:`Result` or raises RequestError."""
         assert self._loop is not None and self._wakeup is not None, "Batcher.start() first"
-        request = Request(observation, received, self._loop.create_future(), source)
+        request = Request(prepared, received, self._loop.create_future(), source)
         state = self._sources.get(source)
         if state is not None and state.answered:
             state.prompt = received - state.active_at <= self.batch_wait_s
@@ -306,6 +323,7 @@ class Batcher:
             except Exception as exc:  # a bug in the batch path itself: fail the batch, keep serving
                 logger.exception("batch of %d failed outside the model call", len(batch))
                 for request in batch:
+                    self._count_failure(_request_error(exc))
                     _settle(request.future, None, _request_error(exc))
             self._model_free_at = time.monotonic()
             for request in batch:
@@ -317,15 +335,10 @@ class Batcher:
 
     def _run_batch(self, batch: list[Request], loop: asyncio.AbstractEventLoop) -> None:
         start = time.monotonic()
-        prepared = []
         for request in batch:
             self.metrics.queued(start - request.received)
-            try:
-                prepared.append((request, self.runner.prepare(request.observation)))
-            except Exception as exc:
-                self._fail(loop, request, exc)
         groups: list[tuple[Hashable, list[tuple[Request, Any]]]] = []  # (merged signature, members)
-        for request, item in prepared:
+        for request, item in ((request, request.prepared) for request in batch):
             signature = self.runner.signature(item)
             for i, (group_signature, members) in enumerate(groups):
                 merged = merge_signatures(group_signature, signature)
@@ -336,7 +349,7 @@ class Batcher:
             else:
                 groups.append((signature, [(request, item)]))
         if len(groups) > 1:
-            log_event(logger, logging.DEBUG, "batch_split", requests=len(prepared), groups=len(groups))
+            log_event(logger, logging.DEBUG, "batch_split", requests=len(batch), groups=len(groups))
         for _, members in groups:
             self._run_group(members, loop, start)
 
@@ -359,6 +372,7 @@ class Batcher:
             return
         done = time.monotonic()
         self.metrics.model_call(len(group), done - call_start)
+        self._count_success()
         for i, (request, _) in enumerate(group):
             result = Result(
                 actions=np.ascontiguousarray(actions[i], dtype=np.float32),
@@ -372,7 +386,29 @@ class Batcher:
         error = _request_error(exc)
         if error.kind == "internal":
             logger.error("inference failed: %s", for_log(error.message), exc_info=exc)
+        self._count_failure(error)
         _deliver(loop, request.future, None, error)
+
+    def _count_failure(self, error: RequestError) -> None:
+        """Inference thread (or the loop after a bug in the batch path): one more request failed in the model
+        call; an internal error counts towards :attr:`healthy`."""
+        if error.kind != "internal":
+            return
+        self.consecutive_internal_errors += 1
+        self.last_internal_error = error.message
+        if self.consecutive_internal_errors == self.unhealthy_after:
+            log_event(
+                logger, logging.ERROR, "unhealthy", consecutive_internal_errors=self.consecutive_internal_errors,
+                last_error=error.message,
+            )  # fmt: skip
+        self.metrics.set_gauges(healthy=self.healthy)
+
+    def _count_success(self) -> None:
+        if self.consecutive_internal_errors:
+            if not self.healthy:
+                log_event(logger, logging.WARNING, "healthy_again")
+            self.consecutive_internal_errors = 0
+            self.metrics.set_gauges(healthy=True)
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

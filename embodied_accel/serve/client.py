@@ -67,10 +67,16 @@ def http_url(url: str, path: str) -> str:
     return base + path
 
 
-def http_get(url: str, path: str, timeout_s: float = 10.0) -> tuple[int, str]:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The handshake header a server started with ``--api-key`` checks (openpi-client's form)."""
+    return {"Authorization": f"Api-Key {api_key}"} if api_key else {}
+
+
+def http_get(url: str, path: str, timeout_s: float = 10.0, api_key: str | None = None) -> tuple[int, str]:
     """``(status, body)`` of ``GET path`` on the server's port (``/healthz``, ``/metrics``)."""
+    request = urllib.request.Request(http_url(url, path), headers=auth_headers(api_key))
     try:
-        with urllib.request.urlopen(http_url(url, path), timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode("utf-8", "replace")
@@ -84,7 +90,10 @@ class PolicyClient:
     server for error messages (``?error_frames=1``), so a refusal leaves the connection open; a server that closes
     the connection anyway (openpi's protocol, a message over the size limit, a restart) is reconnected on the next
     call, retrying with backoff (0.1 s doubling to ``max_backoff_s``) for up to ``connect_timeout_s``, which also
-    bounds the wait for a server that is still starting (then :class:`ConnectionError`).
+    bounds the wait for a server that is still starting (then :class:`ConnectionError`). ``api_key``: the key of a
+    server started with ``--api-key`` (sent as openpi-client sends it); a refused key raises at once. Replies may
+    carry ``warnings`` (keys of the observation the model did not use): logged as one line when they change (at
+    most 10 lines in all), and kept in :attr:`last_warnings`.
     """
 
     def __init__(
@@ -95,8 +104,12 @@ class PolicyClient:
         response_timeout_s: float | None = None,
         error_frames: bool = True,
         max_backoff_s: float = 2.0,
+        api_key: str | None = None,
     ) -> None:
         self.url = _ws_url(url)
+        self.api_key = api_key
+        self.last_warnings: list[str] = []  # of the last reply
+        self._warning_lines = 0
         self.connect_timeout_s = connect_timeout_s
         self.response_timeout_s = response_timeout_s
         self.error_frames = error_frames
@@ -114,7 +127,7 @@ class PolicyClient:
 
     def reconnect(self) -> None:
         """(Re)open the connection, retrying with backoff until ``connect_timeout_s``; reads the metadata."""
-        from websockets.exceptions import InvalidHandshake
+        from websockets.exceptions import InvalidHandshake, InvalidStatus
         from websockets.sync.client import connect
 
         self.close()
@@ -124,10 +137,24 @@ class PolicyClient:
             try:
                 # Entered as a context (closed by close()): the form every websockets >= 14 supports without warnings.
                 self._ws = connect(
-                    self._connect_url(), compression=None, max_size=None, open_timeout=self.connect_timeout_s
-                ).__enter__()
+                    self._connect_url(), compression=None, max_size=None, open_timeout=self.connect_timeout_s,
+                    additional_headers=auth_headers(self.api_key),
+                ).__enter__()  # fmt: skip
                 break
-            except (OSError, TimeoutError, InvalidHandshake) as exc:  # not up yet, restarting, or draining (503)
+            except InvalidStatus as exc:
+                if exc.response.status_code in (401, 403):  # retrying cannot help
+                    body = exc.response.body.decode("utf-8", "replace").strip() if exc.response.body else ""
+                    raise ConnectionError(
+                        f"the policy server at {self.url} refused the connection "
+                        f"({exc.response.status_code}: {body or exc.response.reason_phrase})"
+                    ) from None
+                left = deadline - time.monotonic()  # 503: draining or at its connection limit
+                if left <= 0:
+                    raise ConnectionError(f"cannot connect to the policy server at {self.url}: {exc}") from None
+                logger.info("waiting for the policy server at %s (%s)", self.url, exc)
+                time.sleep(min(backoff_s, left))
+                backoff_s = min(backoff_s * 2, self.max_backoff_s)
+            except (OSError, TimeoutError, InvalidHandshake) as exc:  # not up yet, or restarting
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ConnectionError(f"cannot connect to the policy server at {self.url}: {exc}") from None
@@ -159,6 +186,12 @@ class PolicyClient:
         if isinstance(reply, dict) and set(reply) == {"error"} and isinstance(reply["error"], dict):
             error = reply["error"]
             raise RequestRefused(str(error.get("kind", "server")), str(error.get("message", "")))
+        if isinstance(reply, dict):
+            warnings = [str(w) for w in reply.get("warnings", [])] if isinstance(reply.get("warnings"), list) else []
+            if warnings and warnings != self.last_warnings and self._warning_lines < 10:
+                self._warning_lines += 1
+                logger.warning("policy server: %s", "; ".join(warnings))
+            self.last_warnings = warnings
         return reply
 
     def infer(self, observation: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,7 +211,7 @@ class PolicyClient:
     def healthy(self) -> bool:
         """Whether ``GET /healthz`` answers 200."""
         try:
-            return http_get(self.url, "/healthz")[0] == 200
+            return http_get(self.url, "/healthz", api_key=self.api_key)[0] == 200
         except OSError:
             return False
 
@@ -410,6 +443,7 @@ __all__ = [
     "PolicyClient",
     "RequestRefused",
     "ServerError",
+    "auth_headers",
     "http_get",
     "http_url",
 ]

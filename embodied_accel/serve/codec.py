@@ -41,9 +41,10 @@ class DecodeLimits:
 
     max_collection_len: int = 2**14  # entries of one list or map
     max_items: int = 2**16  # lists and maps in a message plus all their entries
+    max_map_len: int | None = None  # entries of one map, where fewer than max_collection_len (the server's key limit)
 
     def __post_init__(self) -> None:
-        if self.max_collection_len < 1 or self.max_items < 1:
+        if self.max_collection_len < 1 or self.max_items < 1 or (self.max_map_len is not None and self.max_map_len < 1):
             raise ValueError(f"decode limits must be >= 1, got {self}")
 
 
@@ -168,13 +169,17 @@ def _decode(obj: Any, where: str, depth: int) -> Any:
                     raise WireError(f"{where}: map key {key!r:.40} is not UTF-8 text") from None
             if not isinstance(key, str):
                 raise WireError(f"{where}: map keys must be strings, got {type(key).__name__} {key!r:.40}")
-            out[key] = _decode(value, _field(where, key), depth + 1)
+            # a field name is built only for containers (it costs a copy of the key; a message may hold 16 384)
+            out[key] = value if type(value) in _PLAIN else _decode(value, _field(where, key), depth + 1)
         return out
     if isinstance(obj, list):
         return [_decode(value, f"{where}[{i}]", depth + 1) for i, value in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         return obj
     raise WireError(f"{where}: unsupported msgpack value of type {type(obj).__name__}")
+
+
+_PLAIN = frozenset((type(None), bool, int, float, str, bytes))  # what msgpack gives that needs no decoding
 
 
 class _TooManyItems(Exception):
@@ -208,7 +213,7 @@ def unpackb(data: bytes, where: str = "message", limits: DecodeLimits = DEFAULT_
             raw=False,
             strict_map_key=False,
             max_array_len=limits.max_collection_len,
-            max_map_len=limits.max_collection_len,
+            max_map_len=min(limits.max_map_len or limits.max_collection_len, limits.max_collection_len),
             list_hook=counter,
             object_hook=counter,
         )
@@ -217,6 +222,11 @@ def unpackb(data: bytes, where: str = "message", limits: DecodeLimits = DEFAULT_
             f"{where}: more than {limits.max_items} lists, maps and entries in one message (the server's limit)"
         ) from None
     except ValueError as exc:
+        if "exceeds max_map_len" in str(exc) and limits.max_map_len is not None:
+            raise WireError(
+                f"{where}: a map may have at most {limits.max_map_len} entries, the keys an observation may have "
+                f"(the server's limit; {exc})"
+            ) from None
         if "exceeds max_array_len" in str(exc) or "exceeds max_map_len" in str(exc):
             raise WireError(
                 f"{where}: a list or map may have at most {limits.max_collection_len} entries ({exc})"

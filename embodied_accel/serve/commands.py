@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import non_negative_float, positive_float, positive_int
-from .config import ServeConfig
+from .config import API_KEY_ENV, ServeConfig
 from .keymap import KEYMAP_CHOICES, can_tokenize_text
 
 logger = logging.getLogger(__name__)
@@ -51,8 +52,85 @@ def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> Non
     """Batching and model-call options (both commands); ``network``: also where and how to listen (serve)."""
     group = parser.add_argument_group("server")
     if network:
-        group.add_argument("--host", default="0.0.0.0", help="interface to listen on (default: 0.0.0.0, all)")
+        group.add_argument(
+            "--host",
+            default=ServeConfig.host,
+            help=f"interface to listen on (default: {ServeConfig.host}, this machine only; 0.0.0.0: every interface, "
+            "for robots on the network: give an --api-key too)",
+        )
         group.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port)")
+        group.add_argument(
+            "--api-key",
+            metavar="KEY",
+            help=f"require this key on every websocket handshake ('Authorization: Api-Key KEY', what openpi-client "
+            f"sends with api_key=); default: ${API_KEY_ENV} if set, else no key",
+        )
+        group.add_argument(
+            "--allow-origin",
+            action="append",
+            default=[],
+            metavar="ORIGIN",
+            help="a browser origin (e.g. https://lab.example) whose pages may connect; repeatable. Handshakes with "
+            "an Origin header (browser pages) are refused otherwise; robots and openpi-client send none",
+        )
+        group.add_argument(
+            "--metrics-need-key", action="store_true", help="GET /metrics also needs the API key (/healthz never)"
+        )
+        group.add_argument(
+            "--max-connections",
+            type=positive_int,
+            default=ServeConfig.max_connections,
+            help=f"open websocket connections; more are refused with HTTP 503 (default: {ServeConfig.max_connections})",
+        )
+        group.add_argument(
+            "--max-buffered-bytes",
+            type=positive_int,
+            default=ServeConfig.max_buffered_bytes,
+            help="received, unanswered bytes all connections may hold beyond one message each; a connection waits "
+            f"for room before it receives more (default: {ServeConfig.max_buffered_bytes})",
+        )
+        group.add_argument(
+            "--paced-byte-rate",
+            type=positive_float,
+            default=ServeConfig.paced_byte_rate,
+            metavar="B/S",
+            help="messages over --large-message-bytes, and those of a connection sending more than "
+            "--connection-byte-rate, are decoded one at a time, connections in turn, at this many bytes/s in all: "
+            "receiving bytes costs the server CPU time the model then waits for "
+            f"(default: {ServeConfig.paced_byte_rate:.0f})",
+        )
+        group.add_argument(
+            "--large-message-bytes",
+            type=positive_int,
+            default=ServeConfig.large_message_bytes,
+            help=f"see --paced-byte-rate (default: {ServeConfig.large_message_bytes})",
+        )
+        group.add_argument(
+            "--connection-byte-rate",
+            type=positive_float,
+            default=ServeConfig.connection_byte_rate,
+            metavar="B/S",
+            help=f"see --paced-byte-rate (default: {ServeConfig.connection_byte_rate:.0f})",
+        )
+        group.add_argument(
+            "--max-observation-keys",
+            type=positive_int,
+            default=ServeConfig.max_observation_keys,
+            help=f"keys one observation may have (default: {ServeConfig.max_observation_keys})",
+        )
+        group.add_argument(
+            "--strict-keys",
+            action="store_true",
+            help="refuse observations with keys the model does not use (default: answer them, with 'warnings')",
+        )
+        group.add_argument(
+            "--unhealthy-after",
+            type=positive_int,
+            default=ServeConfig.unhealthy_after,
+            metavar="N",
+            help="GET /healthz answers 503 after N requests in a row failed inside the model call (e.g. a failed "
+            f"device), so a supervisor restarts the server (default: {ServeConfig.unhealthy_after})",
+        )
         group.add_argument(
             "--max-message-bytes",
             type=positive_int,
@@ -120,6 +198,9 @@ def add_loadtest_options(
     group.add_argument(
         "--timeout-s", type=positive_float, default=120.0, help="per-request client timeout (default: 120)"
     )
+    group.add_argument(
+        "--api-key", metavar="KEY", help=f"the --url server's API key (default: ${API_KEY_ENV} if set)"
+    )
     group.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
     group.add_argument("--no-write", action="store_true", help="print only, write no result file")
     group.add_argument("--note", help="free text stored in the result file")
@@ -139,20 +220,43 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
         fields["default_token_ids"] = args.default_token_ids
     if hasattr(args, "drain_timeout"):
         fields["drain_timeout_s"] = args.drain_timeout
+    if hasattr(args, "allow_origin"):
+        fields.update(api_key=api_key(args), allowed_origins=tuple(args.allow_origin))
+    for name in (
+        "metrics_need_key", "max_connections", "max_buffered_bytes", "paced_byte_rate", "large_message_bytes",
+        "connection_byte_rate", "max_observation_keys", "strict_keys", "unhealthy_after",
+    ):  # fmt: skip
+        if hasattr(args, name):
+            fields[name] = getattr(args, name)
     fields.update(overrides)
     return ServeConfig(**fields)
 
 
+def api_key(args: argparse.Namespace) -> str | None:
+    """``--api-key``, else the environment's, else None."""
+    return getattr(args, "api_key", None) or os.environ.get(API_KEY_ENV) or None
+
+
 def check_instruction_source(policy: Any, config: ServeConfig) -> None:
     """Refuse a server that could not read the instruction of an openpi request (a text ``prompt``): the
-    model has no tokenizer and no ``--default-token-ids`` stand in; or ``--default-prompt`` without a tokenizer."""
+    model has no tokenizer and no ``--default-token-ids`` stand in; or ``--default-prompt`` without a tokenizer.
+    The fix named is the model family's own tokenizer."""
     if can_tokenize_text(policy):
         return
-    name = getattr(getattr(policy, "config", None), "name", type(policy).__name__)
-    fixes = (
-        "pass --tokenizer FILE (the PaliGemma tokenizer.model), or --default-token-ids IDS (e.g. 2,7,9: the "
-        "instruction of every request that brings no token ids of its own)"
-    )
+    model_config = getattr(policy, "config", None)
+    name = getattr(model_config, "name", type(policy).__name__)
+    if getattr(model_config, "family", None) == "groot":
+        fixes = (
+            "pass --tokenizer DIR, the GR00T (Eagle) tokenizer: an Isaac-GR00T checkout, or its "
+            "gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2 directory (vocab.json, merges.txt, chat_template.json, "
+            "tokenizer_config.json or added_tokens.json). --default-token-ids cannot stand in for it: a GR00T "
+            "prompt's ids hold one token per image patch, so they fit frames of one size only"
+        )
+    else:
+        fixes = (
+            "pass --tokenizer FILE (the PaliGemma tokenizer.model), or --default-token-ids IDS (e.g. 2,7,9: the "
+            "instruction of every request that brings no token ids of its own)"
+        )
     if config.default_prompt is not None:
         raise ValueError(f"--default-prompt needs a tokenizer, and {name} has none: {fixes}")
     if config.default_token_ids is None:
@@ -169,16 +273,33 @@ def use_json_logs() -> None:
         handler.setFormatter(JsonFormatter())
 
 
-def run_serve(policy: Any, args: argparse.Namespace, announce: Callable[[str], None]) -> int:
-    """Serve until SIGINT / SIGTERM; ``announce`` gets the listening line and the final "stopped"."""
-    import asyncio
-
-    from .server import PolicyServer
+def run_serve(load_policy: Callable[[], Any], args: argparse.Namespace, announce: Callable[[str], None]) -> int:
+    """Bind the port, then load the policy (``load_policy()``) and serve it until SIGINT / SIGTERM; ``announce``
+    gets the listening line and the final "stopped". A port that cannot be bound is an error before the model
+    loads."""
+    from .metrics import map_large_allocations
+    from .server import bind_socket
 
     if args.log_json:
         use_json_logs()
     config = serve_config(args)
-    server = PolicyServer(policy, config)  # checks the key map
+    map_large_allocations()  # clients' large messages go back to the system when freed (see its docstring)
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror or exc})") from None
+    try:
+        return _serve_on(sock, load_policy(), config, announce)
+    finally:
+        sock.close()  # no-op once the server has closed it
+
+
+def _serve_on(sock: Any, policy: Any, config: ServeConfig, announce: Callable[[str], None]) -> int:
+    import asyncio
+
+    from .server import PolicyServer
+
+    server = PolicyServer(policy, config, sock=sock)  # checks the key map
     check_instruction_source(policy, config)
     name = getattr(getattr(policy, "config", None), "name", type(policy).__name__)
     if config.default_token_ids is not None and not can_tokenize_text(policy):
@@ -194,7 +315,7 @@ def run_serve(policy: Any, args: argparse.Namespace, announce: Callable[[str], N
     try:
         asyncio.run(server.run(handle_signals=True, ready=ready))
     except OSError as exc:
-        raise ValueError(f"cannot listen on {args.host}:{args.port} ({exc.strerror or exc})") from None
+        raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror or exc})") from None
     announce("stopped")
     return 0
 
@@ -207,6 +328,7 @@ def run_loadtest_command(
 
     kwargs = {"clients": args.clients, "requests": args.requests, "warmup": args.warmup, "observation": observation}
     if args.url is not None:
+        kwargs["api_key"] = api_key(args)
         try:
             stats = run_loadtest(args.url, timeout_s=args.timeout_s, **kwargs)
         except OSError as exc:
@@ -305,6 +427,7 @@ def loadtest_summary(stats: dict[str, Any], path: Path | None) -> str:
 __all__ = [
     "SERVE_EXTRA_MODULES",
     "add_loadtest_options",
+    "api_key",
     "add_server_options",
     "check_instruction_source",
     "loadtest_record",

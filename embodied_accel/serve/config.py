@@ -6,12 +6,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+#: The environment variable ``serve`` reads the API key from when ``--api-key`` is not given.
+API_KEY_ENV = "EMBODIED_ACCEL_API_KEY"
+
 
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
     """Server settings (the ``embodied-accel serve`` flags)."""
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback only; "0.0.0.0" for robots on the network (then give an api_key)
     port: int = 8000  # 0: any free port
     max_batch: int = 8
     batch_wait_ms: float = 10.0  # see batching.py: a window that covers closed-loop clients' turnaround
@@ -25,18 +28,50 @@ class ServeConfig:
     max_inflight_per_connection: int = 8
     drain_timeout_s: float = 30.0  # shutdown: in-flight requests answered and connections closed within this
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # extra connect-time metadata
+    # ---- who may connect
+    api_key: str | None = None  # required on the websocket handshake: "Authorization: Api-Key <key>" (openpi-client)
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed to connect (a handshake with another is refused)
+    metrics_need_key: bool = False  # GET /metrics also needs the API key (GET /healthz never does)
+    max_connections: int = 64  # open websocket connections; a handshake beyond them is refused with HTTP 503
+    # ---- how much a client may make the server hold
+    max_queued_messages: int = 0  # the websocket layer stops reading a connection when more messages wait than this
+    max_buffered_bytes: int = 64 * 2**20  # received and unanswered bytes, all connections (beyond one message each)
+    # Messages up to large_message_bytes from a connection within connection_byte_rate (bytes/s on average, bursts of
+    # one full message) are decoded at once, by decode_workers threads; the others go through the paced lane: one
+    # at a time, connections in turn, paced_byte_rate bytes/s in all (see server.py).
+    large_message_bytes: int = 2**20
+    connection_byte_rate: float = 16 * 2**20
+    paced_byte_rate: float = 16 * 2**20
+    decode_workers: int = 2
+    max_observation_keys: int = 256  # keys of one observation (nested maps counted by their entries)
+    strict_keys: bool = False  # refuse observations with keys the model does not use (else: reply warnings)
+    # ---- health
+    unhealthy_after: int = 3  # consecutive internal errors in model calls that turn /healthz to 503
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_message_bytes", "max_inflight_per_connection"):
+        for name in (
+            "max_batch", "max_message_bytes", "max_inflight_per_connection", "max_connections", "max_buffered_bytes",
+            "large_message_bytes", "decode_workers", "max_observation_keys", "unhealthy_after",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
-        for name in ("request_timeout_s", "drain_timeout_s"):
+        if not isinstance(self.max_queued_messages, int) or self.max_queued_messages < 0:
+            raise ValueError(f"max_queued_messages must be an int >= 0, got {self.max_queued_messages!r}")
+        for name in ("request_timeout_s", "drain_timeout_s", "connection_byte_rate", "paced_byte_rate"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.batch_wait_ms >= 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms!r}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise ValueError("api_key must be a non-empty string (or None: no key)")
+        if self.metrics_need_key and self.api_key is None:
+            raise ValueError("metrics_need_key needs an api_key")
+        origins = tuple(self.allowed_origins)
+        if not all(isinstance(origin, str) and origin for origin in origins):
+            raise ValueError(f"allowed_origins must be non-empty strings such as https://lab.example, got {origins!r}")
+        object.__setattr__(self, "allowed_origins", origins)
         if self.default_token_ids is not None:
             ids = tuple(self.default_token_ids)
             if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
@@ -46,4 +81,4 @@ class ServeConfig:
                 raise ValueError("give default_prompt or default_token_ids, not both")
 
 
-__all__ = ["ServeConfig"]
+__all__ = ["API_KEY_ENV", "ServeConfig"]

@@ -12,11 +12,19 @@ DROID      ``observation/exterior_image_1_left``,                      ``observa
            ``observation/wrist_image_left``                            ``observation/gripper_position`` [1]
 =========  ======================================================  ==================================  ========
 
-Nested maps are flattened with ``/`` (ALOHA's ``images: {cam_high: ...}`` is ``images/cam_high``). The i-th camera
-of a key map feeds the model's i-th camera slot (``IOSpec.image_keys``); cameras beyond the model's slots are
-dropped (as openpi drops ALOHA's ``cam_low``), and a camera the robot does not send leaves its slot empty
-(masked). State parts are concatenated in order. Only keys are mapped: robot-specific value transforms (ALOHA's
-joint sign flips, gripper conversions) belong to the checkpoint's own processor.
+Nested maps are flattened with ``/`` (ALOHA's ``images: {cam_high: ...}`` is ``images/cam_high``). A camera of a key
+map whose name (its last ``/`` part) is the name of one of the model's cameras (a GR00T embodiment's
+``video.wrist_image`` for LIBERO's ``observation/wrist_image``) feeds that camera; the others feed the model's
+remaining camera slots (``IOSpec.image_keys``) in order. Cameras beyond the model's slots are dropped (as openpi
+drops ALOHA's ``cam_low``), and a camera the robot does not send leaves its slot empty: masked for pi0, an error for
+GR00T. State parts go to the model's state keys of the same names when it has them all (GR00T's ``state.<key>``),
+else they are concatenated in order. Only keys are mapped: robot-specific value transforms (ALOHA's joint sign
+flips, gripper conversions) belong to the checkpoint's own processor.
+
+Every wire key the model does not use is reported (:class:`UnusedKey`): ``misspelled`` when it is close to a key the
+message lacks (``observation/imag`` for a missing ``observation/image``), ``ignored`` when it is known but left out
+(a camera beyond the model's slots, the text of an instruction also sent as token ids), ``unknown`` otherwise; the
+server puts them in the reply's ``warnings`` and its metrics, or refuses them (``--strict-keys``).
 
 A message may also use the model's own keys (``observation.images.*``, ``observation.state``, ``task`` /
 ``prompt``, ``observation.language.tokens``): the ``identity`` map. ``auto`` picks the map per message from
@@ -27,16 +35,19 @@ Real-time chunking's keys pass through every map unchanged; a leftover sent as a
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .text import list_keys
+from .text import clip, list_keys
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +56,66 @@ TOKEN_MASK_KEY = "observation.language.attention_mask"
 TEXT_KEYS = ("task", "prompt")
 #: Real-time chunking's optional keys (the previous chunk's leftover, the expected delay, the soft mask's end).
 RTC_KEYS = ("previous_actions", "inference_delay", "execution_horizon")
+#: Why a wire key was not used (the ``kind`` label of the ``observation_keys_unused_total`` metric).
+UNUSED_KINDS = ("unknown", "misspelled", "ignored")
+#: The kinds ``--strict-keys`` refuses (an ``ignored`` key is one the server chose to leave out).
+STRICT_KINDS = ("unknown", "misspelled")
+#: Unused keys listed by name in a reply's ``warnings`` (then one line counts the rest).
+MAX_WARNINGS = 10
+#: Unused keys of one message described one by one (kind and hint, a misspelling searched for); the others are
+#: counted, as ``ignored`` or ``unknown``: bounded work, whatever a message holds.
+MAX_DESCRIBED = 64
+#: How close (difflib ratio) an unused key must be to a missing key to be reported as its misspelling.
+MISSPELLING_CUTOFF = 0.8
+#: Model-key prefixes stripped to get a camera's or a state part's name (``video.wrist_image`` → ``wrist_image``).
+CAMERA_PREFIXES = ("observation.images.", "video.")
+STATE_PREFIXES = ("state.",)
 
 
 class KeyMapError(ValueError):
     """An observation that does not fit the key map; the text names the field."""
+
+
+@dataclass(frozen=True)
+class UnusedKey:
+    """A wire key the model did not use, why (one of :data:`UNUSED_KINDS`), and a hint for the robot's developer."""
+
+    key: str
+    kind: str
+    hint: str = ""
+
+    def describe(self) -> str:
+        return f"observation[{clip(repr(self.key), 80)}]: not used by the model ({self.kind}){self.hint}"
+
+
+@dataclass
+class MappedObservation:
+    """One wire observation mapped to the model's keys: the observation, where each model key came from (for error
+    messages), the wire keys the model does not use (the first :data:`MAX_DESCRIBED` described) and how many of
+    each kind there are."""
+
+    observation: dict[str, Any]
+    origin: dict[str, str]
+    unused: list[UnusedKey] = field(default_factory=list)
+    unused_counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def unused_total(self) -> int:
+        return sum(self.unused_counts.values())
+
+    def warnings(self, limit: int = MAX_WARNINGS) -> list[str]:
+        """The reply's ``warnings``: one line per unused key (at most ``limit``, then one line for the rest)."""
+        lines = [key.describe() for key in self.unused[:limit]]
+        if self.unused_total > len(lines):
+            lines.append(f"... and {self.unused_total - len(lines)} more keys not used by the model")
+        return lines
+
+    def refused(self) -> list[UnusedKey]:
+        """The unused keys ``--strict-keys`` refuses (those described; any of a refused kind refuses the message)."""
+        if not any(self.unused_counts.get(kind) for kind in STRICT_KINDS):
+            return []
+        described = [key for key in self.unused if key.kind in STRICT_KINDS]
+        return described or [UnusedKey("...", "unknown", f"; {self.unused_total} keys")]
 
 
 @dataclass(frozen=True)
@@ -116,7 +183,7 @@ def flatten(observation: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested maps → one level, keys joined with ``/``."""
     flat: dict[str, Any] = {}
     for key, value in observation.items():
-        name = f"{prefix}{key}"
+        name = f"{prefix}{key}" if prefix else key
         if isinstance(value, Mapping):
             flat.update(flatten(value, name + "/"))
         else:
@@ -127,7 +194,13 @@ def flatten(observation: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 class ObservationMapper:
     """Maps decoded wire observations to the model's observation dict.
 
-    ``__call__`` returns the model observation and, for error messages, where each model key came from.
+    :meth:`map` returns a :class:`MappedObservation` (the model observation, where each model key came from, the
+    wire keys the model does not use); ``__call__`` returns its first two. ``state_keys``: the model's per-part state
+    keys (GR00T's ``state.<key>``), filled by name when a key map's state parts all match them. ``known_keys``: every
+    key the model reads in its own layout (e.g. :attr:`~embodied_accel.models.pi0.processor.Pi0Processor.known_keys`);
+    with it, a message in the model's own keys passes on only those and reports the others, without it (a policy that
+    does not say) everything passes and nothing is reported. ``max_keys``: the most keys (after flattening) a message
+    may have.
     """
 
     def __init__(
@@ -139,13 +212,19 @@ class ObservationMapper:
         has_tokenizer: bool,
         default_prompt: str | None = None,
         default_token_ids: Sequence[int] | None = None,
+        state_keys: Sequence[str] = (),
+        known_keys: Collection[str] | None = None,
+        max_keys: int | None = None,
     ) -> None:
         if isinstance(keymap, str) and keymap not in ("auto", "identity"):
             keymap = load_keymap(keymap)
         self.keymap = keymap
         self.image_keys, self.state_key = tuple(image_keys), state_key
+        self.state_keys = tuple(state_keys)
         self.has_tokenizer, self.default_prompt = has_tokenizer, default_prompt
         self.default_token_ids = None if default_token_ids is None else np.asarray(default_token_ids, np.int64)
+        self.known_keys = None if known_keys is None else frozenset(known_keys) | MODEL_OWN_KEYS
+        self.max_keys = max_keys
         self._reported_both_forms = False
 
     @property
@@ -158,8 +237,12 @@ class ObservationMapper:
             return None
         if isinstance(self.keymap, KeyMap):
             return self.keymap
-        if self.state_key in flat or any(key in flat for key in self.image_keys):
+        if self.state_key in flat or any(key in flat for key in (*self.image_keys, *self.state_keys)):
             return None
+        if self.known_keys is not None and any(
+            key in self.known_keys and key not in MODEL_OWN_KEYS and key not in TEXT_KEYS for key in flat
+        ):
+            return None  # the model's own keys in another form (GR00T's nested "video/<camera>", "state/<key>")
         for keymap in CONVENTIONS.values():
             if all(key in flat for key in keymap.state):
                 return keymap
@@ -173,42 +256,95 @@ class ObservationMapper:
         )
 
     def __call__(self, observation: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+        mapped = self.map(observation)
+        return mapped.observation, mapped.origin
+
+    def map(self, observation: Mapping[str, Any]) -> MappedObservation:
+        """One decoded wire observation → the model's keys (raises :class:`KeyMapError` naming the field)."""
+        if self.max_keys is not None and len(observation) > self.max_keys:
+            raise self._too_many_keys(len(observation))
         flat = flatten(observation)
+        if self.max_keys is not None and len(flat) > self.max_keys:
+            raise self._too_many_keys(len(flat))
         keymap = self.resolve(flat)
         if keymap is None:
-            out, origin = dict(flat), {}
+            out, origin, expected = self._identity(flat)
         else:
-            out, origin = self._mapped(flat, keymap)
+            out, origin, expected = self._mapped(flat, keymap)
         _regroup_leftover(flat, out)
-        return self._instruction(flat, out, origin), origin
+        out = self._instruction(flat, out, origin)
+        return MappedObservation(out, origin, *self._unused(flat, out, origin, keymap, expected))
 
-    def _mapped(self, flat: Mapping[str, Any], keymap: KeyMap) -> tuple[dict[str, Any], dict[str, str]]:
+    def _too_many_keys(self, count: int) -> KeyMapError:
+        return KeyMapError(
+            f"observation: {count} keys (nested maps counted by their entries), more than the server's limit of "
+            f"{self.max_keys} (--max-observation-keys)"
+        )
+
+    def _identity(self, flat: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str], tuple[str, ...]]:
+        """The model's own keys: what it reads passes on (everything, if the model does not say what it reads)."""
+        if self.known_keys is None:
+            return dict(flat), {}, ()
+        out = {key: value for key, value in flat.items() if key in self.known_keys or _is_leftover_part(key)}
+        present = {_model_key_name(key) for key in out}
+        expected = tuple(key for key in (*self.image_keys, *self.state_keys) if _model_key_name(key) not in present)
+        return out, {}, expected
+
+    def _camera_slots(self, keymap: KeyMap) -> list[tuple[str, str]]:
+        """(model camera, wire camera) pairs: by name where the names match, the others in order."""
+        model_names = {_model_key_name(slot): slot for slot in self.image_keys}
+        pairs, free_wire = [], []
+        taken: set[str] = set()
+        for wire in keymap.cameras:
+            slot = model_names.get(wire.rsplit("/", 1)[-1])
+            if slot is not None and slot not in taken:
+                pairs.append((slot, wire))
+                taken.add(slot)
+            else:
+                free_wire.append(wire)
+        free_slots = [slot for slot in self.image_keys if slot not in taken]
+        pairs += list(zip(free_slots, free_wire, strict=False))  # cameras past the model's slots are dropped
+        return pairs
+
+    def _mapped(
+        self, flat: Mapping[str, Any], keymap: KeyMap
+    ) -> tuple[dict[str, Any], dict[str, str], tuple[str, ...]]:
         out: dict[str, Any] = {}
         origin: dict[str, str] = {}
-        for slot, wire in zip(
-            self.image_keys, keymap.cameras, strict=False
-        ):  # cameras past the model's slots are dropped
+        expected: list[str] = []
+        for slot, wire in self._camera_slots(keymap):
             if wire in flat:
                 out[slot], origin[slot] = flat[wire], wire
+            else:
+                expected.append(wire)
         parts = []
         for wire in keymap.state:
             if wire not in flat:
+                close = _closest(wire, [key for key in flat if key not in keymap.cameras])
                 raise KeyMapError(
                     f"observation[{wire!r}]: missing; the {keymap.name} key map reads the robot state from "
-                    f"{' + '.join(map(repr, keymap.state))}"
+                    f"{' + '.join(map(repr, keymap.state))}" + (f" (the message has {close!r})" if close else "")
                 )
             parts.append(flat[wire])
-        if len(parts) == 1:
+        by_name = {_model_key_name(key): key for key in self.state_keys}
+        names = [wire.rsplit("/", 1)[-1] for wire in keymap.state]
+        if by_name and all(name in by_name for name in names):  # GR00T: state parts by name
+            for wire, name, part in zip(keymap.state, names, parts, strict=True):
+                out[by_name[name]], origin[by_name[name]] = _state_part(part, wire), wire
+        elif len(parts) == 1:
             out[self.state_key] = parts[0]  # the processor checks it (and names the wire key via ``origin``)
+            origin[self.state_key] = keymap.state[0]
         else:
             out[self.state_key] = np.concatenate([_state_part(p, w) for p, w in zip(parts, keymap.state, strict=True)])
-        origin[self.state_key] = " + ".join(keymap.state)
+            origin[self.state_key] = " + ".join(keymap.state)
         if keymap.prompt in flat:
             out["prompt"], origin["prompt"] = flat[keymap.prompt], keymap.prompt
-        for key in (TOKENS_KEY, TOKEN_MASK_KEY, *RTC_KEYS):  # the model's own keys, whatever the robot's convention
+        elif not any(key in flat for key in (TOKENS_KEY, *TEXT_KEYS)):
+            expected.append(keymap.prompt)
+        for key in MODEL_OWN_KEYS:  # the model's own keys, whatever the robot's convention
             if key in flat:
                 out[key] = flat[key]
-        return out, origin
+        return out, origin, tuple(expected)
 
     def _instruction(self, flat, out: dict[str, Any], origin: dict[str, str]) -> dict[str, Any]:
         """Keep one form of the instruction: text if the model can tokenize it, else token ids.
@@ -241,6 +377,118 @@ class ObservationMapper:
             out["prompt"], origin["prompt"] = self.default_prompt, "--default-prompt"
         return out
 
+    def _unused(
+        self,
+        flat: Mapping[str, Any],
+        out: Mapping[str, Any],
+        origin: Mapping[str, str],
+        keymap: KeyMap | None,
+        expected: Sequence[str],
+    ) -> tuple[list[UnusedKey], dict[str, int]]:
+        """The wire keys that reached no model key: the first :data:`MAX_DESCRIBED` with their kind and a hint, and
+        the count of each kind."""
+        counts = dict.fromkeys(UNUSED_KINDS, 0)
+        if keymap is None and self.known_keys is None:
+            return [], counts
+        used = {key for key in out if key in flat}
+        used |= {part for model_key, wire in origin.items() if model_key in out for part in wire.split(" + ")}
+        if RTC_KEYS[0] in out:
+            used |= {key for key in flat if _is_leftover_part(key)}
+        unused = [key for key in flat if key not in used]
+        if not unused:
+            return [], counts
+        cameras = set(keymap.cameras) if keymap is not None else set(self.image_keys)
+        missing = [key for key in expected if key not in flat]
+        if origin.get(TOKENS_KEY) == "--default-token-ids":
+            text_hint = "; the model has no tokenizer: --default-token-ids stand in for the instruction"
+        else:
+            text_hint = "; the instruction's token ids are used (the model has no tokenizer)"
+        known_forms = {TOKENS_KEY, TOKEN_MASK_KEY, *TEXT_KEYS, *((keymap.prompt,) if keymap is not None else ())}
+        report = []
+        for key in unused:
+            if len(report) == MAX_DESCRIBED:  # the rest are counted only
+                counts["ignored" if key in cameras or key in known_forms else "unknown"] += 1
+                continue
+            if key in cameras:
+                report.append(UnusedKey(key, "ignored", f"; the model has {len(self.image_keys)} camera slots"))
+            elif key in (TOKENS_KEY, TOKEN_MASK_KEY):
+                report.append(UnusedKey(key, "ignored", "; the instruction's text is used"))
+            elif key in TEXT_KEYS or (keymap is not None and key == keymap.prompt):
+                report.append(UnusedKey(key, "ignored", text_hint))
+            else:
+                close = _closest(key, missing)
+                if close is None:
+                    report.append(UnusedKey(key, "unknown"))
+                else:
+                    what = "that camera is missing" if close in cameras else "the message lacks it"
+                    report.append(UnusedKey(key, "misspelled", f"; did you mean {close!r}? ({what})"))
+            counts[report[-1].kind] += 1
+        return report, counts
+
+
+#: Keys every key map passes through in the model's own form: token ids and real-time chunking's keys.
+MODEL_OWN_KEYS = frozenset((TOKENS_KEY, TOKEN_MASK_KEY, *RTC_KEYS))
+
+
+def _model_key_name(key: str) -> str:
+    """A model camera's or state part's name: ``video.wrist_image`` → ``wrist_image``; ``video/x`` → ``x``."""
+    for prefix in (*CAMERA_PREFIXES, *STATE_PREFIXES):
+        if key.startswith(prefix):
+            return key[len(prefix) :]
+    return key.rsplit("/", 1)[-1] if key.startswith(("video/", "state/")) else key
+
+
+def _is_leftover_part(key: str) -> bool:
+    return key.startswith(f"{RTC_KEYS[0]}/")
+
+
+def _closest(key: str, candidates: Sequence[str]) -> str | None:
+    """The candidate ``key`` most likely misspells, if any is close enough. Bounded work: keys much longer than
+    every candidate are not compared (a 900-byte key is no misspelling of a 20-character one)."""
+    if not candidates or len(key) > 2 * max(len(c) for c in candidates) + 8:
+        return None
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=MISSPELLING_CUTOFF)
+    return close[0] if close else None
+
+
+class UnusedKeyLog:
+    """Logs unused wire keys with bounded memory and at a bounded rate: the first report at once, then at most one
+    line per ``interval_s``, each naming a few keys and counting the ones it does not name. Thread-safe."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 60.0, listed: int = MAX_WARNINGS) -> None:
+        self.logger, self.interval_s, self.listed = logger, interval_s, listed
+        self._lock = threading.Lock()
+        self._last = -float("inf")
+        self._pending_messages = 0
+        self._pending_keys = 0
+        self._sample: list[UnusedKey] = []
+
+    def report(self, unused: Sequence[UnusedKey], total: int | None = None) -> None:
+        """One message's unused keys: those described, and how many there were in all (default: as many)."""
+        total = len(unused) if total is None else total
+        if not total:
+            return
+        with self._lock:
+            self._pending_messages += 1
+            self._pending_keys += total
+            for key in unused:
+                if len(self._sample) >= self.listed:
+                    break
+                if all(key.key != seen.key for seen in self._sample):
+                    self._sample.append(key)
+            now = time.monotonic()
+            if now - self._last < self.interval_s:
+                return
+            self._last = now
+            messages, keys, sample = self._pending_messages, self._pending_keys, self._sample
+            self._pending_messages, self._pending_keys, self._sample = 0, 0, []
+        more = f"; {keys - len(sample)} more not listed" if keys > len(sample) else ""
+        self.logger.warning(
+            "%d observation(s) carried %d key(s) the model does not use (the replies say so in 'warnings'; counts in "
+            "/metrics; reported at most every %g s): %s%s",
+            messages, keys, self.interval_s, "; ".join(key.describe() for key in sample), more,
+        )  # fmt: skip
+
 
 def _regroup_leftover(flat: Mapping[str, Any], out: dict[str, Any]) -> None:
     """A ``previous_actions`` map (one leftover per action key) was flattened to ``previous_actions/<key>``
@@ -268,6 +516,12 @@ def can_tokenize_text(policy: Any) -> bool:
     return getattr(getattr(policy, "processor", None), "tokenizer", None) is not None
 
 
+def model_keys(policy: Any) -> frozenset[str] | None:
+    """Every key ``policy`` reads in its own layout (its processor's ``known_keys``), or None if it does not say."""
+    known = getattr(getattr(policy, "processor", None), "known_keys", None)
+    return frozenset(known) if known is not None else None
+
+
 def _state_part(value: Any, wire: str) -> np.ndarray:
     try:
         arr = np.asarray(value)
@@ -293,11 +547,16 @@ def annotate(message: str, origin: Mapping[str, str]) -> str:
 __all__ = [
     "CONVENTIONS",
     "KEYMAP_CHOICES",
+    "UNUSED_KINDS",
     "KeyMap",
     "KeyMapError",
+    "MappedObservation",
     "ObservationMapper",
+    "UnusedKey",
+    "UnusedKeyLog",
     "annotate",
     "can_tokenize_text",
     "flatten",
     "load_keymap",
+    "model_keys",
 ]

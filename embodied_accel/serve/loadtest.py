@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .client import http_get
+from .client import auth_headers, http_get
 from .codec import packb, unpackb
 from .metrics import PREFIX, parse_metrics
 
@@ -50,28 +50,34 @@ def sample_request(metadata: Mapping[str, Any], path: Path = SAMPLE_OBSERVATION)
     return observation
 
 
-def read_metrics(url: str) -> dict[str, float]:
-    status, body = http_get(url, "/metrics")
+def read_metrics(url: str, api_key: str | None = None) -> dict[str, float]:
+    status, body = http_get(url, "/metrics", api_key=api_key)
     if status != 200:
         raise RuntimeError(f"GET /metrics on {url} answered {status}")
     return parse_metrics(body)
 
 
-async def _open(url: str, timeout_s: float) -> tuple[Any, dict]:
+def _read_metrics(url: str, api_key: str | None) -> dict[str, float]:
+    return read_metrics(url) if api_key is None else read_metrics(url, api_key)
+
+
+async def _open(url: str, timeout_s: float, api_key: str | None = None) -> tuple[Any, dict]:
     from websockets.asyncio.client import connect
 
-    ws = await connect(url, compression=None, max_size=None, open_timeout=timeout_s)
+    ws = await connect(
+        url, compression=None, max_size=None, open_timeout=timeout_s, additional_headers=auth_headers(api_key)
+    )
     metadata = unpackb(await asyncio.wait_for(ws.recv(), timeout_s), "metadata")
     return ws, metadata
 
 
-async def _sample_rss(url: str, interval_s: float, samples: list[float]) -> None:
+async def _sample_rss(url: str, interval_s: float, samples: list[float], api_key: str | None = None) -> None:
     """Append the server's RSS in MB every ``interval_s`` until cancelled."""
     loop = asyncio.get_running_loop()
     while True:
         await asyncio.sleep(interval_s)
         try:
-            rss = (await loop.run_in_executor(None, read_metrics, url)).get("process_resident_memory_bytes")
+            rss = (await loop.run_in_executor(None, _read_metrics, url, api_key)).get("process_resident_memory_bytes")
         except (OSError, RuntimeError):
             continue
         if rss is not None:
@@ -81,8 +87,8 @@ async def _sample_rss(url: str, interval_s: float, samples: list[float]) -> None
 class _Client:
     """One load-test connection; reconnects after an error."""
 
-    def __init__(self, url: str, observation: Mapping[str, Any], timeout_s: float) -> None:
-        self.url, self.observation, self.timeout_s = url, observation, timeout_s
+    def __init__(self, url: str, observation: Mapping[str, Any], timeout_s: float, api_key: str | None) -> None:
+        self.url, self.observation, self.timeout_s, self.api_key = url, observation, timeout_s, api_key
         self.ws: Any = None
         self.errors: list[str] = []
         self.latencies_s: list[float] = []
@@ -93,7 +99,7 @@ class _Client:
         for _ in range(requests):
             try:
                 if self.ws is None:
-                    self.ws, _ = await _open(self.url, self.timeout_s)
+                    self.ws, _ = await _open(self.url, self.timeout_s, self.api_key)
                 start = time.perf_counter()
                 await self.ws.send(packb(self.observation))
                 reply = await asyncio.wait_for(self.ws.recv(), self.timeout_s)
@@ -124,28 +130,29 @@ async def run_loadtest_async(
     observation: Mapping[str, Any] | None = None,
     timeout_s: float = 120.0,
     rss_interval_s: float = 1.0,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Run the load test against ``url``; returns the measured figures (see :func:`run_loadtest`)."""
     if clients < 1 or requests < 1 or warmup < 0:
         raise ValueError(f"clients and requests must be >= 1 and warmup >= 0, got {clients}, {requests}, {warmup}")
     loop = asyncio.get_running_loop()
-    probe, metadata = await _open(url, timeout_s)  # fails fast when no server answers
+    probe, metadata = await _open(url, timeout_s, api_key)  # fails fast when no server answers
     await probe.close()
     observation = dict(observation) if observation is not None else sample_request(metadata)
     horizon, action_dim = metadata.get("action_horizon"), metadata.get("action_dim")
     expected = (int(horizon), int(action_dim)) if horizon and action_dim else None
-    pool = [_Client(url, observation, timeout_s) for _ in range(clients)]
+    pool = [_Client(url, observation, timeout_s, api_key) for _ in range(clients)]
     try:
         await asyncio.gather(*(c.run(warmup, False, expected) for c in pool))
-        before = await loop.run_in_executor(None, read_metrics, url)
+        before = await loop.run_in_executor(None, _read_metrics, url, api_key)
         rss_samples: list[float] = []
-        sampler = asyncio.create_task(_sample_rss(url, rss_interval_s, rss_samples))
+        sampler = asyncio.create_task(_sample_rss(url, rss_interval_s, rss_samples, api_key))
         start = time.perf_counter()
         await asyncio.gather(*(c.run(requests, True, expected) for c in pool))
         wall_s = time.perf_counter() - start
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
-        after = await loop.run_in_executor(None, read_metrics, url)
+        after = await loop.run_in_executor(None, _read_metrics, url, api_key)
     finally:
         await asyncio.gather(*(c.close() for c in pool), return_exceptions=True)
 

@@ -7,14 +7,16 @@ inference thread both record). :func:`parse_metrics` reads the text back (tests,
 from __future__ import annotations
 
 import bisect
+import gc
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .keymap import UNUSED_KINDS
 from .text import for_log
 
 PREFIX = "embodied_accel_"
@@ -31,6 +33,10 @@ ERROR_KINDS = ("decode", "observation", "oversized", "timeout", "internal", "shu
 #: (or the connection broke) before the reply was sent; it was still unanswered when the shutdown's drain timeout
 #: cut its connection.
 DROP_REASONS = ("after_error", "client_gone", "drain_timeout")
+#: Why a websocket handshake was refused (the ``reason`` label of ``connections_refused_total``): no or a wrong API
+#: key (401), a browser page from an origin not allowed (403), ``--max-connections`` reached (503), shutting down
+#: (503).
+REFUSAL_REASONS = ("unauthorized", "forbidden_origin", "limit", "shutdown")
 
 
 class Histogram:
@@ -70,6 +76,52 @@ def resident_memory_bytes() -> int | None:
         return None
 
 
+_libc: Any = None
+#: Allocations from this size up are mapped from the system, and given back to it when freed (see
+#: :func:`map_large_allocations`).
+LARGE_ALLOCATION_BYTES = 4 * 2**20
+
+
+def _glibc() -> Any:
+    """The C library's handle where it is glibc (``mallopt``, ``malloc_trim``), else False."""
+    global _libc
+    if _libc is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6")
+            _libc = libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else False
+        except OSError:
+            _libc = False
+    return _libc
+
+
+def map_large_allocations(threshold: int = LARGE_ALLOCATION_BYTES) -> bool:
+    """Make glibc map every allocation of ``threshold`` bytes or more directly from the system, so that it goes back
+    to the system when freed (``mallopt(M_MMAP_THRESHOLD)``); False where unavailable.
+
+    By default glibc raises that threshold each time a large mapped block is freed, up to 32 MiB: after a few
+    16 MiB messages, such messages are carved from its heaps instead, and that memory stays resident after the
+    connections that sent them are gone (60 to 150 MB more than before, measured with three clients pushing
+    15 MiB messages; none with the threshold fixed at 4 MiB, ``tools/measure_serve_attacks.py``). 4 MiB leaves the
+    model's own smaller allocations where they were (pi0-tiny's latency on the CPU unchanged). It is a setting of
+    the whole process: the ``serve`` command makes it at start; a program that runs the server in-process may."""
+    libc = _glibc()
+    return bool(libc and libc.mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD (malloc.h)
+
+
+def release_free_memory() -> bool:
+    """Collect the garbage of the young generations, then give the free pages of glibc's heaps back to the system
+    (``malloc_trim``); False where glibc is not the C library. The websocket layer leaves a closed connection's
+    parser, its buffer and its last frames in reference cycles: a connection that sent 15 MiB messages holds 15 to
+    30 MB until they are collected. Collecting generations 0 and 1 frees them in milliseconds (a full collection,
+    with a model loaded, holds the interpreter for about 200 ms). Call it off the event loop, now and then, after
+    large buffers were let go."""
+    gc.collect(1)
+    libc = _glibc()
+    return bool(libc and libc.malloc_trim(0))
+
+
 class Metrics:
     """What the server counts; ``render()`` gives the Prometheus text."""
 
@@ -82,8 +134,14 @@ class Metrics:
         self.model_calls = 0
         self.connections_open = 0
         self.connections_total = 0
+        self.connections_refused = dict.fromkeys(REFUSAL_REASONS, 0)
+        self.unused_keys = dict.fromkeys(UNUSED_KINDS, 0)  # the kind label of observation_keys_unused_total
         self.inflight = 0
         self.queue_depth = 0
+        self.buffered_bytes = 0
+        self.healthy = True
+        self.paced_messages = 0
+        self.paced_seconds = 0.0
         self.batch_size = Histogram(BATCH_BUCKETS)
         self.queue_seconds = Histogram(SECONDS_BUCKETS)
         self.inference_seconds = Histogram(SECONDS_BUCKETS)
@@ -121,12 +179,37 @@ class Metrics:
             self.connections_open += 1 if opened else -1
             self.connections_total += 1 if opened else 0
 
-    def set_gauges(self, *, inflight: int | None = None, queue_depth: int | None = None) -> None:
+    def connection_refused(self, reason: str) -> None:
+        with self._lock:
+            self.connections_refused[reason] = self.connections_refused.get(reason, 0) + 1
+
+    def paced(self, seconds: float) -> None:
+        with self._lock:
+            self.paced_messages += 1
+            self.paced_seconds += seconds
+
+    def keys_unused(self, counts: Mapping[str, int]) -> None:
+        with self._lock:
+            for kind, count in counts.items():
+                self.unused_keys[kind] = self.unused_keys.get(kind, 0) + count
+
+    def set_gauges(
+        self,
+        *,
+        inflight: int | None = None,
+        queue_depth: int | None = None,
+        buffered_bytes: int | None = None,
+        healthy: bool | None = None,
+    ) -> None:
         with self._lock:
             if inflight is not None:
                 self.inflight = inflight
             if queue_depth is not None:
                 self.queue_depth = queue_depth
+            if buffered_bytes is not None:
+                self.buffered_bytes = buffered_bytes
+            if healthy is not None:
+                self.healthy = healthy
 
     # ---- exposition
 
@@ -194,6 +277,45 @@ class Metrics:
                 [f"inflight_requests {self.inflight}"],
             )
             metric("queue_depth", "gauge", "Requests waiting for a batch.", [f"queue_depth {self.queue_depth}"])
+            metric(
+                "connections_refused_total",
+                "counter",
+                "Refused websocket handshakes by reason: unauthorized (no or a wrong API key, 401), forbidden_origin "
+                "(a browser page from an origin not allowed, 403), limit (--max-connections reached, 503), shutdown "
+                "(503).",
+                (f'connections_refused_total{{reason="{k}"}} {v}' for k, v in self.connections_refused.items()),
+            )
+            metric(
+                "observation_keys_unused_total",
+                "counter",
+                "Observation keys the model did not use, by kind: unknown, misspelled (close to a key the message "
+                "lacks), ignored (known but left out: a camera beyond the model's slots, an instruction's other form).",
+                (f'observation_keys_unused_total{{kind="{k}"}} {v}' for k, v in self.unused_keys.items()),
+            )
+            metric(
+                "paced_messages_total",
+                "counter",
+                "Messages decoded on the paced lane (large ones, or from a connection above its byte rate).",
+                [f"paced_messages_total {self.paced_messages}"],
+            )
+            metric(
+                "paced_seconds_total",
+                "counter",
+                "Time messages waited on the paced lane for its byte rate.",
+                [f"paced_seconds_total {_number(self.paced_seconds)}"],
+            )
+            metric(
+                "buffered_bytes",
+                "gauge",
+                "Bytes of received messages not yet answered or refused.",
+                [f"buffered_bytes {self.buffered_bytes}"],
+            )
+            metric(
+                "healthy",
+                "gauge",
+                "1, or 0 after repeated internal errors in model calls (e.g. a failed device): /healthz answers 503.",
+                [f"healthy {int(self.healthy)}"],
+            )
         rss = resident_memory_bytes()
         lines = [
             "# HELP process_start_time_seconds Start time of the server (Unix time).",
@@ -252,10 +374,13 @@ __all__ = [
     "CONTENT_TYPE",
     "DROP_REASONS",
     "ERROR_KINDS",
+    "REFUSAL_REASONS",
     "Histogram",
     "JsonFormatter",
     "Metrics",
     "log_event",
+    "map_large_allocations",
     "parse_metrics",
+    "release_free_memory",
     "resident_memory_bytes",
 ]

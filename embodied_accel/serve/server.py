@@ -3,31 +3,55 @@
 Protocol (openpi-client 0.1.2's ``WebsocketClientPolicy``): on connect the server sends one msgpack map of
 metadata; then each binary frame is one observation (see :mod:`.codec`) and is answered by one binary frame
 ``{"actions": [horizon, action_dim] float32, "server_timing": {"infer_ms", "queue_ms", "batch_size",
-"prev_total_ms" (from the second answer on: the previous request's time in the server, receipt to reply sent)}}``.
+"prev_total_ms" (from the second answer on: the previous request's time in the server, receipt to reply sent)}}``,
+plus ``"warnings": [...]`` when the observation had keys the model did not use (openpi-client ignores it).
 A refused request is answered by a text frame with the error, then close code 1011 (1001 when the server is
 shutting down). A client that connects with ``?error_frames=1`` in its URL (our :class:`~.client.PolicyClient`)
 gets the refusal as a binary message ``{"error": {"kind": ..., "message": ...}}`` instead, and its connection
 stays open. A message over ``max_message_bytes`` is refused by the websocket layer (close code 1009) before it
-is read. ``GET /healthz`` answers 200 (503 while draining) and ``GET /metrics`` the Prometheus text, on the
-same port.
+is read. ``GET /healthz`` answers 200 (503 while draining, or after repeated internal errors in model calls) and
+``GET /metrics`` the Prometheus text, on the same port.
 
-Per connection, a reader task receives messages (at most ``max_inflight_per_connection`` unfinished), decodes
-and maps each on the decoder thread (a large or hostile message never stalls the event loop; what a message may
-expand to is bounded, see :class:`~.codec.DecodeLimits`) and queues it, and the connection's handler answers them
-strictly in arrival order. Every received request ends in exactly one way, counted in ``requests_total``:
-answered (``ok``), refused (``error``, by kind), or ``dropped`` when no reply can be sent (by reason). A slow or
-stalled client holds only its own tasks: the batch loop never waits on a socket, and the model runs on the
-inference thread (:mod:`.batching`). Shutdown (:meth:`PolicyServer.shutdown`) keeps to ``drain_timeout_s``.
+Who may connect: with ``api_key``, a handshake must carry ``Authorization: Api-Key <key>`` (what openpi-client
+sends when given ``api_key=``; ``Bearer <key>`` works too), else HTTP 401; a handshake with an ``Origin`` header
+(a browser page) is refused with 403 unless the origin is in ``allowed_origins``; beyond ``max_connections`` open
+connections, 503. Each refusal is counted (``connections_refused_total``).
+
+Per connection, a reader task receives messages (at most ``max_inflight_per_connection`` unfinished), decodes,
+maps and validates each on a decoder thread (``Runner.prepare`` of :mod:`.batching`: tokenization included; a large
+or hostile message never stalls the event loop or the model; what a message may expand to is bounded, see
+:class:`~.codec.DecodeLimits`) and queues it, and the connection's handler answers them strictly in arrival order.
+Receiving bytes costs the server CPU time in proportion to their number (the websocket layer copies each message
+several times, 16 MiB ones with fresh pages), time the model's thread then waits for. So messages are decoded on
+two lanes. A message up to ``large_message_bytes`` from a connection that keeps within ``connection_byte_rate``
+(bytes/s on average, a burst of one full message; :class:`BytePacer`) is decoded at once by ``decode_workers``
+threads: a robot's observations (hundreds of kB, tens a second) never wait. Every other message (a large one, or
+one from a connection that sends faster) goes through the paced lane: one at a time, connections in turn, at most
+``paced_byte_rate`` bytes/s in all; while its message waits, a connection's reader waits, so the websocket layer
+stops reading its socket and the sender is held back by TCP. Each connection has at most one message being
+decoded. What a client can make the server hold is bounded: the websocket layer stops reading a connection's
+socket when more than ``max_queued_messages`` (0) of its messages wait to be received (so it parks one, and part
+of the next), a connection that already has a message in the server receives its next one only while all
+connections together hold less than ``max_buffered_bytes`` of received, unanswered messages, and there are at most
+``max_connections``. Worst case: ``max_connections`` x 3 x ``max_message_bytes`` + ``max_buffered_bytes``.
+
+Every received request ends in exactly one way, counted in ``requests_total``: answered (``ok``), refused
+(``error``, by kind), or ``dropped`` when no reply can be sent (by reason). A slow or stalled client holds only its
+own tasks: the batch loop never waits on a socket, and the model runs on the inference thread (:mod:`.batching`).
+Shutdown (:meth:`PolicyServer.shutdown`) keeps to ``drain_timeout_s``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import http
+import ipaddress
 import itertools
 import logging
 import signal
+import socket
 import threading
 import time
 import urllib.parse
@@ -39,6 +63,7 @@ from websockets.asyncio.server import Request as HTTPRequest
 from websockets.asyncio.server import Response, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 from websockets.frames import CloseCode
+from websockets.protocol import State
 
 from .. import __version__
 from .batching import Batcher, RequestError, Result, make_runner
@@ -49,10 +74,19 @@ from .codec import (
     packb,
     unpack_observation,
 )
-from .config import ServeConfig
-from .keymap import RTC_KEYS, KeyMapError, ObservationMapper, annotate, can_tokenize_text
-from .metrics import CONTENT_TYPE, Metrics, log_event
-from .text import clip
+from .config import API_KEY_ENV, ServeConfig
+from .keymap import (
+    RTC_KEYS,
+    KeyMapError,
+    MappedObservation,
+    ObservationMapper,
+    UnusedKeyLog,
+    annotate,
+    can_tokenize_text,
+    model_keys,
+)
+from .metrics import CONTENT_TYPE, Metrics, log_event, release_free_memory
+from .text import clip, list_keys
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +96,8 @@ class _Pending:
     future: asyncio.Future
     received: float
     origin: Mapping[str, str]
+    size: int  # bytes of the message, held in the buffered-bytes budget until the request ends
+    warnings: list[str]  # keys the model did not use, for the reply
 
 
 @dataclasses.dataclass(eq=False)
@@ -69,6 +105,15 @@ class _Failed:
     kind: str
     message: str
     received: float
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """A message decoded, mapped and validated on a decoder thread."""
+
+    prepared: Any
+    mapped: MappedObservation
 
 
 _EOF = object()  # the reader is done: no more requests on this connection
@@ -93,6 +138,9 @@ class _Connection:
     prev_total_ms: float | None = None
     refused: bool = False  # openpi mode: a refusal closed the connection; what is queued behind it is dropped
     cut: bool = False  # aborted by the shutdown's drain timeout
+    pacer: BytePacer | None = None  # the connection's byte rate: above it, its messages take the paced lane
+    buffered: int = 0  # bytes of this connection's received, unfinished messages
+    largest_message: int = 0
 
 
 def wants_error_frames(path: str) -> bool:
@@ -150,6 +198,8 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
         keymap=mapper.name,
         max_batch=config.max_batch,
         max_message_bytes=config.max_message_bytes,
+        max_observation_keys=config.max_observation_keys,
+        strict_keys=config.strict_keys,
         deterministic=config.noise_seed is not None,
     )
     meta.update(config.metadata)
@@ -161,6 +211,64 @@ def _peer(ws: ServerConnection) -> str:
     return f"{address[0]}:{address[1]}" if isinstance(address, tuple) and len(address) >= 2 else str(address)
 
 
+class BytePacer:
+    """A token bucket on bytes, refilled at ``rate`` bytes/s up to ``burst``. :meth:`delay` debits ``size`` and says
+    how long to wait so that the average stays at ``rate``; :meth:`take` debits it and says whether the bucket held
+    it (its debt is capped at one burst). Not thread-safe: the event loop's."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = float(rate), float(burst)
+        self.tokens = self.burst
+        self.updated = time.monotonic()
+
+    def _debit(self, size: int, now: float | None) -> None:
+        now = time.monotonic() if now is None else now
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate) - size
+        self.updated = now
+
+    def delay(self, size: int, now: float | None = None) -> float:
+        self._debit(size, now)
+        return max(0.0, -self.tokens / self.rate)
+
+    def take(self, size: int, now: float | None = None) -> bool:
+        self._debit(size, now)
+        within = self.tokens >= 0
+        self.tokens = max(self.tokens, -self.burst)
+        return within
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening): the port is taken, or ``OSError`` (e.g. address in
+    use) says why not, before anything slow (loading the model) happens. :class:`PolicyServer` listens on it."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def authorized(headers: Any, api_key: str) -> bool:
+    """Whether the handshake's ``Authorization`` header carries ``api_key`` (``Api-Key <key>`` as openpi-client
+    sends it, or ``Bearer <key>``); compared in constant time."""
+    scheme, _, value = str(headers.get("Authorization", "")).strip().partition(" ")
+    if scheme.lower() not in ("api-key", "bearer"):
+        return False
+    return hmac.compare_digest(value.strip().encode("utf-8", "replace"), api_key.encode("utf-8"))
+
+
 class PolicyServer:
     """Serve ``policy`` (anything :func:`embodied_accel.load_policy` returns) on a websocket port.
 
@@ -168,7 +276,8 @@ class PolicyServer:
     :class:`ServerThread` runs it on a background thread.
     """
 
-    def __init__(self, policy: Any, config: ServeConfig | None = None) -> None:
+    def __init__(self, policy: Any, config: ServeConfig | None = None, *, sock: socket.socket | None = None) -> None:
+        """``sock``: a socket :func:`bind_socket` already bound (to the config's host and port) to listen on."""
         self.policy = policy
         self.config = config or ServeConfig()
         self.metrics = Metrics()
@@ -181,14 +290,30 @@ class PolicyServer:
             has_tokenizer=can_tokenize_text(policy),
             default_prompt=self.config.default_prompt,
             default_token_ids=self.config.default_token_ids,
+            state_keys=getattr(io, "state_keys", ()),
+            known_keys=model_keys(policy),
+            max_keys=self.config.max_observation_keys,
         )
-        self.decode_limits = DEFAULT_LIMITS
+        self.unused_key_log = UnusedKeyLog(logger)
+        # a map with more entries than an observation may have keys is refused from its header, before it is built
+        self.decode_limits = dataclasses.replace(
+            DEFAULT_LIMITS, max_map_len=min(DEFAULT_LIMITS.max_collection_len, self.config.max_observation_keys)
+        )
         self.metadata = build_metadata(policy, self.config, self.mapper)
         packb(self.metadata)  # fail now, not on the first connection, if an entry cannot be sent
         self.port: int | None = None
+        self._sock = sock
         self._ids = itertools.count(1)
         self._batcher: Batcher | None = None
         self._decoder: ThreadPoolExecutor | None = None
+        self._paced_decoder: ThreadPoolExecutor | None = None
+        self._buffered = 0  # bytes of received, unfinished messages (all connections)
+        self._paced_lane: asyncio.Lock | None = None  # one message at a time, in arrival order
+        self._lane_pacer = BytePacer(self.config.paced_byte_rate, self.config.max_message_bytes)
+        self._room: asyncio.Event | None = None  # set when buffered bytes are released
+        self._admitted: set[ServerConnection] = set()  # handshakes let through, until their handler ends
+        self._refusals_logged: dict[str, float] = {}
+        self._memory_release: asyncio.TimerHandle | None = None
         self._ws_server: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -209,24 +334,30 @@ class PolicyServer:
         """Bind the port and start the batch loop (``self.port`` is then the bound port)."""
         cfg = self.config
         self._loop = asyncio.get_running_loop()
-        self._stop, self._idle = asyncio.Event(), asyncio.Event()
+        self._stop, self._idle, self._room = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self._paced_lane = asyncio.Lock()
         self._idle.set()
         self._batcher = Batcher(
-            self.runner, self.metrics, max_batch=cfg.max_batch, batch_wait_s=cfg.batch_wait_ms / 1e3
-        )
+            self.runner, self.metrics, max_batch=cfg.max_batch, batch_wait_s=cfg.batch_wait_ms / 1e3,
+            unhealthy_after=cfg.unhealthy_after,
+        )  # fmt: skip
         self._batcher.start()
-        # Messages are decoded and mapped here, off the event loop: a large message never stalls other clients.
-        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embodied-accel-decode")
+        # Messages are decoded, mapped and validated here, off the event loop and the inference thread; the paced
+        # lane's on a thread of its own, so that they never hold up the others.
+        self._decoder = ThreadPoolExecutor(max_workers=cfg.decode_workers, thread_name_prefix="embodied-accel-decode")
+        self._paced_decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embodied-accel-decode-paced")
+        where: dict[str, Any] = {"sock": self._sock} if self._sock is not None else {"host": cfg.host, "port": cfg.port}
         self._ws_server = await serve(
             self._handle,
-            cfg.host,
-            cfg.port,
+            **where,
             compression=None,
             max_size=cfg.max_message_bytes,
+            max_queue=cfg.max_queued_messages,
             process_request=self._http,
             logger=logging.getLogger(f"{__name__}.websockets"),
         )
-        self.port = self._ws_server.sockets[0].getsockname()[1]
+        address = self._ws_server.sockets[0].getsockname()
+        self.port = address[1]
         log_event(
             logger,
             logging.INFO,
@@ -239,7 +370,15 @@ class PolicyServer:
             max_message_bytes=cfg.max_message_bytes,
             request_timeout_s=cfg.request_timeout_s,
             drain_timeout_s=cfg.drain_timeout_s,
+            api_key=cfg.api_key is not None,
+            max_connections=cfg.max_connections,
         )
+        if cfg.api_key is None and not all(is_loopback(str(s.getsockname()[0])) for s in self._ws_server.sockets):
+            log_event(
+                logger, logging.WARNING, "no_api_key", host=cfg.host,
+                risk="any machine that reaches this port can drive the policy",
+                fix=f"pass --api-key KEY (or set {API_KEY_ENV}); clients send it as openpi-client's api_key=",
+            )  # fmt: skip
 
     async def run(self, *, handle_signals: bool = False, ready: Any = None) -> None:
         """Start, serve until a stop is requested, then shut down gracefully."""
@@ -317,26 +456,73 @@ class PolicyServer:
             log_event(logger, logging.WARNING, "listener_close_timeout")
         await self._batcher.stop()
         self._decoder.shutdown(wait=False, cancel_futures=True)
+        if self._paced_decoder is not None:
+            self._paced_decoder.shutdown(wait=False, cancel_futures=True)
         self._stopped = True
         log_event(logger, logging.INFO, "stopped", seconds=round(time.monotonic() - started, 3))
 
     # ---- HTTP routes on the websocket port
 
     def _http(self, connection: ServerConnection, request: HTTPRequest) -> Response | None:
+        cfg = self.config
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
             if self._draining:
                 return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
+            assert self._batcher is not None
+            if not self._batcher.healthy:
+                return connection.respond(
+                    http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    f"unhealthy: the last {self._batcher.consecutive_internal_errors} requests failed inside the "
+                    f"model call ({clip(self._batcher.last_internal_error, 200)}); restart the server\n",
+                )
             return connection.respond(http.HTTPStatus.OK, "OK\n")
         if path == "/metrics":
-            self.metrics.set_gauges(inflight=self._inflight)
+            if cfg.metrics_need_key and not authorized(request.headers, cfg.api_key or ""):
+                return self._refuse(connection, "unauthorized", http.HTTPStatus.UNAUTHORIZED, "API key required\n")
+            self.metrics.set_gauges(inflight=self._inflight, buffered_bytes=self._buffered)
             response = connection.respond(http.HTTPStatus.OK, self.metrics.render())
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = CONTENT_TYPE
             return response
+        # everything else: the websocket handshake
         if self._draining:  # no new websocket connections while draining
-            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n")
-        return None  # everything else: the websocket handshake
+            return self._refuse(
+                connection, "shutdown", http.HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n"
+            )
+        origin = request.headers.get("Origin")
+        if origin is not None and origin not in cfg.allowed_origins:  # a browser page (openpi-client sends none)
+            return self._refuse(
+                connection, "forbidden_origin", http.HTTPStatus.FORBIDDEN,
+                f"origin {clip(origin, 100)} is not allowed (the server's --allow-origin)\n", origin=origin,
+            )  # fmt: skip
+        if cfg.api_key is not None and not authorized(request.headers, cfg.api_key):
+            return self._refuse(
+                connection, "unauthorized", http.HTTPStatus.UNAUTHORIZED,
+                "API key required: send 'Authorization: Api-Key <key>' (openpi-client: api_key=)\n",
+            )  # fmt: skip
+        self._admitted = {ws for ws in self._admitted if ws.state is not State.CLOSED}
+        if len(self._admitted) >= cfg.max_connections:
+            return self._refuse(
+                connection, "limit", http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"too many connections (the server's limit is {cfg.max_connections})\n",
+            )  # fmt: skip
+        self._admitted.add(connection)
+        return None
+
+    def _refuse(
+        self, connection: ServerConnection, reason: str, status: http.HTTPStatus, text: str, **fields: Any
+    ) -> Response:
+        """Refuse a handshake: count it, log it (at most once a minute per reason), answer ``status``."""
+        self.metrics.connection_refused(reason)
+        now = time.monotonic()
+        if now - self._refusals_logged.get(reason, -60.0) >= 60.0:
+            self._refusals_logged[reason] = now
+            log_event(
+                logger, logging.WARNING, "connection_refused", reason=reason, status=int(status),
+                peer=_peer(connection), **fields, note="logged at most once a minute per reason; counts in /metrics",
+            )  # fmt: skip
+        return connection.respond(status, text)
 
     # ---- connections
 
@@ -362,6 +548,7 @@ class PolicyServer:
             slots=asyncio.Semaphore(self.config.max_inflight_per_connection),
             closed=loop.create_future(),
             finished=asyncio.Event(),
+            pacer=BytePacer(self.config.connection_byte_rate, self.config.max_message_bytes),
         )
         self._connections[conn.id] = conn
         assert self._batcher is not None
@@ -387,9 +574,12 @@ class PolicyServer:
                 if isinstance(item, (_Pending, _Failed)):
                     self._drop(conn, item)
             del self._connections[conn.id]
+            self._admitted.discard(ws)
             self._batcher.forget(conn.id)
             self.metrics.connection(False)
             conn.finished.set()
+            if conn.largest_message > self.config.large_message_bytes:
+                self._release_memory_soon()
             log_event(
                 logger,
                 logging.INFO,
@@ -400,11 +590,49 @@ class PolicyServer:
                 reason=ws.close_reason,
             )
 
+    def _release_memory_soon(self) -> None:
+        """A connection that sent large messages closed: in a second (once for all that close meanwhile), collect
+        its buffers and give free heap pages back to the system, off the event loop."""
+        if self._memory_release is not None or self._loop is None:
+            return
+        loop = self._loop
+
+        def release() -> None:
+            self._memory_release = None
+            loop.run_in_executor(None, release_free_memory)
+
+        self._memory_release = loop.call_later(1.0, release)
+
+    async def _wait_for_room(self, conn: _Connection) -> None:
+        """A connection with a message in the server receives its next one only while all connections together hold
+        less than ``max_buffered_bytes`` (one message per connection is always let in: its first)."""
+        assert self._room is not None
+        while conn.buffered > 0 and self._buffered >= self.config.max_buffered_bytes:
+            self._room.clear()
+            await self._room.wait()
+
+    def _hold(self, conn: _Connection, size: int) -> None:
+        conn.buffered += size
+        conn.largest_message = max(conn.largest_message, size)
+        self._buffered += size
+
+    def _release(self, conn: _Connection, size: int) -> None:
+        conn.buffered -= size
+        self._buffered -= size
+        assert self._room is not None
+        self._room.set()
+
+    def _finish(self, conn: _Connection, item: _Pending | _Failed) -> None:
+        """A received request has ended (answered, refused or dropped)."""
+        self._release(conn, item.size)
+        self._track(-1)
+
     async def _read(self, conn: _Connection) -> None:
         """Receive, decode and queue requests until the connection ends (or, in openpi mode, one is refused)."""
         try:
             while True:
                 await conn.slots.acquire()  # at most max_inflight_per_connection received and unfinished
+                await self._wait_for_room(conn)
                 try:
                     data = await conn.ws.recv()
                 except ConnectionClosed as exc:
@@ -422,14 +650,17 @@ class PolicyServer:
                         conn.closed.set_result(None)
                     return
                 received = time.monotonic()
+                size = len(data)
                 self._track(+1)
+                self._hold(conn, size)
                 try:
                     if self._draining:
-                        item: _Pending | _Failed = _Failed("shutdown", "server is shutting down", received)
+                        item: _Pending | _Failed = _Failed("shutdown", "server is shutting down", received, size)
                     else:
                         item = await self._submit(conn, data, received)
                 except asyncio.CancelledError:  # the connection ended while the message was being decoded
                     self.metrics.request_dropped(_drop_reason(conn))
+                    self._release(conn, size)
                     self._track(-1)
                     raise
                 conn.replies.put_nowait(item)
@@ -439,29 +670,63 @@ class PolicyServer:
             conn.replies.put_nowait(_EOF)
 
     async def _submit(self, conn: _Connection, data: bytes | str, received: float) -> _Pending | _Failed:
-        """Decode and map one message (on the decoder thread) and queue it for inference; or the refusal.
+        """Decode, map and validate one message (on a decoder thread) and queue it for inference; or the refusal.
 
         Any failure ends this request only: a message that breaks the decoder in an unforeseen way is an
         ``internal`` error for its sender, never a stuck connection."""
+        size = len(data)
+        if isinstance(data, str):
+            return _Failed("decode", "message: expected a binary msgpack frame, got a text frame", received, size)
+        assert conn.pacer is not None and self._paced_lane is not None
+        loop = asyncio.get_running_loop()
         try:
-            if isinstance(data, str):
-                raise WireError("message: expected a binary msgpack frame, got a text frame")
-            loop = asyncio.get_running_loop()
-            observation, origin = await loop.run_in_executor(self._decoder, self._decode, data)
-        except WireError as exc:
-            return _Failed("decode", str(exc), received)
-        except (KeyMapError, ValueError, TypeError) as exc:  # the observation's content (e.g. a ragged list)
-            return _Failed("observation", str(exc), received)
-        except Exception as exc:
+            if conn.pacer.take(size) and size <= self.config.large_message_bytes:
+                outcome = await loop.run_in_executor(self._decoder, self._decode, conn.id, data)
+            else:
+                async with self._paced_lane:
+                    wait = self._lane_pacer.delay(size)
+                    self.metrics.paced(wait)
+                    await asyncio.sleep(wait)
+                    outcome = await loop.run_in_executor(self._paced_decoder, self._decode, conn.id, data)
+        except Exception as exc:  # a bug around the decoder itself: this request fails, the connection goes on
             logger.error("connection %d: reading a message failed", conn.id, exc_info=exc)
-            return _Failed(
-                "internal", f"internal server error while reading the message ({type(exc).__name__})", received
-            )
+            outcome = RequestError("internal", f"internal server error while reading the message ({type(exc).__name__})")
+        del data  # the message's bytes are free once decoded
+        if isinstance(outcome, RequestError):
+            return _Failed(outcome.kind, outcome.message, received, size)
         assert self._batcher is not None
-        return _Pending(self._batcher.submit(observation, received, conn.id), received, origin)
+        future = self._batcher.submit(outcome.prepared, received, conn.id)
+        return _Pending(future, received, outcome.mapped.origin, size, outcome.mapped.warnings())
 
-    def _decode(self, data: bytes) -> tuple[dict[str, Any], dict[str, str]]:
-        return self.mapper(unpack_observation(data, self.decode_limits))
+    def _decode(self, conn_id: int, data: bytes) -> _Prepared | RequestError:
+        """Decoder thread: the message → model keys (unused keys reported, or refused with ``strict_keys``) → the
+        runner's prepared observation (validated and tokenized); or the refusal, naming the field. A refusal is
+        returned, not raised: an exception crossing into the event loop's future would keep the message (its
+        traceback's frames) alive in a reference cycle until the garbage collector runs."""
+        try:
+            mapped = self.mapper.map(unpack_observation(data, self.decode_limits))
+            if mapped.unused_total:
+                self.metrics.keys_unused(mapped.unused_counts)
+                self.unused_key_log.report(mapped.unused, mapped.unused_total)
+                refused = mapped.refused() if self.config.strict_keys else []
+                if refused:
+                    hints = [f"{key.key!r} ({key.kind}{key.hint})" for key in refused[:3]]
+                    raise KeyMapError(
+                        f"observation: keys the model does not use (--strict-keys): "
+                        f"{list_keys(k.key for k in refused)}; " + "; ".join(hints)
+                    )
+            try:
+                prepared = self.runner.prepare(mapped.observation)
+            except (ValueError, TypeError) as exc:  # ObservationError and friends: the client's input
+                return RequestError("observation", annotate(str(exc), mapped.origin))
+            return _Prepared(prepared, mapped)
+        except WireError as exc:
+            return RequestError("decode", str(exc))
+        except (KeyMapError, ValueError, TypeError) as exc:  # the observation's content (e.g. a ragged list)
+            return RequestError("observation", str(exc))
+        except Exception as exc:
+            logger.error("connection %d: reading a message failed", conn_id, exc_info=exc)
+            return RequestError("internal", f"internal server error while reading the message ({type(exc).__name__})")
 
     async def _answer(self, conn: _Connection) -> None:
         """Answer queued requests in arrival order; in openpi mode, close the connection after a refusal."""
@@ -505,11 +770,14 @@ class PolicyServer:
                 timing = {"infer_ms": result.infer_ms, "queue_ms": result.queue_ms, "batch_size": result.batch_size}
                 if conn.prev_total_ms is not None:
                     timing["prev_total_ms"] = conn.prev_total_ms
-                await self._send(conn, item, packb({"actions": result.actions, "server_timing": timing}))
+                reply: dict[str, Any] = {"actions": result.actions, "server_timing": timing}
+                if item.warnings:
+                    reply["warnings"] = item.warnings
+                await self._send(conn, item, packb(reply))
                 total = time.monotonic() - item.received
                 conn.prev_total_ms = total * 1e3
                 self.metrics.request_done(total)
-                self._track(-1)
+                self._finish(conn, item)
                 return None
         message = clip(message)
         if conn.error_frames:
@@ -518,7 +786,7 @@ class PolicyServer:
             frame = f"{kind} error: {message}"  # a text frame: openpi-client raises RuntimeError with it
         await self._send(conn, item, frame)
         self.metrics.request_failed(kind)
-        self._track(-1)
+        self._finish(conn, item)
         log_event(logger, logging.WARNING, "request_failed", conn=conn.id, kind=kind, error=message)
         return kind
 
@@ -538,7 +806,7 @@ class PolicyServer:
                 item.future.exception()  # retrieved: asyncio does not report it as never retrieved
         reason = _drop_reason(conn)
         self.metrics.request_dropped(reason)
-        self._track(-1)
+        self._finish(conn, item)
         log_event(logger, logging.INFO, "request_dropped", conn=conn.id, reason=reason)
 
 
@@ -607,4 +875,14 @@ class ServerThread:
         self.stop()
 
 
-__all__ = ["PolicyServer", "ServeConfig", "ServerThread", "build_metadata", "wants_error_frames"]
+__all__ = [
+    "BytePacer",
+    "PolicyServer",
+    "ServeConfig",
+    "ServerThread",
+    "authorized",
+    "bind_socket",
+    "build_metadata",
+    "is_loopback",
+    "wants_error_frames",
+]

@@ -6,7 +6,8 @@ checkpoint's ``processor_config.json``, ``statistics.json`` and ``embodiment_id.
 * **Images** (per camera and frame, uint8 HWC): shortest edge to ``shortest_image_edge`` (OpenCV ``INTER_AREA``),
   center crop of ``crop_fraction`` per side, shortest edge again, then each side rounded to a multiple of
   ``patch x unshuffle`` (28) and resized with Pillow's bicubic filter; ``(x - 127.5) / 127.5``.
-* **Prompt**: the instruction lower-cased with punctuation removed, rendered by the tokenizer directory's chat
+* **Prompt**: an instruction longer than ``max_prompt_tokens`` x 64 bytes is refused before anything else is done
+  with it (:func:`~embodied_accel.errors.check_prompt_size`); the instruction lower-cased with punctuation removed, rendered by the tokenizer directory's chat
   template (system turn, then the user turn: instruction, then one ``<image-k>`` per frame, time-major), each
   placeholder expanded to ``<image k><img>`` + ``<IMG_CONTEXT>`` x tokens + ``</img>``, tokenized with the Qwen2
   byte-level BPE (:mod:`.tokenizer`). Rows are padded on the left.
@@ -34,14 +35,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ObservationError
+from ...errors import ObservationError, check_prompt_size
 from ...nn.rtc import (
     PREVIOUS_ACTIONS_KEY,
+    RTC_KEYS,
     ChunkGuidance,
     RtcSettings,
     request_weights,
     rtc_requested,
 )
+from .config import GrootConfig
 from .tokenizer import EXTRA, QwenTokenizer
 
 __all__ = ["EmbodimentError", "GrootProcessor", "ObservationError"]
@@ -597,10 +600,13 @@ class GrootProcessor:
     def __init__(self, spec: EmbodimentSpec, images: ImageSettings, tokenizer: QwenTokenizer | None,
                  image_token_id: int, max_state_dim: int, formalize_language: bool = True, *,
                  max_action_dim: int | None = None, model_horizon: int | None = None,
-                 rtc: RtcSettings | None = None):  # fmt: skip
+                 rtc: RtcSettings | None = None,
+                 max_prompt_tokens: int = GrootConfig.max_prompt_tokens):  # fmt: skip
         """``max_action_dim`` / ``model_horizon``: the model's chunk (default: the embodiment's own size); ``rtc``:
-        the real-time chunking settings requests with ``previous_actions`` are guided with."""
+        the real-time chunking settings requests with ``previous_actions`` are guided with; ``max_prompt_tokens``:
+        the longest prompt the model reads (image tokens included), which bounds an instruction's size."""
         self.spec, self.image_settings, self.tokenizer = spec, images, tokenizer
+        self.max_prompt_tokens = max_prompt_tokens
         self.image_token_id, self.max_state_dim = image_token_id, max_state_dim
         self.formalize_language = formalize_language
         self.max_action_dim = spec.action_dim if max_action_dim is None else max_action_dim
@@ -616,6 +622,17 @@ class GrootProcessor:
                 f"tokenizer: <IMG_CONTEXT> is id {tokenizer.token_id('<IMG_CONTEXT>')}, the model "
                 f"expects {image_token_id} (a tokenizer of another model?)"
             )
+
+    @property
+    def known_keys(self) -> frozenset[str]:
+        """Every observation key this processor reads, in each form it accepts (flat ``video.<camera>``, nested maps
+        flattened with ``/``, the concatenated ``state``, the language key and its aliases, real-time chunking's)."""
+        spec, keys = self.spec, {"state", *RTC_KEYS}
+        for modality, names in (("video", spec.video_keys), ("state", [s.key for s in spec.state]),
+                                ("language", [spec.language_key])):  # fmt: skip
+            keys.update(f"{modality}{sep}{name}" for name in names for sep in "./")
+        keys.update((spec.language_key, *LANGUAGE_ALIASES))
+        return frozenset(keys)
 
     # ---- validation
 
@@ -694,7 +711,8 @@ class GrootProcessor:
         return out
 
     def _instruction(self, obs: Mapping[str, Any]) -> str | None:
-        for key in (self.spec.language_key, f"language.{self.spec.language_key}", *LANGUAGE_ALIASES):
+        for key in (self.spec.language_key, f"language.{self.spec.language_key}", f"language/{self.spec.language_key}",
+                    *LANGUAGE_ALIASES):  # fmt: skip
             value = obs.get(key)
             if value is None and key == self.spec.language_key:
                 nested = obs.get("language")
@@ -708,6 +726,7 @@ class GrootProcessor:
                     raise ObservationError(
                         f"observation[{key!r}]: expected the instruction as a string, got {type(value).__name__}"
                     )
+                check_prompt_size(value, self.max_prompt_tokens, f"observation[{key!r}]")  # before any work on it
                 return value
         return None
 

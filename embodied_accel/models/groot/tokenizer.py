@@ -6,6 +6,12 @@ A GR00T checkpoint holds no tokenizer: the official code reads it from its own r
 from the root of an Isaac-GR00T checkout, or from any directory holding them. The pipeline is Qwen2's: NFC
 normalization, the Qwen2 pre-tokenizer split, byte-level BPE, the added tokens matched before anything else.
 Needs the ``tokenizers`` and ``jinja2`` packages (``pip install 'embodied-accel[groot]'``).
+
+The ``groot-tiny`` preset (random weights, a 357-token vocabulary) has no trained tokenizer; it uses the one of the
+Isaac-GR00T reference fixture, bundled in ``embodied_accel/data/groot_tiny_tokenizer`` (a copy of
+``tests/fixtures/groot_tiny/tokenizer`` from ``tools/groot_reference/make_fixtures.py``: a byte-level BPE of 320
+pieces trained on a few robot instructions, Eagle's added tokens after them, ``<IMG_CONTEXT>`` = 346), so that the
+preset takes text instructions end to end, e.g. an openpi client's ``prompt``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from pathlib import Path
 QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 #: Where the tokenizer lives inside an Isaac-GR00T checkout.
 CHECKOUT_SUBDIR = Path("gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2")
+#: The tokenizers bundled with the library, by preset (see the module docstring).
+PRESET_TOKENIZERS = {"groot-tiny": Path(__file__).resolve().parents[2] / "data" / "groot_tiny_tokenizer"}
 REQUIRED_FILES = ("vocab.json", "merges.txt", "chat_template.json")
 EXTRA = "pip install 'embodied-accel[groot]'"
 

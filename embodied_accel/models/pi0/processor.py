@@ -17,12 +17,14 @@ batch of them is packed for one of two paths that compute the same numbers:
 
 * **Instruction** (both paths, on the host): pi0 tokenizes ``task + "\\n"``; pi0.5 tokenizes ``"Task: ..., State:
   <256-bin discretized state>;\\nAction: "`` (:mod:`.tokenizer`). Tokens are right-padded with 0 to
-  ``max_token_len``; a prompt that does not fit is an error (LeRobot truncates).
+  ``max_token_len``; a prompt that does not fit is an error (LeRobot truncates), and one longer than
+  ``max_token_len`` x 64 bytes is refused before it is tokenized (:func:`~embodied_accel.errors.check_prompt_size`).
 * **Actions** (``UnnormalizerProcessorStep``): the model's ``[B, H, max_action_dim]`` output is truncated to the
   robot's action dims and unnormalized.
 
 Every malformed observation raises :class:`ObservationError` naming the field and what was expected. A key the
-policy does not read is reported once (a warning naming the key and the keys it expects).
+policy does not read is reported in a warning (one line per observation naming at most 10 new keys, and the first's
+closest expected key); the first 64 distinct keys are reported, then one line says that no more will be.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ObservationError
+from ...errors import ObservationError, check_prompt_size
 from ...nn.rtc import (
     PREVIOUS_ACTIONS_KEY,
     RTC_KEYS,
@@ -52,6 +54,11 @@ from .normalization import normalize, unnormalize
 from .tokenizer import TOKENIZER_FILE, Tokenizer, format_prompt
 
 logger = logging.getLogger(__name__)
+
+#: Distinct unknown observation keys reported (then one line says no more will be): bounded memory and log.
+MAX_REPORTED_KEYS = 64
+#: Unknown keys named in one warning line.
+KEYS_PER_REPORT = 10
 
 TASK_KEY = "task"
 PROMPT_KEY = "prompt"  # alias of TASK_KEY
@@ -183,6 +190,7 @@ class Pi0Processor:
             (*io.image_keys, io.state_key, TASK_KEY, PROMPT_KEY, TOKENS_KEY, TOKEN_MASK_KEY, *RTC_KEYS)
         )
         self._reported_unknown_keys: set[str] = set()
+        self._unknown_keys_capped = False  # MAX_REPORTED_KEYS reached: no more reports
 
     # ---- numeric transforms
 
@@ -352,17 +360,30 @@ class Pi0Processor:
         return ChunkGuidance(previous, packed[1][:, :, None], max_weight)
 
     def _report_unknown_keys(self, obs: Mapping[str, Any]) -> None:
-        """Warn once per key about keys this policy never reads (a misspelled camera is otherwise a silent miss)."""
-        for key in obs:
-            if key in self.known_keys or key in self._reported_unknown_keys or not isinstance(key, str):
-                continue
-            self._reported_unknown_keys.add(key)
-            close = difflib.get_close_matches(key, sorted(self.known_keys), n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
+        """Warn about keys this policy never reads (a misspelled camera is otherwise a silent miss): one line per
+        observation with new ones, the first :data:`MAX_REPORTED_KEYS` distinct keys in all (bounded memory, bounded
+        log, whatever the observations hold); the closest expected key of the first one named as a hint."""
+        reported = self._reported_unknown_keys
+        if self._unknown_keys_capped:
+            return
+        new = [key for key in obs if isinstance(key, str) and key not in self.known_keys and key not in reported]
+        if not new:
+            return
+        listed = new[: max(0, min(KEYS_PER_REPORT, MAX_REPORTED_KEYS - len(reported)))]
+        reported.update(listed)
+        if listed:
+            first = listed[0]
+            close = difflib.get_close_matches(first, sorted(self.known_keys), n=1, cutoff=0.6) if len(first) < 200 else []
+            hint = f"; did you mean {close[0]!r} for {first[:80]!r}?" if close else ""
+            more = f" and {len(new) - len(listed)} more" if len(new) > len(listed) else ""
             logger.warning(
-                "observation key %r is not read by this policy (cameras: %s; state: %r; instruction: %r, %r or %r)%s",
-                key, ", ".join(self.io.image_keys), self.io.state_key, TASK_KEY, PROMPT_KEY, TOKENS_KEY, hint,
+                "observation keys not read by this policy: %s%s (cameras: %s; state: %r; instruction: %r, %r or %r)%s",
+                ", ".join(repr(key[:80]) for key in listed), more, ", ".join(self.io.image_keys), self.io.state_key,
+                TASK_KEY, PROMPT_KEY, TOKENS_KEY, hint,
             )  # fmt: skip
+        if len(reported) >= MAX_REPORTED_KEYS:
+            self._unknown_keys_capped = True
+            logger.warning("%d unknown observation keys reported; further ones are not", MAX_REPORTED_KEYS)
 
     def _camera_frames(self, obs: Mapping[str, Any], where: str) -> list[torch.Tensor | None]:
         """Validated ``[H, W, 3]`` frames in camera-slot order, None for a missing camera (at least one present)."""
@@ -448,6 +469,7 @@ class Pi0Processor:
     def _encode_text(self, task: Any, field_name: str, normalized_state: np.ndarray):
         if not isinstance(task, str):
             raise ObservationError(f"{field_name}: expected the instruction as a str, got {type(task).__name__}")
+        check_prompt_size(task, self.config.max_token_len, field_name)
         if self.tokenizer is None:
             searched = f" (searched: {self.tokenizer_searched})" if self.tokenizer_searched else ""
             raise ObservationError(
