@@ -34,7 +34,7 @@ from .eval import commands as eval_commands
 from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
-from .pipelines import shape_command
+from .pipelines import shape_command, texture_command
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
 from .train import commands as train_commands
@@ -250,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     shape = shape_command.add_shape_parser(commands, BACKEND_NAMES, CAPTURE_MODES)
     shape.set_defaults(handler=cmd_shape)
+    texture = texture_command.add_texture_parser(commands, BACKEND_NAMES)
+    texture.set_defaults(handler=lambda args: texture_command.run_texture(args, lambda line: print(line, flush=True)))
     return parser
 
 
