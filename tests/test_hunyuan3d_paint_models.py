@@ -50,23 +50,13 @@ DENOISE_3 = fp32_tolerance(3 * 120, 576, amplification=4)  # 1.1e-4; measured 5.
 DELIGHT_4 = fp32_tolerance(4 * 120 + 30, 576, amplification=4)  # 1.3e-4; measured 4.8e-7
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def delight():
-    torch.set_num_threads(1)
     return load_delight_model(DELIGHT, get_ops("reference"), "cpu", progress=False), load_file(str(DELIGHT / "io.safetensors"))
 
 
 @pytest.fixture(scope="module", params=[PAINT, TURBO], ids=["paint", "turbo"])
 def paint(request):
-    torch.set_num_threads(1)
     model = load_multiview_model(request.param, get_ops("reference"), "cpu", progress=False)
     return model, load_file(str(request.param / "io.safetensors"))
 

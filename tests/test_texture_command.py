@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from embodied_accel import cli
 from embodied_accel.models.hunyuan3d.mesh import Mesh
+from embodied_accel.pipelines.shape_command import SAMPLE_IMAGE
 from embodied_accel.pipelines.texture import check_mesh, reduce_faces, sample_mesh
 
 pytest.importorskip("xatlas")
@@ -25,12 +25,12 @@ FIXTURES = Path(__file__).parent / "fixtures"
 FAST = ["--steps", "2", "--delight-steps", "2", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def write_sphere(path: Path) -> Path:
+    """The built-in mesh at 80 faces as an OBJ file."""
+    mesh = sample_mesh(1)
+    path.write_text("".join(f"v {x} {y} {z}\n" for x, y, z in mesh.vertices)
+                    + "".join(f"f {a + 1} {b + 1} {c + 1}\n" for a, b, c in mesh.faces))  # fmt: skip
+    return path
 
 
 def run_cli(capsys, *argv):
@@ -119,7 +119,7 @@ def test_bad_flags(capsys, tmp_path, args, fragment):
 
 
 def test_bad_files(capsys, tmp_path):
-    image = FIXTURES.parent.parent / "embodied_accel" / "data" / "hunyuan3d_sample.png"
+    image = SAMPLE_IMAGE
     not_a_mesh = tmp_path / "broken.glb"
     not_a_mesh.write_bytes(b"not a mesh at all")
     no_faces = tmp_path / "points.obj"
@@ -133,11 +133,7 @@ def test_bad_files(capsys, tmp_path):
         ([tmp_path / "points.txt", image], "points.txt: expected a mesh file (.glb, .obj, .ply)"),
     ]
     no_faces.with_suffix(".txt").write_text("")
-    sphere = tmp_path / "sphere.obj"
-    mesh = sample_mesh(1)
-    sphere.write_text("".join(f"v {x} {y} {z}\n" for x, y, z in mesh.vertices)
-                      + "".join(f"f {a + 1} {b + 1} {c + 1}\n" for a, b, c in mesh.faces))  # fmt: skip
-    cases.append(([sphere, not_an_image], "image.png: not a readable image"))
+    cases.append(([write_sphere(tmp_path / "sphere.obj"), not_an_image], "image.png: not a readable image"))
     for files, fragment in cases:
         code, _, err = run_cli(capsys, "texture", *files, "-o", tmp_path / "t.glb", "--texture-size", "128",
                                "--render-size", "64", *FAST)  # fmt: skip
@@ -145,11 +141,8 @@ def test_bad_files(capsys, tmp_path):
 
 
 def test_checkpoints_of_other_models_are_refused(capsys, tmp_path):
-    mesh = tmp_path / "sphere.obj"
-    data = sample_mesh(1)
-    mesh.write_text("".join(f"v {x} {y} {z}\n" for x, y, z in data.vertices)
-                    + "".join(f"f {a + 1} {b + 1} {c + 1}\n" for a, b, c in data.faces))  # fmt: skip
-    image = FIXTURES.parent.parent / "embodied_accel" / "data" / "hunyuan3d_sample.png"
+    mesh = write_sphere(tmp_path / "sphere.obj")
+    image = SAMPLE_IMAGE
     shape_model = FIXTURES / "hunyuan3d_tiny"
     paint = FIXTURES / "hunyuan3d_paint_models"
     swapped = tmp_path / "swapped"  # a paint model where the delight model belongs
@@ -175,11 +168,8 @@ def test_texture_from_released_layout_folders(capsys, tmp_path):
     for source, name in (("hunyuan3d-delight-tiny", "hunyuan3d-delight-v2-0"),
                          ("hunyuan3d-paint-tiny", "hunyuan3d-paint-v2-0")):  # fmt: skip
         shutil.copytree(paint / source, root / name, ignore=shutil.ignore_patterns("io.safetensors"))
-    mesh = tmp_path / "sphere.obj"
-    data = sample_mesh(1)
-    mesh.write_text("".join(f"v {x} {y} {z}\n" for x, y, z in data.vertices)
-                    + "".join(f"f {a + 1} {b + 1} {c + 1}\n" for a, b, c in data.faces))  # fmt: skip
-    image = FIXTURES.parent.parent / "embodied_accel" / "data" / "hunyuan3d_sample.png"
+    mesh = write_sphere(tmp_path / "sphere.obj")
+    image = SAMPLE_IMAGE
     out = tmp_path / "t.glb"
     code, stdout, err = run_cli(capsys, "texture", mesh, image, "--checkpoint", root, "-o", out, "--texture-size",
                                 "128", "--render-size", "64", "--view-size", "32", *FAST)  # fmt: skip

@@ -225,6 +225,16 @@ def _warn_unknown(data: dict, path: Path, known: set[str]) -> None:
                        ", ".join(unknown))  # fmt: skip
 
 
+def _validated(path: Path, build):
+    """``build()`` then its ``validate()``; a bad value is a :class:`CheckpointError` naming the file."""
+    try:
+        config = build()
+        config.validate()
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    return config
+
+
 def _per_level(value, levels: int, name: str, path: Path) -> tuple[int, ...]:
     if isinstance(value, int):
         return (value,) * levels
@@ -270,26 +280,19 @@ def unet_config_from_json(path: Path) -> UNetConfig:
         cross = cross[0]
     if data.get("norm_num_groups", 32) is None:
         raise CheckpointError(f"{path}: norm_num_groups = null (no output GroupNorm) is not implemented")
-    try:
-        config = UNetConfig(
-            in_channels=int(data.get("in_channels", 4)), out_channels=int(data.get("out_channels", 4)),
-            block_out_channels=tuple(data.get("block_out_channels", defaults.block_out_channels)),
-            down_block_types=down, up_block_types=tuple(data.get("up_block_types", defaults.up_block_types)),
-            mid_block_type=data.get("mid_block_type", defaults.mid_block_type),
-            layers_per_block=_per_level(data.get("layers_per_block", 2), levels, "layers_per_block", path),
-            attention_heads=_per_level(data.get("attention_head_dim", 8), levels, "attention_head_dim", path),
-            transformer_layers_per_block=_per_level(data.get("transformer_layers_per_block", 1), levels,
-                                                    "transformer_layers_per_block", path),
-            cross_attention_dim=int(cross), norm_num_groups=int(data.get("norm_num_groups", 32)),
-            norm_eps=float(data.get("norm_eps", 1e-5)), flip_sin_to_cos=bool(data.get("flip_sin_to_cos", True)),
-            freq_shift=int(data.get("freq_shift", 0)), use_linear_projection=bool(data.get("use_linear_projection", False)),
-            downsample_padding=int(data.get("downsample_padding", 1)),
-            time_cond_proj_dim=data.get("time_cond_proj_dim"),
-        )  # fmt: skip
-        config.validate()
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: {exc}") from None
-    return config
+    per_level = {ours: _per_level(data.get(theirs, default), levels, theirs, path) for ours, theirs, default in (
+        ("layers_per_block", "layers_per_block", 2), ("attention_heads", "attention_head_dim", 8),
+        ("transformer_layers_per_block", "transformer_layers_per_block", 1))}  # fmt: skip
+    return _validated(path, lambda: UNetConfig(
+        in_channels=int(data.get("in_channels", 4)), out_channels=int(data.get("out_channels", 4)),
+        block_out_channels=tuple(data.get("block_out_channels", defaults.block_out_channels)),
+        down_block_types=down, up_block_types=tuple(data.get("up_block_types", defaults.up_block_types)),
+        mid_block_type=data.get("mid_block_type", defaults.mid_block_type), **per_level,
+        cross_attention_dim=int(cross), norm_num_groups=int(data.get("norm_num_groups", 32)),
+        norm_eps=float(data.get("norm_eps", 1e-5)), flip_sin_to_cos=bool(data.get("flip_sin_to_cos", True)),
+        freq_shift=int(data.get("freq_shift", 0)), use_linear_projection=bool(data.get("use_linear_projection", False)),
+        downsample_padding=int(data.get("downsample_padding", 1)), time_cond_proj_dim=data.get("time_cond_proj_dim"),
+    ))  # fmt: skip
 
 
 _VAE_REQUIRED = {"act_fn": ("silu",), "shift_factor": (None,), "latents_mean": (None,), "latents_std": (None,)}
@@ -311,20 +314,15 @@ def vae_config_from_json(path: Path) -> VaeConfig:
         types = data.get(key, [block] * len(channels))
         if list(types) != [block] * len(channels):
             raise CheckpointError(f"{path}: {key} {types} is not implemented (expected {block} per level)")
-    try:
-        config = VaeConfig(
-            in_channels=int(data.get("in_channels", 3)), out_channels=int(data.get("out_channels", 3)),
-            block_out_channels=channels, layers_per_block=int(data.get("layers_per_block", 1)),
-            latent_channels=int(data.get("latent_channels", 4)), norm_num_groups=int(data.get("norm_num_groups", 32)),
-            scaling_factor=float(data.get("scaling_factor", 0.18215)),
-            use_quant_conv=bool(data.get("use_quant_conv", True)),
-            use_post_quant_conv=bool(data.get("use_post_quant_conv", True)),
-            mid_block_add_attention=bool(data.get("mid_block_add_attention", True)),
-        )  # fmt: skip
-        config.validate()
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: {exc}") from None
-    return config
+    return _validated(path, lambda: VaeConfig(
+        in_channels=int(data.get("in_channels", 3)), out_channels=int(data.get("out_channels", 3)),
+        block_out_channels=channels, layers_per_block=int(data.get("layers_per_block", 1)),
+        latent_channels=int(data.get("latent_channels", 4)), norm_num_groups=int(data.get("norm_num_groups", 32)),
+        scaling_factor=float(data.get("scaling_factor", 0.18215)),
+        use_quant_conv=bool(data.get("use_quant_conv", True)),
+        use_post_quant_conv=bool(data.get("use_post_quant_conv", True)),
+        mid_block_add_attention=bool(data.get("mid_block_add_attention", True)),
+    ))  # fmt: skip
 
 
 _CLIP_KNOWN = {
@@ -342,12 +340,8 @@ def clip_text_config_from_json(path: Path) -> ClipTextConfig:
     if data.get("model_type", "clip_text_model") != "clip_text_model":
         raise CheckpointError(f"{path}: model_type is {data.get('model_type')!r}, expected clip_text_model")
     _warn_unknown(data, path, _CLIP_KNOWN)
-    try:
-        config = ClipTextConfig(**{k: data[k] for k in ClipTextConfig.__dataclass_fields__ if k in data})
-        config.validate()
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: {exc}") from None
-    return config
+    return _validated(path, lambda: ClipTextConfig(**{k: data[k] for k in ClipTextConfig.__dataclass_fields__
+                                                      if k in data}))  # fmt: skip
 
 
 def scheduler_config_from_json(path: Path) -> SchedulerConfig:
@@ -410,19 +404,11 @@ def delight_config_from_dir(directory: Path) -> DelightConfig:
             raise CheckpointError(f"{directory}: no {part}/ folder (expected the InstructPix2Pix layout of "
                                   "hunyuan3d-delight-v2-0)")  # fmt: skip
     text = clip_text_config_from_json(directory / "text_encoder" / "config.json")
-    config = DelightConfig(
-        name=directory.name,
-        unet=unet_config_from_json(directory / "unet" / "config.json"),
-        vae=vae_config_from_json(directory / "vae" / "config.json"),
-        text=text,
-        scheduler=scheduler_config_from_json(directory / "scheduler" / "scheduler_config.json"),
-        prompt_ids=empty_prompt_ids(directory / "tokenizer", text.max_position_embeddings),
-    )
-    try:
-        config.validate()
-    except ValueError as exc:
-        raise CheckpointError(f"{directory}: {exc}") from None
-    return config
+    parts = dict(unet=unet_config_from_json(directory / "unet" / "config.json"),
+                 vae=vae_config_from_json(directory / "vae" / "config.json"), text=text,
+                 scheduler=scheduler_config_from_json(directory / "scheduler" / "scheduler_config.json"),
+                 prompt_ids=empty_prompt_ids(directory / "tokenizer", text.max_position_embeddings))  # fmt: skip
+    return _validated(directory, lambda: DelightConfig(name=directory.name, **parts))
 
 
 def multiview_config_from_dir(directory: Path, turbo: bool | None = None) -> MultiviewConfig:
@@ -442,16 +428,10 @@ def multiview_config_from_dir(directory: Path, turbo: bool | None = None) -> Mul
         turbo, reason = (True, "the UNet embeds a guidance scale") if unet.time_cond_proj_dim else (
             directory.name.endswith("-turbo"), f"the folder is named {directory.name}")
         logger.info("%s: %s sampler (%s)", directory, "turbo (LCM)" if turbo else "Euler-ancestral", reason)
-    config = MultiviewConfig(
-        name=directory.name, unet=unet, vae=vae_config_from_json(directory / "vae" / "config.json"),
-        scheduler=scheduler_config_from_json(directory / "scheduler" / "scheduler_config.json"), turbo=turbo,
-        steps=10 if turbo else 30,
-    )  # fmt: skip
-    try:
-        config.validate()
-    except ValueError as exc:
-        raise CheckpointError(f"{directory}: {exc}") from None
-    return config
+    vae = vae_config_from_json(directory / "vae" / "config.json")
+    scheduler = scheduler_config_from_json(directory / "scheduler" / "scheduler_config.json")
+    return _validated(directory, lambda: MultiviewConfig(name=directory.name, unet=unet, vae=vae, scheduler=scheduler,
+                                                         turbo=turbo, steps=10 if turbo else 30))  # fmt: skip
 
 
 __all__ = [
