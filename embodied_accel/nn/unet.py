@@ -30,7 +30,7 @@ independently, so this is the same attention as per image). Every transformer bl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -120,7 +120,6 @@ class UNetContext:
     reference_kv: list[torch.Tensor] | None = None
     reference_start: int = 0
     features: list[torch.Tensor] | None = None
-    upsample_sizes: list[tuple[int, int]] = field(default_factory=list)
 
 
 class GroupNorm(nn.Module):

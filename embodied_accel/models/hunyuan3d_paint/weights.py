@@ -251,35 +251,35 @@ def load_parts(model: nn.Module, parts: list[_Part], device, dtype: torch.dtype,
                progress: bool = True) -> None:  # fmt: skip
     """Check every part's tensors against its module (all problems reported at once, per file), then stream them into
     ``model`` (built on ``meta``) with one strict ``load_state_dict``."""
-    plans, used, problems = [], {}, {}
+    plans, used, missing, misshaped, wrong_dtype = [], {}, {}, {}, {}
     for part in parts:
-        shapes = part.file.shapes()
-        report = problems.setdefault(part.file.path, ([], [], [], []))
-        used.setdefault(part.file.path, set())
+        path, shapes = part.file.path, part.file.shapes()
+        for report in (used, missing, misshaped, wrong_dtype):
+            report.setdefault(path, set() if report is used else [])
         for name, param in part.module.named_parameters():
             try:
                 rule = part.rule_for(name)
             except KeyError:
                 raise CheckpointError(f"{what}: no checkpoint key is known for parameter {part.prefix}{name}") from None
-            used[part.file.path].update(rule.sources)
+            used[path].update(rule.sources)
             absent = [key for key in rule.sources if key not in shapes]
             if absent:
-                report[0].extend(absent)
+                missing[path].extend(absent)
                 continue
             for key, expected in zip(rule.sources, expected_source_shapes(rule, tuple(param.shape)), strict=True):
                 if shapes[key] != expected:
-                    report[2].append(f"{key}: checkpoint {list(shapes[key])}, expected {list(expected)}")
+                    misshaped[path].append(f"{key}: checkpoint {list(shapes[key])}, expected {list(expected)}")
                 if (line := wrong_dtype_line(key, part.file.dtype(key))) is not None:
-                    report[3].append(line)
+                    wrong_dtype[path].append(line)
             plans.append((part.prefix + name, rule, part.file))
-    files = {part.file.path: part.file for part in parts}
     errors = []
-    for path, (missing, _, misshaped, wrong) in problems.items():
-        unexpected = sorted(k for k in files[path].shapes() if k not in used[path] and k not in IGNORED_KEYS)
-        if missing or unexpected or misshaped or wrong:
-            errors.append(f"{path}:\n" + tensor_mismatch_report(list(dict.fromkeys(missing)), unexpected,
-                                                                list(dict.fromkeys(misshaped)), limit=10,
-                                                                wrong_dtype=list(dict.fromkeys(wrong))))  # fmt: skip
+    for path, file in {part.file.path: part.file for part in parts}.items():
+        unexpected = sorted(k for k in file.shapes() if k not in used[path] and k not in IGNORED_KEYS)
+        if missing[path] or unexpected or misshaped[path] or wrong_dtype[path]:
+            report = tensor_mismatch_report(list(dict.fromkeys(missing[path])), unexpected,
+                                            list(dict.fromkeys(misshaped[path])), limit=10,
+                                            wrong_dtype=list(dict.fromkeys(wrong_dtype[path])))  # fmt: skip
+            errors.append(f"{path}:\n{report}")
     if errors:
         raise CheckpointError(f"{what}: the weights do not match the architecture of its config.json files:\n"
                               + "\n".join(errors))  # fmt: skip
