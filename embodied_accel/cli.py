@@ -29,7 +29,7 @@ from .export import command as export_command
 from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
-from .pipelines import shape_command
+from .pipelines import shape_command, texture_command
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
 from .serve import onnx_source
@@ -286,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     shape = shape_command.add_shape_parser(commands, BACKEND_NAMES, CAPTURE_MODES)
     shape.set_defaults(handler=cmd_shape)
     export_command.add_export_parser(commands)
+    texture = texture_command.add_texture_parser(commands, BACKEND_NAMES)
+    texture.set_defaults(handler=lambda args: texture_command.run_texture(args, lambda line: print(line, flush=True)))
     return parser
 
 

@@ -49,6 +49,8 @@ OP_NAMES: tuple[str, ...] = (
     "attention_lse",
     "quantize_rows_int8",
     "int8_linear",
+    # ---- first used by Hunyuan3D-Paint's UNets and VAE
+    "group_norm",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.

@@ -85,6 +85,8 @@ NOT_FUSED: dict[str, str] = {
     "attention_lse": "not mapped yet: the reference (candidate: npu_fused_infer_attention_score, softmax_lse_flag)",
     "quantize_rows_int8": "not mapped yet: the reference (candidate: npu_dynamic_quant)",
     "int8_linear": "not mapped yet: the reference (candidate: npu_quant_matmul)",
+    # ---- first used by Hunyuan3D-Paint
+    "group_norm": "not mapped yet: aten group_norm + silu (candidate: npu_group_norm_silu)",
 }
 
 #: Conditions under which a served op still runs the reference for a call (static: dtype and shape only).

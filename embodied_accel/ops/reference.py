@@ -360,3 +360,15 @@ def int8_linear(
     if bias is not None:
         out = out + bias.float()
     return out.to(out_dtype)
+
+
+# ---- ops first used by Hunyuan3D-Paint's UNets and VAE
+
+
+def group_norm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, groups: int, eps: float, silu: bool = False
+) -> torch.Tensor:
+    """GroupNorm over ``x: [N, C, ...]`` (``groups`` groups of channels, statistics in fp32 for half inputs), then
+    SiLU when ``silu`` (a UNet's and a VAE's ``norm → act`` pairs), output in ``x.dtype``."""
+    out = F.group_norm(x, groups, weight, bias, eps)
+    return F.silu(out) if silu else out

@@ -17,6 +17,8 @@ from ..cache import load_cache_config
 from ..models.hunyuan3d.config import PRESETS
 from ..models.hunyuan3d.mesh import MARCHING_CUBES_METHODS, MESH_FORMATS, _skimage_measure, export_mesh, load_mesh
 from ..models.hunyuan3d.volume import MAX_OCTREE_RESOLUTION, MIN_OCTREE_RESOLUTION
+from .texture_command import DEFAULT_PRESET as DEFAULT_TEXTURE_PRESET
+from .texture_command import add_texture_options, check_texture_args, texture_mesh
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +72,12 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
                         "TaylorSeer around the Ascend recipe's settings)")  # fmt: skip
     p.add_argument("--sweep-runs", type=int, default=3, help="runs per setting; the sampling time is their median")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--texture", action="store_true",
+                   help="also paint the mesh from IMAGE with Hunyuan3D-Paint (-o .glb or .obj); without "
+                        "--texture-checkpoint, the random-weight texture presets")  # fmt: skip
+    p.add_argument("--texture-checkpoint", type=Path, metavar="DIR",
+                   help="with --texture: the folder holding hunyuan3d-delight-v2-0 and hunyuan3d-paint-v2-0[-turbo]")  # fmt: skip
+    add_texture_options(p, prefix="texture-")
     return p
 
 
@@ -90,6 +98,14 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--checkpoint {args.checkpoint}: not a directory (expected config.yaml + weights)")
     if args.sweep_cache is None and (args.sweep_configs is not None or args.sweep_runs != 3):
         raise ValueError("--sweep-configs / --sweep-runs: only with --sweep-cache OUT_DIR")
+    if args.texture:
+        check_texture_args(args)
+        if args.checkpoint is not None and args.texture_checkpoint is None:
+            raise ValueError("--texture with --checkpoint: give the texture models too (--texture-checkpoint DIR)")
+        if args.texture_checkpoint is not None and not args.texture_checkpoint.is_dir():
+            raise ValueError(f"--texture-checkpoint {args.texture_checkpoint}: not a directory")
+    elif args.texture_checkpoint is not None:
+        raise ValueError("--texture-checkpoint: only with --texture")
     if args.sweep_cache is not None:
         if args.cache is not None or args.calibrate_teacache is not None:
             raise ValueError("--sweep-cache runs its own cache settings: not with --cache or --calibrate-teacache")
@@ -157,10 +173,10 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
     import time
 
     start = time.perf_counter()
-    path = export_mesh(result.mesh, args.output)
+    path = args.output if args.texture else export_mesh(result.mesh, args.output)
     seconds = dict(result.stage_seconds, export=time.perf_counter() - start)
     steps = settings.steps or pipeline.config.default_steps
-    print_fn(f"{path}: {result.mesh.num_vertices} vertices, {result.mesh.num_faces} faces "
+    print_fn(f"{'shape' if args.texture else path}: {result.mesh.num_vertices} vertices, {result.mesh.num_faces} faces "
              f"({pipeline.config.name}, {steps} steps, guidance {args.guidance}, octree {resolution}, "
              f"{args.decoding} decoding, {cache.describe() if cache else 'no cache'})")  # fmt: skip
     for stage in (*STAGES, "export"):
@@ -179,6 +195,9 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
         metrics = compare_meshes(result.mesh, load_mesh(args.compare_to))
         print_fn("  vs " + str(args.compare_to) + ": " + ", ".join(f"{k} {v:.5g}" for k, v in metrics.items()))
         record["compare_to"] = {"reference": str(args.compare_to), **metrics}
+    if args.texture:
+        source = str(args.texture_checkpoint or DEFAULT_TEXTURE_PRESET)
+        record["texture"] = texture_mesh(result.mesh, image, args, source, print_fn)
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return 0

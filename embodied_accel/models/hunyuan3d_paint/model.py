@@ -1,0 +1,167 @@
+"""Hunyuan3D-Paint 2.0's networks and their sampling loops: delight (lighting removal) and multiview diffusion.
+
+1. **Delight** (:class:`DelightModel`, diffusers' InstructPix2Pix): the input image's latents (the VAE posterior's
+   mean) are concatenated on the channels to the noisy latents at every step; the text condition is CLIP's encoding
+   of the empty prompt, a constant computed at load (:attr:`DelightModel.prompt_embedding`). Guidance, when the text
+   scale exceeds 1 (diffusers' rule; the official settings 1.0 / 1.5 leave it off): three rows ``[text + image,
+   image only, neither]`` combined as ``ε_u + s_t (ε_ti − ε_i) + s_i (ε_i − ε_u)``.
+2. **Multiview** (:class:`MultiviewModel`, ``UNet2p5DConditionModel``): six views are denoised together. Each view's
+   input is ``[noisy latents | normal-map latents | position-map latents]`` (12 channels); its camera id selects a
+   class embedding added to the time embedding; every transformer block attends across the six views (multiview
+   attention) and to the reference image's features (reference attention). Those features are the normalized
+   inputs of the transformer blocks of a second UNet (the reference UNet, ``unet_dual``) run once on the reference
+   image's latents at ``t = 0`` with the learned text ``text_ref``; the generation UNet's text is the learned
+   ``text_gen``. Guidance (not turbo, scale > 1): an unconditional row with zero text, no reference, the same
+   geometry, ``ε_u + s (ε_c − ε_u)``.
+
+Where this departs from the official code (same results): the reference UNet runs once per generation (the official
+UNet wrapper reruns it at every step, on an argument dict that is rebuilt per call, so its cache never holds); the
+unconditional row's reference pass and reference attention, multiplied by 0 there, are not computed; the text keys
+and values are computed once. The turbo pipeline computes a guidance-scale embedding, but the official UNet wrapper
+does not hand it to the UNet (it lands in the wrapper's ``**cached_condition``); :meth:`MultiviewModel.denoise` does
+the same by default (``embed_guidance=True`` feeds it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ...nn.autoencoder_kl import AutoencoderKL
+from ...nn.unet import UNet2DCondition, UNetContext, guidance_features
+from ...ops import OpSet
+from .config import MAX_REFERENCE_IMAGES, DelightConfig, MultiviewConfig
+
+#: ``noise(shape) -> tensor``: the sampler's source of Gaussian noise (drawn in the official order).
+NoiseFn = Callable[[tuple[int, ...]], torch.Tensor]
+
+
+def generator_noise(generator: torch.Generator, device, dtype=torch.float32) -> NoiseFn:
+    """Noise from a CPU generator, moved to ``device`` (diffusers' ``randn_tensor`` with a CPU generator: the same
+    numbers on every device)."""
+    return lambda shape: torch.randn(shape, generator=generator, dtype=torch.float32).to(device, dtype)
+
+
+class DelightModel(nn.Module):
+    """The delight UNet and VAE; ``prompt_embedding [1, T, C]`` is set by the loader (CLIP on the empty prompt)."""
+
+    def __init__(self, config: DelightConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        config.validate()
+        self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
+        self.unet = UNet2DCondition(config.unet, ops)
+        self.vae = AutoencoderKL(config.vae, ops)
+        self.prompt_embedding: torch.Tensor | None = None
+
+    @staticmethod
+    def guidance_on(text_guidance: float, image_guidance: float) -> bool:
+        """diffusers' InstructPix2Pix rule: guidance runs when the text scale exceeds 1 and the image scale is at
+        least 1."""
+        return text_guidance > 1.0 and image_guidance >= 1.0
+
+    def image_latents(self, image: torch.Tensor) -> torch.Tensor:
+        """``[1, 3, S, S]`` in [-1, 1] → the posterior's mean (InstructPix2Pix conditions on it, unscaled)."""
+        return self.vae.encode(image)[0]
+
+    @torch.no_grad()
+    def denoise(self, image_latents: torch.Tensor, schedule, noise: NoiseFn, text_guidance: float = 1.0,
+                image_guidance: float = 1.5, progress: bool = False) -> torch.Tensor:  # fmt: skip
+        """The InstructPix2Pix loop from fresh noise; returns the final latents ``[1, C, h, w]``."""
+        if self.prompt_embedding is None:
+            raise RuntimeError("the delight model has no prompt embedding: load it with load_delight_model")
+        guided = self.guidance_on(text_guidance, image_guidance)
+        rows = 3 if guided else 1
+        kv = self.unet.cross_kv(self.prompt_embedding)  # one row: every row's prompt is the empty one
+        ctx = UNetContext(cross_kv=[k.expand(rows, -1, -1) for k in kv])
+        condition = image_latents.to(self.compute_dtype)
+        if guided:
+            condition = torch.cat([condition, condition, torch.zeros_like(condition)])
+        shape = (1, self.config.vae.latent_channels, *image_latents.shape[-2:])
+        latents = noise(shape) * schedule.init_noise_sigma
+        for i in tqdm(range(schedule.num_steps), desc="delight", unit="step", disable=not progress, leave=False):
+            x = schedule.scale_input(latents.expand(rows, -1, -1, -1) if guided else latents, i)
+            prediction = self.unet(torch.cat([x, condition], dim=1), schedule.timesteps[i], ctx)
+            if guided:
+                text, image, uncond = prediction.chunk(3)
+                prediction = uncond + text_guidance * (text - image) + image_guidance * (image - uncond)
+            latents = schedule.step(prediction, i, latents, noise(prediction.shape))
+        return latents
+
+
+class MultiviewModel(nn.Module):
+    """The 2.5-D UNet, its reference UNet, the VAE and the two learned text embeddings."""
+
+    def __init__(self, config: MultiviewConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        config.validate()
+        self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
+        self.unet = UNet2DCondition(config.main_unet, ops)
+        self.reference_unet = UNet2DCondition(config.unet, ops)
+        self.vae = AutoencoderKL(config.vae, ops)
+        dim = config.unet.cross_attention_dim
+        self.text_gen = nn.Parameter(torch.empty(1, config.text_tokens, dim))
+        self.text_ref = nn.Parameter(torch.empty(1, config.text_tokens, dim))
+
+    def encode(self, images: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Images ``[N, 3, S, S]`` in [0, 1] → scaled latent draws ``[N, C, S/8, S/8]`` (the official pipeline
+        samples the posterior for the reference image and both maps)."""
+        mean, logvar = self.vae.encode((images - 0.5) * 2.0)
+        return self.vae.sample(mean, logvar, noise) * self.config.vae.scaling_factor
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Latents → images in [0, 1] (clamped)."""
+        return (self.vae.decode(latents / self.config.vae.scaling_factor) / 2 + 0.5).clamp(0, 1)
+
+    def reference_kv(self, reference_latents: torch.Tensor) -> list[torch.Tensor]:
+        """The reference attention's keys | values per transformer block, from ``[N_ref, C, h, w]`` latents of
+        one batch row's reference images (the reference UNet at ``t = 0``, its normalized block inputs)."""
+        views = reference_latents.shape[0]
+        if views > MAX_REFERENCE_IMAGES:
+            raise ValueError(f"reference images: at most {MAX_REFERENCE_IMAGES}, got {views}")
+        ref = self.reference_unet
+        ctx = UNetContext(cross_kv=ref.cross_kv(self.text_ref), views=views, features=[])
+        ref(reference_latents, torch.zeros((), dtype=torch.long, device=reference_latents.device), ctx,
+            features_only=True)  # fmt: skip
+        return self.unet.reference_kv(ctx.features)
+
+    @torch.no_grad()
+    def denoise(self, reference_latents: torch.Tensor, normal_latents: torch.Tensor, position_latents: torch.Tensor,
+                camera_ids: torch.Tensor, schedule, noise: NoiseFn, guidance: float = 2.0,
+                embed_guidance: bool = False, progress: bool = False) -> torch.Tensor:  # fmt: skip
+        """Views' latents ``[N, C, h, w]`` from fresh noise. ``reference_latents [N_ref, C, h, w]``,
+        ``normal_latents`` / ``position_latents [N, C, h, w]``, ``camera_ids [N]`` (the official camera indices)."""
+        cfg = self.config
+        views = normal_latents.shape[0]
+        guided = not cfg.turbo and guidance > 1
+        text = self.text_gen
+        ctx = UNetContext(
+            cross_kv=self.unet.cross_kv(torch.cat([torch.zeros_like(text), text]) if guided else text),
+            views=views, reference_kv=self.reference_kv(reference_latents.to(self.compute_dtype)),
+            reference_start=1 if guided else 0,
+        )  # fmt: skip
+        geometry = torch.cat([normal_latents, position_latents], dim=1).to(self.compute_dtype)
+        labels = camera_ids.to(normal_latents.device, torch.long) + MAX_REFERENCE_IMAGES
+        if guided:
+            geometry, labels = geometry.repeat(2, 1, 1, 1), labels.repeat(2)
+        condition = None
+        if embed_guidance and self.unet.time_embedding.cond_proj is not None:
+            w = torch.full((1,), guidance - 1, device=normal_latents.device)
+            condition = guidance_features(w, cfg.unet.time_cond_proj_dim)
+        latents = noise((views, cfg.unet.in_channels, *normal_latents.shape[-2:])) * schedule.init_noise_sigma
+        for i in tqdm(range(schedule.num_steps), desc="multiview diffusion", unit="step", disable=not progress,
+                      leave=False):  # fmt: skip
+            x = schedule.scale_input(latents.repeat(2, 1, 1, 1) if guided else latents, i)
+            prediction = self.unet(torch.cat([x, geometry], dim=1), schedule.timesteps[i], ctx,
+                                   guidance_condition=condition, class_labels=labels)  # fmt: skip
+            if guided:
+                uncond, conditional = prediction.chunk(2)
+                prediction = uncond + guidance * (conditional - uncond)
+            step_noise = noise(prediction.shape) if schedule.needs_noise(i) else None
+            latents = schedule.step(prediction, i, latents, step_noise)
+        return latents
+
+
+__all__ = ["DelightModel", "MultiviewModel", "NoiseFn", "generator_noise"]

@@ -1,0 +1,156 @@
+"""Images in and out of Hunyuan3D-Paint's models, as the official pipeline prepares them (Pillow's resampling, the
+same rounding and truncations).
+
+* :func:`recenter_image`: the texture pipeline's own recentring (not the shape pipeline's): an image with an alpha
+  channel is cropped to its foreground box (alpha > 0, inclusive), given a border of 20 % of the box on each side
+  and pasted at the centre of a transparent white square; an RGB image is used as it is.
+* :func:`delight_inputs`: resized to the delight size (Pillow's bicubic, premultiplied alpha); the alpha eroded by a
+  3×3 square, fully transparent pixels set to white; the RGB channels (alpha dropped, not composited) are the
+  model's input, the eroded RGBA its colour target.
+* :func:`recorrect_colors`: per channel over the foreground (alpha > 0.5), the generated image's mean and standard
+  deviation moved to the input's, ``(src − 0.95 μ_s) σ_t / σ_s + 0.95 μ_t`` clipped to [0, 1], kept only if it is
+  closer (mean squared error over the whole image) to the input than the generated image is; then composited on white.
+* :func:`camera_indices`: the multiview UNet's camera ids of azimuth / elevation pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+#: The texture pipeline's recentring border, a fraction of the foreground box on each side.
+RECENTER_BORDER = 0.2
+#: The colour re-correction's shrink of the means.
+RECORRECT_SCALE = 0.95
+
+
+def _pil():
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("texture generation needs Pillow: pip install 'embodied-accel[texture]'") from None
+    return Image
+
+
+def recenter_image(image: np.ndarray, border_ratio: float = RECENTER_BORDER) -> np.ndarray:
+    """uint8 ``[H, W, 3]`` (returned as it is) or ``[H, W, 4]`` (recentred RGBA, square; see the module docstring)."""
+    if image.ndim != 3 or image.shape[2] not in (3, 4) or image.dtype != np.uint8:
+        raise ValueError(f"image: expected uint8 [H, W, 3 or 4], got {image.dtype} {list(image.shape)}")
+    if image.shape[2] == 3:
+        return image
+    rows, cols = np.nonzero(image[..., 3] > 0)
+    if rows.size == 0:
+        raise ValueError(f"image: fully transparent ({image.shape[0]}x{image.shape[1]} pixels, no alpha above 0)")
+    crop = image[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+    height, width = crop.shape[:2]
+    border_h, border_w = int(height * border_ratio), int(width * border_ratio)
+    new_h, new_w = height + 2 * border_h, width + 2 * border_w
+    side = max(new_h, new_w)
+    canvas = np.zeros((side, side, 4), np.uint8)
+    canvas[..., :3] = 255
+    top, left = (side - new_h) // 2 + border_h, (side - new_w) // 2 + border_w
+    canvas[top : top + height, left : left + width] = crop
+    return canvas
+
+
+def resize(image: np.ndarray, size: int) -> np.ndarray:
+    """uint8 ``[H, W, C]`` → ``[size, size, C]`` with Pillow's default (bicubic; RGBA premultiplied), as the official
+    pipeline's ``Image.resize((size, size))``."""
+    Image = _pil()
+    if image.shape[:2] == (size, size):
+        return image
+    mode = {3: "RGB", 4: "RGBA"}[image.shape[2]]
+    return np.asarray(Image.fromarray(np.ascontiguousarray(image), mode).resize((size, size), Image.BICUBIC))
+
+
+def erode(mask: np.ndarray) -> np.ndarray:
+    """A uint8 mask eroded by a 3×3 square (OpenCV's, border pixels not eroded by the outside)."""
+    try:
+        import cv2
+    except ImportError:
+        raise ImportError("texture generation needs OpenCV: pip install 'embodied-accel[texture]'") from None
+    return cv2.erode(mask, np.ones((3, 3), np.uint8), iterations=1)
+
+
+def delight_inputs(image: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """uint8 RGB or RGBA → ``(model input uint8 [S, S, 3], colour target float64 [S, S, 3], alpha float64
+    [S, S, 1])`` (see the module docstring)."""
+    image = resize(image, size)
+    if image.shape[2] == 4:
+        image = image.copy()
+        alpha = erode(image[..., 3])
+        image[alpha == 0, :3] = 255
+        image[..., 3] = alpha
+        scaled = image / 255.0
+        return image[..., :3].copy(), scaled[..., :3], scaled[..., 3:]
+    scaled = image / 255.0
+    return image, scaled, np.ones_like(scaled[..., :1])
+
+
+def to_model_image(image: np.ndarray, device, dtype=torch.float32, signed: bool = True) -> torch.Tensor:
+    """uint8 ``[H, W, 3]`` → ``[1, 3, H, W]``: ``x / 255`` (float32, as diffusers' image processor divides), mapped to
+    [-1, 1] when ``signed``."""
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / np.float32(255.0)).permute(2, 0, 1)[None]
+    return (pixels * 2 - 1 if signed else pixels).to(device, dtype)
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """``[N, 3, H, W]`` in [-1, 1] → uint8 ``[N, H, W, 3]`` (diffusers' postprocessing: ``x / 2 + 0.5`` clamped to
+    [0, 1], then ``round(255 x)``)."""
+    unit = (images.float() / 2 + 0.5).clamp(0, 1)
+    return (unit.permute(0, 2, 3, 1).cpu().numpy() * 255).round().astype(np.uint8)
+
+
+def recorrect_colors(generated: np.ndarray, target: np.ndarray, alpha: np.ndarray,
+                     scale: float = RECORRECT_SCALE) -> np.ndarray:  # fmt: skip
+    """The delight output's colour re-correction against its input, composited on white: uint8 ``[H, W, 3]``.
+
+    ``generated`` uint8 ``[H, W, 3]``; ``target`` float64 ``[H, W, 3]`` and ``alpha`` float64 ``[H, W, 1]`` from
+    :func:`delight_inputs`. Statistics as the official code computes them (float64, unbiased standard deviation); a
+    foreground of fewer than two pixels, or a constant generated channel, leaves the generated image as it is (the
+    official code divides by zero there)."""
+    source = torch.from_numpy(generated / 255.0)
+    target_t, alpha_t = torch.from_numpy(target), torch.from_numpy(alpha)
+    mask = (alpha_t > 0.5).reshape(-1)
+    src_flat, tgt_flat = source.reshape(-1, 3)[mask], target_t.reshape(-1, 3)[mask]
+    result = source
+    if src_flat.shape[0] >= 2 and bool((src_flat.std(dim=0) > 0).all()):
+        corrected = torch.zeros_like(source)
+        for c in range(3):
+            src_mean, src_std = torch.mean(src_flat[:, c]), torch.std(src_flat[:, c])
+            tgt_mean, tgt_std = torch.mean(tgt_flat[:, c]), torch.std(tgt_flat[:, c])
+            corrected[:, :, c] = torch.clamp((source[:, :, c] - scale * src_mean) * (tgt_std / src_std)
+                                             + scale * tgt_mean, 0, 1)  # fmt: skip
+        if not torch.mean((source - target_t) ** 2) < torch.mean((corrected - target_t) ** 2):
+            result = corrected
+    composite = result * alpha_t + torch.ones_like(result) * (1.0 - alpha_t)
+    return (composite.numpy() * 255).astype(np.uint8)
+
+
+#: Per elevation: the camera-id block's start and how many azimuth steps of 30° one id spans (the poles: 3).
+_ELEVATION_BLOCKS = {-20: (0, 1), 0: (12, 1), 20: (24, 1), -90: (36, 3), 90: (40, 3)}
+
+
+def camera_indices(azimuths, elevations) -> list[int]:
+    """The multiview UNet's camera id per view: ``start(e) + ((a // 30 + 9) mod 12) // span(e)`` (ids 0-43; the UNet
+    adds the 5 reference slots). Elevations: -20, 0, 20, -90, 90."""
+    ids = []
+    for azimuth, elevation in zip(azimuths, elevations, strict=True):
+        if elevation not in _ELEVATION_BLOCKS:
+            raise ValueError(f"camera elevation {elevation}: the model knows {sorted(_ELEVATION_BLOCKS)}")
+        start, span = _ELEVATION_BLOCKS[elevation]
+        ids.append(start + ((azimuth // 30 + 9) % 12) // span)
+    return ids
+
+
+__all__ = [
+    "RECENTER_BORDER",
+    "camera_indices",
+    "delight_inputs",
+    "erode",
+    "recenter_image",
+    "recorrect_colors",
+    "resize",
+    "to_model_image",
+    "to_uint8",
+]

@@ -1,0 +1,324 @@
+"""Mesh + image → textured mesh with Hunyuan3D-Paint 2.0, stage by stage (the official ``Hunyuan3DPaintPipeline``).
+
+Stages, each timed: **face reduction** (optional, quadric decimation to at most ``face_reduce`` faces), **UV unwrap**
+(xatlas), **condition maps** (normal and position maps of the 6 cameras; each camera rasterized once), **delight**
+(the input image recentred, its lighting removed), **multiview diffusion** (the 6 views from the delighted image and
+the maps), **baking** (the views back-projected into the texture), **inpainting** (what no view painted). Delight
+does not depend on the mesh, so it runs in a second thread beside face reduction, unwrapping and the condition maps
+(the maps need the unwrapped mesh: its vertex normals are computed on the mesh split along the UV seams, as
+upstream's). The geometry stages are :class:`~embodied_accel.geometry.texturing.TextureBaker`'s.
+
+Images travel as the official pipeline hands them on: 8-bit, resized by Pillow (bicubic) between the render size and
+the models' 512² views. Randomness: the delight sampler draws from a CPU generator seeded ``42 + seed`` (upstream:
+42), the multiview sampler and the VAE posterior draws from generators seeded ``seed`` (upstream: 0, on the
+accelerator's generator when there is one), so a run is reproducible on any device.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .. import platform as platform_mod
+from ..errors import CheckpointError
+from ..geometry.mesh_maps import UVMesh, to_uint8_image
+from ..geometry.texturing import CAMERA_AZIMUTHS, CAMERA_ELEVATIONS, TextureBaker
+from ..models.hunyuan3d.mesh import Mesh
+from ..models.hunyuan3d_paint import processor
+from ..models.hunyuan3d_paint.config import DELIGHT_PRESETS, MULTIVIEW_PRESETS, TEXTURE_PRESETS
+from ..models.hunyuan3d_paint.model import DelightModel, MultiviewModel, generator_noise
+from ..models.hunyuan3d_paint.schedulers import euler_ancestral_schedule, lcm_schedule, turbo_timesteps
+from ..models.hunyuan3d_paint.weights import load_delight_model, load_multiview_model
+from ..ops import get_ops
+from .shape import _resolve_dtype
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("face reduction", "UV unwrap", "condition maps", "delight", "multiview diffusion", "baking", "inpainting")
+DELIGHT_FOLDER = "hunyuan3d-delight-v2-0"
+PAINT_FOLDERS = ("hunyuan3d-paint-v2-0-turbo", "hunyuan3d-paint-v2-0")  # the official default first
+#: Texture sizes: powers of two (GPU texture units and mipmaps want them; upstream uses 1024-4096).
+TEXTURE_SIZES = tuple(2**k for k in range(7, 14))
+RENDER_SIZE_RANGE = (64, 8192)
+DELIGHT_SEED_OFFSET = 42
+
+
+@dataclass(frozen=True)
+class TextureSettings:
+    """Runtime knobs of one texturing (``None``: the model's or preset's default)."""
+
+    steps: int | None = None  # multiview steps (30; turbo 10)
+    delight_steps: int | None = None  # 50
+    guidance: float | None = None  # multiview classifier-free guidance (2.0; turbo: none)
+    seed: int = 0
+    render_size: int | None = None  # condition maps and baked views (2048)
+    texture_size: int | None = None  # 2048
+    face_reduce: int | None = None  # at most this many faces before unwrapping (no reduction by default)
+    view_size: int | None = None  # the delight image's and the generated views' side (the models' 512)
+
+
+@dataclass
+class TextureResult:
+    mesh: UVMesh  # the unwrapped mesh, in the input's coordinates
+    texture: np.ndarray  # uint8 [T, T, 3], row 0 at the top
+    delighted: np.ndarray  # uint8 [S, S, 3]: the delight model's output
+    views: list[np.ndarray]  # uint8 [S, S, 3] per camera: the multiview model's output
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    input_faces: int = 0
+
+
+def check_sizes(render_size: int, texture_size: int) -> None:
+    if texture_size not in TEXTURE_SIZES:
+        raise ValueError(f"texture size {texture_size}: expected a power of two from {TEXTURE_SIZES[0]} to "
+                         f"{TEXTURE_SIZES[-1]}")  # fmt: skip
+    low, high = RENDER_SIZE_RANGE
+    if not low <= render_size <= high:
+        raise ValueError(f"render size {render_size}: expected {low} to {high} pixels")
+
+
+def check_mesh(mesh: Mesh, where: str = "mesh") -> Mesh:
+    """A triangle mesh with at least one face, finite vertices and face indices in range."""
+    vertices, faces = np.asarray(mesh.vertices), np.asarray(mesh.faces)
+    if vertices.ndim != 2 or vertices.shape[1] != 3 or faces.ndim != 2 or faces.shape[1] != 3:
+        raise ValueError(f"{where}: expected vertices [V, 3] and triangles [F, 3], got {list(vertices.shape)} and "
+                         f"{list(faces.shape)}")  # fmt: skip
+    if faces.shape[0] == 0:
+        raise ValueError(f"{where}: the mesh has no faces ({vertices.shape[0]} vertices): nothing to texture")
+    if not np.isfinite(vertices).all():
+        raise ValueError(f"{where}: vertex coordinates must be finite (found NaN or infinity)")
+    if faces.min() < 0 or faces.max() >= vertices.shape[0]:
+        raise ValueError(f"{where}: face indices must be in [0, {vertices.shape[0]}), got {faces.min()}..{faces.max()}")
+    return Mesh(vertices.astype(np.float32), faces.astype(np.int64))
+
+
+def reduce_faces(mesh: Mesh, max_faces: int) -> Mesh:
+    """Quadric-error decimation (fast-simplification) to at most ``max_faces`` faces; a smaller mesh is kept."""
+    if mesh.num_faces <= max_faces:
+        return mesh
+    try:
+        import fast_simplification
+    except ImportError:
+        raise ImportError("face reduction needs fast-simplification: pip install 'embodied-accel[texture]'") from None
+    vertices, faces = fast_simplification.simplify(mesh.vertices, mesh.faces.astype(np.int64),
+                                                   target_reduction=1 - max_faces / mesh.num_faces)  # fmt: skip
+    return check_mesh(Mesh(vertices, faces), "face reduction")
+
+
+def sample_mesh(subdivisions: int = 3) -> Mesh:
+    """The built-in mesh: an icosphere (``20 · 4^subdivisions`` faces) with bumps, so that its views differ."""
+    t = (1 + 5**0.5) / 2
+    vertices = np.array([[-1, t, 0], [1, t, 0], [-1, -t, 0], [1, -t, 0], [0, -1, t], [0, 1, t], [0, -1, -t],
+                         [0, 1, -t], [t, 0, -1], [t, 0, 1], [-t, 0, -1], [-t, 0, 1]], dtype=np.float64)  # fmt: skip
+    faces = np.array([[0, 11, 5], [0, 5, 1], [0, 1, 7], [0, 7, 10], [0, 10, 11], [1, 5, 9], [5, 11, 4], [11, 10, 2],
+                      [10, 7, 6], [7, 1, 8], [3, 9, 4], [3, 4, 2], [3, 2, 6], [3, 6, 8], [3, 8, 9], [4, 9, 5],
+                      [2, 4, 11], [6, 2, 10], [8, 6, 7], [9, 8, 1]])  # fmt: skip
+    for _ in range(subdivisions):  # split every edge at its midpoint (shared midpoints merged)
+        edges = np.sort(np.concatenate([faces[:, [0, 1]], faces[:, [1, 2]], faces[:, [2, 0]]]), axis=1)
+        unique, inverse = np.unique(edges, axis=0, return_inverse=True)
+        mid = len(vertices) + inverse.reshape(3, -1).T  # [F, 3]: midpoints of edges (0,1), (1,2), (2,0)
+        vertices = np.concatenate([vertices, vertices[unique].mean(axis=1)])
+        a, b, c = faces.T
+        ab, bc, ca = mid.T
+        faces = np.concatenate([np.stack(f, 1) for f in ((a, ab, ca), (b, bc, ab), (c, ca, bc), (ab, bc, ca))])
+    unit = vertices / np.linalg.norm(vertices, axis=1, keepdims=True)
+    bumps = 1 + 0.15 * np.sin(3 * unit[:, 0]) * np.cos(2 * unit[:, 1]) + 0.1 * unit[:, 2] ** 2
+    return Mesh((unit * bumps[:, None] * np.array([0.8, 1.0, 0.9])).astype(np.float32), faces.astype(np.int64))
+
+
+class _StageClock:
+    """Wall seconds per stage (stages of two threads may overlap); a progress bar over the stages."""
+
+    def __init__(self, progress: bool):
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._bar = tqdm(total=len(STAGES), desc="texture", unit="stage", disable=not progress, leave=False)
+
+    def run(self, stage: str, fn, *args):
+        start = time.perf_counter()
+        result = fn(*args)
+        with self._lock:
+            self.seconds[stage] = time.perf_counter() - start
+            self._bar.set_postfix_str(stage)
+            self._bar.update()
+        return result
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+class TexturePipeline:
+    """A loaded delight model and multiview model; :meth:`generate` textures one mesh from one image."""
+
+    def __init__(self, delight: DelightModel, multiview: MultiviewModel, *, device, source: str = "",
+                 random_weights: bool = False, render_size: int = 2048, texture_size: int = 2048):  # fmt: skip
+        self.delight_model, self.multiview_model = delight, multiview
+        self.device = platform_mod.normalize_device(device)
+        self.source, self.random_weights = source, random_weights
+        self.render_size, self.texture_size = render_size, texture_size
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # ---- stages
+
+    def delight(self, image: np.ndarray, settings: TextureSettings, progress: bool = False) -> np.ndarray:
+        """uint8 RGB / RGBA → the recentred, delighted uint8 RGB image (the delight size)."""
+        model, cfg = self.delight_model, self.delight_model.config
+        size = settings.view_size or cfg.image_size
+        pixels, target, alpha = processor.delight_inputs(processor.recenter_image(image), size)
+        schedule = euler_ancestral_schedule(cfg.scheduler, settings.delight_steps or cfg.steps, device=self.device)
+        noise = generator_noise(torch.Generator().manual_seed(DELIGHT_SEED_OFFSET + settings.seed), self.device,
+                                model.compute_dtype)  # fmt: skip
+        with torch.no_grad():
+            latents = model.image_latents(processor.to_model_image(pixels, self.device, model.compute_dtype))
+            latents = model.denoise(latents, schedule, noise, cfg.text_guidance, cfg.image_guidance, progress)
+            generated = processor.to_uint8(model.vae.decode(latents / cfg.vae.scaling_factor))[0]
+        self._synchronize()
+        return processor.recorrect_colors(generated, target, alpha)
+
+    def multiview(self, reference: np.ndarray, normals: list[np.ndarray], positions: list[np.ndarray],
+                  settings: TextureSettings, progress: bool = False) -> list[np.ndarray]:  # fmt: skip
+        """The delighted image and the 6 cameras' uint8 maps (any size) → 6 uint8 views at the model's view size."""
+        model, cfg = self.multiview_model, self.multiview_model.config
+        size, dtype = settings.view_size or cfg.view_size, model.compute_dtype
+        images = [processor.resize(reference, size)] + [processor.resize(m, size) for m in normals + positions]
+        pixels = torch.cat([processor.to_model_image(im, self.device, dtype, signed=False) for im in images])
+        steps = settings.steps or cfg.steps
+        if cfg.turbo:
+            schedule = lcm_schedule(cfg.scheduler, turbo_timesteps(cfg.scheduler, steps), device=self.device)
+        else:
+            schedule = euler_ancestral_schedule(cfg.scheduler, steps, spacing="trailing", device=self.device)
+        latent_noise = generator_noise(torch.Generator().manual_seed(settings.seed), self.device, dtype)
+        posterior_noise = generator_noise(torch.Generator().manual_seed(settings.seed), self.device, dtype)
+        views = len(normals)
+        cameras = torch.tensor(processor.camera_indices(CAMERA_AZIMUTHS, CAMERA_ELEVATIONS), device=self.device)
+        with torch.no_grad():
+            latent_size = size // cfg.vae.downscale
+            latents = model.encode(pixels, posterior_noise((len(images), cfg.vae.latent_channels, latent_size,
+                                                            latent_size)))  # fmt: skip
+            out = model.denoise(latents[:1], latents[1 : 1 + views], latents[1 + views :], cameras, schedule,
+                                latent_noise, cfg.guidance if settings.guidance is None else settings.guidance,
+                                progress=progress)  # fmt: skip
+            decoded = model.decode(out)
+            result = list((decoded.permute(0, 2, 3, 1).float().cpu().numpy() * 255).round().astype(np.uint8))
+        self._synchronize()
+        return result
+
+    # ---- one texturing
+
+    def generate(self, mesh: Mesh, image: np.ndarray, settings: TextureSettings = TextureSettings(),
+                 progress: bool = False) -> TextureResult:  # fmt: skip
+        """``mesh`` (vertices, faces) and a uint8 RGB / RGBA ``image`` → :class:`TextureResult`."""
+        from ..geometry.uv import unwrap
+
+        mesh = check_mesh(mesh)
+        render_size = settings.render_size or self.render_size
+        texture_size = settings.texture_size or self.texture_size
+        check_sizes(render_size, texture_size)
+        if settings.face_reduce is not None and settings.face_reduce < 1:
+            raise ValueError(f"face reduction: expected at least 1 face, got {settings.face_reduce}")
+        multiview = self.multiview_model.config
+        if multiview.turbo:  # the schedule's constraints checked before any stage runs
+            turbo_timesteps(multiview.scheduler, settings.steps or multiview.steps)
+        if settings.view_size is not None:
+            multiple = multiview.vae.downscale * multiview.unet.downscale
+            if settings.view_size < multiple or settings.view_size % multiple:
+                raise ValueError(f"view size {settings.view_size}: expected a multiple of {multiple} (the VAE's and "
+                                 f"the UNet's downscaling) from {multiple} up (the models' own: {multiview.view_size})")  # fmt: skip
+        clock = _StageClock(progress)
+
+        def geometry():
+            reduced = mesh if settings.face_reduce is None else clock.run("face reduction", reduce_faces, mesh,
+                                                                          settings.face_reduce)  # fmt: skip
+            unwrapped = clock.run("UV unwrap", unwrap, reduced.vertices, reduced.faces)
+            baker = TextureBaker(unwrapped, render_size=render_size, texture_size=texture_size, device=self.device)
+            return unwrapped, baker, clock.run("condition maps", baker.condition_maps)
+
+        try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="delight") as pool:
+                delighted_future = pool.submit(clock.run, "delight", self.delight, image, settings, progress)
+                unwrapped, baker, maps = geometry()
+                delighted = delighted_future.result()
+            normals = [to_uint8_image(m) for m in maps.normals]
+            positions = [to_uint8_image(m) for m in maps.positions]
+            views = clock.run("multiview diffusion", self.multiview, delighted, normals, positions, settings, progress)
+
+            def bake():
+                scaled = [torch.from_numpy(processor.resize(v, render_size) / 255.0).float() for v in views]
+                return baker.bake(scaled)
+
+            texture, painted = clock.run("baking", bake)
+            final = clock.run("inpainting", baker.inpaint, texture, painted)
+        finally:
+            clock.close()
+        return TextureResult(unwrapped, final, delighted, views, clock.seconds, mesh.num_faces)
+
+
+def _texture_folders(root: Path, paint_model: str | None) -> tuple[Path, Path]:
+    """The delight and multiview folders of a ``tencent/Hunyuan3D-2`` root (see :func:`load_texture_pipeline`)."""
+    if (root / "config.yaml").is_file():
+        raise CheckpointError(f"{root}: this is a Hunyuan3D-2 shape model folder (config.yaml); --checkpoint takes "
+                              f"the folder that holds {DELIGHT_FOLDER} and {' / '.join(reversed(PAINT_FOLDERS))}")  # fmt: skip
+    if (root / "model_index.json").is_file():
+        raise CheckpointError(f"{root}: this is one pipeline's folder; --checkpoint takes the folder above it, which "
+                              f"holds {DELIGHT_FOLDER} and {' / '.join(reversed(PAINT_FOLDERS))}")  # fmt: skip
+    present = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    delight = root / DELIGHT_FOLDER
+    if not delight.is_dir():
+        raise CheckpointError(f"{root}: no {DELIGHT_FOLDER}/ folder (found: {', '.join(present) or 'nothing'}); "
+                              "expected the texture models of tencent/Hunyuan3D-2")  # fmt: skip
+    names = (paint_model,) if paint_model else PAINT_FOLDERS
+    for name in names:
+        if (root / name).is_dir():
+            return delight, root / name
+    raise CheckpointError(f"{root}: no {' or '.join(names)}/ folder (found: {', '.join(present) or 'nothing'})")
+
+
+def load_texture_pipeline(source: str | Path, *, paint_model: str | None = None, backend: str = "auto",
+                          dtype: str | torch.dtype = "float32", device=None, seed: int = 0,
+                          progress: bool = True) -> TexturePipeline:  # fmt: skip
+    """A pipeline from a folder holding ``hunyuan3d-delight-v2-0`` and a paint model (``paint_model``: its folder
+    name; default the turbo one when present, as upstream, else ``hunyuan3d-paint-v2-0``), or from a preset of
+    :data:`~embodied_accel.models.hunyuan3d_paint.config.TEXTURE_PRESETS` (seeded random weights)."""
+    compute_dtype = _resolve_dtype(dtype)
+    device = platform_mod.normalize_device(device)
+    ops = get_ops(backend)
+    if str(source) in TEXTURE_PRESETS and not Path(source).is_dir():
+        preset = TEXTURE_PRESETS[str(source)]
+        delight = load_delight_model(DELIGHT_PRESETS[preset.delight], ops, device, compute_dtype, seed, progress)
+        multiview = load_multiview_model(MULTIVIEW_PRESETS[preset.multiview], ops, device, compute_dtype, seed,
+                                         progress)  # fmt: skip
+        return TexturePipeline(delight, multiview, device=device, source=str(source), random_weights=True,
+                               render_size=preset.render_size, texture_size=preset.texture_size)  # fmt: skip
+    root = Path(source)
+    if not root.is_dir():
+        raise ValueError(f"{source!r} is neither a folder with the Hunyuan3D-Paint models nor a preset; presets: "
+                         f"{', '.join(TEXTURE_PRESETS)}")  # fmt: skip
+    delight_dir, paint_dir = _texture_folders(root, paint_model)
+    logger.info("texture models: %s and %s", delight_dir, paint_dir)
+    delight = load_delight_model(delight_dir, ops, device, compute_dtype, progress=progress)
+    multiview = load_multiview_model(paint_dir, ops, device, compute_dtype, progress=progress)
+    return TexturePipeline(delight, multiview, device=device, source=str(root))
+
+
+__all__ = [
+    "STAGES",
+    "TEXTURE_SIZES",
+    "TexturePipeline",
+    "TextureResult",
+    "TextureSettings",
+    "check_mesh",
+    "check_sizes",
+    "load_texture_pipeline",
+    "reduce_faces",
+    "sample_mesh",
+]
