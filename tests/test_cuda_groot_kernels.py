@@ -5,7 +5,7 @@ import pytest
 import torch
 from triton_setup import DEVICE, GPU, TOLERANCE, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
 
-pytestmark = requires_triton
+pytestmark = [requires_triton, pytest.mark.kernels]  # on the GPU where there is one: not pinned to the CPU
 
 from embodied_accel.ops import get_ops, reference  # noqa: E402
 

@@ -133,7 +133,7 @@ def test_whole_device_call_equals_host_path(family, preset):
     host = policy.processor.postprocess(policy.sample(policy.prepare(observations), noise))
     raw = policy.prepare_raw(observations)
     assert len(raw.frames) == 2 and raw.frames[0].dtype == torch.uint8  # the missing camera was dropped
-    device = policy.run(raw, noise).numpy()
+    device = policy.run(raw, noise).cpu().numpy()
     np.testing.assert_allclose(device, host, rtol=0, atol=1e-6)
     np.testing.assert_allclose(policy.infer_batch(observations, noise=noise)["actions"], host, rtol=0, atol=1e-6)
     # rows whose cameras differ in size: the host path, same answer per row
