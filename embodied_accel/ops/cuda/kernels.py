@@ -28,13 +28,16 @@ def _gelu_tanh(g):
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, res_ptr, gate_ptr, w_ptr, shift_ptr, out_ptr, sum_ptr,
-    stride_x, stride_res, stride_out, stride_sum, stride_mod, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+    stride_x, stride_res, stride_out, stride_sum, n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, HAS_SHIFT: tl.constexpr, PER_ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    mod = row * stride_mod + cols  # the weight / modulation row: shared (stride 0) or one per row
+    mod = cols  # the weight / modulation: one [D] row for every row ...
+    if PER_ROW:  # ... or one per row, [rows, D] contiguous
+        mod = row * n_cols + cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32)
@@ -52,13 +55,13 @@ def _rms_norm_kernel(
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _modulation_rows(x: torch.Tensor, op: str, **tensors: torch.Tensor | None) -> tuple[dict, int]:
-    """The weight / modulation tensors as the kernel reads them, and their row stride.
+def _modulation_rows(x: torch.Tensor, op: str, **tensors: torch.Tensor | None) -> tuple[dict, bool]:
+    """The weight / modulation tensors as the kernel reads them, and whether they are per row.
 
     The reference broadcasts them against ``x`` (``[D]`` for every row, or per row, e.g. ``[B, 1, D]`` or
     ``[B * S, D]`` when a batch's rows have different conditioning): when every one holds a single ``[D]`` vector
-    they are passed as ``[D]`` (row stride 0), otherwise each is expanded to ``[rows, D]`` (row stride D). A tensor
-    that does not broadcast against ``x`` is refused with an error naming the op, the argument and both shapes.
+    they are passed as ``[D]``, otherwise each is expanded to ``[rows, D]`` (contiguous). A tensor that does not
+    broadcast against ``x`` is refused with an error naming the op, the argument and both shapes.
     """
     n_cols = x.shape[-1]
     present = {name: t for name, t in tensors.items() if t is not None}
@@ -71,14 +74,14 @@ def _modulation_rows(x: torch.Tensor, op: str, **tensors: torch.Tensor | None) -
             raise ValueError(f"{op}: {name} of shape {list(t.shape)} does not broadcast against x of shape "
                              f"{list(x.shape)} (expected [D] or one row per row of x)")  # fmt: skip
     if all(t.numel() == n_cols for t in present.values()):
-        return {name: t.reshape(n_cols).contiguous() for name, t in present.items()}, 0
+        return {name: t.reshape(n_cols).contiguous() for name, t in present.items()}, False
     rows = {name: t.expand(x.shape).reshape(-1, n_cols).contiguous() for name, t in present.items()}
-    return rows, n_cols
+    return rows, True
 
 
 def _launch_rms(x, residual, weight, shift, eps, gate=None, op="rms_norm"):
     weight_name = "weight" if shift is None else "scale_plus_one"  # the op's own argument names, for errors
-    modulation, stride_mod = _modulation_rows(x, op, **{weight_name: weight, "shift": shift, "gate": gate})
+    modulation, per_row = _modulation_rows(x, op, **{weight_name: weight, "shift": shift, "gate": gate})
     weight, shift, gate = modulation[weight_name], modulation.get("shift"), modulation.get("gate")
     x2 = _rows(x)
     n_rows, n_cols = x2.shape
@@ -87,8 +90,8 @@ def _launch_rms(x, residual, weight, shift, eps, gate=None, op="rms_norm"):
     res2 = _rows(residual) if residual is not None else x2
     _rms_norm_kernel[(n_rows,)](
         x2, res2, gate if gate is not None else weight, weight, shift if shift is not None else weight, out, total,
-        x2.stride(0), res2.stride(0), out.stride(0), total.stride(0), stride_mod, n_cols, eps,
-        HAS_RESIDUAL=residual is not None, HAS_GATE=gate is not None, HAS_SHIFT=shift is not None,
+        x2.stride(0), res2.stride(0), out.stride(0), total.stride(0), n_cols, eps,
+        HAS_RESIDUAL=residual is not None, HAS_GATE=gate is not None, HAS_SHIFT=shift is not None, PER_ROW=per_row,
         BLOCK=triton.next_power_of_2(n_cols),
     )
     return out.view(x.shape), total.view(x.shape)
