@@ -182,7 +182,7 @@ def test_cuda_graph_call_equals_eager_on_the_gpu(preset, mode):
     assert len(call.buckets) == 1 and call.replays == 3
 
 
-def _observations(seed):
+def _observations(seed, batch=1):
     rng = np.random.default_rng(seed)
     return [
         {
@@ -191,4 +191,5 @@ def _observations(seed):
             "observation.state": rng.normal(size=8).astype(np.float32),
             "observation.language.tokens": rng.integers(1, 1000, size=12),
         }
+        for _ in range(batch)
     ]

@@ -9,7 +9,7 @@ import logging
 
 import pytest
 import torch
-from test_cudagraph import GPU, ReplayStandIn, raw_batch
+from test_cudagraph import GPU, ReplayStandIn, _observations, raw_batch
 
 from embodied_accel import load_policy
 from embodied_accel.bench import harness
@@ -155,21 +155,6 @@ def test_seeded_draws_do_not_depend_on_the_thread_count():
 
 
 # ---------------------------------------------------------------------------------------------------- on a GPU
-
-
-def _observations(seed, batch):
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    return [
-        {
-            "observation.images.base_0_rgb": rng.integers(0, 256, size=(240, 320, 3), dtype=np.uint8),
-            "observation.images.left_wrist_0_rgb": rng.integers(0, 256, size=(224, 224, 3), dtype=np.uint8),
-            "observation.state": rng.normal(size=8).astype(np.float32),
-            "observation.language.tokens": rng.integers(1, 1000, size=12),
-        }
-        for _ in range(batch)
-    ]
 
 
 @pytest.mark.gpu

@@ -9,12 +9,30 @@
 #   results.jsonl  every result record the steps wrote, one JSON object per line, rewritten after each step
 # Raw result files live in a temporary folder outside OUT_DIR.
 
-gpu_setup() {  # gpu_setup OUT_DIR CAP_SECONDS CPU_MODE(0|1)
+gpu_arguments() {  # gpu_arguments HELP_LINES "$@": sets CPU_MODE (--cpu) and ARGS (the rest); --help prints HELP_LINES
+    local help=$1 arg
+    shift
+    CPU_MODE=0
+    ARGS=()
+    for arg in "$@"; do
+        case $arg in
+            --cpu) CPU_MODE=1 ;;
+            -h | --help)
+                sed -n "$help" "$0"
+                exit 0
+                ;;
+            *) ARGS+=("$arg") ;;
+        esac
+    done
+}
+
+gpu_setup() {  # gpu_setup OUT_DIR CAP_SECONDS CPU_MODE(0|1); then the working directory is the repository root
     OUT=$1
     CAP=$2
     CPU_MODE=$3
     mkdir -p "$OUT" || exit 2
-    OUT=$(cd "$OUT" && pwd)
+    OUT=$(cd "$OUT" && pwd) # relative to the caller's directory; the steps run from the repository root
+    cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/embodied_accel_gpu.XXXXXX")
     RESULTS=$WORK/results
     mkdir -p "$RESULTS"

@@ -18,18 +18,9 @@
 # --cpu runs the step on the tiny presets (graphs through the CPU replay stand-in), to check the script anywhere.
 set -uo pipefail
 
-CPU_MODE=0
-ARGS=()
-for arg in "$@"; do
-    case $arg in
-        --cpu) CPU_MODE=1 ;;
-        -h | --help)
-            sed -n '2,22p' "$0"
-            exit 0
-            ;;
-        *) ARGS+=("$arg") ;;
-    esac
-done
+# shellcheck source=tools/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
+gpu_arguments '2,22p' "$@"
 if [ "${#ARGS[@]}" -lt 2 ]; then
     echo "usage: $0 [--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d compile groot-compile buckets train tests)" >&2
     exit 2
@@ -37,9 +28,6 @@ fi
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
-cd "$(dirname "$0")/.." || exit 2
-# shellcheck source=tools/gpu_common.sh
-source tools/gpu_common.sh
 gpu_setup "$OUT" 540 "$CPU_MODE"
 [ "$CPU_MODE" = 0 ] && gpu_install_wheels
 gpu_environment

@@ -18,25 +18,14 @@
 # Later steps (VGGT, Hunyuan3D-2, compile modes, training): tools/gpu_followup.sh.
 set -uo pipefail
 
-CPU_MODE=0
-OUT=
-for arg in "$@"; do
-    case $arg in
-        --cpu) CPU_MODE=1 ;;
-        -h | --help)
-            sed -n '2,20p' "$0"
-            exit 0
-            ;;
-        *) OUT=$arg ;;
-    esac
-done
-if [ -z "$OUT" ]; then
+# shellcheck source=tools/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
+gpu_arguments '2,20p' "$@"
+if [ "${#ARGS[@]}" -ne 1 ]; then
     echo "usage: $0 [--cpu] OUT_DIR" >&2
     exit 2
 fi
-cd "$(dirname "$0")/.." || exit 2
-# shellcheck source=tools/gpu_common.sh
-source tools/gpu_common.sh
+OUT=${ARGS[0]}
 gpu_setup "$OUT" 540 "$CPU_MODE"
 
 if [ "$CPU_MODE" = 1 ]; then

@@ -31,19 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gpu_measure  # noqa: E402
 import torch  # noqa: E402
 from gpu_bench import parse_buckets  # noqa: E402
-from gpu_measure import (  # noqa: E402
-    CAPTURES,
-    DEFAULT_CAPTURES,
-    capture_options,
-    max_abs_diff,
-    measure_call,
-    ordered_captures,
-    release,
-    summary_line,
-    timed,
-)
 
 from embodied_accel import load_policy  # noqa: E402
 from embodied_accel import platform as platform_mod  # noqa: E402
@@ -93,7 +83,8 @@ def to_device(inputs: GrootInputs, device) -> GrootInputs:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="groot-n1.6", choices=["groot-n1.6", "groot-tiny"])
-    parser.add_argument("--captures", nargs="+", choices=CAPTURES, default=list(DEFAULT_CAPTURES))
+    parser.add_argument("--captures", nargs="+", choices=gpu_measure.CAPTURES,
+                        default=list(gpu_measure.DEFAULT_CAPTURES))  # fmt: skip
     parser.add_argument("--attention", nargs="+", choices=CUDA_ATTENTION_KERNELS, default=["sdpa"])
     parser.add_argument("--buckets", nargs="+", default=["1x1"], help="VIEWSxBATCH ... (default 1x1) or 'all'")
     parser.add_argument("--side", type=int, default=252, help="frame side after the processor (multiple of 28)")
@@ -114,19 +105,20 @@ def main(argv: list[str] | None = None) -> int:
     dtype = "bfloat16" if plat.device_type == "cuda" else "float32"
     attentions = args.attention if plat.device_type == "cuda" else ["sdpa"]
     for attention in attentions:
-        base, load_s = timed(functools.partial(load_policy, args.preset, dtype=dtype, progress=False,
+        base, load_s = gpu_measure.timed(functools.partial(load_policy, args.preset, dtype=dtype, progress=False,
                                                cuda_attention=attention))  # fmt: skip
         print(f"{args.preset} {dtype} loaded in {load_s:.1f} s ({base.num_parameters() / 1e6:.1f} M parameters, "
               f"random weights drawn on {base.device})", flush=True)  # fmt: skip
         eager_out: dict[tuple[int, int], torch.Tensor] = {}
-        for capture in ordered_captures(args.captures):
-            policy = base if capture == "eager" else base.with_capture(capture, **capture_options(plat))
+        for capture in gpu_measure.ordered_captures(args.captures):
+            options = gpu_measure.capture_options(plat)
+            policy = base if capture == "eager" else base.with_capture(capture, **options)
             for views, batch in buckets:
                 measure(args, plat, policy, capture, views, batch, dtype, load_s, eager_out)
             del policy
-            release(plat)
+            gpu_measure.release(plat)
         del base
-        release(plat)
+        gpu_measure.release(plat)
     return 0
 
 
@@ -137,7 +129,7 @@ def measure(args, plat, policy, capture: str, views: int, batch: int, dtype: str
     def call():
         return policy.sample(to_device(host, policy.device), noise.to(policy.device)).to("cpu")
 
-    measured = measure_call(call, plat, args.warmup, args.runs)
+    measured = gpu_measure.measure_call(call, plat, args.warmup, args.runs)
     out = call().float()
     if capture == "eager":
         eager_out[(views, batch)] = out
@@ -154,7 +146,7 @@ def measure(args, plat, policy, capture: str, views: int, batch: int, dtype: str
         **measured, source=policy.source, random_weights=True, num_parameters=policy.num_parameters(),
         warmup=args.warmup, capture_s=policy.capture_seconds, load_s=load_s,
         cuda_attention=policy.ops.settings.get("cuda_attention"),
-        max_abs_diff_vs_eager=max_abs_diff(out, eager_out.get((views, batch))),
+        max_abs_diff_vs_eager=gpu_measure.max_abs_diff(out, eager_out.get((views, batch))),
         graphs_captured=None if policy.graphs is None else policy.graphs.captures,
         prompt_tokens=int(host.valid[0].sum()), seq_len_bucket=host.bucket.seq_len, frame_side=args.side,
         target_p50_ms=15.0 if policy.config.name == "groot-n1.6" and views == batch == 1 else None,
@@ -162,7 +154,7 @@ def measure(args, plat, policy, capture: str, views: int, batch: int, dtype: str
         note=args.note, **stages,
     )  # fmt: skip
     path = harness.write_result(record, args.out_dir)
-    print(f"{summary_line(record)} -> {path.name}", flush=True)
+    print(f"{gpu_measure.summary_line(record)} -> {path.name}", flush=True)
 
 
 if __name__ == "__main__":
