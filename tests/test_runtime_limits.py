@@ -67,7 +67,7 @@ def test_graph_cap_evicts_the_least_recently_used_capture(caplog):
     graphed = policy.with_capture("cudagraph", plat=GPU, graph_backend=standin, max_graphs=2)
     assert graphed.model is policy.model and graphed.buffers is not policy.buffers and graphed.capture == "cudagraph"
     calls = (graphed.whole_call, graphed.model_call, graphed.whole_call_rtc, graphed.model_call_rtc)
-    assert all(call.graph_cache is graphed.graphs for call in calls)  # one cache (and pool) for the policy
+    assert all(call.graph_cache is graphed.graph_cache for call in calls)  # one cache (and pool) for the policy
     graphed.reserve(3)  # one KV cache for batches 1-3: the three buckets below share it
     raws = [raw_batch(policy, seed, batch) for seed, batch in ((0, 1), (1, 2), (2, 3))]
     noises = [policy.make_noise(raw.batch_size, seed=seed) for seed, raw in enumerate(raws)]
@@ -79,11 +79,11 @@ def test_graph_cap_evicts_the_least_recently_used_capture(caplog):
     with caplog.at_level(logging.INFO, logger="embodied_accel.runtime.cudagraph"):
         run(0), run(1), run(0)  # bucket 0 is now the most recently used
         run(2)  # the cap is 2: bucket 1 goes
-        assert (graphed.graphs.captures, graphed.graphs.evictions, graphed.graphs.live) == (3, 1, 2)
+        assert (graphed.graph_cache.captures, graphed.graph_cache.evictions, graphed.graph_cache.live) == (3, 1, 2)
         run(0)  # still held: replayed
         assert standin.captures == 3
         run(1)  # evicted: captured again, evicting bucket 2
-        assert standin.captures == 4 and graphed.graphs.evictions == 2 and graphed.graphs.live == 2
+        assert standin.captures == 4 and graphed.graph_cache.evictions == 2 and graphed.graph_cache.live == 2
     assert caplog.text.count("captured a graph") == 4 and caplog.text.count("evicted the least recently used") == 2
     with pytest.raises(ValueError, match="max_graphs"):
         policy.with_capture("cudagraph", plat=GPU, graph_backend=standin, max_graphs=0)
@@ -93,10 +93,10 @@ def test_real_graphs_of_a_policy_share_one_backend_on_its_device():
     """Without a stand-in, the policy's calls share one CUDA graph backend (one memory pool) for its device."""
     policy = load_policy("groot-tiny", progress=False)
     graphed = policy.with_capture("cudagraph", plat=GPU)
-    backend = graphed.graphs.backend
+    backend = graphed.graph_cache.backend
     assert isinstance(backend, CudaGraphBackend) and backend.device == policy.device
-    assert graphed.model_call.graph_cache is graphed.model_call_rtc.graph_cache is graphed.graphs
-    assert policy.with_capture("eager").graphs is None
+    assert graphed.model_call.graph_cache is graphed.model_call_rtc.graph_cache is graphed.graph_cache
+    assert policy.with_capture("eager").graph_cache is None
 
 
 def test_calls_run_under_the_models_device(monkeypatch):
@@ -165,7 +165,7 @@ def test_evicted_cuda_graphs_are_recaptured_and_equal_eager_on_the_gpu():
         raw = graphed.prepare_raw(_observations(seed, batch))
         noise = graphed.make_noise(batch, seed=seed)
         torch.testing.assert_close(graphed.run(raw, noise), eager.run(raw, noise), rtol=1e-4, atol=1e-4)
-    assert graphed.graphs.captures == 4 and graphed.graphs.evictions == 3 and graphed.graphs.live == 1
+    assert graphed.graph_cache.captures == 4 and graphed.graph_cache.evictions == 3 and graphed.graph_cache.live == 1
 
 
 @pytest.mark.gpu

@@ -140,7 +140,7 @@ def measure_bucket(args, plat, policy, capture, views, batch, dtype, load_s, eag
         num_parameters=policy.num_parameters(), warmup=args.warmup, capture_s=policy.capture_seconds, load_s=load_s,
         cuda_attention=policy.ops.settings.get("cuda_attention"),
         max_abs_diff_vs_eager=max_abs_diff(out, eager_out.get((views, batch))),
-        graphs_captured=None if policy.graphs is None else policy.graphs.captures,
+        graphs_captured=None if policy.graph_cache is None else policy.graph_cache.captures,
         measured_call="observation bytes uploaded -> device pre-processing + model + un-normalization -> "
         "actions on host", note=args.note, **stages,
     )  # fmt: skip

@@ -147,7 +147,7 @@ def measure(args, plat, policy, capture: str, views: int, batch: int, dtype: str
         warmup=args.warmup, capture_s=policy.capture_seconds, load_s=load_s,
         cuda_attention=policy.ops.settings.get("cuda_attention"),
         max_abs_diff_vs_eager=gpu_measure.max_abs_diff(out, eager_out.get((views, batch))),
-        graphs_captured=None if policy.graphs is None else policy.graphs.captures,
+        graphs_captured=None if policy.graph_cache is None else policy.graph_cache.captures,
         prompt_tokens=int(host.valid[0].sum()), seq_len_bucket=host.bucket.seq_len, frame_side=args.side,
         target_p50_ms=15.0 if policy.config.name == "groot-n1.6" and views == batch == 1 else None,
         measured_call="model inputs uploaded -> whole (captured) GR00T call -> normalized chunk on host",

@@ -130,9 +130,9 @@ class GrootPolicy:
         #: The one owner of the static buffers (position and rotary tables, step schedules, K/V buffer).
         self.buffers = StaticBuffers()
         #: The CUDA graphs of both calls (graph modes): one memory pool, at most ``max_graphs`` graphs.
-        self.graphs = policy_graph_cache(capture, self.device, graph_backend, max_graphs)
+        self.graph_cache = policy_graph_cache(capture, self.device, graph_backend, max_graphs)
         self._runtime_options = dict(plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
-        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graphs=self.graphs, device=self.device)
+        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graphs=self.graph_cache, device=self.device)
         #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
         self.model_call = BucketedCall(self._model_call, self.plan, assemble_buffers, **runtime)
         #: The same call with real-time chunking's guidance: the leftover, its weights and the clip are tensors of

@@ -101,8 +101,8 @@ class Pi0Policy:
         #: The one owner of the static buffers (KV cache, rotary table, step schedules) of every call below.
         self.buffers = StaticBuffers()
         #: The CUDA graphs of every call below (graph modes): one memory pool, at most ``max_graphs`` graphs.
-        self.graphs = policy_graph_cache(capture, self.device, graph_backend, max_graphs)
-        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graphs=self.graphs, device=self.device)
+        self.graph_cache = policy_graph_cache(capture, self.device, graph_backend, max_graphs)
+        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graphs=self.graph_cache, device=self.device)
         self._runtime_options = dict(plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
         #: The whole call on the device: uploaded observation bytes → robot actions (what ``infer`` runs).
         self.whole_call = BucketedCall(self._whole_call, self.plan, self.assemble, **runtime)

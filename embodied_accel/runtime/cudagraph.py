@@ -100,7 +100,7 @@ class GraphCache:
     def admit(self, owner: GraphedCall, key: tuple) -> None:
         """Make room for a new capture of ``owner``'s bucket ``key`` (evicting the least recently used)."""
         while len(self._order) >= self.max_graphs:
-            (owner_id, old_key), old_owner = self._order.popitem(last=False)
+            (_, old_key), old_owner = self._order.popitem(last=False)
             old_owner.buckets.pop(old_key, None)
             self.evictions += 1
             logger.info("cudagraph: evicted the least recently used graph (%s) to stay within %d graphs (%d evicted "
