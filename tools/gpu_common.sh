@@ -45,6 +45,9 @@ gpu_setup() {  # gpu_setup OUT_DIR CAP_SECONDS CPU_MODE(0|1); then the working d
     PY=${PYTHON:-python3}
     export PYTHONUNBUFFERED=1
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    if [ "$CPU_MODE" = 1 ]; then
+        export CUDA_VISIBLE_DEVICES= # the CPU even on a machine with a GPU
+    fi
     trap 'rm -rf "$WORK"' EXIT
 }
 
