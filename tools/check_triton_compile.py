@@ -24,7 +24,9 @@ its attention kernels (packed SDPA, Triton), at batch 1 and 8, in bf16 and fp32:
   conditioning per batch row (training's), the W8A8 int8 GEMM at VGGT's aggregator MLP shapes.
 
 Kernel outputs are never written (nothing runs), so the numbers the models compute are meaningless; only the
-launches matter.
+launches matter. So the models' GEMMs (every one goes through the op set's ``linear`` / ``linear_into``) only
+allocate their outputs, as the real ones do: the models have no branch on tensor values, so every launch sees the
+shapes, dtypes and strides of a real call, at a fraction of the CPU time.
 
     python tools/check_triton_compile.py [--arch 90 --arch 89 --arch 80] [--out bench/results]
 
@@ -199,17 +201,34 @@ def jit_kernels() -> list[JITFunction]:
 DEPTH = 2
 
 
+def compile_only_ops(attention: str):
+    """The cuda backend for a compile-only GPU with GEMMs that allocate their outputs (contiguous ``[rows, out]``
+    in the input's dtype, as ``torch.mm`` / ``torch.addmm`` return) and compute nothing."""
+    from embodied_accel.ops import OpSet, get_ops
+    from embodied_accel.platform import Platform
+
+    ops = get_ops("cuda", Platform("cuda", "compile-only", True, False), cuda_attention=attention)
+
+    def linear(x, weight_t, bias=None, residual=None):
+        return x.new_empty(x.shape[0], weight_t.shape[1])
+
+    def linear_into(x, weight_t, bias, out):
+        return out
+
+    impls = {**ops.impls, "linear": linear, "linear_into": linear_into}
+    return OpSet(ops.backend, impls, fused=ops.fused, fallback=ops.fallback, notes=ops.notes, settings=ops.settings)
+
+
 def model_launches(dtype: torch.dtype, batch: int, views: int = 2, tokens: int = 48) -> None:
     """One call of pi0 and of pi0.5 at full width (:data:`DEPTH` layers in the VLM and the expert, 1 in SigLIP)
     through the cuda backend, on the CPU, with each of the backend's attention kernels."""
     from embodied_accel.models.pi0.config import get_preset
     from embodied_accel.models.pi0.model import Pi0Model
     from embodied_accel.models.pi0.weights import init_random_weights
-    from embodied_accel.ops import CUDA_ATTENTION_KERNELS, get_ops
-    from embodied_accel.platform import Platform
+    from embodied_accel.ops import CUDA_ATTENTION_KERNELS
 
     for preset, attention in itertools.product(("pi0", "pi05"), CUDA_ATTENTION_KERNELS):
-        ops = get_ops("cuda", Platform("cuda", "compile-only", True, False), cuda_attention=attention)
+        ops = compile_only_ops(attention)
         cfg = get_preset(preset)
         cfg = dataclasses.replace(
             cfg, vocab_size=1024,
@@ -241,8 +260,7 @@ def groot_model_launches(dtype: torch.dtype, batch: int) -> None:
     from embodied_accel.models.groot.config import get_preset
     from embodied_accel.models.groot.model import GrootModel, build_buffers
     from embodied_accel.models.groot.weights import init_random_weights
-    from embodied_accel.ops import CUDA_ATTENTION_KERNELS, get_ops
-    from embodied_accel.platform import Platform
+    from embodied_accel.ops import CUDA_ATTENTION_KERNELS
 
     full = get_preset("groot-n1.6")
     cfg = dataclasses.replace(
@@ -252,9 +270,8 @@ def groot_model_launches(dtype: torch.dtype, batch: int) -> None:
         dit=dataclasses.replace(full.dit, depth=DEPTH),
     )  # fmt: skip
     for attention in CUDA_ATTENTION_KERNELS:
-        ops = get_ops("cuda", Platform("cuda", "compile-only", True, False), cuda_attention=attention)
         with torch.device("meta"):
-            model = GrootModel(cfg, ops, compute_dtype=dtype)
+            model = GrootModel(cfg, compile_only_ops(attention), compute_dtype=dtype)
         init_random_weights(model, 0, "cpu")
         model.eval()
         inputs = synthetic_inputs(SimpleNamespace(config=cfg, token_bucket=32), batch, views=1, side=252)
