@@ -9,9 +9,9 @@
 #   results.jsonl  every result record the steps wrote, one JSON object per line, rewritten after each step
 # Raw result files live in a temporary folder outside OUT_DIR.
 
-gpu_arguments() {  # gpu_arguments HELP_LINES "$@": sets CPU_MODE (--cpu) and ARGS (the rest); --help prints HELP_LINES
-    local help=$1 arg
-    shift
+gpu_arguments() {  # gpu_arguments HELP_LINES MIN_ARGS USAGE "$@": sets CPU_MODE (--cpu) and ARGS (the rest)
+    local help=$1 min=$2 usage=$3 arg
+    shift 3
     CPU_MODE=0
     ARGS=()
     for arg in "$@"; do
@@ -24,6 +24,10 @@ gpu_arguments() {  # gpu_arguments HELP_LINES "$@": sets CPU_MODE (--cpu) and AR
             *) ARGS+=("$arg") ;;
         esac
     done
+    if [ "${#ARGS[@]}" -lt "$min" ]; then
+        echo "usage: $0 $usage" >&2
+        exit 2
+    fi
 }
 
 gpu_setup() {  # gpu_setup OUT_DIR CAP_SECONDS CPU_MODE(0|1); then the working directory is the repository root

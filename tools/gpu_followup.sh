@@ -20,11 +20,7 @@ set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,22p' "$@"
-if [ "${#ARGS[@]}" -lt 2 ]; then
-    echo "usage: $0 [--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d compile groot-compile buckets train tests)" >&2
-    exit 2
-fi
+gpu_arguments '2,22p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d compile groot-compile buckets train tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")

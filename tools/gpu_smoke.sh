@@ -20,11 +20,7 @@ set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,20p' "$@"
-if [ "${#ARGS[@]}" -ne 1 ]; then
-    echo "usage: $0 [--cpu] OUT_DIR" >&2
-    exit 2
-fi
+gpu_arguments '2,20p' 1 "[--cpu] OUT_DIR" "$@"
 OUT=${ARGS[0]}
 gpu_setup "$OUT" 540 "$CPU_MODE"
 
