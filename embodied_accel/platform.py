@@ -8,6 +8,7 @@ device compares equal to the device of the tensors allocated on it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import logging
@@ -36,29 +37,46 @@ class Platform:
             return torch.device("cpu")
         return torch.device(self.device_type, self.device_index)
 
-    def synchronize(self) -> None:
-        """Wait for queued device work (no-op on the CPU)."""
-        if self.device_type == "cuda":
-            torch.cuda.synchronize()
-        elif self.device_type == "npu":
-            torch.npu.synchronize()  # type: ignore[attr-defined]
+    def for_device(self, device: torch.device | str) -> Platform:
+        """This platform with ``device``'s index: its synchronization and memory queries then go to that device
+        (a model on ``cuda:1``). Raises ``ValueError`` for a device of another type."""
+        device = normalize_device(device)
+        if device.type != self.device_type:
+            raise ValueError(f"device: expected a {self.device_type} device on this platform, got {device}")
+        return self if device.type == "cpu" else dataclasses.replace(self, device_index=device.index)
 
-    def reset_peak_memory(self) -> None:
+    def synchronize(self, device: torch.device | str | None = None) -> None:
+        """Wait for queued work on ``device`` (default: this platform's device, by index); no-op on the CPU."""
         if self.device_type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize(self._accelerator(device))
         elif self.device_type == "npu":
-            torch.npu.reset_peak_memory_stats()  # type: ignore[attr-defined]
+            torch.npu.synchronize(self._accelerator(device))  # type: ignore[attr-defined]
 
-    def peak_memory_mb(self) -> float:
-        """Peak memory allocated on the device since the last reset (CUDA, NPU); on the CPU the process's peak
-        resident set size."""
+    def reset_peak_memory(self, device: torch.device | str | None = None) -> None:
         if self.device_type == "cuda":
-            return torch.cuda.max_memory_allocated() / 2**20
+            torch.cuda.reset_peak_memory_stats(self._accelerator(device))
+        elif self.device_type == "npu":
+            torch.npu.reset_peak_memory_stats(self._accelerator(device))  # type: ignore[attr-defined]
+
+    def peak_memory_mb(self, device: torch.device | str | None = None) -> float:
+        """Peak memory allocated on ``device`` (default: this platform's, by index) since the last reset (CUDA,
+        NPU); on the CPU the process's peak resident set size."""
+        if self.device_type == "cuda":
+            return torch.cuda.max_memory_allocated(self._accelerator(device)) / 2**20
         if self.device_type == "npu":
-            return torch.npu.max_memory_allocated() / 2**20  # type: ignore[attr-defined]
+            return torch.npu.max_memory_allocated(self._accelerator(device)) / 2**20  # type: ignore[attr-defined]
         import resource
 
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+    def _accelerator(self, device: torch.device | str | None) -> int:
+        """The index of ``device`` (it must be of this platform's type), or of this platform's device."""
+        if device is None:
+            return self.device_index
+        device = torch.device(device) if isinstance(device, str) else device
+        if device.type != self.device_type:
+            raise ValueError(f"device: expected a {self.device_type} device on this platform, got {device}")
+        return self.device_index if device.index is None else device.index
 
     @property
     def peak_memory_kind(self) -> str:

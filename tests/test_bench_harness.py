@@ -171,3 +171,24 @@ def test_result_filename_is_safe_for_odd_device_names():
     assert name == "20250102T030405Z_pi0_pi0-tiny_reference_eager_float32_b1_v2_nvidia-h100-80gb-hbm3-mig-1g.10gb.json"
     as_datetime = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC).isoformat()
     assert harness.result_filename({**record, "date": as_datetime}) == name
+
+
+def test_result_filenames_use_only_letters_digits_dots_dashes_and_underscores():
+    record = {**_record(), "capture": "compile+cudagraph", "backend": "cuda+w8a8", "date": "2025-01-02T03:04:05+00:00"}
+    name = harness.result_filename(record)
+    assert re.fullmatch(r"[A-Za-z0-9._-]+", name), name
+    assert "_cuda-w8a8_compile-cudagraph_" in name
+
+
+def test_launches_under_graphs_are_the_hosts_launch_calls():
+    """One launch per graph replay plus the kernels launched outside graphs; GPU-side events do not count."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(name, device=DeviceType.CPU):
+        return SimpleNamespace(name=name, device_type=device)
+
+    events = [event("cudaGraphLaunch"), event("cudaLaunchKernel"), event("cuLaunchKernel"), event("aten::copy_"),
+              event("cudaMemcpyAsync"), event("void gemm_kernel<...>", DeviceType.CUDA)]  # fmt: skip
+    assert harness.host_launches(events) == 3

@@ -24,7 +24,7 @@ from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
     requires_triton,
 )
 
-pytestmark = requires_triton
+pytestmark = [requires_triton, pytest.mark.kernels]  # on the GPU where there is one: not pinned to the CPU
 
 from embodied_accel import cli  # noqa: E402
 from embodied_accel import platform as platform_mod  # noqa: E402

@@ -12,17 +12,16 @@ import pytest
 import torch
 from tolerances import pi0_tolerance
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 
 from embodied_accel import load_policy
 from embodied_accel.platform import Platform
 from embodied_accel.runtime import CaptureUnavailableError, capture_call
-from embodied_accel.runtime.cudagraph import GraphedCall
+from embodied_accel.runtime.cudagraph import GraphedCall, ReplayByCalling
 from embodied_accel.runtime.executor import BucketedCall
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU = Platform("cuda", "CPU stand-in for a GPU", has_triton=True, has_torch_npu=False)
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+requires_cuda = pytest.mark.gpu  # skipped with a reason without one (conftest.py)
 
 
 #: aten ops that cannot be inside a CUDA graph: a host sync (reading a value), data-dependent output
@@ -47,29 +46,14 @@ class CaptureSafety(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class ReplayStandIn:
-    """CUDA-graph semantics on the CPU: replay recomputes the captured output in place from the static inputs.
+class ReplayStandIn(ReplayByCalling):
+    """The runtime's CPU replay stand-in, which also checks the captured call for ops a real capture would reject."""
 
-    Like a real graph, it keeps reading the tensors it was captured with, so a call that forgot to copy
-    its inputs into them (or returned the static output itself) would give wrong answers here too. The
-    captured call is checked for ops a real capture would reject.
-    """
-
-    def __init__(self):
-        self.captures = 0
-
-    def capture(self, fn, static_args, static_kwargs):
-        self.captures += 1
-        fn(*static_args, **static_kwargs)  # warm-up, as the CUDA backend does: fills lazy caches
+    def record(self, fn, static_args, static_kwargs):
         with CaptureSafety() as safety:
             static_output = fn(*static_args, **static_kwargs)
         assert not safety.unsafe, f"capture-unsafe ops in the captured call: {sorted(set(safety.unsafe))}"
-
-        def replay():
-            fresh = fn(*static_args, **static_kwargs)
-            tree_map(lambda dst, src: dst.copy_(src), static_output, fresh)
-
-        return replay, static_output
+        return static_output
 
 
 def raw_batch(policy, seed, batch=2):
@@ -202,7 +186,7 @@ def test_cuda_graph_call_equals_eager_on_the_gpu(preset, mode):
     assert len(call.buckets) == 1 and call.replays == 3
 
 
-def _observations(seed):
+def _observations(seed, batch=1):
     rng = np.random.default_rng(seed)
     return [
         {
@@ -211,4 +195,5 @@ def _observations(seed):
             "observation.state": rng.normal(size=8).astype(np.float32),
             "observation.language.tokens": rng.integers(1, 1000, size=12),
         }
+        for _ in range(batch)
     ]

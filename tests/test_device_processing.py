@@ -134,7 +134,7 @@ def test_whole_device_call_equals_host_path(family, preset):
     host = policy.processor.postprocess(policy.sample(policy.prepare(observations), noise))
     raw = policy.prepare_raw(observations)
     assert len(raw.frames) == 2 and raw.frames[0].dtype == torch.uint8  # the missing camera was dropped
-    device = policy.run(raw, noise).numpy()
+    device = policy.run(raw, noise).cpu().numpy()
     # the device processing runs the host processor's ops in the same order on the same values: bit for bit
     np.testing.assert_array_equal(device, host)
     np.testing.assert_array_equal(policy.infer_batch(observations, noise=noise)["actions"], host)

@@ -57,6 +57,7 @@ def _seeking_policy(calls: list):
 
 
 def test_episodes_are_scheduled_batched_and_scored(tmp_path):
+    pytest.importorskip("av", reason="writing episode videos needs PyAV (the [train] extra)")
     log, calls = [], []
     simulators = [PointSimulator(log) for _ in range(2)]
     episodes = [Episode(0, 3, 0, 0, record_video=True), Episode(1, 2, 0, 1), Episode(2, 9, 0, 2)]  # 9 is too far

@@ -120,6 +120,7 @@ def test_cli_run_info_bench_for_a_groot_checkpoint(tmp_path, capsys):
 
 
 def test_server_speaks_openpi_with_groot_keys():
+    pytest.importorskip("websockets", reason="the [serve] extra (websockets) is not installed")
     from embodied_accel.serve.client import PolicyClient
     from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
 
@@ -136,7 +137,7 @@ def test_server_speaks_openpi_with_groot_keys():
             client.infer({**obs, "state.left_arm": np.zeros(4, np.float32)})
 
 
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+requires_cuda = pytest.mark.gpu  # skipped with a reason without one (conftest.py)
 
 
 @requires_cuda

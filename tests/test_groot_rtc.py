@@ -234,7 +234,7 @@ def test_captured_guided_call_equals_eager_and_a_new_delay_is_not_a_new_graph():
     assert standin.captures == 1 and len(graphed.model_call_rtc.graphs) == 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU (CUDA)")
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["cudagraph", "compile+cudagraph"])
 def test_guided_cuda_graph_equals_eager_on_the_gpu(mode):
     """Real CUDA graphs: guided calls with other delays, leftovers and row mixes replay one capture per bucket."""

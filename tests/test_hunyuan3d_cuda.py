@@ -1,10 +1,11 @@
 """Hunyuan3D-2 on the cuda backend's Triton kernels (under the interpreter on a CPU) against hy3dgen's fixture."""
 
+import pytest
 import torch
 from tolerances import rounding_tolerance
 from triton_setup import DEVICE, GPU, requires_triton  # before embodied_accel: sets TRITON_INTERPRET
 
-pytestmark = requires_triton
+pytestmark = [requires_triton, pytest.mark.kernels]  # on the GPU where there is one: not pinned to the CPU
 
 from embodied_accel.ops import get_ops  # noqa: E402
 

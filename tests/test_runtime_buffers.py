@@ -155,11 +155,13 @@ def test_peak_memory_is_the_devices_own_figure_on_an_npu(monkeypatch):
         resets = 0
 
         @classmethod
-        def reset_peak_memory_stats(cls):
+        def reset_peak_memory_stats(cls, device=None):
+            assert device == 0  # the platform's own device, by index
             cls.resets += 1
 
         @staticmethod
-        def max_memory_allocated():
+        def max_memory_allocated(device=None):
+            assert device == 0
             return 3 * 2**30
 
     monkeypatch.setattr(torch, "npu", FakeNpu, raising=False)

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from tolerances import pi0_tolerance
 
-from embodied_accel import cli
-from embodied_accel.serve.client import PolicyClient, http_get
+pytest.importorskip("websockets", reason="the [serve] extra (websockets) is not installed")
+from embodied_accel import cli  # noqa: E402
+from embodied_accel.serve.client import PolicyClient, http_get  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,9 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 
-from embodied_accel.serve import client as client_mod
-from embodied_accel.serve.client import ActionChunkExecutor, PolicyClient, ServerError, http_get
+pytest.importorskip("websockets", reason="the [serve] extra (websockets) is not installed")
+from embodied_accel.serve import client as client_mod  # noqa: E402
+from embodied_accel.serve.client import ActionChunkExecutor, PolicyClient, ServerError, http_get  # noqa: E402
 
 HORIZON = 10
 

@@ -12,16 +12,18 @@ import urllib.request
 import msgpack
 import numpy as np
 import pytest
-from tolerances import pi0_tolerance
-from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
 
-from embodied_accel import load_policy
-from embodied_accel.models.pi0.config import get_preset
-from embodied_accel.serve import codec
-from embodied_accel.serve.client import PolicyClient, ServerError, http_get
-from embodied_accel.serve.metrics import CONTENT_TYPE, PREFIX, parse_metrics
-from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
+pytest.importorskip("websockets", reason="the [serve] extra (websockets) is not installed")
+from tolerances import pi0_tolerance  # noqa: E402
+from websockets.exceptions import ConnectionClosed  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from embodied_accel import load_policy  # noqa: E402
+from embodied_accel.models.pi0.config import get_preset  # noqa: E402
+from embodied_accel.serve import codec  # noqa: E402
+from embodied_accel.serve.client import PolicyClient, ServerError, http_get  # noqa: E402
+from embodied_accel.serve.metrics import CONTENT_TYPE, PREFIX, parse_metrics  # noqa: E402
+from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread  # noqa: E402
 
 STEPS = 2  # denoising steps: enough to exercise the loop, cheap on a CPU
 

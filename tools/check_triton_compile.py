@@ -12,11 +12,21 @@ cubin for the architecture, and the tool checks what would otherwise only fail o
 * its shared memory fits the architecture (Triton checks that only when a kernel is loaded);
 * ``ptxas -v``: registers per thread and bytes spilled to local memory (reported; spills are flagged).
 
-The launches come from real calls of pi0 and pi0.5 at full width (SigLIP-So400m, Gemma-2B and Gemma-300M
-layers, depth 1, a small vocabulary) on the CPU through the cuda backend, with each of its attention kernels
-(packed SDPA, Triton), at batch 1 and 8, with 2 views and the real prompt bucket, in bf16 and fp32, and from
-GR00T N1.6's ops at its released shapes. Kernel outputs are never written (nothing runs), so the numbers
-the model computes are meaningless; only the launches matter.
+The launches come from real calls of the models at full width on the CPU through the cuda backend, with each of
+its attention kernels (packed SDPA, Triton), at batch 1 and 8, in bf16 and fp32:
+
+* pi0 and pi0.5 (SigLIP-So400m, Gemma-2B and Gemma-300M layers, a small vocabulary), 2 views and the real prompt
+  bucket, at depth 2: at depth 1 the VLM's only layer is its last, which over the prefix just writes K/V, so the
+  prefix pass's attention (prefix-LM mask, queries = keys, no key split) would never be launched;
+* GR00T N1.6 (SigLIP2, Qwen3 with 16 query / 8 K/V heads, the AlternateVLDiT, the released widths; SigLIP2 at
+  depth 1, Qwen3 and the DiT at depth 2, a small vocabulary) over a 252x252 frame and the 128-token prompt bucket;
+* the ops no model above calls at these shapes: RoPE without a cache write, pi0.5's adaRMS norms with one
+  conditioning per batch row (training's), the W8A8 int8 GEMM at VGGT's aggregator MLP shapes.
+
+Kernel outputs are never written (nothing runs), so the numbers the models compute are meaningless; only the
+launches matter. So the models' GEMMs (every one goes through the op set's ``linear`` / ``linear_into``) only
+allocate their outputs, as the real ones do: the models have no branch on tensor values, so every launch sees the
+shapes, dtypes and strides of a real call, at a fraction of the CPU time.
 
     python tools/check_triton_compile.py [--arch 90 --arch 89 --arch 80] [--out bench/results]
 
@@ -187,23 +197,44 @@ def jit_kernels() -> list[JITFunction]:
     return found
 
 
+#: Layers per tower of the full-width models: 2, so that every pass has a layer whose attention output is read.
+DEPTH = 2
+
+
+def compile_only_ops(attention: str):
+    """The cuda backend for a compile-only GPU with GEMMs that allocate their outputs (contiguous ``[rows, out]``
+    in the input's dtype, as ``torch.mm`` / ``torch.addmm`` return) and compute nothing."""
+    from embodied_accel.ops import OpSet, get_ops
+    from embodied_accel.platform import Platform
+
+    ops = get_ops("cuda", Platform("cuda", "compile-only", True, False), cuda_attention=attention)
+
+    def linear(x, weight_t, bias=None, residual=None):
+        return x.new_empty(x.shape[0], weight_t.shape[1])
+
+    def linear_into(x, weight_t, bias, out):
+        return out
+
+    impls = {**ops.impls, "linear": linear, "linear_into": linear_into}
+    return OpSet(ops.backend, impls, fused=ops.fused, fallback=ops.fallback, notes=ops.notes, settings=ops.settings)
+
+
 def model_launches(dtype: torch.dtype, batch: int, views: int = 2, tokens: int = 48) -> None:
-    """One call of pi0 and of pi0.5 at full width (depth 1) through the cuda backend, on the CPU, with each of
-    the backend's attention kernels."""
+    """One call of pi0 and of pi0.5 at full width (:data:`DEPTH` layers in the VLM and the expert, 1 in SigLIP)
+    through the cuda backend, on the CPU, with each of the backend's attention kernels."""
     from embodied_accel.models.pi0.config import get_preset
     from embodied_accel.models.pi0.model import Pi0Model
     from embodied_accel.models.pi0.weights import init_random_weights
-    from embodied_accel.ops import CUDA_ATTENTION_KERNELS, get_ops
-    from embodied_accel.platform import Platform
+    from embodied_accel.ops import CUDA_ATTENTION_KERNELS
 
     for preset, attention in itertools.product(("pi0", "pi05"), CUDA_ATTENTION_KERNELS):
-        ops = get_ops("cuda", Platform("cuda", "compile-only", True, False), cuda_attention=attention)
+        ops = compile_only_ops(attention)
         cfg = get_preset(preset)
         cfg = dataclasses.replace(
             cfg, vocab_size=1024,
             vision=dataclasses.replace(cfg.vision, depth=1),
-            vlm=dataclasses.replace(cfg.vlm, depth=1),
-            expert=dataclasses.replace(cfg.expert, depth=1),
+            vlm=dataclasses.replace(cfg.vlm, depth=DEPTH),
+            expert=dataclasses.replace(cfg.expert, depth=DEPTH),
         )  # fmt: skip
         with torch.device("meta"):
             model = Pi0Model(cfg, ops, compute_dtype=dtype)
@@ -218,17 +249,55 @@ def model_launches(dtype: torch.dtype, batch: int, views: int = 2, tokens: int =
             model.sample_actions(*args, num_steps=2)
 
 
+def groot_model_launches(dtype: torch.dtype, batch: int) -> None:
+    """One call of GR00T N1.6 at full width (SigLIP2 at depth 1, Qwen3 and the DiT at :data:`DEPTH`, a small
+    vocabulary) through the cuda backend with each attention kernel: one 252x252 view, the 128-token prompt bucket,
+    2 denoising steps."""
+    from types import SimpleNamespace
+
+    from groot_gpu_bench import synthetic_inputs
+
+    from embodied_accel.models.groot.config import get_preset
+    from embodied_accel.models.groot.model import GrootModel, build_buffers
+    from embodied_accel.models.groot.weights import init_random_weights
+    from embodied_accel.ops import CUDA_ATTENTION_KERNELS
+
+    full = get_preset("groot-n1.6")
+    cfg = dataclasses.replace(
+        full, vocab_size=1024, image_token_id=1000, num_steps=2,
+        vision=dataclasses.replace(full.vision, depth=1),
+        llm=dataclasses.replace(full.llm, depth=DEPTH),
+        dit=dataclasses.replace(full.dit, depth=DEPTH),
+    )  # fmt: skip
+    for attention in CUDA_ATTENTION_KERNELS:
+        with torch.device("meta"):
+            model = GrootModel(cfg, compile_only_ops(attention), compute_dtype=dtype)
+        init_random_weights(model, 0, "cpu")
+        model.eval()
+        inputs = synthetic_inputs(SimpleNamespace(config=cfg, token_bucket=32), batch, views=1, side=252)
+        noise = torch.randn(batch, cfg.action_horizon, cfg.max_action_dim)
+        buffers = build_buffers(model, inputs.bucket, "cpu")
+        with torch.no_grad():
+            model.sample_actions(inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, inputs.state,
+                                 noise, buffers)  # fmt: skip
+
+
 def op_launches(dtype: torch.dtype, batch: int, seq: int = 51) -> None:
     """Ops of the cuda backend that pi0 and pi0.5 do not call themselves, at their models' shapes.
 
     ``rope`` (rotate Q and K of a merged ``[B, 8 + 2, S, 256]`` projection, no cache write) is served for
-    callers without a static cache.
+    callers without a static cache; the adaRMS norms with per-row modulation for a training step's conditioning.
     """
     from embodied_accel.ops.cuda import kernels
 
     qkv = torch.randn(batch, seq, 10, 256, dtype=dtype).transpose(1, 2)
     cos, sin = torch.randn(batch, seq, 256, dtype=dtype), torch.randn(batch, seq, 256, dtype=dtype)
     kernels.rope(qkv, cos, sin, 9)
+    # pi0.5's expert norms with one conditioning per batch row (what a training step passes): the per-row variant
+    x = torch.randn(batch, seq, 1024, dtype=dtype)
+    per_row = [torch.randn(batch, 1, 1024) for _ in range(2)]
+    kernels.ada_rms_norm(x, *per_row, 1e-6)
+    kernels.gated_add_ada_rms_norm(x, x, torch.randn(batch, 1, 1024, dtype=dtype), *per_row, 1e-6)
     # W8A8 (VGGT's plan): the aggregator MLPs at full width, ``batch`` frames of 1041 tokens (518x392 crops)
     from embodied_accel.ops.cuda import int8_gemm
 
@@ -279,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             for dtype in dtypes:
                 for batch in batches:
                     model_launches(dtype, batch)
+                    groot_model_launches(dtype, batch)
                     op_launches(dtype, batch)
                     groot_launches(dtype, batch)
     seconds = time.perf_counter() - started
@@ -299,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         record = dict(
             kind="triton_compile_check", triton=triton.__version__, torch=torch.__version__, archs=archs,
-            batches=batches, dtypes=[str(d) for d in dtypes], seconds=round(seconds, 1),
+            batches=batches, dtypes=[str(d) for d in dtypes], depth=DEPTH, seconds=round(seconds, 1),
             variants=[dataclasses.asdict(v) for v in variants], failures=compiler.failures,
             never_launched=never_launched,
         )  # fmt: skip

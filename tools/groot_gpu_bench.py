@@ -1,39 +1,46 @@
-"""GR00T N1.6 on an NVIDIA GPU: full size, bf16, one 256x256 view, 4 denoising steps, batch 1 (run on a GPU machine).
+"""GR00T N1.6 on an NVIDIA GPU: full size, bf16, one 252x252 view, 4 denoising steps, batch 1, loaded once.
 
-    PYTHONPATH=. python tools/groot_gpu_bench.py --out-dir bench/results          # every capture mode
-    PYTHONPATH=. python tools/groot_gpu_bench.py --captures cudagraph --runs 200
-    PYTHONPATH=. python tools/groot_gpu_bench.py --allow-cpu --preset groot-tiny --out-dir /tmp/x   # smoke test
+    python tools/groot_gpu_bench.py --out-dir OUT                                  # eager + cudagraph
+    python tools/groot_gpu_bench.py --captures cudagraph compile+cudagraph --runs 200 --buckets 1x1 2x8
+    python tools/groot_gpu_bench.py --allow-cpu --preset groot-tiny --out-dir OUT  # dry run on the CPU (CI runs it)
 
 The setup of the published figures (the official ``benchmark_inference.py``: GR1, one view, 4 steps, batch 1;
 H100 eager 77 ms, torch.compile 38 ms, TensorRT 36 ms end to end): the ``groot-n1.6`` preset (seeded random
-weights; latency does not depend on the values) with the released shapes: SigLIP2 27 x 1152 over a 252x252 frame
-(324 patches → 81 tokens), Qwen3 16 layers over a 116-token prompt (padded to the 128-token bucket), the
-32-block DiT over 1 state + 50 action tokens, 4 steps. The inputs are built directly as the processor would hand
+weights drawn on the GPU; latency does not depend on the values) with the released shapes: SigLIP2 27 x 1152 over a
+252x252 frame (324 patches → 81 tokens), Qwen3 16 layers over a 116-token prompt (padded to the 128-token bucket),
+the 32-block DiT over 1 state + 50 action tokens, 4 steps. The inputs are built directly as the processor would hand
 them over (no OpenCV / Pillow / tokenizer needed on the GPU machine); the timed call uploads them, runs the whole
 (captured) model call and copies the chunk back, as ``embodied-accel bench`` does.
 
-Per capture mode (``--captures``, and the cuda backend's attention kernels, ``--attention``) one result file in the
-shared flat format with the first call apart (compile / capture), p50/mean/p90 over ``--runs``, kernel launches and
-device busy fraction per call, peak memory, and the max abs difference of the captured call from the eager one on
-the same inputs and noise; eager runs also time the backbone and the action head apart.
+The model is loaded once per attention kernel of the cuda backend (``--attention``) and wrapped in each capture mode
+(``--captures``, default ``eager cudagraph``; the compile modes are opt-in), then driven through ``--buckets
+VIEWSxBATCH`` (default ``1x1``). Per configuration one result file in the shared flat format with the first call apart
+(compile / capture), p50/mean/p90 over ``--runs``, kernel launches and device busy fraction per call, peak memory,
+and the max abs difference from the eager call on the same inputs and noise, and one summary line; ``--stages`` also
+times the backbone and the action head apart (eager).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import functools
 import logging
 import sys
-import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from embodied_accel import load_policy
-from embodied_accel.bench import harness
-from embodied_accel.models.groot.model import GrootBucket
-from embodied_accel.ops import CUDA_ATTENTION_KERNELS
-from embodied_accel.platform import detect
-from embodied_accel.policies.groot import GrootInputs
+import gpu_measure  # noqa: E402
+import torch  # noqa: E402
+from gpu_bench import parse_buckets  # noqa: E402
+
+from embodied_accel import load_policy  # noqa: E402
+from embodied_accel import platform as platform_mod  # noqa: E402
+from embodied_accel.bench import harness  # noqa: E402
+from embodied_accel.models.groot.model import GrootBucket  # noqa: E402
+from embodied_accel.ops import CUDA_ATTENTION_KERNELS  # noqa: E402
+from embodied_accel.policies.groot import GrootInputs  # noqa: E402
 
 logger = logging.getLogger("groot_gpu_bench")
 #: GR1's prompt around its one image: 14 template tokens, 12 instruction tokens, "<image 1>" (5) and <img> before
@@ -76,79 +83,78 @@ def to_device(inputs: GrootInputs, device) -> GrootInputs:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="groot-n1.6", choices=["groot-n1.6", "groot-tiny"])
-    parser.add_argument("--captures", nargs="+", default=["eager", "cudagraph", "compile", "compile+cudagraph"])
+    parser.add_argument("--captures", nargs="+", choices=gpu_measure.CAPTURES,
+                        default=list(gpu_measure.DEFAULT_CAPTURES))  # fmt: skip
     parser.add_argument("--attention", nargs="+", choices=CUDA_ATTENTION_KERNELS, default=["sdpa"])
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--views", type=int, default=1)
+    parser.add_argument("--buckets", nargs="+", default=["1x1"], help="VIEWSxBATCH ... (default 1x1) or 'all'")
     parser.add_argument("--side", type=int, default=252, help="frame side after the processor (multiple of 28)")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--stages", action="store_true", help="also time the backbone and the action head apart")
     parser.add_argument("--out-dir", default="bench/results")
     parser.add_argument("--note", default=None)
-    parser.add_argument("--allow-cpu", action="store_true", help="smoke-test the script on the CPU")
+    parser.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU (graphs stood in)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    plat = detect()
+    buckets = parse_buckets(args.buckets)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    plat = platform_mod.detect()
     if plat.device_type != "cuda" and not args.allow_cpu:
-        print(f"groot_gpu_bench: needs an NVIDIA GPU; this machine has {plat.device_type}", file=sys.stderr)
+        print(f"groot_gpu_bench: needs an NVIDIA GPU; this machine has {plat.device_type} (--allow-cpu for a dry "
+              "run)", file=sys.stderr)  # fmt: skip
         return 2
+    dtype = "bfloat16" if plat.device_type == "cuda" else "float32"
     attentions = args.attention if plat.device_type == "cuda" else ["sdpa"]
-    eager_out: dict[str, torch.Tensor] = {}
-    for capture in args.captures:
-        for attention in attentions:
-            measure(args, plat, capture, attention, eager_out)
-            gc.collect()  # the policy of that mode is gone: free its memory before the next one loads
-            if plat.device_type == "cuda":
-                torch.cuda.empty_cache()
+    for attention in attentions:
+        base, load_s = gpu_measure.timed(functools.partial(load_policy, args.preset, dtype=dtype, progress=False,
+                                               cuda_attention=attention))  # fmt: skip
+        print(f"{args.preset} {dtype} loaded in {load_s:.1f} s ({base.num_parameters() / 1e6:.1f} M parameters, "
+              f"random weights drawn on {base.device})", flush=True)  # fmt: skip
+        eager_out: dict[tuple[int, int], torch.Tensor] = {}
+        for capture in gpu_measure.ordered_captures(args.captures):
+            options = gpu_measure.capture_options(plat)
+            policy = base if capture == "eager" else base.with_capture(capture, **options)
+            for views, batch in buckets:
+                measure(args, plat, policy, capture, views, batch, dtype, load_s, eager_out)
+            del policy
+            gpu_measure.release(plat)
+        del base
+        gpu_measure.release(plat)
     return 0
 
 
-def measure(args, plat, capture: str, attention: str, eager_out: dict) -> None:
-    dtype = "bfloat16" if plat.device_type == "cuda" else "float32"
-    start = time.perf_counter()
-    policy = load_policy(args.preset, dtype=dtype, num_views=args.views, capture=capture, progress=False,
-                         cuda_attention=attention)  # fmt: skip
-    load_s = time.perf_counter() - start
-    host = synthetic_inputs(policy, args.batch, args.views, args.side)
-    noise = policy.make_noise(args.batch, seed=0).cpu()
+def measure(args, plat, policy, capture: str, views: int, batch: int, dtype: str, load_s: float, eager_out) -> None:
+    host = synthetic_inputs(policy, batch, views, args.side)
+    noise = policy.make_noise(batch, seed=0).cpu()
 
     def call():
         return policy.sample(to_device(host, policy.device), noise.to(policy.device)).to("cpu")
 
-    plat.reset_peak_memory()
-    first = harness.time_calls(call, warmup=0, runs=1, synchronize=plat.synchronize, progress=False)[0]
-    times = harness.time_calls(call, warmup=args.warmup, runs=args.runs, synchronize=plat.synchronize, progress=False)
-    peak_mem_mb = plat.peak_memory_mb()
-    kernels, busy = harness.device_activity(call, plat)
+    measured = gpu_measure.measure_call(call, plat, args.warmup, args.runs)
     out = call().float()
     if capture == "eager":
-        eager_out[attention] = out
-    reference = eager_out.get(attention)
-    diff = None if reference is None else float((out - reference).abs().max())
+        eager_out[(views, batch)] = out
     stages = {}
-    if capture == "eager":
+    if args.stages and capture == "eager":
         device_inputs = to_device(host, policy.device)
         for name, fn in policy.stage_fns(device_inputs).items():
             stage_times = harness.time_calls(fn, warmup=3, runs=max(args.runs // 2, 10), synchronize=plat.synchronize,
                                              progress=False)  # fmt: skip
             stages[f"stage_{name}_ms"] = harness.summarize(stage_times)["p50_ms"]
     record = harness.result_record(
-        model="groot", preset=policy.config.name, backend=policy.backend, capture=capture, dtype=dtype,
-        batch=args.batch, views=args.views, steps=policy.config.num_steps, times=times, aten_ops_per_call=None,
-        peak_mem_mb=peak_mem_mb, kernel_launches_per_call=kernels, device_busy_fraction=busy, plat=plat,
-        source=policy.source, random_weights=True, num_parameters=policy.num_parameters(), warmup=args.warmup,
-        first_call_ms=first * 1e3, capture_s=policy.capture_seconds, load_s=load_s,
-        cuda_attention=policy.ops.settings.get("cuda_attention"), max_abs_diff_vs_eager=diff,
+        model="groot", preset=policy.config.name, backend=policy.backend, capture=capture, dtype=dtype, batch=batch,
+        views=views, steps=policy.config.num_steps, times=measured.pop("times"), aten_ops_per_call=None, plat=plat,
+        **measured, source=policy.source, random_weights=True, num_parameters=policy.num_parameters(),
+        warmup=args.warmup, capture_s=policy.capture_seconds, load_s=load_s,
+        cuda_attention=policy.ops.settings.get("cuda_attention"),
+        max_abs_diff_vs_eager=gpu_measure.max_abs_diff(out, eager_out.get((views, batch))),
+        graphs_captured=None if policy.graph_cache is None else policy.graph_cache.captures,
         prompt_tokens=int(host.valid[0].sum()), seq_len_bucket=host.bucket.seq_len, frame_side=args.side,
-        target_p50_ms=15.0 if policy.config.name == "groot-n1.6" else None,
+        target_p50_ms=15.0 if policy.config.name == "groot-n1.6" and views == batch == 1 else None,
         measured_call="model inputs uploaded -> whole (captured) GR00T call -> normalized chunk on host",
         note=args.note, **stages,
     )  # fmt: skip
     path = harness.write_result(record, args.out_dir)
-    print(f"{policy.config.name} {capture:18s} {attention:6s} b{args.batch} v{args.views}: "
-          f"p50 {record['p50_ms']:.2f} ms,"
-          f" mean {record['mean_ms']:.2f}, first {first * 1e3:.0f} ms, kernels {kernels}, busy {busy}, "
-          f"diff vs eager {diff}, {stages or ''} -> {path.name}", flush=True)  # fmt: skip
+    print(f"{gpu_measure.summary_line(record)} -> {path.name}", flush=True)
 
 
 if __name__ == "__main__":

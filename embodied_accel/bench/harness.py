@@ -246,21 +246,57 @@ def gpu_kernel_events(events) -> list:
     ]
 
 
+#: Host-side launch calls as the profiler records them (CUDA runtime and driver API): kernels, and whole graphs.
+LAUNCH_CALLS = frozenset({
+    "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchCooperativeKernel", "cuLaunchKernel", "cuLaunchKernelEx",
+    "cudaGraphLaunch", "cuGraphLaunch",
+})  # fmt: skip
+
+
+def host_launches(events) -> int:
+    """Launch calls the host made (:data:`LAUNCH_CALLS`) among profiler events: one per kernel outside graphs and
+    one per graph replay, however many kernels the graph holds."""
+    from torch.autograd import DeviceType
+
+    return sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in LAUNCH_CALLS)
+
+
 def device_activity(
-    fn: Callable[[], object], plat: platform_mod.Platform | None = None
+    fn: Callable[[], object], plat: platform_mod.Platform | None = None, *, calls: int = 5
 ) -> tuple[int | None, float | None]:
     """``(kernel_launches, device_busy_fraction)`` of one call of ``fn``, or ``(None, None)`` off CUDA.
 
-    Runs ``fn`` once under ``torch.profiler``: kernel launches are the GPU kernels the call ran; the busy
-    fraction is the union of their execution intervals over the call's wall time (call start to device
-    synchronisation). The profiler adds host overhead, so on a host-bound call the fraction reads low rather
-    than high; it is the documents' "device busy" analysis, not a latency.
+    A call that replays no CUDA graph (eager, compiled) runs once under ``torch.profiler``: kernel launches are the
+    GPU kernels it ran; the busy fraction is the union of their execution intervals over the call's wall time (call
+    start to device synchronisation). The profiler adds host overhead, so on a host-bound call the fraction reads
+    low rather than high.
+
+    A call that replays CUDA graphs (``cudagraph``, ``compile+cudagraph``): the profiler's record of kernels inside a
+    graph is not reliable, so the busy fraction comes from CUDA events recorded around every replay
+    (:func:`~embodied_accel.runtime.cudagraph.timed_replays`): the graphs' device time over the call's wall time,
+    summed over ``calls`` calls without a profiler attached (a graph's kernels run back to back, so its span is busy
+    time; the input upload and the copy back are not counted, so this is a slight underestimate). Kernel launches
+    are then the host's launch calls (:func:`host_launches`): one per graph replay plus the kernels outside it.
     """
     plat = plat or platform_mod.detect()
     if plat.device_type != "cuda":
         return None, None
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
+
+    from ..runtime.cudagraph import timed_replays
+
+    graph_ms, wall_s = 0.0, 0.0
+    for _ in range(max(1, calls)):
+        with timed_replays() as replays:
+            plat.synchronize()
+            start = time.perf_counter()
+            fn()
+            plat.synchronize()
+            wall_s += time.perf_counter() - start
+        if not replays:
+            break
+        graph_ms += sum(begin.elapsed_time(end) for begin, end in replays)
 
     marker = "embodied_accel.bench.call"
     plat.synchronize()
@@ -269,6 +305,8 @@ def device_activity(
             fn()
             plat.synchronize()
         events = prof.events()
+    if graph_ms > 0:
+        return host_launches(events), min(1.0, graph_ms / 1e3 / wall_s)
     window = next(e for e in events if e.name == marker and e.device_type == DeviceType.CPU)
     kernels = gpu_kernel_events(events)
     intervals = [(e.time_range.start, e.time_range.end) for e in kernels]
@@ -340,8 +378,9 @@ def environment_stamp(plat: platform_mod.Platform | None = None) -> dict[str, An
 
 
 def _slug(value: Any) -> str:
-    """A file-name-safe, lower-case rendering of one name part."""
-    text = re.sub(r"[^a-z0-9.+-]+", "-", str(value).lower()).strip("-.")
+    """A file-name-safe, lower-case rendering of one name part: letters, digits, ``.`` and ``-`` only (a capture
+    ``compile+cudagraph`` reads ``compile-cudagraph``)."""
+    text = re.sub(r"[^a-z0-9.-]+", "-", str(value).lower()).strip("-.")
     return text or "none"
 
 

@@ -45,7 +45,7 @@ from ..ops import get_ops
 from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
 from ..runtime.cudagraph import GraphBackend
-from ..runtime.executor import BucketedCall
+from ..runtime.executor import BucketedCall, policy_graph_cache
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,8 @@ class ShapePipeline:
         self.device = platform_mod.normalize_device(device)
         self.capture = capture
         self.buffers = StaticBuffers()
-        runtime = {"mode": capture, "buffers": self.buffers, "graph_backend": graph_backend, "plat": plat}
+        graphs = policy_graph_cache(capture, self.device, graph_backend)  # one pool and one cap for the three calls
+        runtime = {"mode": capture, "buffers": self.buffers, "graphs": graphs, "plat": plat, "device": self.device}
         self.conditioner_call = BucketedCall(self._condition, self.plan, dict, **runtime)
         self.dit_call = BucketedCall(self._dit_step, lambda bucket: {}, dict, **runtime)
         self.grid_form = grid_query.applies(model.vae)  # see models/hunyuan3d/grid_query.py

@@ -58,8 +58,8 @@ from ..nn.rtc import ChunkGuidance, RtcSettings
 from ..ops import OpSet, get_ops
 from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
-from ..runtime.cudagraph import GraphBackend
-from ..runtime.executor import BucketedCall
+from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
+from ..runtime.executor import BucketedCall, policy_graph_cache
 from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
 
 logger = logging.getLogger(__name__)
@@ -110,14 +110,19 @@ def _describe_norms(spec: EmbodimentSpec) -> tuple[str, str]:
 
 
 class GrootPolicy:
-    """GR00T N1.6 for one embodiment with its processor. Build it with :func:`load_groot_policy`."""
+    """GR00T N1.6 for one embodiment with its processor. Build it with :func:`load_groot_policy`.
+
+    ``plat`` / ``graph_backend`` replace the detected platform and the real CUDA graph capture (CPU tests);
+    ``max_graphs`` caps the CUDA graphs the policy holds (least recently used evicted). :meth:`with_capture` wraps the
+    same loaded model in another capture mode.
+    """
 
     #: Prompts are left-padded to a multiple of this many tokens (few distinct shapes; padding changes nothing).
     token_bucket = 32
 
     def __init__(self, model: GrootModel, processor: GrootProcessor, *, source: str, random_weights: bool, device,
                  capture: str = "eager", pad_id: int = 0, plat: platform_mod.Platform | None = None,
-                 graph_backend: GraphBackend | None = None):  # fmt: skip
+                 graph_backend: GraphBackend | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS):  # fmt: skip
         self.model, self.processor = model, processor
         self.source, self.random_weights = source, random_weights
         self.device = platform_mod.normalize_device(device)
@@ -125,14 +130,16 @@ class GrootPolicy:
         self._build = BufferBuilders(model, self.device)
         #: The one owner of the static buffers (position and rotary tables, step schedules, K/V buffer).
         self.buffers = StaticBuffers()
+        #: The CUDA graphs of both calls (graph modes): one memory pool, at most ``max_graphs`` graphs.
+        self.graph_cache = policy_graph_cache(capture, self.device, graph_backend, max_graphs)
+        self._runtime_options = dict(plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
+        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graphs=self.graph_cache, device=self.device)
         #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
-        self.model_call = BucketedCall(self._model_call, self.plan, assemble_buffers, mode=capture,
-                                       buffers=self.buffers, plat=plat, graph_backend=graph_backend)  # fmt: skip
+        self.model_call = BucketedCall(self._model_call, self.plan, assemble_buffers, **runtime)
         #: The same call with real-time chunking's guidance: the leftover, its weights and the clip are tensors of
         #: the call, so any delay and any mix of rows with and without it share one capture per bucket. Calls
         #: without guidance run the call above, unchanged.
-        self.model_call_rtc = BucketedCall(self._model_call_rtc, self.plan, assemble_buffers, mode=capture,
-                                           buffers=self.buffers, plat=plat, graph_backend=graph_backend)  # fmt: skip
+        self.model_call_rtc = BucketedCall(self._model_call_rtc, self.plan, assemble_buffers, **runtime)
         spec = processor.spec
         state_norm, action_norm = _describe_norms(spec)
         self.io = GrootIO(
@@ -145,6 +152,15 @@ class GrootPolicy:
             state_norm=state_norm,
             action_norm=action_norm,
         )
+
+    def with_capture(self, capture: str, **runtime_options: Any) -> GrootPolicy:
+        """The same model, processor and device in another capture mode, with a runtime of its own (buffers,
+        graphs): a benchmark loads the weights once and wraps them in each mode. ``runtime_options``: ``plat``,
+        ``graph_backend``, ``max_graphs`` (default: this policy's)."""
+        check_capture(capture, runtime_options.get("plat", self._runtime_options["plat"]))
+        options = {**self._runtime_options, **runtime_options}
+        return GrootPolicy(self.model, self.processor, source=self.source, random_weights=self.random_weights,
+                           device=self.device, capture=capture, pad_id=self.pad_id, **options)  # fmt: skip
 
     config: GrootConfig = property(lambda self: self.model.config)  # type: ignore[assignment]
     ops: OpSet = property(lambda self: self.model.ops)  # type: ignore[assignment]

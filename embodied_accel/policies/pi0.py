@@ -42,8 +42,8 @@ from ..nn.rtc import ChunkGuidance, RtcSettings
 from ..ops import OpSet, get_ops
 from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
-from ..runtime.cudagraph import GraphBackend
-from ..runtime.executor import BucketedCall
+from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
+from ..runtime.executor import BucketedCall, policy_graph_cache
 from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,8 @@ class Pi0Policy:
     """pi0 / pi0.5 with its processor and runtime. Build it with :func:`load_pi0_policy` (or ``load_policy``).
 
     ``plat`` / ``graph_backend`` replace the detected platform and the real CUDA graph capture (tests run the
-    ``cudagraph`` modes on the CPU through a replay stand-in this way).
+    ``cudagraph`` modes on the CPU through a replay stand-in this way); ``max_graphs`` caps the CUDA graphs the policy
+    holds (least recently used evicted). :meth:`with_capture` wraps the same loaded model in another capture mode.
     """
 
     #: Prompts are trimmed to a multiple of this many tokens (few distinct shapes, see compact_inputs).
@@ -90,6 +91,7 @@ class Pi0Policy:
         capture: str = "eager",
         plat: platform_mod.Platform | None = None,
         graph_backend: GraphBackend | None = None,
+        max_graphs: int = DEFAULT_MAX_GRAPHS,
     ):
         self.model, self.processor = model, processor
         self.source, self.random_weights = source, random_weights
@@ -98,7 +100,10 @@ class Pi0Policy:
         self.device_processing = DeviceProcessing(model.config, processor.io).to(self.device)
         #: The one owner of the static buffers (KV cache, rotary table, step schedules) of every call below.
         self.buffers = StaticBuffers()
-        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graph_backend=graph_backend)
+        #: The CUDA graphs of every call below (graph modes): one memory pool, at most ``max_graphs`` graphs.
+        self.graph_cache = policy_graph_cache(capture, self.device, graph_backend, max_graphs)
+        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graphs=self.graph_cache, device=self.device)
+        self._runtime_options = dict(plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
         #: The whole call on the device: uploaded observation bytes → robot actions (what ``infer`` runs).
         self.whole_call = BucketedCall(self._whole_call, self.plan, self.assemble, **runtime)
         #: The model alone: model inputs (host-processed) → normalized action chunk.
@@ -108,6 +113,15 @@ class Pi0Policy:
         #: above run, unchanged.
         self.whole_call_rtc = BucketedCall(self._whole_call_rtc, self.plan, self.assemble, **runtime)
         self.model_call_rtc = BucketedCall(self._model_call_rtc, self.plan, self.assemble, **runtime)
+
+    def with_capture(self, capture: str, **runtime_options: Any) -> Pi0Policy:
+        """The same model, processor and device in another capture mode, with a runtime of its own (buffers,
+        graphs): a benchmark loads the weights once and wraps them in each mode. ``runtime_options``: ``plat``,
+        ``graph_backend``, ``max_graphs`` (default: this policy's)."""
+        check_capture(capture, runtime_options.get("plat", self._runtime_options["plat"]))
+        options = {**self._runtime_options, **runtime_options}
+        return Pi0Policy(self.model, self.processor, source=self.source, random_weights=self.random_weights,
+                         device=self.device, capture=capture, **options)  # fmt: skip
 
     config: Pi0Config = property(lambda self: self.model.config)  # type: ignore[assignment]
     family: str = property(lambda self: self.model.config.family)  # type: ignore[assignment]

@@ -3,8 +3,9 @@
 A capture mode wraps a model's whole-call function once per policy (on its first use). Shapes are static
 per call bucket (number of views, prompt-length bucket, batch size): ``compile`` specializes on each bucket
 (``dynamic=False``) and traces the whole call as one graph (``fullgraph=True``: a graph break is an error,
-not a silent slow path); ``cudagraph`` captures one CUDA graph per bucket (:mod:`.cudagraph`); ``torchair``
-compiles through torchair's NPU backend (:mod:`.torchair`).
+not a silent slow path), up to a set number of buckets (:mod:`.compiled`); ``cudagraph`` captures one CUDA graph
+per bucket, at most a set number of graphs per policy with least-recently-used eviction (:mod:`.cudagraph`);
+``torchair`` compiles through torchair's NPU backend (:mod:`.torchair`).
 """
 
 from __future__ import annotations
@@ -54,20 +55,20 @@ def check_capture(mode: str, plat: platform_mod.Platform | None = None) -> platf
 def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = None) -> Callable:
     """Wrap ``fn`` (a model's whole call) for ``mode``.
 
-    ``eager`` returns it unchanged; ``compile`` returns ``torch.compile(fn, fullgraph=True, dynamic=False)``
-    (compiled lazily on the first call of each shape bucket). ``cudagraph`` captures the whole eager call
-    as one CUDA graph per shape bucket (:class:`~.cudagraph.GraphedCall`); ``compile+cudagraph`` captures
-    the compiled call (inductor's fused kernels, our graph). Both need an NVIDIA GPU and ``torchair`` an
-    Ascend NPU; they raise :class:`CaptureUnavailableError` elsewhere.
+    ``eager`` returns it unchanged; ``compile`` returns a :class:`~.compiled.CompiledCall` (``torch.compile(fn,
+    fullgraph=True, dynamic=False)``, compiled lazily on the first call of each shape bucket, up to its bucket limit).
+    ``cudagraph`` captures the whole eager call as one CUDA graph per shape bucket (:class:`~.cudagraph.GraphedCall`);
+    ``compile+cudagraph`` captures the compiled call (inductor's fused kernels, our graph). Both need an NVIDIA GPU
+    and ``torchair`` an Ascend NPU; they raise :class:`CaptureUnavailableError` elsewhere.
     """
     plat = check_capture(mode, plat)
     if mode == "eager":
         return fn
     if mode == "compile":
-        import torch
+        from .compiled import CompiledCall
 
         logger.info("capture compile: torch.compile(fullgraph=True, dynamic=False) on %s", plat.device_type)
-        return torch.compile(fn, fullgraph=True, dynamic=False)
+        return CompiledCall(fn)
     if mode == "torchair":
         from .torchair import torchair_call
 
@@ -76,9 +77,9 @@ def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = N
         from .cudagraph import GraphedCall
 
         if mode == "compile+cudagraph":
-            import torch
+            from .compiled import CompiledCall
 
-            fn = torch.compile(fn, fullgraph=True, dynamic=False)
+            fn = CompiledCall(fn)
         logger.info("capture %s: one CUDA graph per shape bucket on %s", mode, plat.device_name)
         return GraphedCall(fn)
     raise CaptureUnavailableError(f"capture {mode!r} is not part of this release yet")

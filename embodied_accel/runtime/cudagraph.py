@@ -7,8 +7,16 @@ reading from freshly allocated static input tensors. Every later call of that bu
 inputs into those tensors, replays the graph (one launch from the host instead of thousands) and
 returns a copy of the static output.
 
-All graphs share one memory pool. That is safe because calls run one after another on one stream, and
-each call copies its output out of the pool before the next replay can reuse the memory.
+The graphs of one owner (a policy: every :class:`GraphedCall` of it) are held by one :class:`GraphCache`: one
+capture backend with one memory pool, and at most ``max_graphs`` graphs. Sharing the pool is safe because calls run
+one after another on one stream and each call copies its output out of the pool before the next replay can reuse
+the memory. The cap bounds a long-running server's memory: a bucket key includes every input shape (e.g. each raw
+camera resolution), so new keys keep coming; when a capture would exceed the cap, the least recently replayed graph
+is evicted (its static buffers and graph freed; recaptured if its bucket comes back). Every capture and eviction is
+logged and counted (``GraphCache.captures`` / ``evictions``).
+
+Capture runs under ``torch.cuda.device(device)`` of the model (a server's worker thread starts on device 0
+whatever the model's device is).
 
 The function must be capture-safe: no host syncs, no ``.item()``, no allocation of tensors that outlive
 the call, no Python branches on tensor values; the buffers it reads across calls (KV caches, tables)
@@ -17,9 +25,11 @@ must exist before capture and must never be freed (pi0's model keeps them per bu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,26 +48,121 @@ class GraphBackend(Protocol):
     def capture(self, fn: Callable, static_args: tuple, static_kwargs: dict) -> tuple[Callable[[], None], Any]: ...
 
 
+#: Graphs one :class:`GraphCache` keeps at most (per policy) unless told otherwise.
+DEFAULT_MAX_GRAPHS = 32
+
+
 @dataclass
 class CudaGraphBackend:
-    """Captures with ``torch.cuda.graph`` after ``warmup_calls`` eager calls on a side stream."""
+    """Captures with ``torch.cuda.graph`` after ``warmup_calls`` eager calls on a side stream, on ``device`` (None:
+    the current device), into one memory pool for every graph it captures."""
 
     warmup_calls: int = 2
     pool: Any = None
+    device: Any = None
 
     def capture(self, fn, static_args, static_kwargs):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(self.warmup_calls):
-                fn(*static_args, **static_kwargs)
-        torch.cuda.current_stream().wait_stream(side)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            static_output = fn(*static_args, **static_kwargs)
+        with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_calls):
+                    fn(*static_args, **static_kwargs)
+            torch.cuda.current_stream().wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                static_output = fn(*static_args, **static_kwargs)
         return graph.replay, static_output
+
+
+@dataclass(eq=False)
+class GraphCache:
+    """The captured graphs of one owner: its capture backend (one memory pool), a cap of ``max_graphs`` with
+    least-recently-used eviction, and counters (``captures``, ``evictions``, ``live``)."""
+
+    backend: GraphBackend = field(default_factory=CudaGraphBackend)
+    max_graphs: int = DEFAULT_MAX_GRAPHS
+    captures: int = 0
+    evictions: int = 0
+    _order: OrderedDict = field(default_factory=OrderedDict)  # (id(graphed call), bucket key) -> graphed call
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_graphs, bool) or not isinstance(self.max_graphs, int) or self.max_graphs < 1:
+            raise ValueError(f"max_graphs: expected an int >= 1, got {self.max_graphs!r}")
+
+    @property
+    def live(self) -> int:
+        """Graphs held now."""
+        return len(self._order)
+
+    def admit(self, owner: GraphedCall, key: tuple) -> None:
+        """Make room for a new capture of ``owner``'s bucket ``key`` (evicting the least recently used)."""
+        while len(self._order) >= self.max_graphs:
+            (_, old_key), old_owner = self._order.popitem(last=False)
+            old_owner.buckets.pop(old_key, None)
+            self.evictions += 1
+            logger.info("cudagraph: evicted the least recently used graph (%s) to stay within %d graphs (%d evicted "
+                        "so far)", _describe(old_key), self.max_graphs, self.evictions)  # fmt: skip
+
+    def captured(self, owner: GraphedCall, key: tuple) -> None:
+        self._order[(id(owner), key)] = owner
+        self.captures += 1
+
+    def used(self, owner: GraphedCall, key: tuple) -> None:
+        self._order.move_to_end((id(owner), key))
+
+    def release(self, owner: GraphedCall) -> None:
+        """Forget every graph of ``owner`` (dropped by its user, e.g. because it read a retired buffer)."""
+        for entry in [entry for entry, held in self._order.items() if held is owner]:
+            del self._order[entry]
+        owner.buckets.clear()
+
+
+@dataclass
+class ReplayByCalling:
+    """CUDA-graph semantics without a GPU, for tests and dry runs of the GPU tools on a CPU: "replay" calls the
+    function again on the static inputs and copies the result into the static output in place.
+
+    Like a real graph, it keeps reading the tensors it was captured with, so a caller that forgot to copy its inputs
+    into them (or kept the static output) gets wrong answers here too. It cannot see state that a real graph
+    freezes (a Python branch taken at capture time), which only a GPU run checks.
+    """
+
+    captures: int = 0
+
+    def capture(self, fn, static_args, static_kwargs):
+        self.captures += 1
+        fn(*static_args, **static_kwargs)  # the warm-up a real capture runs first: fills lazy caches
+        static_output = self.record(fn, static_args, static_kwargs)
+
+        def replay():
+            fresh = fn(*static_args, **static_kwargs)
+            tree_map(lambda dst, src: dst.copy_(src), static_output, fresh)
+
+        return replay, static_output
+
+    def record(self, fn, static_args, static_kwargs):
+        """The captured call (a subclass may watch what it dispatches)."""
+        return fn(*static_args, **static_kwargs)
+
+
+#: While :func:`timed_replays` is active: the (start, end) CUDA events recorded around every replay.
+_replay_events: list | None = None
+
+
+@contextlib.contextmanager
+def timed_replays() -> Iterator[list]:
+    """Record a pair of CUDA timing events around every graph replay in the block (CUDA only); yields the list of
+    ``(start, end)`` pairs. ``start.elapsed_time(end)`` (after a synchronization) is the device time of one replay:
+    the graph's kernels run back to back, so this is the time the device was busy with it."""
+    global _replay_events
+    outer, _replay_events = _replay_events, []
+    try:
+        yield _replay_events
+    finally:
+        _replay_events = outer
 
 
 @dataclass
@@ -68,18 +173,25 @@ class _Bucket:
     capture_seconds: float
 
 
-@dataclass
+@dataclass(eq=False)
 class GraphedCall:
     """``fn`` captured once per shape bucket and replayed; call it like ``fn``.
 
-    ``capture_seconds`` maps each bucket key to how long its warm-up and capture took (reported apart
-    from steady-state latency); ``replays`` counts replays over all buckets.
+    ``cache`` holds the graphs (shared by every graphed call of one owner); without one, a private cache with
+    ``backend`` is made. ``capture_seconds`` maps each live bucket key to how long its warm-up and capture took
+    (reported apart from steady-state latency); ``replays`` counts replays over all buckets.
     """
 
     fn: Callable
-    backend: GraphBackend = field(default_factory=CudaGraphBackend)
+    backend: GraphBackend | None = None
+    cache: GraphCache | None = None
     buckets: dict[tuple, _Bucket] = field(default_factory=dict)
     replays: int = 0
+
+    def __post_init__(self) -> None:
+        if self.cache is None:
+            self.cache = GraphCache(self.backend if self.backend is not None else CudaGraphBackend())
+        self.backend = self.cache.backend
 
     @property
     def capture_seconds(self) -> dict[tuple, float]:
@@ -101,12 +213,22 @@ class GraphedCall:
         key = self.bucket_key(leaves, spec)
         bucket = self.buckets.get(key)
         if bucket is None:
+            self.cache.admit(self, key)
             bucket = self.buckets[key] = self._capture(leaves, spec, key)
+            self.cache.captured(self, key)
         else:
+            self.cache.used(self, key)
             for static, leaf in zip(bucket.static_leaves, leaves, strict=True):
                 if static is not None:
                     static.copy_(leaf, non_blocking=True)
-        bucket.replay()
+        if _replay_events is None:
+            bucket.replay()
+        else:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            bucket.replay()
+            end.record()
+            _replay_events.append((start, end))
         self.replays += 1
         return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, bucket.static_output)
 
@@ -117,7 +239,9 @@ class GraphedCall:
         static_args, static_kwargs = tree_unflatten(call_leaves, spec)
         replay, static_output = self.backend.capture(self.fn, static_args, static_kwargs)
         seconds = time.perf_counter() - start
-        logger.info("cudagraph: captured bucket %d in %.2f s (%s)", len(self.buckets) + 1, seconds, _describe(key))
+        cache = self.cache
+        logger.info("cudagraph: captured a graph in %.2f s (%s); %d of at most %d held, %d captured so far", seconds,
+                    _describe(key), cache.live + 1, cache.max_graphs, cache.captures + 1)  # fmt: skip
         return _Bucket(static_leaves, replay, static_output, seconds)
 
 

@@ -11,33 +11,59 @@ the call captured against exactly those buffers:
   is dropped before the next call, and recaptured on demand against the new one; the retired buffer is then
   unreferenced and freed.
 
-Several ``BucketedCall`` objects of one policy share one ``StaticBuffers`` owner (and one graph memory pool), so
-one KV cache serves every path of the policy.
+Several ``BucketedCall`` objects of one policy share one ``StaticBuffers`` owner, so one KV cache serves every
+path of the policy, and one :class:`~.cudagraph.GraphCache` (``graphs=``): one graph memory pool and one cap on the
+number of graphs for the whole policy. Every call runs under the device context of the policy's device (``device=``),
+so captures, Triton launches and streams land on ``cuda:1`` from any thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+import torch
+
 from .. import platform as platform_mod
 from . import capture_call, check_capture
 from .buffers import BufferSpec, StaticBuffers
-from .cudagraph import CudaGraphBackend, GraphBackend, GraphedCall
+from .compiled import DEFAULT_MAX_COMPILED_BUCKETS, CompiledCall
+from .cudagraph import DEFAULT_MAX_GRAPHS, CudaGraphBackend, GraphBackend, GraphCache, GraphedCall
 
 logger = logging.getLogger(__name__)
 
 GRAPH_MODES = ("cudagraph", "compile+cudagraph")
 
 
+def device_context(device: torch.device | None):
+    """``torch.cuda.device(device)`` for a CUDA device (kernels, streams and graphs of the block go there whatever
+    the calling thread's current device is); a no-op context elsewhere."""
+    if device is not None and device.type == "cuda":
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+def policy_graph_cache(
+    mode: str, device: torch.device | None, backend: GraphBackend | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS
+) -> GraphCache | None:
+    """The one :class:`~.cudagraph.GraphCache` of a policy in a graph ``mode`` (None in other modes): ``backend``
+    (a stand-in in tests) or real CUDA graphs on ``device``, at most ``max_graphs`` graphs."""
+    if mode not in GRAPH_MODES:
+        return None
+    return GraphCache(backend if backend is not None else CudaGraphBackend(device=device), max_graphs)
+
+
 class BucketedCall:
     """``fn(buffers, *inputs)`` run per bucket with the buffers ``plan(bucket)`` declares, in capture ``mode``.
 
     ``assemble(values)`` turns the acquired buffers (a dict by name) into the object ``fn`` reads (e.g. a frozen
-    dataclass). ``graph_backend`` replaces the CUDA graph capture (a CPU stand-in in tests); it defaults to real
-    CUDA graphs in one memory pool shared through ``buffers``' owner policy.
+    dataclass). ``graphs`` holds the CUDA graphs (graph modes): pass one :class:`~.cudagraph.GraphCache` to every
+    call of a policy so that they share its memory pool and its cap; without one, a private cache is made with
+    ``graph_backend`` (a CPU stand-in in tests) or real CUDA graphs on ``device``. ``compile`` modes compile at most
+    ``max_compiled_buckets`` shape buckets (:class:`~.compiled.CompiledCall`).
     """
 
     def __init__(
@@ -50,30 +76,38 @@ class BucketedCall:
         buffers: StaticBuffers,
         plat: platform_mod.Platform | None = None,
         graph_backend: GraphBackend | None = None,
+        graphs: GraphCache | None = None,
+        device: torch.device | str | None = None,
+        max_compiled_buckets: int = DEFAULT_MAX_COMPILED_BUCKETS,
     ) -> None:
         self.mode, self.plan, self.assemble, self.buffers = mode, plan, assemble, buffers
         self._fn, self._plat = fn, plat
+        self.device = None if device is None else platform_mod.normalize_device(device)
+        self.max_compiled_buckets = max_compiled_buckets
         self._call: Callable[..., Any] | None = None  # the captured function, built on first use
-        self._graph_backend = None
+        self.graph_cache: GraphCache | None = None
         if mode in GRAPH_MODES:
-            self._graph_backend = graph_backend if graph_backend is not None else CudaGraphBackend()
+            self.graph_cache = graphs if graphs is not None else policy_graph_cache(mode, self.device, graph_backend)
         self._bound: dict[tuple[int, ...], Callable[..., Any]] = {}
         self._generation = buffers.generation
 
     def _captured(self) -> Callable[..., Any]:
         """The function every binding calls: ``fn`` as the mode wants it (compiled lazily: a mode may compile)."""
         if self._call is None:
-            if self.mode in GRAPH_MODES:
+            if self.mode in ("compile", "compile+cudagraph"):
                 check_capture(self.mode, self._plat)
-                fn = self._fn
-                if self.mode == "compile+cudagraph":
-                    import torch
-
-                    fn = torch.compile(fn, fullgraph=True, dynamic=False)
-                self._call = fn
+                self._call = CompiledCall(self._fn, self.max_compiled_buckets)
+            elif self.mode in GRAPH_MODES:
+                check_capture(self.mode, self._plat)
+                self._call = self._fn
             else:
                 self._call = capture_call(self._fn, self.mode, self._plat)
         return self._call
+
+    @property
+    def compiled(self) -> CompiledCall | None:
+        """The compiled function (its bucket count and eager fallbacks) once a ``compile`` mode has been called."""
+        return self._call if isinstance(self._call, CompiledCall) else None
 
     def reserve(self, bucket: Hashable) -> None:
         """Acquire the buffers of ``bucket`` now (e.g. the largest batch a server will see), capturing nothing."""
@@ -90,14 +124,17 @@ class BucketedCall:
         call = self._bound.get(binding.serials)
         if call is None:
             bound = functools.partial(self._captured(), self.assemble(binding.values))
-            call = GraphedCall(bound, backend=self._graph_backend) if self._graph_backend is not None else bound
+            call = GraphedCall(bound, cache=self.graph_cache) if self.graph_cache is not None else bound
             self._bound[binding.serials] = call
-        return call(*inputs)
+        with device_context(self.device):
+            return call(*inputs)
 
     def _drop_stale(self) -> None:
         stale = [serials for serials in self._bound if not self.buffers.is_live(serials)]
         for serials in stale:
-            del self._bound[serials]
+            call = self._bound.pop(serials)
+            if isinstance(call, GraphedCall):
+                call.cache.release(call)
         if stale:
             logger.info("runtime: dropped %d capture(s) that read retired buffers", len(stale))
         self._generation = self.buffers.generation
@@ -110,9 +147,9 @@ class BucketedCall:
     @property
     def capture_seconds(self) -> float | None:
         """Seconds spent capturing CUDA graphs (all live buckets); None in modes without graphs."""
-        if self._graph_backend is None:
+        if self.graph_cache is None:
             return None
         return sum(sum(graph.capture_seconds.values()) for graph in self.graphs)
 
 
-__all__ = ["GRAPH_MODES", "BucketedCall"]
+__all__ = ["GRAPH_MODES", "BucketedCall", "device_context", "policy_graph_cache"]

@@ -397,23 +397,28 @@ def load_checkpoint_weights(model, checkpoint_dir: str | Path, slot: int, device
 
 def init_random_weights(model, seed: int, device) -> None:
     """Seeded random weights for a preset (demos, tests, benchmarks without a checkpoint); NOT a trained policy.
+    Drawn on ``device`` in the compute dtype (:class:`~embodied_accel.models.random_weights.SeededDraws`).
 
-    Matrices ~ N(0, 1/fan_in), biases small, norm scales near 1, embeddings N(0, 1/width).
+    Matrices with variance 1/fan_in, biases small, norm scales near 1, embeddings with variance 1/width (uniform
+    draws).
     """
-    generator = torch.Generator().manual_seed(seed)
+    from ..random_weights import SeededDraws
+
+    draws = SeededDraws(seed, device)
+    dtype = model.compute_dtype
     state = {}
     for name, param in model.named_parameters():
         shape = tuple(param.shape)
         leaf = name.rsplit(".", 1)[-1]
         if "norm" in leaf and leaf.endswith("weight") or leaf == "vlln_weight":
-            value = 1.0 + 0.1 * torch.randn(shape, generator=generator)
+            value = draws.uniform(shape, mean=1.0, std=0.1, dtype=dtype)
         elif leaf.endswith("bias"):
-            value = 0.05 * torch.randn(shape, generator=generator)
+            value = draws.uniform(shape, std=0.05, dtype=dtype)
         elif leaf in ("embed_tokens", "action_position_embedding", "position_embedding"):
-            value = torch.randn(shape, generator=generator) / shape[-1] ** 0.5
+            value = draws.uniform(shape, std=shape[-1] ** -0.5, dtype=dtype)
         else:  # [in, out] matrices with [out, in] memory, like a loaded checkpoint
-            value = (torch.randn(shape[::-1], generator=generator) / shape[0] ** 0.5).t()
-        state[name] = value.to(dtype=model.compute_dtype, device=device)
+            value = draws.uniform(shape, std=shape[0] ** -0.5, dtype=dtype, transposed=len(shape) == 2)
+        state[name] = value
     model.load_state_dict(state, strict=True, assign=True)
     model.requires_grad_(False)
     model.ops.prepare_weights(model)

@@ -303,22 +303,25 @@ def load_checkpoint_weights(model: Hunyuan3DModel, directory: str | Path, device
 
 @torch.no_grad()
 def init_random_weights(model: Hunyuan3DModel, seed: int, device) -> None:
-    """Seeded random weights for a preset: matrices ~ N(0, 1/fan_in), norm weights and LayerScales near 1,
-    biases near 0. Built on the CPU and moved to ``device``."""
-    generator = torch.Generator().manual_seed(seed)
+    """Seeded random weights for a preset: matrices with variance 1/fan_in, norm weights and LayerScales near 1,
+    biases near 0. Drawn on ``device`` in the compute dtype (:class:`~embodied_accel.models.random_weights.SeededDraws`)."""
+    from ..random_weights import SeededDraws
+
+    draws = SeededDraws(seed, device)
+    dtype = model.compute_dtype
     state = {}
     for name, param in model.named_parameters():
         shape = tuple(param.shape)
         if param.ndim >= 2 and not name.endswith(("qk_norm_weight", "qk_norm_bias", "qk_norm_scale")):
             fan_in = shape[0] if name.endswith("weight_t") else math.prod(shape[1:])
-            value = torch.randn(shape, generator=generator) / math.sqrt(max(fan_in, 1))
+            value = draws.uniform(shape, std=1 / math.sqrt(max(fan_in, 1)), dtype=dtype)
         elif name.endswith("qk_norm_scale"):  # one row for the query, one for the key, shared by the heads
-            value = (1.0 + 0.02 * torch.randn((shape[0], 1, shape[2]), generator=generator)).expand(shape).contiguous()
+            value = draws.uniform((shape[0], 1, shape[2]), mean=1.0, std=0.02, dtype=dtype).expand(shape).contiguous()
         elif name.endswith(("_bias", ".bias")) or "shift" in name:
-            value = 0.02 * torch.randn(shape, generator=generator)
+            value = draws.uniform(shape, std=0.02, dtype=dtype)
         else:
-            value = 1.0 + 0.02 * torch.randn(shape, generator=generator)
-        state[name] = value.to(device=device, dtype=model.compute_dtype)
+            value = draws.uniform(shape, mean=1.0, std=0.02, dtype=dtype)
+        state[name] = value
     model.load_state_dict(state, strict=True, assign=True)
 
 

@@ -606,12 +606,15 @@ def load_checkpoint_weights(model, checkpoint_dir: str | Path, device, progress:
 
 
 def init_random_weights(model, seed: int, device) -> None:
-    """Seeded random weights for a preset (demos, tests, benchmarks without a checkpoint).
+    """Seeded random weights for a preset (demos, tests, benchmarks without a checkpoint), drawn on ``device`` in
+    each parameter's dtype (:class:`~embodied_accel.models.random_weights.SeededDraws`).
 
-    Linear weights ~ N(0, 1/fan_in), biases and embeddings small, norm scales near 1, so activations
-    stay O(1) through every layer. These weights are NOT a trained policy.
+    Linear weights with variance 1/fan_in, biases and embeddings small, norm scales near 1 (uniform draws), so
+    activations stay O(1) through every layer. These weights are NOT a trained policy.
     """
-    generator = torch.Generator().manual_seed(seed)
+    from ..random_weights import SeededDraws
+
+    draws = SeededDraws(seed, device)
     fp32_targets = {rule.target for rule in weight_rules(model.config) if rule.keep_fp32}
     state = {}
     for name, param in model.named_parameters():
@@ -619,16 +622,16 @@ def init_random_weights(model, seed: int, device) -> None:
         dtype = torch.float32 if name in fp32_targets else model.compute_dtype
         is_norm_scale = "norm" in name and name.endswith("weight") and "dense" not in name
         if is_norm_scale:
-            value = 1.0 + 0.1 * torch.randn(shape, generator=generator)
+            value = draws.uniform(shape, mean=1.0, std=0.1, dtype=dtype)
         elif name.endswith("bias") or name == "vision.position_embedding":
-            value = 0.05 * torch.randn(shape, generator=generator)
+            value = draws.uniform(shape, std=0.05, dtype=dtype)
         elif name == "embed_tokens":
-            value = torch.randn(shape, generator=generator)  # already scaled: O(1) after sqrt(width)
+            value = draws.uniform(shape, dtype=dtype)  # already scaled: O(1) after sqrt(width)
         elif name == "vision.patch_embed_weight":
-            value = torch.randn(shape, generator=generator) / math.sqrt(shape[1] * shape[2] * shape[3])
+            value = draws.uniform(shape, std=1 / math.sqrt(shape[1] * shape[2] * shape[3]), dtype=dtype)
         else:  # [in, out] matrices, incl. adaRMS dense: [out, in] memory like a loaded checkpoint
             scale = 0.1 if "dense" in name else 1.0 / math.sqrt(shape[0])
-            value = (scale * torch.randn(shape[::-1], generator=generator)).t()
-        state[name] = value.to(dtype=dtype, device=device)
+            value = draws.uniform(shape, std=scale, dtype=dtype, transposed=len(shape) == 2)
+        state[name] = value
     model.load_state_dict(state, strict=True, assign=True)
     model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)

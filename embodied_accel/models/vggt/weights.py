@@ -321,51 +321,51 @@ def load_checkpoint_weights(model, source: StateDictSource, device, progress: bo
 
 
 def init_random_weights(model, seed: int, device) -> None:
-    """Seeded random weights (demos, tests, benchmarks without a checkpoint); NOT a trained model.
+    """Seeded random weights (demos, tests, benchmarks without a checkpoint); NOT a trained model. Drawn on
+    ``device`` in each parameter's dtype (:class:`~embodied_accel.models.random_weights.SeededDraws`).
 
-    Linear / conv weights N(0, 1/fan_in), biases N(0, 0.05), norm weights N(1, 0.1), LayerScale N(0.5, 0.1), tokens
-    N(0, 0.5), DINOv2 positions N(0, 0.2); the camera head's FoV rows stay small with a bias near 1 rad and the
+    Uniform draws of the stated mean and standard deviation: linear / conv weights (0, 1/sqrt(fan_in)), biases
+    (0, 0.05), norm weights (1, 0.1), LayerScale (0.5, 0.1), tokens (0, 0.5), DINOv2 positions (0, 0.2); the camera head's FoV rows stay small with a bias near 1 rad and the
     tracker's flow head is scaled down, so that cameras are finite and tracks stay near the image.
     """
-    generator = torch.Generator().manual_seed(seed)
+    from ..random_weights import SeededDraws
+
+    draws = SeededDraws(seed, device)
     state = {}
     for name, param in model.named_parameters():
         shape = tuple(param.shape)
         leaf = name.rsplit(".", 1)[-1]
-        randn = torch.randn(shape, generator=generator)
+        dtype = torch.float32 if name.startswith(FP32_PREFIXES) else model.compute_dtype
         if leaf in ("ls1", "ls2"):
-            value = 0.5 + 0.1 * randn
+            value = draws.uniform(shape, mean=0.5, std=0.1, dtype=dtype)
         elif "norm" in leaf and leaf.endswith("weight"):
-            value = 1.0 + 0.1 * randn
+            value = draws.uniform(shape, mean=1.0, std=0.1, dtype=dtype)
         elif leaf.endswith("bias"):
-            value = 0.05 * randn
+            value = draws.uniform(shape, std=0.05, dtype=dtype)
         elif leaf == "pos_embed":
-            value = 0.2 * randn
+            value = draws.uniform(shape, std=0.2, dtype=dtype)
         elif leaf == "weight_t" and len(shape) == 3:  # per-group GEMM matrices [G, in, out]
-            value = randn / math.sqrt(shape[1])
-        elif leaf == "weight_t":
-            value = (randn.t() / math.sqrt(shape[0])).t()  # [out, in] memory like a checkpoint
+            value = draws.uniform(shape, std=1 / math.sqrt(shape[1]), dtype=dtype)
+        elif leaf == "weight_t":  # [out, in] memory like a checkpoint
+            value = draws.uniform(shape, std=1 / math.sqrt(shape[0]), dtype=dtype, transposed=len(shape) == 2)
         elif leaf == "weight" and ".resize" in name:  # transposed kernels as [G, in, k·k·out]
-            value = randn / math.sqrt(shape[1])
+            value = draws.uniform(shape, std=1 / math.sqrt(shape[1]), dtype=dtype)
         elif leaf == "weight" and len(shape) == 4:
-            value = randn / math.sqrt(shape[1] * shape[2] * shape[3])
+            value = draws.uniform(shape, std=1 / math.sqrt(shape[1] * shape[2] * shape[3]), dtype=dtype)
         else:
-            value = 0.5 * randn
+            value = draws.uniform(shape, std=0.5, dtype=dtype)
         state[name] = value
     for name, blocks in paired_block_diagonal(model).items():
         if name.endswith(".weight_t"):  # the paired heads stay independent; N(0, 1 / fan-in of one head's block)
-            state[name] = state[name] * block_diagonal_mask(blocks) * math.sqrt(len(blocks))
+            mask = block_diagonal_mask(blocks).to(device=state[name].device, dtype=state[name].dtype)
+            state[name] = state[name] * mask * math.sqrt(len(blocks))
     if model.camera_head is not None:
         fc2_t, bias = state["camera_head.pose_fc2.weight_t"], state["camera_head.pose_fc2.bias"]
         fc2_t[:, 7:] *= 0.1
-        bias[7:] = 1.0 + 0.05 * torch.randn(2, generator=generator)
+        bias[7:] = draws.uniform((2,), mean=1.0, std=0.05, dtype=bias.dtype)
     if model.track_head is not None:
         for suffix in ("weight_t", "bias"):
             state[f"track_head.tracker.updateformer.flow_head.{suffix}"] *= 0.05
-    state = {
-        k: v.to(device=device, dtype=torch.float32 if k.startswith(FP32_PREFIXES) else model.compute_dtype)
-        for k, v in state.items()
-    }
     for name, value in state.items():
         if value.dim() == 4:
             state[name] = value.contiguous(memory_format=torch.channels_last)

@@ -142,7 +142,7 @@ def ada_layer_norm_op(x: torch.Tensor, scale_plus_one: torch.Tensor | None, shif
 
 @ada_layer_norm_op.register_fake
 def _(x, scale_plus_one, shift, eps):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous, as the kernel's output
 
 
 def ada_layer_norm(x, scale_plus_one, shift, eps):

@@ -29,29 +29,60 @@ def _gelu_tanh(g):
 def _rms_norm_kernel(
     x_ptr, res_ptr, gate_ptr, w_ptr, shift_ptr, out_ptr, sum_ptr,
     stride_x, stride_res, stride_out, stride_sum, n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, HAS_GATE: tl.constexpr, HAS_SHIFT: tl.constexpr, PER_ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    mod = cols  # the weight / modulation: one [D] row for every row ...
+    if PER_ROW:  # ... or one per row, [rows, D] contiguous
+        mod = row * n_cols + cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0).to(tl.float32)
         xf = x.to(tl.float32)
         if HAS_GATE:  # pi0.5's gated residual: r + x * gate
-            xf = xf * tl.load(gate_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            xf = xf * tl.load(gate_ptr + mod, mask=mask, other=0.0).to(tl.float32)
         x = (r + xf).to(sum_ptr.dtype.element_ty)  # the sum in the I/O dtype
         tl.store(sum_ptr + row * stride_sum + cols, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + mod, mask=mask, other=0.0).to(tl.float32)
     y = xf * inv_rms * w
     if HAS_SHIFT:
-        y += tl.load(shift_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        y += tl.load(shift_ptr + mod, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _launch_rms(x, residual, weight, shift, eps, gate=None):
+def _modulation_rows(x: torch.Tensor, op: str, **tensors: torch.Tensor | None) -> tuple[dict, bool]:
+    """The weight / modulation tensors as the kernel reads them, and whether they are per row.
+
+    The reference broadcasts them against ``x`` (``[D]`` for every row, or per row, e.g. ``[B, 1, D]`` or
+    ``[B * S, D]`` when a batch's rows have different conditioning): when every one holds a single ``[D]`` vector
+    they are passed as ``[D]``, otherwise each is expanded to ``[rows, D]`` (contiguous). A tensor that does not
+    broadcast against ``x`` is refused with an error naming the op, the argument and both shapes.
+    """
+    n_cols = x.shape[-1]
+    present = {name: t for name, t in tensors.items() if t is not None}
+    for name, t in present.items():
+        try:
+            shape = torch.broadcast_shapes(t.shape, x.shape)
+        except RuntimeError:
+            shape = None
+        if shape != x.shape:
+            raise ValueError(f"{op}: {name} of shape {list(t.shape)} does not broadcast against x of shape "
+                             f"{list(x.shape)} (expected [D] or one row per row of x)")  # fmt: skip
+    if all(t.numel() == n_cols for t in present.values()):
+        return {name: t.reshape(n_cols).contiguous() for name, t in present.items()}, False
+    rows = {name: t.expand(x.shape).reshape(-1, n_cols).contiguous() for name, t in present.items()}
+    return rows, True
+
+
+def _launch_rms(x, residual, weight, shift, eps, gate=None, op="rms_norm"):
+    weight_name = "weight" if shift is None else "scale_plus_one"  # the op's own argument names, for errors
+    modulation, per_row = _modulation_rows(x, op, **{weight_name: weight, "shift": shift, "gate": gate})
+    weight, shift, gate = modulation[weight_name], modulation.get("shift"), modulation.get("gate")
     x2 = _rows(x)
     n_rows, n_cols = x2.shape
     out = torch.empty_like(x2)
@@ -60,7 +91,7 @@ def _launch_rms(x, residual, weight, shift, eps, gate=None):
     _rms_norm_kernel[(n_rows,)](
         x2, res2, gate if gate is not None else weight, weight, shift if shift is not None else weight, out, total,
         x2.stride(0), res2.stride(0), out.stride(0), total.stride(0), n_cols, eps,
-        HAS_RESIDUAL=residual is not None, HAS_GATE=gate is not None, HAS_SHIFT=shift is not None,
+        HAS_RESIDUAL=residual is not None, HAS_GATE=gate is not None, HAS_SHIFT=shift is not None, PER_ROW=per_row,
         BLOCK=triton.next_power_of_2(n_cols),
     )
     return out.view(x.shape), total.view(x.shape)
@@ -73,39 +104,39 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 @rms_norm.register_fake
 def _(x, weight, eps):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous, as the kernel's output (empty_like would keep x's strides)
 
 
 @torch.library.custom_op("embodied_accel::add_rms_norm", mutates_args=())
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_rms(x, residual, weight, None, eps)
+    return _launch_rms(x, residual, weight, None, eps, op="add_rms_norm")
 
 
 @add_rms_norm.register_fake
 def _(x, residual, weight, eps):
-    return torch.empty_like(x), torch.empty_like(x)
+    return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
 @torch.library.custom_op("embodied_accel::ada_rms_norm", mutates_args=())
 def ada_rms_norm(x: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float) -> torch.Tensor:
-    return _launch_rms(x, None, scale_plus_one, shift, eps)[0]
+    return _launch_rms(x, None, scale_plus_one, shift, eps, op="ada_rms_norm")[0]
 
 
 @ada_rms_norm.register_fake
 def _(x, scale_plus_one, shift, eps):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.custom_op("embodied_accel::gated_add_ada_rms_norm", mutates_args=())
 def gated_add_ada_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, gate: torch.Tensor, scale_plus_one: torch.Tensor, shift: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _launch_rms(x, residual, scale_plus_one, shift, eps, gate=gate.contiguous())
+    return _launch_rms(x, residual, scale_plus_one, shift, eps, gate=gate, op="gated_add_ada_rms_norm")
 
 
 @gated_add_ada_rms_norm.register_fake
 def _(x, residual, gate, scale_plus_one, shift, eps):
-    return torch.empty_like(x), torch.empty_like(x)
+    return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
 @triton.jit

@@ -1,0 +1,69 @@
+"""The first GPU session's script (``tools/gpu_smoke.sh``) in its ``--cpu`` mode: the same steps on the tiny presets, so
+that the script a GPU machine runs cannot rot; and a step stopped at its time limit still reports and keeps its log."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from embodied_accel.bench.harness import RESULT_KEYS
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("env", "pi0", "tests", "groot", "pi05", "pi0-triton-attention")
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and coreutils' timeout")  # fmt: skip
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHON"] = sys.executable
+    return env
+
+
+def test_smoke_script_runs_every_step_on_the_cpu(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "tools" / "gpu_smoke.sh"), "--cpu", str(out)], cwd=ROOT,
+                          env=environment(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = sorted(p for p in out.rglob("*"))
+    assert len(files) <= 8 and all(p.is_file() and p.parent == out for p in files), files
+    assert all(SAFE_NAME.fullmatch(p.name) for p in files), files
+    assert {p.name for p in files} == {"summary.txt", "env.txt", "log.txt", "tests.txt", "results.jsonl"}
+    summary = (out / "summary.txt").read_text()
+    step_lines = [line for line in summary.splitlines() if not line.startswith(" ")]
+    for step in STEPS:
+        (line,) = [line for line in step_lines if line.startswith(f"{step}: ")]
+        assert step == "env" or line.startswith(f"{step}: ok in "), line
+    assert re.search(r"^    pi0-tiny cudagraph reference v2 b1: p50 [0-9.]+ ms", summary, re.MULTILINE), summary
+    assert "skipped" in (out / "tests.txt").read_text()  # the GPU tests: selected, each skipped with its reason
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 8  # pi0, groot, pi0.5, pi0 (attention step): eager and CUDA graph each
+    for record in records:
+        assert set(RESULT_KEYS) <= set(record) and SAFE_NAME.fullmatch(record["file"])
+        if record["capture"] == "cudagraph":  # the replay stand-in computes exactly what eager does
+            assert record["max_abs_diff_vs_eager"] == 0.0 and record["graphs_captured"] >= 1
+    assert {r["preset"] for r in records} == {"pi0-tiny", "pi05-tiny", "groot-tiny"}
+
+
+def test_a_step_stopped_at_its_limit_reports_and_keeps_its_output(tmp_path):
+    out = tmp_path / "out"
+    script = f"""
+        source tools/gpu_common.sh
+        gpu_setup {out} 60 1
+        gpu_step slow 5 'started' "$PYTHON" -c "import time; print('started', flush=True); time.sleep(60)"
+        gpu_step quick 30 'p50' "$PYTHON" -c "print('x p50 1.0 ms')"
+    """
+    done = subprocess.run(["bash", "-c", script], cwd=ROOT, env=environment(), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("slow: stopped at its limit (5 s) in ") and summary[1] == "    started", summary
+    assert summary[2].startswith("quick: ok in ") and summary[3] == "    x p50 1.0 ms", summary
+    assert "started" in (out / "log.txt").read_text()

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The GPU steps after tools/gpu_smoke.sh, one step per call (each fits a short session), with the same rules: the
+# step under its own time limit (SIGINT, then SIGKILL 10 s later; at most 9 minutes), logs written as they go,
+# summary.txt / env.txt / log.txt / results.jsonl (and tests.txt for the tests step) in OUT_DIR, nothing else.
+#
+#   bash tools/gpu_followup.sh [--cpu] OUT_DIR STEP [ARGS]
+#
+# STEP:
+#   vggt                       full-size VGGT, 1/10/50/100 frames of 518x518: aggregator time and peak memory
+#   vggt-w8a8                  the same with the W8A8 plan, 1/10/50 frames
+#   hunyuan3d [CAPTURE [DECODING [CACHE]]]   Hunyuan3D-2, one configuration (default: eager hierarchical none;
+#                              CAPTURE eager|compile|cudagraph, DECODING hierarchical|dense, CACHE none|taylorseer-o1n5)
+#   compile MODEL              pi0 / pi05 eager, compile and compile+cudagraph, 2 views batch 1
+#   groot-compile              GR00T N1.6 eager, compile and compile+cudagraph
+#   buckets MODEL              pi0 / pi05 / groot eager and CUDA graph over every shape bucket (1-3 views x batch 1, 8)
+#   train [PRESET]             full-size pi0.5 (or pi0) training steps: samples/s and peak memory per batch size
+#   tests                      every test with the GPU visible (the whole suite; kernels and GPU tests included)
+# --cpu runs the step on the tiny presets (graphs through the CPU replay stand-in), to check the script anywhere.
+set -uo pipefail
+
+# shellcheck source=tools/gpu_common.sh
+source "$(dirname "$0")/gpu_common.sh"
+gpu_arguments '2,22p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d compile groot-compile buckets train tests)" "$@"
+OUT=${ARGS[0]}
+STEP=${ARGS[1]}
+STEP_ARGS=("${ARGS[@]:2}")
+gpu_setup "$OUT" 540 "$CPU_MODE"
+[ "$CPU_MODE" = 0 ] && gpu_install_wheels
+gpu_environment
+
+tiny() {  # the full-size name, or its tiny preset in CPU mode
+    if [ "$CPU_MODE" = 1 ]; then
+        case $1 in
+            pi0 | pi05) echo "$1-tiny" ;;
+            groot-n1.6) echo groot-tiny ;;
+            vggt) echo vggt-tiny ;;
+            hunyuan3d-dit-v2-0) echo hunyuan3d-tiny ;;
+            *) echo "$1" ;;
+        esac
+    else
+        echo "$1"
+    fi
+}
+if [ "$CPU_MODE" = 1 ]; then
+    CPU=(--allow-cpu) RUNS=2 VGGT_FRAMES=(1 3) VGGT_SIZE=56 H3D=(--steps 2 --octree-resolution 32 --runs 1)
+else
+    CPU=() RUNS=30 VGGT_FRAMES=(1 10 50 100) VGGT_SIZE=518 H3D=(--runs 2)
+fi
+FIGURES=' p50 [0-9.]+ ms|loaded in|frames|out of memory|samples/s'
+PIX=(--buckets 2x1 --runs "$RUNS" --warmup 3 --out-dir "$RESULTS" "${CPU[@]}")
+
+case $STEP in
+    vggt)
+        gpu_step vggt 480 "$FIGURES" "$PY" tools/vggt_gpu_bench.py --preset "$(tiny vggt)" --size "$VGGT_SIZE" \
+            --frames "${VGGT_FRAMES[@]}" --runs 5 --out-dir "$RESULTS" "${CPU[@]}"
+        ;;
+    vggt-w8a8)
+        gpu_step vggt-w8a8 480 "$FIGURES" "$PY" tools/vggt_gpu_bench.py --preset "$(tiny vggt)" --size "$VGGT_SIZE" \
+            --frames "${VGGT_FRAMES[@]:0:3}" --quant --runs 5 --out-dir "$RESULTS" "${CPU[@]}"
+        ;;
+    hunyuan3d)
+        gpu_step hunyuan3d 520 "$FIGURES" "$PY" tools/hunyuan3d_gpu_bench.py --preset "$(tiny hunyuan3d-dit-v2-0)" \
+            --capture "${STEP_ARGS[0]:-eager}" --decoding "${STEP_ARGS[1]:-hierarchical}" --cache "${STEP_ARGS[2]:-none}" \
+            "${H3D[@]}" --out-dir "$RESULTS" "${CPU[@]}"
+        ;;
+    compile)
+        gpu_step "compile-${STEP_ARGS[0]:-pi0}" 520 "$FIGURES" "$PY" tools/gpu_bench.py \
+            --model "$(tiny "${STEP_ARGS[0]:-pi0}")" --captures eager compile compile+cudagraph "${PIX[@]}"
+        ;;
+    groot-compile)
+        gpu_step groot-compile 520 "$FIGURES" "$PY" tools/groot_gpu_bench.py --preset "$(tiny groot-n1.6)" \
+            --captures eager compile compile+cudagraph --runs "$RUNS" --out-dir "$RESULTS" "${CPU[@]}"
+        ;;
+    buckets)
+        model=${STEP_ARGS[0]:-pi0}
+        if [ "$model" = groot ]; then
+            gpu_step buckets-groot 400 "$FIGURES" "$PY" tools/groot_gpu_bench.py --preset "$(tiny groot-n1.6)" \
+                --buckets 1x1 1x8 2x1 2x8 --runs "$RUNS" --out-dir "$RESULTS" "${CPU[@]}"
+        else
+            gpu_step "buckets-$model" 400 "$FIGURES" "$PY" tools/gpu_bench.py --model "$(tiny "$model")" \
+                --buckets all --runs "$RUNS" --warmup 3 --out-dir "$RESULTS" "${CPU[@]}"
+        fi
+        ;;
+    train)
+        if [ "$CPU_MODE" = 1 ]; then
+            TRAIN=(--preset "$(tiny "${STEP_ARGS[0]:-pi05}")" --device cpu --batches 1 2 --steps 1 --warmup 1 --dtype float32)
+        else
+            TRAIN=(--preset "${STEP_ARGS[0]:-pi05}" --batches 8 16 32 48 64)
+        fi
+        gpu_step train 520 "$FIGURES" "$PY" tools/bench_train_gpu.py "${TRAIN[@]}" --out "$RESULTS"
+        ;;
+    tests)
+        if [ "$CPU_MODE" = 1 ]; then
+            gpu_pytest tests 520 "gpu"
+        else
+            gpu_pytest tests 520
+        fi
+        ;;
+    *)
+        echo "unknown step $STEP (steps: vggt vggt-w8a8 hunyuan3d compile groot-compile buckets train tests)" >&2
+        exit 2
+        ;;
+esac
+gpu_summary "done in $SECONDS s; files: $(cd "$OUT" && ls | tr '\n' ' ')"
