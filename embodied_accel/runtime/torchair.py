@@ -9,7 +9,7 @@ break is an error, not a silent slow path.
 
 The NPU caching allocator gets ``PYTORCH_NPU_ALLOC_CONF=expandable_segments:True`` unless the user set the
 variable: the allocator reads it once, at the first NPU allocation, so :func:`configure_allocator` must run
-before the weights go to the device (``runtime.prepare_capture`` does it when a policy is built).
+before the weights go to the device (``Runner.prepare`` does it before a family's loader reads weights).
 """
 
 from __future__ import annotations
