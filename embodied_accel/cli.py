@@ -24,9 +24,9 @@ import numpy as np
 
 from . import __version__
 from .argtypes import non_negative_float, non_negative_int, positive_int
+from .commands import reconstruct as vggt_commands
 from .eval import commands as eval_commands
 from .export import command as export_command
-from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .pipelines import shape_command, texture_command

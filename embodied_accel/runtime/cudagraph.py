@@ -140,7 +140,7 @@ class ReplayByCalling:
 
         def replay():
             fresh = fn(*static_args, **static_kwargs)
-            tree_map(lambda dst, src: dst.copy_(src), static_output, fresh)
+            tree_map(lambda dst, src: dst.copy_(src) if isinstance(dst, torch.Tensor) else dst, static_output, fresh)
 
         return replay, static_output
 
