@@ -57,7 +57,8 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
     p.add_argument("--backend", choices=backend_names, default="auto", help="op backend (default: auto)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="compute dtype (default: float32)")  # fmt: skip
-    p.add_argument("--capture", choices=capture_modes, default="eager", help="capture mode of the DiT / decoder calls")
+    p.add_argument("--capture", choices=capture_modes, default="eager",
+                   help="capture mode of the DiT / decoder calls (and of the paint UNets with --texture)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the stage times and metrics as JSON")
     p.add_argument("--calibrate-teacache", type=Path, metavar="OUT.json",
                    help="instead of a mesh: fit TeaCache's coefficients for this model from --calibration-runs "

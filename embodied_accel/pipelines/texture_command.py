@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from ..models.hunyuan3d_paint.config import TEXTURE_PRESETS
+from ..runtime import CAPTURE_MODES
 
 DEFAULT_PRESET = "hunyuan3d-paint-tiny"
 TEXTURED_SUFFIXES = (".glb", ".obj")
@@ -66,6 +67,8 @@ def add_texture_parser(commands, backend_names) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=backend_names, default="auto", help="op backend (default: auto)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="compute dtype (default: float32)")  # fmt: skip
+    p.add_argument("--capture", choices=CAPTURE_MODES, default="eager",
+                   help="how the delight and multiview UNet steps run (default: eager)")  # fmt: skip
     p.add_argument("--views-dir", type=Path, metavar="DIR",
                    help="also write the delighted image and the 6 generated views there (PNG)")  # fmt: skip
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the stage times as JSON")
@@ -102,7 +105,7 @@ def texture_mesh(mesh, image_path: Path, args: argparse.Namespace, source: str, 
     progress = not args.no_progress
     start = time.perf_counter()
     pipeline = load_texture_pipeline(source, paint_model=args.paint_model, backend=args.backend, dtype=args.dtype,
-                                     seed=args.seed, progress=progress)  # fmt: skip
+                                     seed=args.seed, progress=progress, capture=args.capture)  # fmt: skip
     load_seconds = time.perf_counter() - start
     if pipeline.random_weights:
         print_fn(f"note: {source} with seeded random weights (seed {args.seed}), not trained models: the texture is "
