@@ -9,30 +9,12 @@ patched, and a plan entry that names no Linear is an error.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from ..nn.linear import Linear
 from ..ops import OpSet
-
-
-@dataclass(frozen=True)
-class QuantPlan:
-    """Which linear layers of a model run in W8A8: module names matching any ``include`` pattern and no ``exclude``
-    pattern (``re.fullmatch``); ``keep`` says in words what stays in the model's dtype (for logs and ``info``)."""
-
-    name: str
-    include: tuple[str, ...]
-    exclude: tuple[str, ...] = ()
-    keep: str = ""
-
-    def selects(self, module_name: str) -> bool:
-        return any(re.fullmatch(p, module_name) for p in self.include) and not any(
-            re.fullmatch(p, module_name) for p in self.exclude
-        )
+from ..plans import QuantPlan
 
 
 def quantize_weight_per_channel(weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
