@@ -19,6 +19,8 @@ from typing import Any
 from . import __version__
 from .argtypes import non_negative_float, non_negative_int, positive_int
 from .commands import reconstruct as vggt_commands
+from .commands import shape as shape_command
+from .commands import texture as texture_command
 from .eval import commands as eval_commands
 from .export import command as export_command
 from .families import CLIError, LoadedModel, family_options, load_model, preset_names
@@ -34,7 +36,6 @@ from .families.policy import (  # noqa: F401  (also the names tools and tests us
 )
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
-from .pipelines import shape_command, texture_command
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
 from .serve import onnx_source

@@ -14,7 +14,7 @@ import pytest
 
 from embodied_accel import cli
 from embodied_accel.models.hunyuan3d.mesh import Mesh
-from embodied_accel.pipelines.shape_command import SAMPLE_IMAGE
+from embodied_accel.pipelines.shape import SAMPLE_IMAGE
 from embodied_accel.pipelines.texture import check_mesh, reduce_faces, sample_mesh
 
 pytest.importorskip("xatlas")

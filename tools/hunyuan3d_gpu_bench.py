@@ -39,8 +39,12 @@ from gpu_measure import capture_options, release, timed  # noqa: E402
 from embodied_accel import platform as platform_mod  # noqa: E402
 from embodied_accel.bench.harness import result_record, write_result  # noqa: E402
 from embodied_accel.cache import CacheConfig  # noqa: E402
-from embodied_accel.pipelines.shape import STAGES, ShapeSettings, load_shape_pipeline  # noqa: E402
-from embodied_accel.pipelines.shape_command import SAMPLE_IMAGE  # noqa: E402
+from embodied_accel.pipelines.shape import (  # noqa: E402
+    SAMPLE_IMAGE,  # noqa: E402
+    STAGES,
+    ShapeSettings,
+    load_shape_pipeline,
+)
 
 #: "o1n5": the recipe's name (order 1, 5 steps reused between two computed ones) for our interval 6.
 CACHES = {"none": None, "taylorseer-o1n5": CacheConfig(method="taylorseer", order=1, interval=6, warmup_steps=3)}

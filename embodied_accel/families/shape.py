@@ -45,7 +45,7 @@ class ShapeModel(LoadedModel):
                 f"image:       {cfg.processor_size}x{cfg.processor_size} (the sample: the bundled image)"]  # fmt: skip
 
     def _image(self):
-        from ..pipelines.shape_command import SAMPLE_IMAGE
+        from ..pipelines.shape import SAMPLE_IMAGE
 
         return self.pipeline.prepare_image(SAMPLE_IMAGE)
 

@@ -37,7 +37,7 @@ class TextureModel(LoadedModel):
 
     def _inputs(self):
         from ..models.hunyuan3d.processor import read_image
-        from ..pipelines.shape_command import SAMPLE_IMAGE
+        from ..pipelines.shape import SAMPLE_IMAGE
         from ..pipelines.texture import sample_mesh
 
         return sample_mesh(), read_image(SAMPLE_IMAGE)

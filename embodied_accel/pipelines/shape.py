@@ -47,6 +47,9 @@ from ..runtime.runner import Runner
 
 logger = logging.getLogger(__name__)
 
+#: The bundled sample image (the shape and texture families' sample input).
+SAMPLE_IMAGE = Path(__file__).resolve().parents[1] / "data" / "hunyuan3d_sample.png"
+
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
 DECODINGS = ("hierarchical", "dense")
@@ -390,6 +393,7 @@ def load_shape_pipeline(
 
 __all__ = [
     "DEFAULT_CHUNK",
+    "SAMPLE_IMAGE",
     "DECODINGS",
     "STAGES",
     "ShapePipeline",

@@ -78,7 +78,10 @@ def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = N
     if mode == "torchair":
         from .torchair import torchair_call
 
-        return torchair_call(fn, plat)
+        try:
+            return torchair_call(fn, plat)
+        except ImportError as exc:
+            raise CaptureUnavailableError(f"capture 'torchair' needs torch_npu and its torchair package ({exc})") from exc
     if mode in ("cudagraph", "compile+cudagraph"):
         from .cudagraph import GraphedCall
 

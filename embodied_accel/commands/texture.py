@@ -21,7 +21,7 @@ TEXTURED_SUFFIXES = (".glb", ".obj")
 
 
 def _sample_image() -> Path:
-    from .shape_command import SAMPLE_IMAGE
+    from ..pipelines.shape import SAMPLE_IMAGE
 
     return SAMPLE_IMAGE
 
@@ -78,7 +78,7 @@ def add_texture_parser(commands, backend_names) -> argparse.ArgumentParser:
 
 def check_texture_args(args: argparse.Namespace) -> None:
     """Flag values checked before anything is loaded (errors name the flag)."""
-    from .texture import RENDER_SIZE_RANGE, TEXTURE_SIZES
+    from ..pipelines.texture import RENDER_SIZE_RANGE, TEXTURE_SIZES
 
     for flag, value in (("--steps", args.texture_steps), ("--delight-steps", args.delight_steps)):
         if value is not None and value < 1:
@@ -99,7 +99,7 @@ def texture_mesh(mesh, image_path: Path, args: argparse.Namespace, source: str, 
     record (``--json``)."""
     from ..geometry.uv import export_textured_mesh
     from ..models.hunyuan3d.processor import read_image
-    from .texture import STAGES, TextureSettings, load_texture_pipeline
+    from ..pipelines.texture import STAGES, TextureSettings, load_texture_pipeline
 
     image = read_image(image_path)
     progress = not args.no_progress
@@ -151,7 +151,7 @@ def _write_views(directory: Path, result) -> list[Path]:
 
 def run_texture(args: argparse.Namespace, print_fn=print) -> int:
     from ..models.hunyuan3d.mesh import load_mesh
-    from .texture import sample_mesh
+    from ..pipelines.texture import sample_mesh
 
     check_texture_args(args)
     if args.checkpoint is not None and not args.checkpoint.is_dir():
