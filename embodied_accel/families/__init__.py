@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,12 @@ class LoadedModel:
         kind = "preset" if self.random_weights else "checkpoint"
         return f"{self.preset} (family {self.family}), {kind} {self.source}"
 
+    def header_lines(self) -> list[str]:
+        """``run``'s first lines: the model and how it runs."""
+        return [f"model:       {self.source_line()}",
+                f"runtime:     backend {self.backend_label}, capture {self.capture}, dtype {self.dtype_name}, "
+                f"device {self.device}"]  # fmt: skip
+
     def info_lines(self) -> list[str]:
         """``info``'s lines after the shared ones (model, weights, parameters, runtime, ops)."""
         raise NotImplementedError
@@ -114,6 +121,19 @@ class LoadedModel:
     def measured_call(self, args: argparse.Namespace) -> MeasuredCall:
         """The call ``bench`` and ``profile`` time, on the arguments' or the sample inputs."""
         raise NotImplementedError
+
+
+def first_and_warm_call(call: Callable[[], Any], warm: bool) -> tuple[Any, str]:
+    """``run``'s two calls: the first (one-time allocations, a compile or capture) and, when ``warm``, a second;
+    returns the last call's result and the latency line."""
+    start = time.perf_counter()
+    result = call()
+    first = f"first call {(time.perf_counter() - start) * 1e3:.1f} ms"
+    if not warm:
+        return result, first
+    start = time.perf_counter()
+    result = call()
+    return result, f"warm {(time.perf_counter() - start) * 1e3:.1f} ms (second call); {first}"
 
 
 @dataclass(frozen=True)
@@ -268,6 +288,7 @@ __all__ = [
     "LoadedModel",
     "MeasuredCall",
     "check_family_options",
+    "first_and_warm_call",
     "family_of",
     "family_options",
     "load_model",

@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from . import CLIError, LoadedModel, MeasuredCall
+from . import CLIError, LoadedModel, MeasuredCall, first_and_warm_call
 
 
 class ReconstructionModel(LoadedModel):
@@ -56,24 +56,13 @@ class ReconstructionModel(LoadedModel):
 
     def run(self, args: argparse.Namespace) -> list[str]:
         images = self.sample_frames()
-        start = time.perf_counter()
-        out = self.runner(images)
-        first_ms = (time.perf_counter() - start) * 1e3
-        warm_ms = None
-        if not args.no_warm_call:
-            start = time.perf_counter()
-            out = self.runner(images)
-            warm_ms = (time.perf_counter() - start) * 1e3
+        out, latency = first_and_warm_call(lambda: self.runner(images), not args.no_warm_call)
         depth = out.depth[0, ..., 0].float().cpu()  # [S, H, W]
         conf = out.depth_conf[0].float().cpu()
         points = out.world_points[0].float().cpu()  # [S, H, W, 3]
         times = self.runner.last_times
-        first = f"first call {first_ms:.1f} ms"
-        latency = first if warm_ms is None else f"warm {warm_ms:.1f} ms (second call); {first}"
         return [
-            f"model:       {self.source_line()}",
-            f"runtime:     backend {self.backend_label}, capture {self.capture}, dtype {self.dtype_name}, "
-            f"device {self.device}",
+            *self.header_lines(),
             f"input:       the bundled scene, {images.shape[1]} frames of {images.shape[-2]}x{images.shape[-1]}",
             f"depth:       shape {tuple(depth.shape)}, min {depth.min():.4f} max {depth.max():.4f} mean "
             f"{depth.mean():.4f}; confidence mean {conf.mean():.4f}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from . import CLIError, LoadedModel, MeasuredCall
+from . import CLIError, LoadedModel, MeasuredCall, first_and_warm_call
 
 #: The decoded grid's resolution on the tiny preset (a few seconds on a CPU) and on the released models.
 TINY_OCTREE_RESOLUTION, OCTREE_RESOLUTION = 64, 384
@@ -51,23 +51,12 @@ class ShapeModel(LoadedModel):
 
     def run(self, args: argparse.Namespace) -> list[str]:
         image, settings = self._image(), self.settings(args)
-        start = time.perf_counter()
-        result = self.pipeline.generate(image, settings)
-        first_ms = (time.perf_counter() - start) * 1e3
-        warm_ms = None
-        if not args.no_warm_call:
-            start = time.perf_counter()
-            result = self.pipeline.generate(image, settings)
-            warm_ms = (time.perf_counter() - start) * 1e3
-        first = f"first call {first_ms:.1f} ms"
-        latency = first if warm_ms is None else f"warm {warm_ms:.1f} ms (second call); {first}"
+        result, latency = first_and_warm_call(lambda: self.pipeline.generate(image, settings), not args.no_warm_call)
         mesh = result.mesh
         stages = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in result.stage_seconds.items())
         steps = settings.steps or self.pipeline.config.default_steps
         return [
-            f"model:       {self.source_line()}",
-            f"runtime:     backend {self.backend_label}, capture {self.capture}, dtype {self.dtype_name}, "
-            f"device {self.device}",
+            *self.header_lines(),
             f"input:       the bundled image; {steps} steps, octree resolution {settings.octree_resolution} "
             f"({settings.decoding}), seed {settings.seed}",
             f"mesh:        {mesh.num_vertices if mesh else 0} vertices, {mesh.num_faces if mesh else 0} faces",

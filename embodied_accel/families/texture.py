@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from . import CLIError, LoadedModel, MeasuredCall
+from . import CLIError, LoadedModel, MeasuredCall, first_and_warm_call
 
 
 class TextureModel(LoadedModel):
@@ -52,22 +52,12 @@ class TextureModel(LoadedModel):
     def run(self, args: argparse.Namespace) -> list[str]:
         mesh, image = self._inputs()
         settings = self.settings(args)
-        start = time.perf_counter()
-        result = self.pipeline.generate(mesh, image, settings)
-        first_ms = (time.perf_counter() - start) * 1e3
-        warm_ms = None
-        if not args.no_warm_call:
-            start = time.perf_counter()
-            result = self.pipeline.generate(mesh, image, settings)
-            warm_ms = (time.perf_counter() - start) * 1e3
-        first = f"first call {first_ms:.1f} ms"
-        latency = first if warm_ms is None else f"warm {warm_ms:.1f} ms (second call); {first}"
+        result, latency = first_and_warm_call(lambda: self.pipeline.generate(mesh, image, settings),
+                                              not args.no_warm_call)  # fmt: skip
         stages = ", ".join(f"{name} {seconds * 1e3:.1f} ms" for name, seconds in result.stage_seconds.items())
         texture = result.texture
         return [
-            f"model:       {self.source_line()}",
-            f"runtime:     backend {self.backend_label}, capture {self.capture}, dtype {self.dtype_name}, "
-            f"device {self.device}",
+            *self.header_lines(),
             f"input:       the built-in mesh ({result.input_faces} faces) and the bundled image",
             f"texture:     {tuple(texture.shape)}, mean {float(texture.mean()):.4f}; {len(result.views)} views",
             f"latency:     {latency}",
