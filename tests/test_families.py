@@ -90,3 +90,12 @@ def test_an_option_the_family_does_not_read_is_an_error_naming_it(capsys, argv, 
     code, _, err = run_cli(capsys, *argv, "--no-progress")
     assert code == 2
     assert message in err and "Traceback" not in err
+
+
+def test_info_describes_the_texture_models(capsys):
+    code, out, err = run_cli(capsys, "info", "--model", "hunyuan3d-paint-tiny", "--no-progress")
+    assert code == 0, err
+    assert "model:       hunyuan3d-paint-tiny (family hunyuan3d-paint), preset hunyuan3d-paint-tiny" in out
+    assert "delight hunyuan3d-delight-tiny" in out and "views:       6 of 32x32" in out
+    parameters = next(line for line in out.splitlines() if line.startswith("parameters:"))
+    assert int(parameters.split("(")[1].rstrip(")").replace(",", "")) > 0
