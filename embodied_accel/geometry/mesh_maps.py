@@ -35,15 +35,18 @@ class UVMesh:
 
 
 def vertex_normals(positions: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
-    """Per-vertex mean of the unit face normals around it, normalized (trimesh's ``mean_vertex_normals``: summed in
-    float32, normalized in float64, zero where the sum vanishes), float32 ``[V, 3]``."""
+    """Per-vertex mean of the unit face normals around it, normalized as trimesh's ``mean_vertex_normals`` does it:
+    the face normals summed in float32 in face order, squared in float32, the squares added in float64, the vector
+    multiplied by the float64 reciprocal of the norm and rounded to float32. A vertex whose norm is at most trimesh's
+    zero tolerance is multiplied by the norm itself (trimesh leaves it unnormalized), float32 ``[V, 3]``."""
     tri = positions[faces]  # [F, 3, 3]
     face_normals = F.normalize(torch.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0], dim=-1), dim=-1)
     summed = torch.zeros_like(positions).index_add_(0, faces.reshape(-1), face_normals.repeat_interleave(3, dim=0))
-    summed = summed.double()
-    norm = summed.square().sum(dim=1, keepdim=True).sqrt()
+    squares = (summed * summed).double()
+    norm = (squares[:, 0] + squares[:, 1] + squares[:, 2]).sqrt()[:, None]
     valid = norm > _UNIT_THRESHOLD
-    return torch.where(valid, summed / torch.where(valid, norm, torch.ones_like(norm)), 0.0).float()
+    scale = torch.where(valid, 1.0 / torch.where(valid, norm, torch.ones_like(norm)), norm)
+    return (summed.double() * scale).float()
 
 
 class MeshRenderer:
