@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .camera import Camera
 from .mesh_maps import MeshRenderer, vertex_normals
-from .rasterize import interpolate
+from .rasterize import interpolate_covered
 
 #: Pixels whose normal is more than this many degrees from the viewing direction are not baked.
 BAKE_ANGLE_LIMIT = 75
@@ -31,10 +31,12 @@ BAKE_EXPONENT = 4
 @dataclass(frozen=True)
 class ViewBake:
     """One view splatted into texture space: ``texture [T, T, C]`` (weighted mean colour per texel),
-    ``cosine [T, T, 1]`` (weighted mean cosine, 0 where nothing landed)."""
+    ``cosine [T, T, 1]`` (weighted mean cosine, 0 where nothing landed). ``touched [M]``, when known, lists the flat
+    indices of the texels something landed on (both maps are 0 elsewhere), so that the merge visits only those."""
 
     texture: torch.Tensor
     cosine: torch.Tensor
+    touched: torch.Tensor | None = None
 
 
 def _cv2():
@@ -52,22 +54,23 @@ def boundary_kernel_size(render_size: int) -> int:
     return int((2 / 512) * render_size) * 2 + 1
 
 
-def _square_max(mask: torch.Tensor, size: int) -> torch.Tensor:
+def _square_max(mask: np.ndarray, size: int) -> np.ndarray:
     """Per pixel: is any pixel of the ``size × size`` square around it set (outside the image counts as unset)?
     Boolean ``[H, W]`` → ``[H, W]`` (OpenCV's dilation of the 8-bit mask: the same as upstream's box convolution
     followed by ``> 0``)."""
     if size <= 1:
         return mask
     cv2 = _cv2()
-    image = mask.to(torch.uint8).cpu().numpy()
-    out = cv2.dilate(image, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0)
-    return torch.from_numpy(out).to(mask.device) > 0
+    out = cv2.dilate(mask.view(np.uint8), np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT,
+                     borderValue=0)  # fmt: skip
+    return out.view(bool)
 
 
 def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Splat ``values [N, C]`` at ``coords [N, 2]`` (row, column in [0, 1]) into a ``size × size`` grid with
-    bilinear weights: returns ``(Σ w·value, Σ w)`` as ``[size, size, C]`` and ``[size, size, 1]``. The four corner
-    passes run in upstream's order (00, 01, 10, 11), each added in the points' order."""
+    bilinear weights: returns ``(Σ w·value, Σ w)`` as ``[size, size, C]`` and ``[size, size, 1]``. Each texel's sums
+    are added in upstream's order: the four corner passes (00, 01, 10, 11) one after the other, each in the points'
+    order (one sequential ``index_add_`` over the corner-major list)."""
     channels = values.shape[-1]
     scale = torch.tensor([size - 1, size - 1], dtype=torch.float32, device=coords.device)
     indices = coords * scale
@@ -76,70 +79,97 @@ def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tup
     i00[:, 1].clamp_(0, size - 2)
     h = indices[:, 0] - i00[:, 0].float()
     w = indices[:, 1] - i00[:, 1].float()
-    weights = ((1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w)
-    offsets = (0, 1, size, size + 1)
+    weight = torch.cat([(1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w])[:, None]  # [4N, 1], corner-major
     flat = i00[:, 0] * size + i00[:, 1]
-    total = torch.zeros(size * size, channels, dtype=values.dtype, device=values.device)
-    count = torch.zeros(size * size, 1, dtype=values.dtype, device=values.device)
-    for weight, offset in zip(weights, offsets, strict=True):
-        index = flat + offset
-        total.index_add_(0, index, values * weight[:, None])
-        count.index_add_(0, index, weight[:, None])
-    return total.view(size, size, channels), count.view(size, size, 1)
-
-
-def _mean_splat(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    total, count = splat_bilinear(size, coords, values)
-    return torch.where(count > 0, total / torch.where(count > 0, count, torch.ones_like(count)), total)
+    texel = torch.cat([flat, flat + 1, flat + size, flat + size + 1])  # [4N]
+    # one row per (corner, point): C weighted values and the weight itself, added into [size², C + 1]
+    source = torch.cat([values.repeat(4, 1) * weight, weight], dim=1)
+    index = (texel * (channels + 1))[:, None] + torch.arange(channels + 1, device=texel.device)
+    sums = torch.zeros(size * size * (channels + 1), dtype=values.dtype, device=values.device)
+    sums.index_add_(0, index.view(-1), source.view(-1))
+    sums = sums.view(size, size, channels + 1)
+    return sums[..., :channels], sums[..., channels:]
 
 
 def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) -> ViewBake:
-    """Splat ``image [H, W, C]`` (float32 in [0, 1], seen from ``camera``) into the renderer's texture."""
+    """Splat ``image [H, W, C]`` (float32 in [0, 1], seen from ``camera``) into the renderer's texture. Everything
+    per pixel is computed on the covered (or kept) pixels only; the images OpenCV filters are built from them."""
     cv2 = _cv2()
     height, width = image.shape[:2]
     if height != width:
         raise ValueError(f"view image: expected a square image, got {height} x {width}")
     raster = renderer.rasterization(camera, height)
+    covered = raster.covered_pixels()  # [K]
     pos_camera, _ = renderer.camera_positions(camera)
     pos_camera = pos_camera[:, :3] / pos_camera[:, 3:4]
-    visible = raster.mask  # [H, W]
-    normal = interpolate(vertex_normals(pos_camera, renderer.faces), raster, renderer.faces)
-    uv = interpolate(renderer.uv_flipped, raster, renderer.faces)
-    depth = interpolate(pos_camera[:, 2:3].contiguous(), raster, renderer.faces)
-    seen = depth[visible]
-    depth_max, depth_min = seen.max(), seen.min()
-    depth_image = (depth - depth_min) / (depth_max - depth_min) * visible[..., None].float()
-    edges = cv2.Canny((depth_image.cpu().numpy() * 255).astype(np.uint8), 30, 80)
-    edges = torch.from_numpy(edges).to(image.device) > 0
+    depth = interpolate_covered(pos_camera[:, 2:3].contiguous(), raster, renderer.faces)[:, 0]  # [K]
+    # upstream: (depth − min) / (max − min) over the visible pixels, times the visibility mask, to 8 bits; Canny
+    depth_min, depth_max = depth.min(), depth.max()
+    depth_image = torch.zeros(height * width, dtype=torch.uint8, device=depth.device)
+    depth_image[covered] = ((depth - depth_min) / (depth_max - depth_min) * 255).to(torch.uint8)
+    edges = cv2.Canny(depth_image.view(height, width).cpu().numpy(), 30, 80) > 0
+    visible = raster.mask.cpu().numpy()
     kernel = boundary_kernel_size(renderer.render_size)
-    kept = (~_square_max(~visible, kernel) & ~_square_max(edges, kernel)).view(-1)
+    kept_image = ~_square_max(~visible, kernel) & ~_square_max(edges, kernel)  # a subset of the visible pixels
+    kept = torch.from_numpy(kept_image.reshape(-1)).to(covered.device)[covered]  # [K] bool
+    rows = torch.nonzero(kept).squeeze(1)
+    attributes = torch.cat([vertex_normals(pos_camera, renderer.faces), renderer.uv_flipped], dim=1)  # [V, 5]
+    values = interpolate_covered(attributes, raster, renderer.faces, rows)  # normal, uv at the kept pixels
     # the cosine is a per-pixel function: computed on the kept pixels only (the others are never splatted)
     lookat = torch.tensor([[0, 0, -1]], device=image.device)
-    cosine = F.cosine_similarity(lookat, normal.view(-1, 3)[kept])[:, None]
+    cosine = F.cosine_similarity(lookat, values[:, :3])[:, None]
     cosine[cosine < np.cos(BAKE_ANGLE_LIMIT / 180 * np.pi)] = 0
-    coords = uv.view(-1, 2)[kept][:, [1, 0]]
-    texture = _mean_splat(renderer.texture_size, coords, image.reshape(-1, image.shape[-1])[kept].float())
-    cos_map = _mean_splat(renderer.texture_size, coords, cosine)
-    return ViewBake(texture, cos_map)
+    coords = values[:, [4, 3]]
+    colours = image.reshape(-1, image.shape[-1]).float()[covered[rows]]
+    total, count = splat_bilinear(renderer.texture_size, coords, torch.cat([colours, cosine], dim=1))
+    channels = image.shape[-1]
+    count = count.reshape(-1, 1)
+    touched = torch.nonzero(count[:, 0] > 0).squeeze(1)
+    mean = torch.zeros(count.shape[0], channels + 1, dtype=total.dtype, device=total.device)
+    mean[touched] = total.reshape(-1, channels + 1)[touched] / count[touched]
+    size = renderer.texture_size
+    return ViewBake(mean[:, :channels].reshape(size, size, channels), mean[:, channels:].reshape(size, size, 1),
+                    touched)  # fmt: skip
+
+
+def _power(values: torch.Tensor, exponent: int) -> torch.Tensor:
+    """``values ** exponent`` as upstream computes it on a whole texture. PyTorch's CPU ``pow`` evaluates full SIMD
+    vectors with SLEEF and a length's remainder with ``std::pow``, which may differ in the last bit; a texture of
+    ``T²`` texels has no remainder, so the texels gathered here are padded to a multiple of 64 to take the vector
+    path too."""
+    flat = values.reshape(-1)
+    padded = torch.cat([flat, flat.new_zeros(-flat.numel() % 64)])
+    return (padded**exponent)[: flat.numel()].view(values.shape)
 
 
 def merge_views(bakes: list[ViewBake], view_weights: list[float],
                 exponent: int = BAKE_EXPONENT) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The weighted merge: ``(texture [T, T, C], painted [T, T] bool)``. A view contributes ``weight · cos^exponent``
-    per texel; a view whose texels are already painted for more than 99 % of them is skipped."""
+    per texel; a view whose texels are already painted for more than 99 % of them is skipped. Views that list their
+    touched texels are added on those only (elsewhere they add zeros: the same sums)."""
     first = bakes[0].texture
-    merged = torch.zeros_like(first)
-    trust = torch.zeros(first.shape[:2] + (1,), dtype=first.dtype, device=first.device)
+    size, channels = first.shape[0] * first.shape[1], first.shape[-1]
+    merged = torch.zeros(size, channels, dtype=first.dtype, device=first.device)
+    trust = torch.zeros(size, 1, dtype=first.dtype, device=first.device)
     for bake, weight in zip(bakes, view_weights, strict=True):
-        cos_map = weight * (bake.cosine**exponent)
+        texels = bake.touched
+        texture, cosine = bake.texture.reshape(size, channels), bake.cosine.reshape(size, 1)
+        if texels is not None:
+            texture, cosine = texture[texels], cosine[texels]
+        cos_map = weight * _power(cosine, exponent)
+        trust_here = trust if texels is None else trust[texels]
         view_sum = (cos_map > 0).sum()
-        painted_sum = ((cos_map > 0) * (trust > 0)).sum()
+        painted_sum = ((cos_map > 0) * (trust_here > 0)).sum()
         if painted_sum / view_sum > 0.99:
             continue
-        merged += bake.texture * cos_map
-        trust += cos_map
+        if texels is None:
+            merged += texture * cos_map
+            trust += cos_map
+        else:
+            merged[texels] = merged[texels] + texture * cos_map
+            trust[texels] = trust_here + cos_map
     merged = merged / torch.clamp(trust, min=1e-8)
-    return merged, (trust > 1e-8)[..., 0]
+    return merged.view(first.shape), (trust > 1e-8).view(first.shape[:2])
 
 
 __all__ = ["BAKE_ANGLE_LIMIT", "BAKE_EXPONENT", "ViewBake", "back_project", "boundary_kernel_size", "merge_views",

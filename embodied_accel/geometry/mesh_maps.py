@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .camera import Camera, orthographic_matrix, transform
-from .rasterize import Rasterization, interpolate, rasterize
+from .rasterize import Rasterization, interpolate_covered, rasterize
 
 #: Upstream's placement: the mesh's bounding sphere (about its box centre) gets this diameter.
 SCALE_FACTOR = 1.15
@@ -106,26 +106,28 @@ class MeshRenderer:
         """World-space normals seen from ``camera``, mapped to [0, 1] (``(n + 1) / 2``), ``background`` elsewhere
         (before the mapping, as upstream): float32 ``[H, W, 3]``."""
         raster = self.rasterization(camera, resolution)
-        normal = interpolate(self.world_normals(), raster, self.faces)
-        normal = _where_covered(raster, normal, background)
-        return (normal + 1) * 0.5
+        normal = interpolate_covered(self.world_normals(), raster, self.faces)
+        return _covered_image(raster, (normal + 1) * 0.5, (torch.tensor(background) + 1) * 0.5)
 
     def position_map(self, camera: Camera, resolution: int | None = None, background=(1.0, 1.0, 1.0)) -> torch.Tensor:
         """``0.5 − position / 1.15`` per pixel (the placed mesh's coordinates in [0, 1]), ``background`` elsewhere:
         float32 ``[H, W, 3]``."""
         raster = self.rasterization(camera, resolution)
-        position = interpolate(0.5 - self.positions / SCALE_FACTOR, raster, self.faces)
-        return _where_covered(raster, position, background)
+        position = interpolate_covered(0.5 - self.positions / SCALE_FACTOR, raster, self.faces)
+        return _covered_image(raster, position, torch.tensor(background))
 
 
-def _where_covered(raster: Rasterization, values: torch.Tensor, background) -> torch.Tensor:
-    bg = torch.tensor(background, dtype=values.dtype, device=values.device)
-    return torch.where(raster.mask[..., None], values, bg)
+def _covered_image(raster: Rasterization, values: torch.Tensor, background: torch.Tensor) -> torch.Tensor:
+    """``values [K, C]`` at the covered pixels, ``background [C]`` elsewhere: ``[H, W, C]``."""
+    height, width = raster.face_ids.shape
+    image = background.to(values).expand(height * width, values.shape[-1]).contiguous()
+    image.index_copy_(0, raster.covered_pixels(), values)
+    return image.view(height, width, -1)
 
 
 def to_uint8_image(image: torch.Tensor) -> np.ndarray:
     """A float ``[H, W, C]`` map in [0, 1] as upstream hands it on (``(x · 255).astype(uint8)``: truncation)."""
-    return (image.cpu().numpy() * 255).astype(np.uint8)
+    return (image * 255).to(torch.uint8).cpu().numpy()
 
 
 __all__ = ["SCALE_FACTOR", "MeshRenderer", "UVMesh", "to_uint8_image", "vertex_normals"]

@@ -46,17 +46,35 @@ _BLOCK_CANDIDATES = 1 << 20
 @dataclass(frozen=True)
 class Rasterization:
     """What :func:`rasterize` returns: ``face_ids [H, W] int32`` holds the covering face's index + 1 (0: no face),
-    ``barycentric [H, W, 3] float32`` its perspective-correct barycentrics (0 where no face)."""
+    ``barycentric [H, W, 3] float32`` its perspective-correct barycentrics (0 where no face).
+
+    The rasterizer also keeps the covered pixels in compact form (``covered [K]`` flat indices, ascending;
+    ``covered_face [K]`` 0-based face indices; ``covered_barycentric [K, 3]``), so that attributes are interpolated
+    on the covered pixels only; a ``Rasterization`` made from the images alone computes them on first use."""
 
     face_ids: torch.Tensor
     barycentric: torch.Tensor
-    covered: torch.Tensor | None = None  # [K] flat indices of the covered pixels (ascending), when known
+    covered: torch.Tensor | None = None
+    covered_face: torch.Tensor | None = None
+    covered_barycentric: torch.Tensor | None = None
 
     def covered_pixels(self) -> torch.Tensor:
         """Flat indices of the pixels some face covers, ascending."""
         if self.covered is not None:
             return self.covered
         return torch.nonzero(self.face_ids.view(-1) > 0).squeeze(1)
+
+    def covered_faces(self) -> torch.Tensor:
+        """The 0-based face index of each covered pixel (int64 ``[K]``, the order of :meth:`covered_pixels`)."""
+        if self.covered_face is not None:
+            return self.covered_face
+        return self.face_ids.view(-1)[self.covered_pixels()].long() - 1
+
+    def covered_barycentrics(self) -> torch.Tensor:
+        """The barycentrics of each covered pixel (float32 ``[K, 3]``, the order of :meth:`covered_pixels`)."""
+        if self.covered_barycentric is not None:
+            return self.covered_barycentric
+        return self.barycentric.view(-1, 3)[self.covered_pixels()]
 
     @property
     def mask(self) -> torch.Tensor:
@@ -295,11 +313,12 @@ def rasterize(clip_positions: torch.Tensor, faces: torch.Tensor, height: int, wi
     covered = torch.nonzero(zbuffer != EMPTY_KEY).squeeze(1)
     face_ids = torch.zeros(height * width, dtype=torch.int32, device=device)
     barycentric = torch.zeros(height * width, 3, dtype=torch.float32, device=device)
-    if covered.numel():
-        face = zbuffer[covered] % KEY_FACE_RANGE - 1
-        face_ids[covered] = (face + 1).to(torch.int32)
-        barycentric[covered] = _pixel_barycentrics(clip, faces, sf, face, covered, width)
-    return Rasterization(face_ids.view(height, width), barycentric.view(height, width, 3), covered)
+    face = zbuffer[covered] % KEY_FACE_RANGE - 1
+    covered_barycentric = _pixel_barycentrics(clip, faces, sf, face, covered, width)
+    face_ids[covered] = (face + 1).to(torch.int32)
+    barycentric[covered] = covered_barycentric
+    return Rasterization(face_ids.view(height, width), barycentric.view(height, width, 3), covered, face,
+                         covered_barycentric)  # fmt: skip
 
 
 def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> torch.Tensor:
@@ -316,20 +335,32 @@ def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> to
     return torch.stack([b0 * norm, b1 * norm, b2 * norm], dim=1)
 
 
+def interpolate_covered(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor,
+                        rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Barycentric interpolation of per-vertex ``attributes [N, C]`` at the covered pixels of ``raster`` (``[K, C]``,
+    the order of ``raster.covered_pixels()``), or at the covered pixels ``rows`` (indices into that order) only.
+    ``faces [F, 3]`` may index another vertex array than the one rasterized (e.g. UV vertices). Several attributes
+    concatenated along ``C`` cost one gather. The sum runs ``b0·v0 + b1·v1 + b2·v2``, as the official
+    ``interpolate``, so each channel is the same float32 value as there."""
+    face = raster.covered_faces()
+    bary = raster.covered_barycentrics()
+    if rows is not None:
+        face, bary = face[rows], bary[rows]
+    corner_vertex = faces.long().index_select(0, face)  # [K, 3]
+    corners = attributes.index_select(0, corner_vertex.view(-1)).view(-1, 3, attributes.shape[-1])  # [K, 3, C]
+    bary = bary.to(corners.dtype)
+    return bary[:, 0:1] * corners[:, 0] + bary[:, 1:2] * corners[:, 1] + bary[:, 2:3] * corners[:, 2]
+
+
 def interpolate(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor) -> torch.Tensor:
     """Per-pixel barycentric interpolation of per-vertex ``attributes [N, C]`` over the faces of ``raster``
-    (``faces [F, 3]`` may index another vertex array than the one rasterized, e.g. UV vertices). ``[H, W, C]``;
-    0 where no face covers the pixel. The sum runs ``b0·v0 + b1·v1 + b2·v2`` as the official ``interpolate``; only
-    covered pixels are computed."""
+    (:func:`interpolate_covered` written into an image): ``[H, W, C]``, 0 where no face covers the pixel."""
     height, width = raster.face_ids.shape
-    pixel = raster.covered_pixels()
-    face = raster.face_ids.view(-1)[pixel].long() - 1
-    corners = attributes[faces.long()[face]]  # [K, 3, C]
-    bary = raster.barycentric.view(-1, 3)[pixel][..., None]  # [K, 3, 1]
-    weighted = bary * corners
-    out = torch.zeros(height * width, attributes.shape[-1], dtype=weighted.dtype, device=weighted.device)
-    out[pixel] = weighted[:, 0] + weighted[:, 1] + weighted[:, 2]
+    values = interpolate_covered(attributes, raster, faces)
+    out = torch.zeros(height * width, attributes.shape[-1], dtype=values.dtype, device=values.device)
+    out.index_copy_(0, raster.covered_pixels(), values)
     return out.view(height, width, -1)
 
 
-__all__ = ["DEPTH_STEPS", "EMPTY_KEY", "KEY_FACE_RANGE", "Rasterization", "interpolate", "rasterize", "screen_coordinates"]
+__all__ = ["DEPTH_STEPS", "EMPTY_KEY", "KEY_FACE_RANGE", "Rasterization", "interpolate", "interpolate_covered", "rasterize",
+           "screen_coordinates"]  # fmt: skip
