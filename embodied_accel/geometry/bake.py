@@ -70,7 +70,13 @@ def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tup
     """Splat ``values [N, C]`` at ``coords [N, 2]`` (row, column in [0, 1]) into a ``size × size`` grid with
     bilinear weights: returns ``(Σ w·value, Σ w)`` as ``[size, size, C]`` and ``[size, size, 1]``. Each texel's sums
     are added in upstream's order: the four corner passes (00, 01, 10, 11) one after the other, each in the points'
-    order (one sequential ``index_add_`` over the corner-major list)."""
+    order."""
+    sums = _splat_sums(size, coords, values).view(-1, size, size).permute(1, 2, 0)
+    return sums[..., :-1], sums[..., -1:]
+
+
+def _splat_sums(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """:func:`splat_bilinear`'s sums channel-major: ``[C + 1, size²]``, the last row ``Σ w``."""
     channels = values.shape[-1]
     scale = torch.tensor([size - 1, size - 1], dtype=torch.float32, device=coords.device)
     indices = coords * scale
@@ -79,16 +85,15 @@ def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tup
     i00[:, 1].clamp_(0, size - 2)
     h = indices[:, 0] - i00[:, 0].float()
     w = indices[:, 1] - i00[:, 1].float()
-    weight = torch.cat([(1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w])[:, None]  # [4N, 1], corner-major
+    weight = torch.cat([(1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w])  # [4N], corner-major
     flat = i00[:, 0] * size + i00[:, 1]
     texel = torch.cat([flat, flat + 1, flat + size, flat + size + 1])  # [4N]
-    # one row per (corner, point): C weighted values and the weight itself, added into [size², C + 1]
-    source = torch.cat([values.repeat(4, 1) * weight, weight], dim=1)
-    index = (texel * (channels + 1))[:, None] + torch.arange(channels + 1, device=texel.device)
-    sums = torch.zeros(size * size * (channels + 1), dtype=values.dtype, device=values.device)
-    sums.index_add_(0, index.view(-1), source.view(-1))
-    sums = sums.view(size, size, channels + 1)
-    return sums[..., :channels], sums[..., channels:]
+    # channel by channel (a 1-D index_add_ is one sequential loop over the corner-major list)
+    sums = torch.zeros(channels + 1, size * size, dtype=values.dtype, device=values.device)
+    for channel, row in zip(values.t(), sums[:channels], strict=True):
+        row.index_add_(0, texel, channel.repeat(4) * weight)
+    sums[channels].index_add_(0, texel, weight)
+    return sums
 
 
 def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) -> ViewBake:
@@ -117,19 +122,19 @@ def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) ->
     values = interpolate_covered(attributes, raster, renderer.faces, rows)  # normal, uv at the kept pixels
     # the cosine is a per-pixel function: computed on the kept pixels only (the others are never splatted)
     lookat = torch.tensor([[0, 0, -1]], device=image.device)
-    cosine = F.cosine_similarity(lookat, values[:, :3])[:, None]
+    cosine = F.cosine_similarity(lookat, values[:, :3].contiguous())[:, None]  # row-major, as upstream's [H·W, 3]
     cosine[cosine < np.cos(BAKE_ANGLE_LIMIT / 180 * np.pi)] = 0
     coords = values[:, [4, 3]]
     colours = image.reshape(-1, image.shape[-1]).float()[covered[rows]]
-    total, count = splat_bilinear(renderer.texture_size, coords, torch.cat([colours, cosine], dim=1))
-    channels = image.shape[-1]
-    count = count.reshape(-1, 1)
-    touched = torch.nonzero(count[:, 0] > 0).squeeze(1)
-    mean = torch.zeros(count.shape[0], channels + 1, dtype=total.dtype, device=total.device)
-    mean[touched] = total.reshape(-1, channels + 1)[touched] / count[touched]
-    size = renderer.texture_size
-    return ViewBake(mean[:, :channels].reshape(size, size, channels), mean[:, channels:].reshape(size, size, 1),
-                    touched)  # fmt: skip
+    sums = _splat_sums(renderer.texture_size, coords, torch.cat([colours, cosine], dim=1))  # [C + 2, T²]
+    touched = torch.nonzero(sums[-1] > 0).squeeze(1)
+    mean = sums[:-1, touched] / sums[-1, touched]  # [C + 1, M]: colours, cosine
+    size, channels = renderer.texture_size, image.shape[-1]
+    texture = torch.zeros(size * size, channels, dtype=mean.dtype, device=mean.device)
+    texture[touched] = mean[:channels].t()
+    cos_map = torch.zeros(size * size, 1, dtype=mean.dtype, device=mean.device)
+    cos_map[touched] = mean[channels:].t()
+    return ViewBake(texture.view(size, size, channels), cos_map.view(size, size, 1), touched)
 
 
 def _power(values: torch.Tensor, exponent: int) -> torch.Tensor:

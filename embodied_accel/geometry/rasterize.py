@@ -346,10 +346,15 @@ def interpolate_covered(attributes: torch.Tensor, raster: Rasterization, faces: 
     bary = raster.covered_barycentrics()
     if rows is not None:
         face, bary = face[rows], bary[rows]
-    corner_vertex = faces.long().index_select(0, face)  # [K, 3]
-    corners = attributes.index_select(0, corner_vertex.view(-1)).view(-1, 3, attributes.shape[-1])  # [K, 3, C]
-    bary = bary.to(corners.dtype)
-    return bary[:, 0:1] * corners[:, 0] + bary[:, 1:2] * corners[:, 1] + bary[:, 2:3] * corners[:, 2]
+    # channel-major: every gather and product below runs over one contiguous row of K values
+    corner_vertex = faces.long().index_select(0, face).t().reshape(-1)  # [3·K]: corner 0 of every pixel, then 1, 2
+    weights = bary.t().to(attributes.dtype).contiguous()  # [3, K]
+    channels = attributes.t().contiguous()  # [C, N]
+    out = torch.empty(attributes.shape[-1], face.numel(), dtype=attributes.dtype, device=attributes.device)
+    for channel, row in zip(channels, out, strict=True):
+        corners = channel.index_select(0, corner_vertex).view(3, -1)  # [3, K]
+        torch.add(weights[0] * corners[0] + weights[1] * corners[1], weights[2] * corners[2], out=row)
+    return out.t()
 
 
 def interpolate(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor) -> torch.Tensor:
