@@ -30,13 +30,27 @@ BAKE_EXPONENT = 4
 
 @dataclass(frozen=True)
 class ViewBake:
-    """One view splatted into texture space: ``texture [T, T, C]`` (weighted mean colour per texel),
-    ``cosine [T, T, 1]`` (weighted mean cosine, 0 where nothing landed). ``touched [M]``, when known, lists the flat
-    indices of the texels something landed on (both maps are 0 elsewhere), so that the merge visits only those."""
+    """One view splatted into a ``size × size`` texture, kept on the texels something landed on: ``texels [M]``
+    (flat indices, ascending), ``colors [M, C]`` (the weighted mean colour there) and ``cosines [M, 1]`` (the
+    weighted mean cosine). ``texture [T, T, C]`` and ``cosine [T, T, 1]`` are the dense maps (0 elsewhere)."""
 
-    texture: torch.Tensor
-    cosine: torch.Tensor
-    touched: torch.Tensor | None = None
+    size: int
+    texels: torch.Tensor
+    colors: torch.Tensor
+    cosines: torch.Tensor
+
+    @property
+    def texture(self) -> torch.Tensor:
+        return self._dense(self.colors)
+
+    @property
+    def cosine(self) -> torch.Tensor:
+        return self._dense(self.cosines)
+
+    def _dense(self, values: torch.Tensor) -> torch.Tensor:
+        image = values.new_zeros(self.size * self.size, values.shape[-1])
+        image.index_copy_(0, self.texels, values)
+        return image.view(self.size, self.size, -1)
 
 
 def _cv2():
@@ -76,7 +90,8 @@ def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tup
 
 
 def _splat_sums(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """:func:`splat_bilinear`'s sums channel-major: ``[C + 1, size²]``, the last row ``Σ w``."""
+    """:func:`splat_bilinear`'s sums channel-major: ``[C + 1, size²]``, the last row ``Σ w``. Per channel, one 1-D
+    ``index_add_`` per corner (each a sequential loop over the points), the corners in upstream's order."""
     channels = values.shape[-1]
     scale = torch.tensor([size - 1, size - 1], dtype=torch.float32, device=coords.device)
     indices = coords * scale
@@ -85,14 +100,15 @@ def _splat_sums(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.
     i00[:, 1].clamp_(0, size - 2)
     h = indices[:, 0] - i00[:, 0].float()
     w = indices[:, 1] - i00[:, 1].float()
-    weight = torch.cat([(1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w])  # [4N], corner-major
+    weights = ((1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w)
     flat = i00[:, 0] * size + i00[:, 1]
-    texel = torch.cat([flat, flat + 1, flat + size, flat + size + 1])  # [4N]
-    # channel by channel (a 1-D index_add_ is one sequential loop over the corner-major list)
+    texels = (flat, flat + 1, flat + size, flat + size + 1)
     sums = torch.zeros(channels + 1, size * size, dtype=values.dtype, device=values.device)
-    for channel, row in zip(values.t(), sums[:channels], strict=True):
-        row.index_add_(0, texel, channel.repeat(4) * weight)
-    sums[channels].index_add_(0, texel, weight)
+    for channel, row in zip(values.t().contiguous(), sums[:channels], strict=True):
+        for texel, weight in zip(texels, weights, strict=True):
+            row.index_add_(0, texel, channel * weight)
+    for texel, weight in zip(texels, weights, strict=True):
+        sums[channels].index_add_(0, texel, weight)
     return sums
 
 
@@ -128,13 +144,9 @@ def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) ->
     colours = image.reshape(-1, image.shape[-1]).float()[covered[rows]]
     sums = _splat_sums(renderer.texture_size, coords, torch.cat([colours, cosine], dim=1))  # [C + 2, T²]
     touched = torch.nonzero(sums[-1] > 0).squeeze(1)
-    mean = sums[:-1, touched] / sums[-1, touched]  # [C + 1, M]: colours, cosine
-    size, channels = renderer.texture_size, image.shape[-1]
-    texture = torch.zeros(size * size, channels, dtype=mean.dtype, device=mean.device)
-    texture[touched] = mean[:channels].t()
-    cos_map = torch.zeros(size * size, 1, dtype=mean.dtype, device=mean.device)
-    cos_map[touched] = mean[channels:].t()
-    return ViewBake(texture.view(size, size, channels), cos_map.view(size, size, 1), touched)
+    mean = (sums[:-1].index_select(1, touched) / sums[-1].index_select(0, touched)).t()  # [M, C + 1]
+    channels = image.shape[-1]
+    return ViewBake(renderer.texture_size, touched, mean[:, :channels].contiguous(), mean[:, channels:].contiguous())
 
 
 def _power(values: torch.Tensor, exponent: int) -> torch.Tensor:
@@ -150,31 +162,23 @@ def _power(values: torch.Tensor, exponent: int) -> torch.Tensor:
 def merge_views(bakes: list[ViewBake], view_weights: list[float],
                 exponent: int = BAKE_EXPONENT) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The weighted merge: ``(texture [T, T, C], painted [T, T] bool)``. A view contributes ``weight · cos^exponent``
-    per texel; a view whose texels are already painted for more than 99 % of them is skipped. Views that list their
-    touched texels are added on those only (elsewhere they add zeros: the same sums)."""
-    first = bakes[0].texture
-    size, channels = first.shape[0] * first.shape[1], first.shape[-1]
-    merged = torch.zeros(size, channels, dtype=first.dtype, device=first.device)
-    trust = torch.zeros(size, 1, dtype=first.dtype, device=first.device)
+    per texel; a view whose texels are already painted for more than 99 % of them is skipped. Each view is added on
+    the texels it touched (elsewhere it would add zeros: the same sums)."""
+    size, channels = bakes[0].size, bakes[0].colors.shape[-1]
+    dtype, device = bakes[0].colors.dtype, bakes[0].colors.device
+    merged = torch.zeros(size * size, channels, dtype=dtype, device=device)
+    trust = torch.zeros(size * size, 1, dtype=dtype, device=device)
     for bake, weight in zip(bakes, view_weights, strict=True):
-        texels = bake.touched
-        texture, cosine = bake.texture.reshape(size, channels), bake.cosine.reshape(size, 1)
-        if texels is not None:
-            texture, cosine = texture[texels], cosine[texels]
-        cos_map = weight * _power(cosine, exponent)
-        trust_here = trust if texels is None else trust[texels]
+        cos_map = weight * _power(bake.cosines, exponent)  # [M, 1]
+        trust_here = trust.index_select(0, bake.texels)
         view_sum = (cos_map > 0).sum()
         painted_sum = ((cos_map > 0) * (trust_here > 0)).sum()
         if painted_sum / view_sum > 0.99:
             continue
-        if texels is None:
-            merged += texture * cos_map
-            trust += cos_map
-        else:
-            merged[texels] = merged[texels] + texture * cos_map
-            trust[texels] = trust_here + cos_map
+        merged.index_copy_(0, bake.texels, merged.index_select(0, bake.texels) + bake.colors * cos_map)
+        trust.index_copy_(0, bake.texels, trust_here + cos_map)
     merged = merged / torch.clamp(trust, min=1e-8)
-    return merged.view(first.shape), (trust > 1e-8).view(first.shape[:2])
+    return merged.view(size, size, channels), (trust > 1e-8).view(size, size)
 
 
 __all__ = ["BAKE_ANGLE_LIMIT", "BAKE_EXPONENT", "ViewBake", "back_project", "boundary_kernel_size", "merge_views",
