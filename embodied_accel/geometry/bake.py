@@ -141,7 +141,7 @@ def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) ->
     cosine = F.cosine_similarity(lookat, values[:, :3].contiguous())[:, None]  # row-major, as upstream's [H·W, 3]
     cosine[cosine < np.cos(BAKE_ANGLE_LIMIT / 180 * np.pi)] = 0
     coords = values[:, [4, 3]]
-    colours = image.reshape(-1, image.shape[-1]).float()[covered[rows]]
+    colours = image.reshape(-1, image.shape[-1]).float().index_select(0, covered.index_select(0, rows))
     sums = _splat_sums(renderer.texture_size, coords, torch.cat([colours, cosine], dim=1))  # [C + 2, T²]
     touched = torch.nonzero(sums[-1] > 0).squeeze(1)
     mean = (sums[:-1].index_select(1, touched) / sums[-1].index_select(0, touched)).t()  # [M, C + 1]

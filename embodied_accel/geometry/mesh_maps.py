@@ -105,16 +105,22 @@ class MeshRenderer:
     def normal_map(self, camera: Camera, resolution: int | None = None, background=(1.0, 1.0, 1.0)) -> torch.Tensor:
         """World-space normals seen from ``camera``, mapped to [0, 1] (``(n + 1) / 2``), ``background`` elsewhere
         (before the mapping, as upstream): float32 ``[H, W, 3]``."""
-        raster = self.rasterization(camera, resolution)
-        normal = interpolate_covered(self.world_normals(), raster, self.faces)
-        return _covered_image(raster, (normal + 1) * 0.5, (torch.tensor(background) + 1) * 0.5)
+        return self.condition_maps(camera, resolution, background)[0]
 
     def position_map(self, camera: Camera, resolution: int | None = None, background=(1.0, 1.0, 1.0)) -> torch.Tensor:
         """``0.5 − position / 1.15`` per pixel (the placed mesh's coordinates in [0, 1]), ``background`` elsewhere:
         float32 ``[H, W, 3]``."""
+        return self.condition_maps(camera, resolution, background)[1]
+
+    def condition_maps(self, camera: Camera, resolution: int | None = None,
+                       background=(1.0, 1.0, 1.0)) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """``(normal_map, position_map)`` of ``camera`` from one interpolation of both attributes."""
         raster = self.rasterization(camera, resolution)
-        position = interpolate_covered(0.5 - self.positions / SCALE_FACTOR, raster, self.faces)
-        return _covered_image(raster, position, torch.tensor(background))
+        attributes = torch.cat([self.world_normals(), 0.5 - self.positions / SCALE_FACTOR], dim=1)  # [V, 6]
+        values = interpolate_covered(attributes, raster, self.faces)  # [K, 6]
+        bg = torch.tensor(background, dtype=values.dtype)
+        normal = _covered_image(raster, (values[:, :3] + 1) * 0.5, (bg + 1) * 0.5)
+        return normal, _covered_image(raster, values[:, 3:].contiguous(), bg)
 
 
 def _covered_image(raster: Rasterization, values: torch.Tensor, background: torch.Tensor) -> torch.Tensor:

@@ -377,7 +377,8 @@ def _rasterize(clip_positions, faces, height, width, spans: bool = True) -> Rast
 
 
 def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> torch.Tensor:
-    """Perspective-correct barycentrics of ``face`` at the centres of ``pixel`` (flat indices), float32 ``[K, 3]``."""
+    """Perspective-correct barycentrics of ``face`` at the centres of ``pixel`` (flat indices), float32 ``[K, 3]``
+    (a transposed view of ``[3, K]``: interpolation reads one corner's weights contiguously)."""
     half = torch.tensor(0.5, dtype=torch.float32, device=clip.device)
     w = clip[:, 3][faces]  # [F, 3]
     table = torch.stack([sf.a0, sf.a1, sf.e_ca0, sf.e_ca1, sf.e_ba0, sf.e_ba1, sf.inv_area, w[:, 0], w[:, 1], w[:, 2]])
@@ -390,7 +391,7 @@ def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> to
     alpha = _alpha(beta, gamma)
     b0, b1, b2 = alpha / w0, beta / w1, gamma / w2
     norm = 1.0 / (b0 + b1 + b2)
-    return torch.stack([b0 * norm, b1 * norm, b2 * norm], dim=1)
+    return torch.stack([b0 * norm, b1 * norm, b2 * norm]).t()  # [K, 3], stored channel-major
 
 
 def interpolate_covered(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor,
@@ -405,8 +406,8 @@ def interpolate_covered(attributes: torch.Tensor, raster: Rasterization, faces: 
     if rows is not None:
         face, bary = face[rows], bary[rows]
     # channel-major: every gather and product below runs over one contiguous row of K values
-    corner_vertex = faces.long().index_select(0, face).t().reshape(-1)  # [3·K]: corner 0 of every pixel, then 1, 2
-    weights = bary.t().to(attributes.dtype).contiguous()  # [3, K]
+    corner_vertex = torch.cat([corner.index_select(0, face) for corner in faces.long().t()])  # [3·K], corner-major
+    weights = bary.t().to(attributes.dtype).contiguous()  # [3, K] (no copy for the rasterizer's own layout)
     channels = attributes.t().contiguous()  # [C, N]
     out = torch.empty(attributes.shape[-1], face.numel(), dtype=attributes.dtype, device=attributes.device)
     for channel, row in zip(channels, out, strict=True):
