@@ -339,3 +339,14 @@ def test_vertex_normals_follow_trimesh_rounding():
     norm[valid] **= -1
     np.testing.assert_array_equal(normals.numpy(), (summed * norm[:, None]).astype(np.float32))
     assert not normals[-1].any()
+
+
+def test_the_renderer_leaves_the_callers_mesh_arrays_alone():
+    # xatlas hands float32 vertices and UVs; placing the mesh (axis swap, v flip) must work on copies, or the UVs
+    # exported after baking would come out flipped
+    mesh = _mesh()
+    mesh = UVMesh(mesh.vertices.astype(np.float32), mesh.faces, mesh.uv.astype(np.float32))
+    vertices, uv = mesh.vertices.copy(), mesh.uv.copy()
+    MeshRenderer(mesh, render_size=32, texture_size=32)
+    np.testing.assert_array_equal(mesh.vertices, vertices)
+    np.testing.assert_array_equal(mesh.uv, uv)

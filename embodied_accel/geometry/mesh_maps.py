@@ -61,9 +61,10 @@ class MeshRenderer:
         self.render_size = int(render_size)
         self.texture_size = int(texture_size)
         self.device = torch.device(device)
-        pos = torch.from_numpy(np.asarray(mesh.vertices)).to(self.device).float()
+        # copies: the placement below works in place and must not touch the caller's arrays
+        pos = torch.tensor(np.asarray(mesh.vertices), dtype=torch.float32, device=self.device)
         self.faces = torch.from_numpy(np.asarray(mesh.faces)).to(self.device).to(torch.int64)
-        uv = torch.from_numpy(np.asarray(mesh.uv)).to(self.device).float()
+        uv = torch.tensor(np.asarray(mesh.uv), dtype=torch.float32, device=self.device)
         pos[:, [0, 1]] = -pos[:, [0, 1]]
         pos[:, [1, 2]] = pos[:, [2, 1]]
         uv[:, 1] = 1.0 - uv[:, 1]

@@ -102,7 +102,9 @@ def main() -> None:
     start = time.perf_counter()
     mesh = mesh_uv_wrap(trimesh.Trimesh(vertices, faces, process=False))
     unwrap_s = time.perf_counter() - start
-    uv_mesh = UVMesh(np.asarray(mesh.vertices), np.asarray(mesh.faces), np.asarray(mesh.visual.uv, dtype=np.float32))
+    # copies: hy3dgen's MeshRender.load_mesh flips the trimesh's float32 UVs in place, so each official renderer is
+    # handed a copy of the mesh, and ours its own arrays
+    uv_mesh = UVMesh(np.array(mesh.vertices), np.array(mesh.faces), np.array(mesh.visual.uv, dtype=np.float32))
     views = synthetic_views(args.size, 6)
     size = args.size
 
@@ -121,7 +123,7 @@ def main() -> None:
 
     # ---- official --------------------------------------------------------------------------------------------
     render = MeshRender(default_resolution=size, texture_size=size, device="cpu")
-    render.load_mesh(mesh)
+    render.load_mesh(mesh.copy())
     official = _Clock()
     normals = [render.render_normal(e, a, use_abs_coor=True, return_type="pl")
                for e, a in zip(CAMERA_ELEVATIONS, CAMERA_AZIMUTHS, strict=True)]  # fmt: skip
@@ -213,7 +215,7 @@ def _inpaint_only(args, uv_mesh, mesh, views, official_inpaint, mesh_render_clas
     ours = TextureBaker(uv_mesh, render_size=args.size, texture_size=size)
     texture, painted = ours.bake([torch.from_numpy(v / 255.0).float() for v in views])
     render = mesh_render_class(default_resolution=args.size, texture_size=size, device="cpu")
-    render.load_mesh(mesh)
+    render.load_mesh(mesh.copy())
     official = _Clock()
     official_inpainted, holes = official_inpaint(render, texture.numpy(), (painted.numpy() * 255).astype(np.uint8),
                                                  official, not args.skip_python_inpaint)  # fmt: skip
