@@ -50,6 +50,15 @@ def benchmark_mesh(grid: int):
     return surface.vertices / grid * 2 - 1, surface.faces
 
 
+def _mesh_copy(mesh):
+    """A copy of an unwrapped mesh as ``mesh_uv_wrap`` leaves it (the UVs a float32 attribute of the visual)."""
+    import trimesh
+
+    copy = trimesh.Trimesh(np.array(mesh.vertices), np.array(mesh.faces), process=False)
+    copy.visual.uv = np.array(mesh.visual.uv)
+    return copy
+
+
 class _Clock:
     """Wall-clock and process CPU time of consecutive stages."""
 
@@ -123,7 +132,7 @@ def main() -> None:
 
     # ---- official --------------------------------------------------------------------------------------------
     render = MeshRender(default_resolution=size, texture_size=size, device="cpu")
-    render.load_mesh(mesh.copy())
+    render.load_mesh(_mesh_copy(mesh))
     official = _Clock()
     normals = [render.render_normal(e, a, use_abs_coor=True, return_type="pl")
                for e, a in zip(CAMERA_ELEVATIONS, CAMERA_AZIMUTHS, strict=True)]  # fmt: skip
@@ -215,7 +224,7 @@ def _inpaint_only(args, uv_mesh, mesh, views, official_inpaint, mesh_render_clas
     ours = TextureBaker(uv_mesh, render_size=args.size, texture_size=size)
     texture, painted = ours.bake([torch.from_numpy(v / 255.0).float() for v in views])
     render = mesh_render_class(default_resolution=args.size, texture_size=size, device="cpu")
-    render.load_mesh(mesh.copy())
+    render.load_mesh(_mesh_copy(mesh))
     official = _Clock()
     official_inpainted, holes = official_inpaint(render, texture.numpy(), (painted.numpy() * 255).astype(np.uint8),
                                                  official, not args.skip_python_inpaint)  # fmt: skip
