@@ -17,10 +17,10 @@ from .buffers import VggtBuffers, build_vggt_buffers
 from .config import PRESETS, VggtConfig, get_preset
 from .model import FrameParallel, VggtModel, VggtOutputs
 from .weights import (
-    StateDictSource,
     config_for_checkpoint,
     init_random_weights,
     load_checkpoint_weights,
+    open_checkpoint,
     resolve_checkpoint,
 )
 
@@ -69,7 +69,7 @@ def load_vggt_model(
         checkpoint = None
     else:
         path, hub_config = resolve_checkpoint(source)
-        checkpoint = StateDictSource(path)
+        checkpoint = open_checkpoint(path)
         config = config_for_checkpoint(checkpoint, hub_config, preset)
     with torch.device("meta"):
         model = VggtModel(config, ops, compute_dtype)
