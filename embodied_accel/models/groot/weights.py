@@ -99,13 +99,14 @@ def weight_rules(config: GrootConfig) -> list[WeightRule]:
     for i in range(v.depth):
         src, dst = f"{VISION}.encoder.layers.{i}", f"vision.layers.{i}"
         qkv = [f"{src}.self_attn.{x}_proj" for x in "qkv"]
-        add(f"{dst}.qkv_weight", [f"{k}.weight" for k in qkv], [(w, w)] * 3, "cat_t")
-        add(f"{dst}.qkv_bias", [f"{k}.bias" for k in qkv], [(w,)] * 3, "cat")
-        linear(f"{dst}.out", f"{src}.self_attn.out_proj", w, w)
+        add(f"{dst}.qkv.weight_t", [f"{k}.weight" for k in qkv], [(w, w)] * 3, "cat_t")
+        add(f"{dst}.qkv.bias", [f"{k}.bias" for k in qkv], [(w,)] * 3, "cat")
+        for target, source, fan_in, fan_out in (("out", "self_attn.out_proj", w, w), ("fc1", "mlp.fc1", w, v.mlp_dim),
+                                                ("fc2", "mlp.fc2", v.mlp_dim, w)):  # fmt: skip
+            add(f"{dst}.{target}.weight_t", [f"{src}.{source}.weight"], [(fan_out, fan_in)], "t")
+            add(f"{dst}.{target}.bias", [f"{src}.{source}.bias"], [(fan_out,)], "copy")
         norm(f"{dst}.layer_norm1", f"{src}.layer_norm1", w)
         norm(f"{dst}.layer_norm2", f"{src}.layer_norm2", w)
-        linear(f"{dst}.fc1", f"{src}.mlp.fc1", w, v.mlp_dim)
-        linear(f"{dst}.fc2", f"{src}.mlp.fc2", v.mlp_dim, w)
     norm("vision.post_layernorm", f"{VISION}.post_layernorm", w)
 
     # pixel-unshuffle projector (mlp1: LayerNorm, Linear, GELU, Linear)
