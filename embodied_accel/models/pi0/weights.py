@@ -23,6 +23,7 @@ from ...errors import CheckpointError
 from ...nn.gemma import GemmaConfig
 from ...nn.siglip import SiglipConfig
 from ...ops import get_ops
+from ..layouts import siglip_layer_rows
 from ..loading import (
     CheckpointReader,
     KeyRule,
@@ -58,17 +59,11 @@ HEADS = ("action_in_proj", "action_out_proj", "state_proj", "action_time_mlp_in"
 def weight_table(config: Pi0Config) -> tuple[KeyRule, ...]:
     """Our parameter (pattern) → LeRobot key(s) (without the leading ``model.``) and the load-time transform. With a
     bf16 model, the vision tower, projector, norms and action projections stay fp32 (LeRobot's choice)."""
-    fp32, vision_layer = torch.float32, rf"{VISION}.encoder.layers.\1"
+    fp32 = torch.float32
     rows = [
         KeyRule(r"vision\.patch_embed_(weight|bias)", (rf"{VISION}.embeddings.patch_embedding.\1",), dtype=fp32),
         KeyRule(r"vision\.position_embedding", (f"{VISION}.embeddings.position_embedding.weight",), dtype=fp32),
-        KeyRule(r"vision\.layers\.(\d+)\.qkv\.weight_t", tuple(f"{vision_layer}.self_attn.{p}_proj.weight" for p in "qkv"),
-                "cat_t", dtype=fp32),
-        KeyRule(r"vision\.layers\.(\d+)\.qkv\.bias", tuple(f"{vision_layer}.self_attn.{p}_proj.bias" for p in "qkv"), "cat",
-                dtype=fp32),
-        *linear(r"vision\.layers\.(\d+)\.out", f"{vision_layer}.self_attn.out_proj", fp32),
-        *linear(r"vision\.layers\.(\d+)\.(fc[12])", rf"{vision_layer}.mlp.\2", fp32),
-        KeyRule(r"vision\.layers\.(\d+)\.layer_norm([12])_(weight|bias)", (rf"{vision_layer}.layer_norm\2.\3",), dtype=fp32),
+        *siglip_layer_rows(r"vision\.layers\.(\d+)", rf"{VISION}.encoder.layers.\1", fp32),
         KeyRule(r"vision\.post_layernorm_(weight|bias)", (rf"{VISION}.post_layernorm.\1",), dtype=fp32),
         *linear("projector", PROJECTOR, fp32),
         # Gemma scales the token embedding by sqrt(width) in its own dtype: folded in at load
