@@ -34,6 +34,7 @@ from ..models.groot.model import (
     GrootModel,
     assemble_buffers,
 )
+from ..models.groot.plans import W8A8_PLAN
 from ..models.groot.processor import (
     ActionKey,
     EmbodimentSpec,
@@ -56,6 +57,7 @@ from ..models.groot.weights import (
 )
 from ..nn.rtc import ChunkGuidance, RtcSettings
 from ..ops import OpSet, get_ops
+from ..quant import check_quant, quantize
 from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
@@ -450,6 +452,7 @@ def load_groot_policy(
     cuda_attention: str = "sdpa",
     rtc: RtcSettings | None = None,
     backbone_config: str | Path | None = None,
+    quant: str = "none",
 ) -> GrootPolicy:
     """Build a GR00T N1.6 policy from a preset name (seeded random weights) or a checkpoint directory.
 
@@ -459,8 +462,10 @@ def load_groot_policy(
     custom checkpoint (e.g. ``groot-tiny``); ``backbone_config``, the Eagle backbone ``config.json`` the checkpoint
     was trained with (the file Isaac-GR00T builds its backbone from), gives any backbone instead. ``rtc``: the real-time chunking settings (soft-mask schedule, guidance
     clip, default execution horizon) for requests that bring the previous chunk's leftover
-    (:mod:`embodied_accel.nn.rtc`; default :class:`~embodied_accel.nn.rtc.RtcSettings`).
+    (:mod:`embodied_accel.nn.rtc`; default :class:`~embodied_accel.nn.rtc.RtcSettings`). ``quant``: ``none`` or
+    ``w8a8`` (int8 weights and activations for the linear layers of :data:`~embodied_accel.models.groot.plans.W8A8_PLAN`).
     """
+    check_quant(quant)
     if rtc is not None and not isinstance(rtc, RtcSettings):
         raise ValueError(f"rtc: expected an RtcSettings, got {type(rtc).__name__}")
     require_image_packages()
@@ -508,6 +513,7 @@ def load_groot_policy(
             "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
         )
     model.eval()
+    quantize(model, quant, W8A8_PLAN)
     processor = GrootProcessor(spec, images, tok, config.image_token_id, config.max_state_dim, formalize,
                                max_action_dim=config.max_action_dim, model_horizon=config.action_horizon,
                                rtc=rtc)  # fmt: skip

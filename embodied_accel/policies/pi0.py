@@ -24,6 +24,7 @@ from ..models.pi0.config import PRESETS, Pi0Config, get_preset, report_memory_ne
 from ..models.pi0.device_processing import DeviceProcessing
 from ..models.pi0.io_spec import IOSpec, load_io_spec
 from ..models.pi0.model import Pi0Buffers, Pi0Model
+from ..models.pi0.plans import W8A8_PLAN
 from ..models.pi0.processor import (
     ModelInputs,
     Pi0Processor,
@@ -40,6 +41,7 @@ from ..models.pi0.weights import (
 )
 from ..nn.rtc import ChunkGuidance, RtcSettings
 from ..ops import OpSet, get_ops
+from ..quant import check_quant, quantize
 from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
@@ -374,14 +376,17 @@ def load_pi0_policy(
     progress: bool = True,
     cuda_attention: str = "sdpa",
     rtc: RtcSettings | None = None,
+    quant: str = "none",
 ) -> Pi0Policy:
     """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir.
 
     ``cuda_attention`` picks the cuda backend's attention kernel: ``sdpa`` (packed multi-query SDPA) or
     ``triton`` (the Triton flash-attention kernel); see :func:`embodied_accel.ops.get_ops`. ``rtc``: the real-time
     chunking settings (soft-mask schedule, guidance clip, default execution horizon) for requests that bring the
-    previous chunk's leftover (:mod:`embodied_accel.nn.rtc`).
+    previous chunk's leftover (:mod:`embodied_accel.nn.rtc`). ``quant``: ``none`` or ``w8a8`` (int8 weights and
+    activations for the linear layers of :data:`~embodied_accel.models.pi0.plans.W8A8_PLAN`).
     """
+    check_quant(quant)
     compute_dtype = _resolve_dtype(dtype)
     check_capture(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
     prepare_capture(capture)  # process settings the mode needs before the first device allocation
@@ -416,6 +421,7 @@ def load_pi0_policy(
             "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
         )
     model.eval().requires_grad_(False)  # inference weights hold no autograd state
+    quantize(model, quant, W8A8_PLAN)
     processor = Pi0Processor(config, io, search.tokenizer, tokenizer_searched=search.describe_searched(), rtc=rtc)
     return Pi0Policy(
         model,
