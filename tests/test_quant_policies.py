@@ -88,3 +88,20 @@ def test_bad_quant_value_names_the_setting(load):
     with pytest.raises(ValueError, match=r"quant: expected one of none, w8a8, got 'int4'"):
         load("pi0-tiny" if load is load_pi0_policy else "groot-tiny", quant="int4", progress=False)
     assert check_quant("w8a8") == "w8a8"
+
+
+def test_run_quant_flag_loads_the_quantized_policy(capsys, tmp_path):
+    """``embodied-accel run --quant w8a8`` gives the actions of ``load_pi0_policy(..., quant="w8a8")``."""
+    from embodied_accel import cli
+
+    noise = np.random.default_rng(3).standard_normal((50, 32)).astype(np.float32)
+    np.save(tmp_path / "noise.npy", noise)
+    argv = ["run", "--model", "pi0-tiny", "--backend", "reference", "--noise", str(tmp_path / "noise.npy")]
+    assert cli.main([*argv, "--quant", "w8a8", "--output", str(tmp_path / "w8a8.npy")]) == 0
+    assert cli.main([*argv, "--output", str(tmp_path / "fp32.npy")]) == 0
+    capsys.readouterr()
+    policy = load_pi0_policy("pi0-tiny", quant="w8a8", backend="reference", device="cpu", progress=False)
+    observation, _ = cli.select_instruction(policy, cli.load_observation(cli.SAMPLE_OBSERVATION))
+    expected = policy.infer(observation, noise=noise)["actions"]
+    np.testing.assert_array_equal(np.load(tmp_path / "w8a8.npy"), expected)
+    assert not np.array_equal(np.load(tmp_path / "fp32.npy"), expected)
