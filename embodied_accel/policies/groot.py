@@ -66,7 +66,8 @@ from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+#: The dtypes the policy computes in.
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 #: The key of a prompt given as token ids (the whole chat prompt, image tokens included) instead of text.
 TOKENS_KEY = "observation.language.tokens"
 
@@ -410,17 +411,6 @@ def preset_embodiment(config: GrootConfig, num_views: int) -> EmbodimentSpec:
     )  # fmt: skip
 
 
-def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
-
-
 def tokenizer_search_places(checkpoint: Path | None) -> str:
     """Where a GR00T tokenizer is looked for without ``tokenizer=``."""
     if checkpoint is None:
@@ -469,7 +459,7 @@ def load_groot_policy(
     if rtc is not None and not isinstance(rtc, RtcSettings):
         raise ValueError(f"rtc: expected an RtcSettings, got {type(rtc).__name__}")
     require_image_packages()
-    compute_dtype = _resolve_dtype(dtype)
+    compute_dtype = platform_mod.resolve_dtype(dtype, COMPUTE_DTYPES)
     check_capture(capture)
     prepare_capture(capture)
     device = platform_mod.normalize_device(device)

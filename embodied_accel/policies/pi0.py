@@ -58,7 +58,8 @@ PRESET_IMAGE_KEYS = (
 )
 PRESET_VIEWS, PRESET_STATE_DIM, PRESET_ACTION_DIM = 2, 8, 7
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+#: The dtypes the policy computes in.
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,17 +352,6 @@ class Pi0Policy:
         return result
 
 
-def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
-
-
 def load_pi0_policy(
     preset_or_checkpoint: str,
     *,
@@ -387,7 +377,7 @@ def load_pi0_policy(
     activations for the linear layers of :data:`~embodied_accel.models.pi0.plans.W8A8_PLAN`).
     """
     check_quant(quant)
-    compute_dtype = _resolve_dtype(dtype)
+    compute_dtype = platform_mod.resolve_dtype(dtype, COMPUTE_DTYPES)
     check_capture(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
     prepare_capture(capture)  # process settings the mode needs before the first device allocation
     device = platform_mod.normalize_device(device)
