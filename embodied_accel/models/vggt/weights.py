@@ -206,10 +206,9 @@ def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
 
 
 TRANSFORMS.update({
-    # convolutions run as GEMMs (see GEMM_KERNELS); ``patch``: a transposed view of [C, p, p, 3]
-    "gemm_patch": Transform(lambda tensors, rule, dtype: tensors[0].permute(0, 2, 3, 1).reshape(tensors[0].shape[0], -1).t()),
-    "gemm_conv1x1": Transform(lambda tensors, rule, dtype: torch.stack([t.reshape(t.shape[0], t.shape[1]).t() for t in tensors])),
-    "gemm_patch_transposed": Transform(lambda tensors, rule, dtype: torch.stack([t.permute(0, 2, 3, 1).reshape(t.shape[0], -1) for t in tensors])),
+    # convolutions run as GEMMs (see GEMM_KERNELS)
+    **{f"gemm_{kind}": Transform(lambda tensors, rule, dtype, kind=kind: _gemm_kernel_layout(kind, tensors))
+       for _, kind in GEMM_KERNELS},
     # the paired depth / point heads: each head's [out, in] block on the diagonal (a transposed view), or their
     # parameters stacked head after head
     "paired_block_diagonal_t": Transform(lambda tensors, rule, dtype: torch.block_diag(*[t.reshape(t.shape[0], t.shape[1]) for t in tensors]).t()),
