@@ -30,6 +30,7 @@ from .models.vggt import commands as vggt_commands
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
 from .pipelines import shape_command, texture_command
+from .quant import QUANT_MODES
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
 from .serve import onnx_source
@@ -167,6 +168,8 @@ def _policy_options() -> argparse.ArgumentParser:
         "--capture", choices=CAPTURE_MODES, default="eager", help="how the call is executed (default: eager)"
     )
     group.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="compute dtype (default: float32)")
+    group.add_argument("--quant", choices=QUANT_MODES, default="none",
+                       help="w8a8: int8 weights and activations for the family's planned linear layers (default: none)")  # fmt: skip
     group.add_argument(
         "--tokenizer",
         type=Path,
@@ -430,6 +433,7 @@ def _load_policy(args: argparse.Namespace, num_views: int | None = None):
         capture=args.capture,
         progress=_progress(args),
         cuda_attention=args.cuda_attention,
+        quant=args.quant,
         **extra,
         **rtc_option(args),
     )

@@ -38,7 +38,6 @@ from ..models.hunyuan3d_paint.model import DelightModel, MultiviewModel, generat
 from ..models.hunyuan3d_paint.schedulers import euler_ancestral_schedule, lcm_schedule, turbo_timesteps
 from ..models.hunyuan3d_paint.weights import load_delight_model, load_multiview_model
 from ..ops import get_ops
-from .shape import _resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -289,7 +288,7 @@ def load_texture_pipeline(source: str | Path, *, paint_model: str | None = None,
     """A pipeline from a folder holding ``hunyuan3d-delight-v2-0`` and a paint model (``paint_model``: its folder
     name; default the turbo one when present, as upstream, else ``hunyuan3d-paint-v2-0``), or from a preset of
     :data:`~embodied_accel.models.hunyuan3d_paint.config.TEXTURE_PRESETS` (seeded random weights)."""
-    compute_dtype = _resolve_dtype(dtype)
+    compute_dtype = platform_mod.resolve_dtype(dtype)
     device = platform_mod.normalize_device(device)
     ops = get_ops(backend)
     if str(source) in TEXTURE_PRESETS and not Path(source).is_dir():

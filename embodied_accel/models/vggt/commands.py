@@ -116,9 +116,10 @@ def _outputs(path: Path) -> dict[str, Path]:
 
 
 def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
+    from ...platform import normalize_device
     from . import export
     from .geometry import depth_to_world_points, pose_encoding_to_cameras
-    from .loading import VggtRunner, load_vggt_model, normalize_device
+    from .loading import VggtRunner, load_vggt_model
 
     outputs = _outputs(args.output)
     progress = not args.no_progress
