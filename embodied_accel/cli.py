@@ -36,6 +36,7 @@ from .families.policy import (  # noqa: F401  (also the names tools and tests us
 )
 from .nn.rtc import SCHEDULES
 from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
+from .quant import QUANT_MODES
 from .runtime import CAPTURE_MODES, CaptureUnavailableError
 from .serve import commands as serve_commands
 from .serve import onnx_source
@@ -172,6 +173,9 @@ def _policy_options(every_family: bool = False) -> argparse.ArgumentParser:
     )
     group.add_argument("--dtype", choices=dtypes, default="float32",
                        help="compute dtype (default: float32; float16: not the policies)")  # fmt: skip
+    group.add_argument("--quant", choices=QUANT_MODES, default="none",
+                       help="w8a8: int8 weights and activations for the family's planned linear layers (pi0 / pi0.5, "
+                            "GR00T, VGGT; default: none)")  # fmt: skip
     group.add_argument(
         "--tokenizer",
         type=Path,

@@ -139,3 +139,26 @@ def normalize_device(device: str | torch.device | None) -> torch.device:
     if device.type == "npu" and _npu_available():
         return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]
     return torch.device(device.type, 0)
+
+
+#: Compute dtypes by the names a command line, a config file or an API call gives (short aliases included).
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype, allowed: tuple[torch.dtype, ...] | None = None) -> torch.dtype:
+    """``dtype`` (a name of :data:`DTYPES` or a ``torch.dtype``) as a ``torch.dtype``; ``allowed``: the dtypes the
+    model computes in (default: every dtype of :data:`DTYPES`). Raises ``ValueError`` naming ``dtype`` and the choices.
+    """
+    allowed = tuple(dict.fromkeys(DTYPES.values())) if allowed is None else allowed
+    resolved = dtype if isinstance(dtype, torch.dtype) else DTYPES.get(dtype) if isinstance(dtype, str) else None
+    if resolved not in allowed:
+        names = ", ".join(name for name, value in DTYPES.items() if value in allowed)
+        raise ValueError(f"dtype: expected one of {names}, got {dtype!r}")
+    return resolved

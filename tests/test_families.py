@@ -79,7 +79,7 @@ def test_profile_writes_the_summary_for_a_non_policy_family(capsys, tmp_path):
     "argv, message",
     [
         (["run", "--model", "vggt-tiny", "--octree-resolution", "32"], "--octree-resolution applies to hunyuan3d-2"),
-        (["info", "--model", "hunyuan3d-tiny", "--quant", "w8a8"], "--quant applies to vggt"),
+        (["info", "--model", "hunyuan3d-tiny", "--quant", "w8a8"], "--quant w8a8: hunyuan3d-2 models declare no"),
         (["run", "--model", "vggt-tiny", "--embodiment", "gr1"], "--embodiment applies to policies"),
         (["run", "--model", "pi0-tiny", "--dtype", "float16"], "--dtype float16: pi0 models run in float32, bfloat16"),
         (["bench", "--model", "hunyuan3d-tiny", "--batch", "2"], "--batch / --views"),

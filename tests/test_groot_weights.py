@@ -16,9 +16,9 @@ from embodied_accel.models.groot.weights import (
     IGNORED_PREFIXES,
     LLM,
     CheckpointError,
-    ShardedCheckpoint,
     config_from_checkpoint,
     load_checkpoint_weights,
+    open_checkpoint,
     weight_rules,
 )
 from embodied_accel.ops import get_ops
@@ -79,21 +79,21 @@ def test_load_time_fusions_equal_the_unfused_layout():
     layer = model.llm.layers[1]
     q, k, v = (src[f"{LLM}.layers.1.self_attn.{p}_proj.weight"] for p in "qkv")
     gate, up = (src[f"{LLM}.layers.1.mlp.{p}_proj.weight"] for p in ("gate", "up"))
-    assert torch.equal(layer.qkv_weight, torch.cat([q, k, v]).t())
-    assert torch.equal(layer.gate_up_weight, torch.cat([gate, up]).t())
+    assert torch.equal(layer.qkv.weight_t, torch.cat([q, k, v]).t())
+    assert torch.equal(layer.gate_up.weight_t, torch.cat([gate, up]).t())
     q_norm, k_norm = src[f"{LLM}.layers.1.self_attn.q_norm.weight"], src[f"{LLM}.layers.1.self_attn.k_norm.weight"]
     assert torch.equal(layer.qk_norm_weight, torch.stack([q_norm] * 4 + [k_norm] * 2))
     # DiT: the K/V of both cross blocks (0: text, 2: image) in one matrix, in block order
     cross = [src[f"{DIT}.transformer_blocks.{i}.attn1.to_{p}.weight"] for i in (0, 2) for p in "kv"]
-    assert torch.equal(model.dit.cross_kv_weight, torch.cat(cross).t())
+    assert torch.equal(model.dit.cross_kv_proj.weight_t, torch.cat(cross).t())
     x = torch.randn(5, 48)
-    fused = (x @ model.dit.cross_kv_weight).split(32, dim=-1)
+    fused = (x @ model.dit.cross_kv_proj.weight_t).split(32, dim=-1)
     for f, separate in zip(fused, cross, strict=True):
         torch.testing.assert_close(f, F.linear(x, separate), rtol=1e-6, atol=1e-6)
     # SigLIP2's linear patch embedding: the checkpoint's matrix as [in, out] (its (row, col, channel) patch order
     # is checked by the parity tests)
     patch = src["backbone.model.vision_model.vision_model.embeddings.patch_embedding.weight"]
-    assert torch.equal(model.vision.patch_embed_weight, patch.t())
+    assert torch.equal(model.vision.patch_embed.weight_t, patch.t())
 
 
 def test_fused_qwen3_layer_equals_a_plain_qwen3_layer():
@@ -150,11 +150,11 @@ def test_embodiment_slot_reads_only_its_slice():
     src = checkpoint_tensors()
     for slot in (1, 3):
         model = loaded(slot=slot)
-        mixed = torch.cat([model.action_mix_weight, model.action_time_weight])  # W2's action and time row blocks
+        mixed = torch.cat([model.action_mix.weight_t, model.action_time.weight_t])  # W2's action and time row blocks
         assert torch.equal(mixed, src["action_head.action_encoder.W2.W"][slot].float())
-        assert torch.equal(model.decoder_out_bias, src["action_head.action_decoder.layer2.b"][slot].float())
-    checkpoint = ShardedCheckpoint(DIR)
-    assert torch.equal(checkpoint.read_slot("action_head.state_encoder.layer1.W", 5),
+        assert torch.equal(model.decoder_out.bias, src["action_head.action_decoder.layer2.b"][slot].float())
+    checkpoint = open_checkpoint(DIR)
+    assert torch.equal(checkpoint.read_row("action_head.state_encoder.layer1.W", 5),
                        src["action_head.state_encoder.layer1.W"][5])  # fmt: skip
     with pytest.raises(CheckpointError, match="slot 6"):
         loaded(slot=6)

@@ -24,6 +24,7 @@ from safetensors.torch import load_file
 from tolerances import UNIT_ROUNDOFF, assert_rounding_close, pi0_tolerance, rounding_tolerance
 
 from embodied_accel import platform as platform_mod
+from embodied_accel.models.loading import TRANSFORMS, Transform
 from embodied_accel.models.pi0 import weights as pi0_weights
 from embodied_accel.models.pi0.config import get_preset
 from embodied_accel.models.pi0.model import Pi0Model
@@ -152,7 +153,7 @@ def test_rms_norm_applies_the_folded_weight_exactly_once(ops, torch_npu, monkeyp
     """Gemma scales by (1 + w); the loader folds it in, so the operator must get the loaded weight unchanged."""
     x, raw_w = randn(4, 64), 0.1 * randn(64)
     gemma = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1 + raw_w)  # Gemma's RMSNorm
-    folded = pi0_weights.TRANSFORMS["gemma_norm"]([raw_w])
+    folded = TRANSFORMS["one_plus"].apply([raw_w], None, torch.float32)
     assert torch.equal(folded, 1 + raw_w)
     seen = []
     real = torch_npu.npu_rms_norm
@@ -374,7 +375,7 @@ def test_parity_detects_wrong_conventions(ops, torch_npu, monkeypatch, family, p
         patch.setattr(torch_npu, "npu_rms_norm", lambda x, g, epsilon: real_rms(x, g + 1, epsilon=epsilon))
         assert _parity_error(family, preset, ops) > 1e-2
     with monkeypatch.context() as patch:  # a loader that does not fold 1 + w
-        patch.setitem(pi0_weights.TRANSFORMS, "gemma_norm", lambda tensors: tensors[0].float())
+        patch.setitem(TRANSFORMS, "one_plus", Transform(lambda tensors, rule, dtype: tensors[0].float()))
         assert _parity_error(family, preset, ops) > 1e-2
     reference_err = _parity_error(family, preset, get_ops("reference"), torch.bfloat16)
     real_fia = torch_npu.npu_fused_infer_attention_score

@@ -19,7 +19,7 @@ def test_parameter_count_is_the_built_models(name):
     with torch.device("meta"):  # no memory, even at full size
         model = Pi0Model(config, get_ops("reference"), torch.bfloat16)
     params = dict(model.named_parameters())
-    kept = {rule.target for rule in weight_rules(config) if rule.keep_fp32}  # what the loader keeps in fp32
+    kept = {rule.target for rule in weight_rules(config) if rule.dtype == torch.float32}  # what the loader keeps in fp32
     count = parameter_count(config)
     assert count.total == sum(p.numel() for p in params.values())
     assert count.kept_fp32 == sum(p.numel() for name, p in params.items() if name in kept)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from embodied_accel.models.loading import CheckpointReader, open_safetensors
 from embodied_accel.models.pi0 import weights as weights_mod
 from embodied_accel.models.pi0.config import get_preset
 from embodied_accel.models.pi0.model import Pi0Model
@@ -68,16 +69,16 @@ def test_load_time_fusions_equal_the_unfused_layout():
     q, k, v = (src[f"{VLM}.layers.1.self_attn.{p}_proj.weight"] for p in "qkv")
     gate, up = (src[f"{VLM}.layers.1.mlp.{p}_proj.weight"] for p in ("gate", "up"))
     # weights: exact
-    assert torch.equal(layer.qkv_weight, torch.cat([q, k, v]).t())
-    assert torch.equal(layer.gate_up_weight, torch.cat([gate, up]).t())
+    assert torch.equal(layer.qkv.weight_t, torch.cat([q, k, v]).t())
+    assert torch.equal(layer.gate_up.weight_t, torch.cat([gate, up]).t())
     assert torch.equal(layer.input_norm_weight, 1.0 + src[f"{VLM}.layers.1.input_layernorm.weight"])
     assert torch.equal(model.embed_tokens, src[f"{VLM}.embed_tokens.weight"] * 8.0)  # sqrt(64)
     # activations: fused projections give what the separate ones give
     x = torch.randn(7, 64)
-    fused_q, fused_k, fused_v = (x @ layer.qkv_weight).split([q.shape[0], k.shape[0], v.shape[0]], dim=-1)
+    fused_q, fused_k, fused_v = (x @ layer.qkv.weight_t).split([q.shape[0], k.shape[0], v.shape[0]], dim=-1)
     for fused, separate in ((fused_q, F.linear(x, q)), (fused_k, F.linear(x, k)), (fused_v, F.linear(x, v))):
         torch.testing.assert_close(fused, separate, rtol=1e-6, atol=1e-6)
-    fused_mlp = model.ops.geglu(x @ layer.gate_up_weight)
+    fused_mlp = model.ops.geglu(x @ layer.gate_up.weight_t)
     torch.testing.assert_close(
         fused_mlp, F.gelu(F.linear(x, gate), approximate="tanh") * F.linear(x, up), rtol=1e-6, atol=1e-6
     )
@@ -141,13 +142,13 @@ def test_fused_gemma_layer_equals_an_unfused_gemma_layer():
 
 def test_lm_head_is_never_read(monkeypatch):
     read = []
-    real_get_tensor = weights_mod.SafetensorsReader.get_tensor
+    real_read = CheckpointReader.read
 
-    def recording_get_tensor(self, key):
+    def recording_read(self, key):
         read.append(key)
-        return real_get_tensor(self, key)
+        return real_read(self, key)
 
-    monkeypatch.setattr(weights_mod.SafetensorsReader, "get_tensor", recording_get_tensor)
+    monkeypatch.setattr(CheckpointReader, "read", recording_read)
     loaded("pi0-tiny", PI0)
     assert read and not any("lm_head" in key for key in read)
     assert len(read) == len(set(read))  # every tensor read once
@@ -155,33 +156,33 @@ def test_lm_head_is_never_read(monkeypatch):
 
 def test_reader_matches_safetensors_and_rejects_truncated_files(tmp_path):
     reference = load_file(PI0 / "model.safetensors")
-    reader = weights_mod.SafetensorsReader(PI0 / "model.safetensors")
+    reader = open_safetensors(PI0 / "model.safetensors")
     assert set(reader.keys()) == set(reference)
     for key, tensor in reference.items():
         assert reader.shape(key) == tuple(tensor.shape)
-        assert torch.equal(reader.get_tensor(key), tensor)
+        assert torch.equal(reader.read(key), tensor)
     bf16 = tmp_path / "bf16.safetensors"
     save_file({"w": torch.randn(3, 5).bfloat16()}, bf16)
-    assert torch.equal(weights_mod.SafetensorsReader(bf16).get_tensor("w"), load_file(bf16)["w"])
+    assert torch.equal(open_safetensors(bf16).read("w"), load_file(bf16)["w"])
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes((PI0 / "model.safetensors").read_bytes()[:5000])
     with pytest.raises(CheckpointError, match="truncated"):
-        reader = weights_mod.SafetensorsReader(truncated)
+        reader = open_safetensors(truncated)
         for key in reader.keys():
-            reader.get_tensor(key)
+            reader.read(key)
     (tmp_path / "junk.safetensors").write_bytes(b"\x05")
     with pytest.raises(CheckpointError, match="not a safetensors file"):
-        weights_mod.SafetensorsReader(tmp_path / "junk.safetensors")
+        open_safetensors(tmp_path / "junk.safetensors")
 
 
 def test_bf16_keeps_vision_norms_and_heads_in_fp32():
     model = loaded("pi05-tiny", PI05, torch.bfloat16)
-    assert model.vlm.layers[0].qkv_weight.dtype == torch.bfloat16
+    assert model.vlm.layers[0].qkv.weight_t.dtype == torch.bfloat16
     assert model.embed_tokens.dtype == torch.bfloat16
-    assert model.vision.layers[0].qkv_weight.dtype == torch.float32
+    assert model.vision.layers[0].qkv.weight_t.dtype == torch.float32
     assert model.vlm.layers[0].input_norm_weight.dtype == torch.float32
-    assert model.expert.layers[0].input_norm_dense_weight.dtype == torch.float32
-    assert model.action_out_proj_weight.dtype == torch.float32
+    assert model.expert.layers[0].input_norm_dense.weight_t.dtype == torch.float32
+    assert model.action_out_proj.weight_t.dtype == torch.float32
 
 
 def test_missing_tensor_is_listed(tmp_path):
@@ -268,7 +269,7 @@ def test_git_lfs_pointer_is_named_with_the_fix(tmp_path):
     ckpt = copy_checkpoint(tmp_path)
     (ckpt / "model.safetensors").write_text(LFS_POINTER)
     with pytest.raises(CheckpointError) as err:
-        weights_mod.SafetensorsReader(ckpt / "model.safetensors")
+        open_safetensors(ckpt / "model.safetensors")
     message = str(err.value)
     assert str(ckpt / "model.safetensors") in message
     assert "git-lfs pointer" in message and f"git lfs pull` in {ckpt.resolve()}" in message
@@ -282,7 +283,7 @@ def test_random_bytes_are_rejected_before_anything_is_allocated(tmp_path):
     )
     with pytest.raises(CheckpointError, match=r"model\.safetensors: not a safetensors file, or a truncated one: .*"
                        r"header of \d+ bytes, but the file is 4096 bytes long"):  # fmt: skip
-        weights_mod.SafetensorsReader(path)
+        open_safetensors(path)
 
 
 @pytest.mark.parametrize(
@@ -301,7 +302,7 @@ def test_header_entries_are_checked_against_the_file(tmp_path, header, data, fra
     path = tmp_path / "model.safetensors"
     path.write_bytes(safetensors_bytes(header, data))
     with pytest.raises(CheckpointError, match="model.safetensors: tensor 'w'") as err:
-        weights_mod.SafetensorsReader(path)
+        open_safetensors(path)
     assert fragment in str(err.value)
 
 
@@ -309,10 +310,10 @@ def test_header_must_be_a_json_object(tmp_path):
     path = tmp_path / "model.safetensors"
     path.write_bytes(b"\x04\0\0\0\0\0\0\0[1] ")
     with pytest.raises(CheckpointError, match="model.safetensors: not a safetensors file .*not a JSON object"):
-        weights_mod.SafetensorsReader(path)
+        open_safetensors(path)
     path.write_bytes(b"\x04\0\0\0\0\0\0\0{nop")
     with pytest.raises(CheckpointError, match="model.safetensors: not a safetensors file .*not JSON"):
-        weights_mod.SafetensorsReader(path)
+        open_safetensors(path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

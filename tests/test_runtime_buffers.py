@@ -16,8 +16,9 @@ import torch
 from tolerances import pi0_tolerance
 
 from embodied_accel import load_policy
+from embodied_accel.models.vggt.loading import load_vggt_model
 from embodied_accel.nn.kv_cache import StaticKVCache
-from embodied_accel.platform import Platform, normalize_device
+from embodied_accel.platform import Platform, normalize_device, resolve_dtype
 from embodied_accel.runtime.buffers import BufferSpec, StaticBuffers
 from embodied_accel.runtime.executor import BucketedCall
 
@@ -85,6 +86,16 @@ def test_devices_are_normalized_once():
     assert Platform("cpu", "cpu", False, False).device == torch.device("cpu")
     with pytest.raises(ValueError, match="device"):
         normalize_device("gpu0")
+
+
+def test_one_dtype_table_with_per_model_choices():
+    assert resolve_dtype("bf16") is torch.bfloat16 and resolve_dtype(torch.float16) is torch.float16
+    with pytest.raises(ValueError, match=r"dtype: expected one of float32, fp32, bfloat16, bf16, got 'float16'"):
+        resolve_dtype("float16", (torch.float32, torch.bfloat16))
+    with pytest.raises(ValueError, match="dtype: expected one of .*, got torch.float64"):
+        resolve_dtype(torch.float64)
+    with pytest.raises(ValueError, match="got 'half'"):
+        load_vggt_model("vggt-tiny", dtype="half", device="cpu", progress=False)
 
 
 def test_a_device_with_an_index_allocates_one_cache_for_100_calls(monkeypatch):

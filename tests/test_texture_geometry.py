@@ -210,3 +210,143 @@ def test_unwrap_gives_one_uv_per_vertex_in_the_unit_square():
     np.testing.assert_array_equal(np.unique(mesh.vertices, axis=0), positions)
     with pytest.raises(ValueError, match="triangles"):
         unwrap(positions, np.zeros((0, 3), dtype=np.int64))
+
+
+# ---- fast paths against the straightforward ones (fresh random inputs, odd sizes) --------------------------------
+
+
+def _random_clip_meshes(seed: int, count: int):
+    """Random clip-space triangle soups: snapped vertices (pixel centres on edges, equal depths), needles (nearly
+    collinear corners), huge off-screen faces, tiny ``w`` (screen coordinates in the millions), perspective ``w``."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = [(37, 53), (1, 9), (17, 1), (61, 64), (101, 97), (5, 200)]
+    for i in range(count):
+        height, width = sizes[i % len(sizes)]
+        n = int(torch.randint(3, 50, (1,), generator=g))
+        pos = torch.rand(n, 4, generator=g) * 2.4 - 1.2
+        pos[:, 3] = 1.0 if i % 2 == 0 else torch.rand(n, generator=g) * 1.5 + 0.5
+        if i % 3 == 0:
+            pos[:, :3] = (pos[:, :3] * 8).round() / 8
+        if i % 5 == 0:
+            m = pos[1::3].shape[0]
+            pos[1::3, :2] = pos[0::3, :2][:m] + 1e-6 * torch.randn(m, 2, generator=g)
+        if i % 7 == 0:
+            pos[:, :2] *= 50
+        if i % 11 == 0:
+            pos[:, 3] = torch.rand(n, generator=g) * 1e-3 + 1e-6
+        faces = torch.randint(0, n, (int(torch.randint(1, 80, (1,), generator=g)), 3), generator=g)
+        yield pos, faces, height, width
+
+
+def test_row_spans_give_the_same_rasterization_as_whole_boxes():
+    from embodied_accel.geometry.rasterize import _rasterize
+
+    for k, (pos, faces, height, width) in enumerate(_random_clip_meshes(3, 60)):
+        narrowed = _rasterize(pos, faces, height, width, spans=True)
+        whole = _rasterize(pos, faces, height, width, spans=False)
+        assert torch.equal(narrowed.face_ids, whole.face_ids), f"case {k}"
+        assert torch.equal(narrowed.barycentric, whole.barycentric), f"case {k}"
+    # a closed mesh at an odd size: front faces first, occluded back faces skipped, both candidate sets
+    renderer = MeshRenderer(_mesh(), render_size=75, texture_size=64)
+    for camera in CAMERAS:
+        _, clip = renderer.camera_positions(camera)
+        narrowed, whole = _rasterize(clip, renderer.faces, 75, 75), _rasterize(clip, renderer.faces, 75, 75, False)
+        assert torch.equal(narrowed.face_ids, whole.face_ids) and torch.equal(narrowed.barycentric, whole.barycentric)
+
+
+def test_compact_interpolation_equals_the_image_one():
+    from embodied_accel.geometry.rasterize import Rasterization, interpolate_covered
+
+    renderer = MeshRenderer(_mesh(), render_size=67, texture_size=64)
+    raster = renderer.rasterization(CAMERAS[2])
+    attributes = torch.randn(len(renderer.positions), 5, generator=torch.Generator().manual_seed(0))
+    image = interpolate(attributes, raster, renderer.faces)  # [H, W, 5]
+    covered = raster.covered_pixels()
+    assert torch.equal(covered, torch.nonzero(raster.face_ids.view(-1) > 0).squeeze(1))
+    # the official formula, pixel by pixel: b0·v0 + b1·v1 + b2·v2 over the covering face's corners
+    corners = attributes[renderer.faces[raster.face_ids.view(-1)[covered].long() - 1]]  # [K, 3, 5]
+    bary = raster.barycentric.view(-1, 3)[covered][..., None]
+    expected = (bary * corners).sum(dim=1)
+    assert torch.equal(image.view(-1, 5)[covered], expected)
+    assert not image.view(-1, 5)[raster.face_ids.view(-1) == 0].any()
+    rows = torch.arange(1, covered.numel(), 3)
+    assert torch.equal(interpolate_covered(attributes, raster, renderer.faces, rows), expected[rows])
+    # a Rasterization made from the images alone derives the compact lists
+    bare = Rasterization(raster.face_ids, raster.barycentric)
+    assert torch.equal(interpolate_covered(attributes, bare, renderer.faces), expected)
+
+
+def test_splat_and_merge_equal_the_straightforward_ones():
+    from embodied_accel.geometry.bake import ViewBake, merge_views, splat_bilinear
+
+    g = torch.Generator().manual_seed(5)
+    size, n = 29, 700
+    coords = torch.rand(n, 2, generator=g)
+    coords[:40] = (coords[:40] * 4).round() / 4  # on texel corners and the border
+    values = torch.rand(n, 4, generator=g)
+    total, count = splat_bilinear(size, coords, values)
+    # upstream's four passes, each a scatter_add_ in the points' order
+    idx = coords * (size - 1)
+    i00 = idx.floor().long().clamp(0, size - 2)
+    h, w = idx[:, 0] - i00[:, 0].float(), idx[:, 1] - i00[:, 1].float()
+    expected_total = torch.zeros(size * size, 4)
+    expected_count = torch.zeros(size * size, 1)
+    for weight, (dy, dx) in zip(((1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w), ((0, 0), (0, 1), (1, 0), (1, 1)),
+                                strict=True):  # fmt: skip
+        flat = (i00[:, 0] + dy) * size + i00[:, 1] + dx
+        expected_total.scatter_add_(0, flat[:, None].repeat(1, 4), values * weight[:, None])
+        expected_count.scatter_add_(0, flat[:, None], torch.ones(n, 1) * weight[:, None])
+    assert torch.equal(total.reshape(-1, 4), expected_total) and torch.equal(count.reshape(-1, 1), expected_count)
+    # the merge on touched texels equals upstream's dense merge (a texture per view, cos^4-weighted)
+    bakes, dense = [], []
+    for _ in range(4):
+        texels = torch.unique(torch.randint(0, size * size, (300,), generator=g))
+        colors, cosines = torch.rand(texels.numel(), 3, generator=g), torch.rand(texels.numel(), 1, generator=g)
+        cosines[::7] = 0
+        bake = ViewBake(size, texels, colors, cosines)
+        bakes.append(bake)
+        dense.append((bake.texture, bake.cosine))
+    weights = [1.0, 0.1, 0.5, 0.05]
+    merged, painted = merge_views(bakes, weights)
+    expected, trust = torch.zeros(size, size, 3), torch.zeros(size, size, 1)
+    for (texture, cosine), weight in zip(dense, weights, strict=True):
+        cos_map = weight * (cosine**4)
+        if ((cos_map > 0) * (trust > 0)).sum() / (cos_map > 0).sum() > 0.99:
+            continue
+        expected += texture * cos_map
+        trust += cos_map
+    assert torch.equal(merged, expected / torch.clamp(trust, min=1e-8))
+    assert torch.equal(painted, (trust > 1e-8)[..., 0])
+
+
+def test_vertex_normals_follow_trimesh_rounding():
+    from embodied_accel.geometry.mesh_maps import vertex_normals
+
+    mesh = _mesh()
+    positions = torch.from_numpy(mesh.vertices).float()
+    faces = torch.from_numpy(mesh.faces).long()
+    positions = torch.cat([positions, torch.zeros(1, 3)])  # an unreferenced vertex: its sum is zero
+    normals = vertex_normals(positions, faces)
+    # trimesh's mean_vertex_normals: face normals summed per vertex in float32 (face order), then unitize():
+    # norm = sqrt(dot(v * v in float32, [1.0] * 3) in float64), v * (1 / norm) in float64, zero sums left as they are
+    tri = positions[faces]
+    face_normals = torch.nn.functional.normalize(torch.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0], dim=-1))
+    summed = np.zeros((len(positions), 3), dtype=np.float32)
+    for face, normal in zip(faces.numpy(), face_normals.numpy(), strict=True):
+        summed[face] += normal
+    norm = np.sqrt(np.dot(summed * summed, [1.0, 1.0, 1.0]))
+    valid = norm > np.finfo(np.float64).resolution * 100
+    norm[valid] **= -1
+    np.testing.assert_array_equal(normals.numpy(), (summed * norm[:, None]).astype(np.float32))
+    assert not normals[-1].any()
+
+
+def test_the_renderer_leaves_the_callers_mesh_arrays_alone():
+    # xatlas hands float32 vertices and UVs; placing the mesh (axis swap, v flip) must work on copies, or the UVs
+    # exported after baking would come out flipped
+    mesh = _mesh()
+    mesh = UVMesh(mesh.vertices.astype(np.float32), mesh.faces, mesh.uv.astype(np.float32))
+    vertices, uv = mesh.vertices.copy(), mesh.uv.copy()
+    MeshRenderer(mesh, render_size=32, texture_size=32)
+    np.testing.assert_array_equal(mesh.vertices, vertices)
+    np.testing.assert_array_equal(mesh.uv, uv)

@@ -86,7 +86,7 @@ DIRECTION_PRECISION = 2 * BACKWARD_GEMMS * GLOBAL_BATCH * TOKENS_PER_SAMPLE * U
 
 def _key_bias(name: str) -> slice | None:
     """The key part of a SigLIP layer's fused q/k/v bias (its gradient is exactly zero)."""
-    if name.startswith("vision.layers.") and name.endswith(".qkv_bias"):
+    if name.startswith("vision.layers.") and name.endswith(".qkv.bias"):
         width = CONFIG.vision.width
         return slice(width, 2 * width)
     return None
@@ -134,7 +134,7 @@ def test_the_key_bias_may_differ_by_what_adam_makes_of_a_rounding_residue(runs):
     the key bias, where the largest differences between these runs are (on a Xeon: 3.5e-7, against <= 1.2e-7 at
     every other element): accepted."""
     drifted = {name: tensor.clone() for name, tensor in runs["ddp"].items()}
-    drifted["vision.layers.1.qkv_bias"][CONFIG.vision.width] += 1.654e-6
+    drifted["vision.layers.1.qkv.bias"][CONFIG.vision.width] += 1.654e-6
     assert _excess(drifted, runs["ddp"])[0][0] <= 1.0
 
 

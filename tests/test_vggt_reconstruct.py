@@ -182,23 +182,11 @@ def test_cameras_from_pose_encoding_and_unprojection():
     assert rot_err.abs().max() <= bound and pose_auc(rot_err, trans_err.nan_to_num(0)) == 1.0
 
 
-class MetaCheckpoint:
+def meta_checkpoint(layout):
     """A checkpoint of the released full-size layout whose tensors are shapes only (meta device: no memory)."""
+    from embodied_accel.models.loading import reader_of_state_dict
 
-    def __init__(self, layout):
-        self.layout, self.path = layout, Path("VGGT-1B/model.pt")
-
-    def keys(self):
-        return set(self.layout)
-
-    def shape(self, key):
-        return tuple(self.layout[key])
-
-    def dtype(self, key):
-        return "F32"
-
-    def get(self, key):
-        return torch.empty(self.layout[key], device="meta")
+    return reader_of_state_dict("VGGT-1B/model.pt", {k: torch.empty(s, device="meta") for k, s in layout.items()})
 
 
 def test_full_size_loader_reads_exactly_the_released_layout():
@@ -218,7 +206,7 @@ def test_full_size_loader_reads_exactly_the_released_layout():
 
     with gzip.open(FIXTURE / "vggt1b_layout.json.gz", "rt", encoding="utf-8") as f:
         layout = json.load(f)
-    source = MetaCheckpoint(layout)
+    source = meta_checkpoint(layout)
     config = config_for_checkpoint(source, {"img_size": 518, "patch_size": 14, "embed_dim": 1024}, None)
     assert config == get_preset("vggt")
     with torch.device("meta"):

@@ -48,11 +48,11 @@ def expert_plan(model, context, batch: int) -> DiTCachePlan:
         return hidden.resolve() if isinstance(hidden, PendingGatedResidual) else hidden
 
     def embed(x_t, step_constants):
-        hidden = ops.linear(x_t.view(batch * horizon, -1), model.action_in_proj_weight, model.action_in_proj_bias)
+        hidden = model.action_in_proj(x_t.view(batch * horizon, -1))
         if cfg.has_state_token:
             de = cfg.expert.width
-            hidden = F.silu(ops.linear(hidden, model.action_time_mlp_in_weight[:de], step_constants))
-            hidden = ops.linear(hidden, model.action_time_mlp_out_weight, model.action_time_mlp_out_bias)
+            hidden = F.silu(ops.linear(hidden, model.action_time_mlp_in.weight_t[:de], step_constants))
+            hidden = model.action_time_mlp_out(hidden)
         return hidden.to(model.compute_dtype)
 
     def conds(step_constants):
@@ -70,8 +70,8 @@ def expert_plan(model, context, batch: int) -> DiTCachePlan:
         return tensor(hidden)
 
     def head(out, step_constants):
-        hidden = expert.final_norm(out, conds(step_constants)[1]).to(model.action_out_proj_weight.dtype)
-        return ops.linear(hidden, model.action_out_proj_weight, model.action_out_proj_bias).view(batch, horizon, -1)
+        hidden = expert.final_norm(out, conds(step_constants)[1]).to(model.action_out_proj.weight_t.dtype)
+        return model.action_out_proj(hidden).view(batch, horizon, -1)
 
     def modulated(hidden, step_constants):
         layer_conds = conds(step_constants)[0]

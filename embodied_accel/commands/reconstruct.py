@@ -121,8 +121,9 @@ def _outputs(path: Path) -> dict[str, Path]:
 def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
     from ..models.vggt import export
     from ..models.vggt.geometry import depth_to_world_points, pose_encoding_to_cameras
-    from ..models.vggt.loading import load_vggt_model, normalize_device
+    from ..models.vggt.loading import load_vggt_model
     from ..pipelines.reconstruction import VggtRunner
+    from ..platform import normalize_device
     from ..runtime import check_capture, prepare_capture
 
     outputs = _outputs(args.output)

@@ -119,7 +119,7 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
         policy = load_policy(
             source, backend=args.backend, dtype=args.dtype, preset=args.preset, capture=args.capture,
             tokenizer=str(args.tokenizer) if args.tokenizer else None, progress=progress,
-            cuda_attention=args.cuda_attention, **rtc_option(args),
+            cuda_attention=args.cuda_attention, quant=args.quant, **rtc_option(args),
             **({"backbone_config": args.backbone_config} if getattr(args, "backbone_config", None) else {}),
         )  # fmt: skip
     cameras = args.camera_keys or (policy.io.image_keys[:2] if policy is not None else LEROBOT_LIBERO_CAMERAS)

@@ -147,6 +147,7 @@ class Family:
     describe_checkpoint: str  # what such a directory holds, for error messages
     options: tuple[FamilyOption, ...] = ()
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
+    quantizable: bool = False  # declares a W8A8 plan (``--quant w8a8``)
 
     def load(self, source: str, args: argparse.Namespace) -> LoadedModel:
         """The model ``source`` names (a preset or a checkpoint directory), loaded as the arguments say."""
@@ -202,9 +203,11 @@ _POLICY_OPTIONS_NOTE = "policies (pi0 / pi0.5 / GR00T)"
 #: The registry, in the order checkpoint directories are matched (the specific layouts first).
 FAMILIES: tuple[Family, ...] = (
     Family("pi0", "embodied_accel.families.policy", _policy_presets("pi0"), _policy_recognizes("pi0"),
-           "a LeRobot pi0 / pi0.5 checkpoint (config.json + model.safetensors)", dtypes=("float32", "bfloat16")),
+           "a LeRobot pi0 / pi0.5 checkpoint (config.json + model.safetensors)", dtypes=("float32", "bfloat16"),
+           quantizable=True),
     Family("groot", "embodied_accel.families.policy", _policy_presets("groot"), _policy_recognizes("groot"),
-           "a GR00T N1.6 checkpoint (config.json + model*.safetensors)", dtypes=("float32", "bfloat16")),
+           "a GR00T N1.6 checkpoint (config.json + model*.safetensors)", dtypes=("float32", "bfloat16"),
+           quantizable=True),
     Family("hunyuan3d-paint", "embodied_accel.families.texture", _texture_presets,
            lambda path: (path / "hunyuan3d-delight-v2-0").is_dir(),
            "the folder holding hunyuan3d-delight-v2-0 and hunyuan3d-paint-v2-0[-turbo]",
@@ -221,10 +224,7 @@ FAMILIES: tuple[Family, ...] = (
                                                    "help": "hunyuan3d-2: how the volume is decoded "
                                                            "(default: hierarchical)"}))),
     Family("vggt", "embodied_accel.families.reconstruction", _vggt_presets, _vggt_checkpoint,
-           "a VGGT checkpoint (model.pt or model.safetensors)",
-           options=(FamilyOption(("--quant",), {"choices": ("w8a8",),
-                                                "help": "vggt: int8 weights and activations on the W8A8 plan's "
-                                                        "linear layers"}),)),
+           "a VGGT checkpoint (model.pt or model.safetensors)", quantizable=True),
 )  # fmt: skip
 
 
@@ -268,6 +268,11 @@ def check_family_options(family: Family, args: argparse.Namespace) -> None:
         for option in other.options:
             if option.dest not in own and getattr(args, option.dest, None) is not None:
                 raise CLIError(f"{option.flags[0]} applies to {other.name} models; this one is {family.name}")
+    quant = getattr(args, "quant", "none")
+    if quant != "none" and not family.quantizable:
+        quantizable = ", ".join(f.name for f in FAMILIES if f.quantizable)
+        raise CLIError(f"--quant {quant}: {family.name} models declare no quantization plan (those that do: "
+                       f"{quantizable})")  # fmt: skip
     dtype = getattr(args, "dtype", None)
     if dtype is not None and dtype not in family.dtypes:
         raise CLIError(f"--dtype {dtype}: {family.name} models run in {', '.join(family.dtypes)}")

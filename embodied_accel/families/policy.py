@@ -164,6 +164,7 @@ def load_policy_from_args(args: argparse.Namespace, num_views: int | None = None
         capture=args.capture,
         progress=_progress(args),
         cuda_attention=args.cuda_attention,
+        quant=args.quant,
         **extra,
         **rtc_option(args),
     )

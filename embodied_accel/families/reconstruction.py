@@ -98,10 +98,10 @@ def load(source: str, args: argparse.Namespace) -> ReconstructionModel:
                                     preset=args.preset, progress=not args.no_progress)  # fmt: skip
     finally:
         random_weights_logger.setLevel(level)
-    quant = getattr(args, "quant", None)
-    if quant == "w8a8":
+    quant = getattr(args, "quant", "none")
+    if quant != "none":
         from ..models.vggt.plans import VGGT_W8A8_PLAN
-        from ..quant import attach_w8a8
+        from ..quant import quantize
 
-        attach_w8a8(runner.model, VGGT_W8A8_PLAN)
-    return ReconstructionModel(runner, time.perf_counter() - start, quant)
+        quantize(runner.model, quant, VGGT_W8A8_PLAN)
+    return ReconstructionModel(runner, time.perf_counter() - start, None if quant == "none" else quant)

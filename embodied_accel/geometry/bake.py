@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from .camera import Camera
 from .mesh_maps import MeshRenderer, vertex_normals
-from .rasterize import interpolate
+from .rasterize import interpolate_covered
 
 #: Pixels whose normal is more than this many degrees from the viewing direction are not baked.
 BAKE_ANGLE_LIMIT = 75
@@ -30,11 +30,27 @@ BAKE_EXPONENT = 4
 
 @dataclass(frozen=True)
 class ViewBake:
-    """One view splatted into texture space: ``texture [T, T, C]`` (weighted mean colour per texel),
-    ``cosine [T, T, 1]`` (weighted mean cosine, 0 where nothing landed)."""
+    """One view splatted into a ``size × size`` texture, kept on the texels something landed on: ``texels [M]``
+    (flat indices, ascending), ``colors [M, C]`` (the weighted mean colour there) and ``cosines [M, 1]`` (the
+    weighted mean cosine). ``texture [T, T, C]`` and ``cosine [T, T, 1]`` are the dense maps (0 elsewhere)."""
 
-    texture: torch.Tensor
-    cosine: torch.Tensor
+    size: int
+    texels: torch.Tensor
+    colors: torch.Tensor
+    cosines: torch.Tensor
+
+    @property
+    def texture(self) -> torch.Tensor:
+        return self._dense(self.colors)
+
+    @property
+    def cosine(self) -> torch.Tensor:
+        return self._dense(self.cosines)
+
+    def _dense(self, values: torch.Tensor) -> torch.Tensor:
+        image = values.new_zeros(self.size * self.size, values.shape[-1])
+        image.index_copy_(0, self.texels, values)
+        return image.view(self.size, self.size, -1)
 
 
 def _cv2():
@@ -52,22 +68,30 @@ def boundary_kernel_size(render_size: int) -> int:
     return int((2 / 512) * render_size) * 2 + 1
 
 
-def _square_max(mask: torch.Tensor, size: int) -> torch.Tensor:
+def _square_max(mask: np.ndarray, size: int) -> np.ndarray:
     """Per pixel: is any pixel of the ``size × size`` square around it set (outside the image counts as unset)?
     Boolean ``[H, W]`` → ``[H, W]`` (OpenCV's dilation of the 8-bit mask: the same as upstream's box convolution
     followed by ``> 0``)."""
     if size <= 1:
         return mask
     cv2 = _cv2()
-    image = mask.to(torch.uint8).cpu().numpy()
-    out = cv2.dilate(image, np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT, borderValue=0)
-    return torch.from_numpy(out).to(mask.device) > 0
+    out = cv2.dilate(mask.view(np.uint8), np.ones((size, size), np.uint8), borderType=cv2.BORDER_CONSTANT,
+                     borderValue=0)  # fmt: skip
+    return out.view(bool)
 
 
 def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Splat ``values [N, C]`` at ``coords [N, 2]`` (row, column in [0, 1]) into a ``size × size`` grid with
-    bilinear weights: returns ``(Σ w·value, Σ w)`` as ``[size, size, C]`` and ``[size, size, 1]``. The four corner
-    passes run in upstream's order (00, 01, 10, 11), each added in the points' order."""
+    bilinear weights: returns ``(Σ w·value, Σ w)`` as ``[size, size, C]`` and ``[size, size, 1]``. Each texel's sums
+    are added in upstream's order: the four corner passes (00, 01, 10, 11) one after the other, each in the points'
+    order."""
+    sums = _splat_sums(size, coords, values).view(-1, size, size).permute(1, 2, 0)
+    return sums[..., :-1], sums[..., -1:]
+
+
+def _splat_sums(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """:func:`splat_bilinear`'s sums channel-major: ``[C + 1, size²]``, the last row ``Σ w``. Per channel, one 1-D
+    ``index_add_`` per corner (each a sequential loop over the points), the corners in upstream's order."""
     channels = values.shape[-1]
     scale = torch.tensor([size - 1, size - 1], dtype=torch.float32, device=coords.device)
     indices = coords * scale
@@ -77,69 +101,84 @@ def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tup
     h = indices[:, 0] - i00[:, 0].float()
     w = indices[:, 1] - i00[:, 1].float()
     weights = ((1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w)
-    offsets = (0, 1, size, size + 1)
     flat = i00[:, 0] * size + i00[:, 1]
-    total = torch.zeros(size * size, channels, dtype=values.dtype, device=values.device)
-    count = torch.zeros(size * size, 1, dtype=values.dtype, device=values.device)
-    for weight, offset in zip(weights, offsets, strict=True):
-        index = flat + offset
-        total.index_add_(0, index, values * weight[:, None])
-        count.index_add_(0, index, weight[:, None])
-    return total.view(size, size, channels), count.view(size, size, 1)
-
-
-def _mean_splat(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    total, count = splat_bilinear(size, coords, values)
-    return torch.where(count > 0, total / torch.where(count > 0, count, torch.ones_like(count)), total)
+    texels = (flat, flat + 1, flat + size, flat + size + 1)
+    sums = torch.zeros(channels + 1, size * size, dtype=values.dtype, device=values.device)
+    for channel, row in zip(values.t().contiguous(), sums[:channels], strict=True):
+        for texel, weight in zip(texels, weights, strict=True):
+            row.index_add_(0, texel, channel * weight)
+    for texel, weight in zip(texels, weights, strict=True):
+        sums[channels].index_add_(0, texel, weight)
+    return sums
 
 
 def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) -> ViewBake:
-    """Splat ``image [H, W, C]`` (float32 in [0, 1], seen from ``camera``) into the renderer's texture."""
+    """Splat ``image [H, W, C]`` (float32 in [0, 1], seen from ``camera``) into the renderer's texture. Everything
+    per pixel is computed on the covered (or kept) pixels only; the images OpenCV filters are built from them."""
     cv2 = _cv2()
     height, width = image.shape[:2]
     if height != width:
         raise ValueError(f"view image: expected a square image, got {height} x {width}")
     raster = renderer.rasterization(camera, height)
+    covered = raster.covered_pixels()  # [K]
     pos_camera, _ = renderer.camera_positions(camera)
     pos_camera = pos_camera[:, :3] / pos_camera[:, 3:4]
-    visible = raster.mask  # [H, W]
-    normal = interpolate(vertex_normals(pos_camera, renderer.faces), raster, renderer.faces)
-    uv = interpolate(renderer.uv_flipped, raster, renderer.faces)
-    depth = interpolate(pos_camera[:, 2:3].contiguous(), raster, renderer.faces)
-    seen = depth[visible]
-    depth_max, depth_min = seen.max(), seen.min()
-    depth_image = (depth - depth_min) / (depth_max - depth_min) * visible[..., None].float()
-    edges = cv2.Canny((depth_image.cpu().numpy() * 255).astype(np.uint8), 30, 80)
-    edges = torch.from_numpy(edges).to(image.device) > 0
+    depth = interpolate_covered(pos_camera[:, 2:3].contiguous(), raster, renderer.faces)[:, 0]  # [K]
+    # upstream: (depth − min) / (max − min) over the visible pixels, times the visibility mask, to 8 bits; Canny
+    depth_min, depth_max = depth.min(), depth.max()
+    depth_image = torch.zeros(height * width, dtype=torch.uint8, device=depth.device)
+    depth_image[covered] = ((depth - depth_min) / (depth_max - depth_min) * 255).to(torch.uint8)
+    edges = cv2.Canny(depth_image.view(height, width).cpu().numpy(), 30, 80) > 0
+    visible = raster.mask.cpu().numpy()
     kernel = boundary_kernel_size(renderer.render_size)
-    kept = (~_square_max(~visible, kernel) & ~_square_max(edges, kernel)).view(-1)
+    kept_image = ~_square_max(~visible, kernel) & ~_square_max(edges, kernel)  # a subset of the visible pixels
+    kept = torch.from_numpy(kept_image.reshape(-1)).to(covered.device)[covered]  # [K] bool
+    rows = torch.nonzero(kept).squeeze(1)
+    attributes = torch.cat([vertex_normals(pos_camera, renderer.faces), renderer.uv_flipped], dim=1)  # [V, 5]
+    values = interpolate_covered(attributes, raster, renderer.faces, rows)  # normal, uv at the kept pixels
     # the cosine is a per-pixel function: computed on the kept pixels only (the others are never splatted)
     lookat = torch.tensor([[0, 0, -1]], device=image.device)
-    cosine = F.cosine_similarity(lookat, normal.view(-1, 3)[kept])[:, None]
+    cosine = F.cosine_similarity(lookat, values[:, :3].contiguous())[:, None]  # row-major, as upstream's [H·W, 3]
     cosine[cosine < np.cos(BAKE_ANGLE_LIMIT / 180 * np.pi)] = 0
-    coords = uv.view(-1, 2)[kept][:, [1, 0]]
-    texture = _mean_splat(renderer.texture_size, coords, image.reshape(-1, image.shape[-1])[kept].float())
-    cos_map = _mean_splat(renderer.texture_size, coords, cosine)
-    return ViewBake(texture, cos_map)
+    coords = values[:, [4, 3]]
+    colours = image.reshape(-1, image.shape[-1]).float().index_select(0, covered.index_select(0, rows))
+    sums = _splat_sums(renderer.texture_size, coords, torch.cat([colours, cosine], dim=1))  # [C + 2, T²]
+    touched = torch.nonzero(sums[-1] > 0).squeeze(1)
+    mean = (sums[:-1].index_select(1, touched) / sums[-1].index_select(0, touched)).t()  # [M, C + 1]
+    channels = image.shape[-1]
+    return ViewBake(renderer.texture_size, touched, mean[:, :channels].contiguous(), mean[:, channels:].contiguous())
+
+
+def _power(values: torch.Tensor, exponent: int) -> torch.Tensor:
+    """``values ** exponent`` as upstream computes it on a whole texture. PyTorch's CPU ``pow`` evaluates full SIMD
+    vectors with SLEEF and a length's remainder with ``std::pow``, which may differ in the last bit; a texture of
+    ``T²`` texels has no remainder, so the texels gathered here are padded to a multiple of 64 to take the vector
+    path too."""
+    flat = values.reshape(-1)
+    padded = torch.cat([flat, flat.new_zeros(-flat.numel() % 64)])
+    return (padded**exponent)[: flat.numel()].view(values.shape)
 
 
 def merge_views(bakes: list[ViewBake], view_weights: list[float],
                 exponent: int = BAKE_EXPONENT) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The weighted merge: ``(texture [T, T, C], painted [T, T] bool)``. A view contributes ``weight · cos^exponent``
-    per texel; a view whose texels are already painted for more than 99 % of them is skipped."""
-    first = bakes[0].texture
-    merged = torch.zeros_like(first)
-    trust = torch.zeros(first.shape[:2] + (1,), dtype=first.dtype, device=first.device)
+    per texel; a view whose texels are already painted for more than 99 % of them is skipped. Each view is added on
+    the texels it touched (elsewhere it would add zeros: the same sums)."""
+    size, channels = bakes[0].size, bakes[0].colors.shape[-1]
+    dtype, device = bakes[0].colors.dtype, bakes[0].colors.device
+    merged = torch.zeros(size * size, channels, dtype=dtype, device=device)
+    trust = torch.zeros(size * size, 1, dtype=dtype, device=device)
     for bake, weight in zip(bakes, view_weights, strict=True):
-        cos_map = weight * (bake.cosine**exponent)
+        cos_map = weight * _power(bake.cosines, exponent)  # [M, 1]
+        trust_here = trust.index_select(0, bake.texels)
         view_sum = (cos_map > 0).sum()
-        painted_sum = ((cos_map > 0) * (trust > 0)).sum()
+        painted_sum = ((cos_map > 0) * (trust_here > 0)).sum()
         if painted_sum / view_sum > 0.99:
             continue
-        merged += bake.texture * cos_map
-        trust += cos_map
+        merged.index_copy_(0, bake.texels, merged.index_select(0, bake.texels) + bake.colors * cos_map)
+        trust.index_copy_(0, bake.texels, trust_here + cos_map)
     merged = merged / torch.clamp(trust, min=1e-8)
-    return merged, (trust > 1e-8)[..., 0]
+    return merged.view(size, size, channels), (trust > 1e-8).view(size, size)
 
 
 __all__ = ["BAKE_ANGLE_LIMIT", "BAKE_EXPONENT", "ViewBake", "back_project", "boundary_kernel_size", "merge_views",

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .camera import Camera, orthographic_matrix, transform
-from .rasterize import Rasterization, interpolate, rasterize
+from .rasterize import Rasterization, interpolate_covered, rasterize
 
 #: Upstream's placement: the mesh's bounding sphere (about its box centre) gets this diameter.
 SCALE_FACTOR = 1.15
@@ -35,15 +35,18 @@ class UVMesh:
 
 
 def vertex_normals(positions: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
-    """Per-vertex mean of the unit face normals around it, normalized (trimesh's ``mean_vertex_normals``: summed in
-    float32, normalized in float64, zero where the sum vanishes), float32 ``[V, 3]``."""
+    """Per-vertex mean of the unit face normals around it, normalized as trimesh's ``mean_vertex_normals`` does it:
+    the face normals summed in float32 in face order, squared in float32, the squares added in float64, the vector
+    multiplied by the float64 reciprocal of the norm and rounded to float32. A vertex whose norm is at most trimesh's
+    zero tolerance is multiplied by the norm itself (trimesh leaves it unnormalized), float32 ``[V, 3]``."""
     tri = positions[faces]  # [F, 3, 3]
     face_normals = F.normalize(torch.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0], dim=-1), dim=-1)
     summed = torch.zeros_like(positions).index_add_(0, faces.reshape(-1), face_normals.repeat_interleave(3, dim=0))
-    summed = summed.double()
-    norm = summed.square().sum(dim=1, keepdim=True).sqrt()
+    squares = (summed * summed).double()
+    norm = (squares[:, 0] + squares[:, 1] + squares[:, 2]).sqrt()[:, None]
     valid = norm > _UNIT_THRESHOLD
-    return torch.where(valid, summed / torch.where(valid, norm, torch.ones_like(norm)), 0.0).float()
+    scale = torch.where(valid, 1.0 / torch.where(valid, norm, torch.ones_like(norm)), norm)
+    return (summed.double() * scale).float()
 
 
 class MeshRenderer:
@@ -58,9 +61,10 @@ class MeshRenderer:
         self.render_size = int(render_size)
         self.texture_size = int(texture_size)
         self.device = torch.device(device)
-        pos = torch.from_numpy(np.asarray(mesh.vertices)).to(self.device).float()
+        # copies: the placement below works in place and must not touch the caller's arrays
+        pos = torch.tensor(np.asarray(mesh.vertices), dtype=torch.float32, device=self.device)
         self.faces = torch.from_numpy(np.asarray(mesh.faces)).to(self.device).to(torch.int64)
-        uv = torch.from_numpy(np.asarray(mesh.uv)).to(self.device).float()
+        uv = torch.tensor(np.asarray(mesh.uv), dtype=torch.float32, device=self.device)
         pos[:, [0, 1]] = -pos[:, [0, 1]]
         pos[:, [1, 2]] = pos[:, [2, 1]]
         uv[:, 1] = 1.0 - uv[:, 1]
@@ -102,27 +106,35 @@ class MeshRenderer:
     def normal_map(self, camera: Camera, resolution: int | None = None, background=(1.0, 1.0, 1.0)) -> torch.Tensor:
         """World-space normals seen from ``camera``, mapped to [0, 1] (``(n + 1) / 2``), ``background`` elsewhere
         (before the mapping, as upstream): float32 ``[H, W, 3]``."""
-        raster = self.rasterization(camera, resolution)
-        normal = interpolate(self.world_normals(), raster, self.faces)
-        normal = _where_covered(raster, normal, background)
-        return (normal + 1) * 0.5
+        return self.condition_maps(camera, resolution, background)[0]
 
     def position_map(self, camera: Camera, resolution: int | None = None, background=(1.0, 1.0, 1.0)) -> torch.Tensor:
         """``0.5 − position / 1.15`` per pixel (the placed mesh's coordinates in [0, 1]), ``background`` elsewhere:
         float32 ``[H, W, 3]``."""
+        return self.condition_maps(camera, resolution, background)[1]
+
+    def condition_maps(self, camera: Camera, resolution: int | None = None,
+                       background=(1.0, 1.0, 1.0)) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """``(normal_map, position_map)`` of ``camera`` from one interpolation of both attributes."""
         raster = self.rasterization(camera, resolution)
-        position = interpolate(0.5 - self.positions / SCALE_FACTOR, raster, self.faces)
-        return _where_covered(raster, position, background)
+        attributes = torch.cat([self.world_normals(), 0.5 - self.positions / SCALE_FACTOR], dim=1)  # [V, 6]
+        values = interpolate_covered(attributes, raster, self.faces)  # [K, 6]
+        bg = torch.tensor(background, dtype=values.dtype)
+        normal = _covered_image(raster, (values[:, :3] + 1) * 0.5, (bg + 1) * 0.5)
+        return normal, _covered_image(raster, values[:, 3:].contiguous(), bg)
 
 
-def _where_covered(raster: Rasterization, values: torch.Tensor, background) -> torch.Tensor:
-    bg = torch.tensor(background, dtype=values.dtype, device=values.device)
-    return torch.where(raster.mask[..., None], values, bg)
+def _covered_image(raster: Rasterization, values: torch.Tensor, background: torch.Tensor) -> torch.Tensor:
+    """``values [K, C]`` at the covered pixels, ``background [C]`` elsewhere: ``[H, W, C]``."""
+    height, width = raster.face_ids.shape
+    image = background.to(values).expand(height * width, values.shape[-1]).contiguous()
+    image.index_copy_(0, raster.covered_pixels(), values)
+    return image.view(height, width, -1)
 
 
 def to_uint8_image(image: torch.Tensor) -> np.ndarray:
     """A float ``[H, W, C]`` map in [0, 1] as upstream hands it on (``(x · 255).astype(uint8)``: truncation)."""
-    return (image.cpu().numpy() * 255).astype(np.uint8)
+    return (image * 255).to(torch.uint8).cpu().numpy()
 
 
 __all__ = ["SCALE_FACTOR", "MeshRenderer", "UVMesh", "to_uint8_image", "vertex_normals"]

@@ -15,9 +15,10 @@ operation, so that the same inputs give the same face indices and bit-identical 
 * The winner's barycentrics are recomputed at the pixel centre, divided by each vertex's ``w`` and renormalized
   (perspective-correct; an orthographic camera has ``w = 1``).
 
-Faces are visited in groups whose bounding boxes have similar sizes: each group is one dense
-``[faces, rows, columns]`` block of candidate pixels, built by broadcasting per-face and per-row / per-column terms
-(no per-pixel gathers), in chunks of bounded size. Bounding boxes taller than ``_BAND_ROWS`` are cut into bands.
+Faces are visited one row of their bounding box at a time: each (face, row) entry's columns are first narrowed, in
+float64, to a superset of those whose pixel centre can pass the float32 coverage test (its rounding bounded from the
+operands' magnitudes), so that about as many candidates are tested as are covered; entries of similar widths form
+one dense ``[entries, columns]`` block, built by broadcasting per-entry and per-column terms (no per-pixel gathers).
 Depths of 8192 and more (far outside the clip volume) are not drawn (the C++ code overflows an ``int`` there).
 """
 
@@ -34,11 +35,8 @@ EMPTY_KEY = KEY_FACE_RANGE * KEY_FACE_RANGE + KEY_FACE_RANGE - 1
 #: Depth quantization: ``2 << 17``.
 DEPTH_STEPS = 262144
 _MAX_DEPTH = 8192.0
-#: Bounding boxes of more rows are cut into bands of this many rows.
-_BAND_ROWS = 64
-#: Size classes of the candidate blocks (a box is padded up to the next class: at most 1.5x the pixels).
-_SIZE_CLASSES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
-                 3072, 4096, 6144, 8192, 12288, 16384)  # fmt: skip
+#: Widths of the candidate blocks (a row span is padded up to the next one: at most 1.25x the pixels).
+_SIZE_CLASSES = tuple(range(1, 8)) + tuple(m << k for k in range(1, 28) for m in (4, 5, 6, 7))
 #: Candidate pixels per block at most (bounds the temporary memory: ~40 bytes each).
 _BLOCK_CANDIDATES = 1 << 20
 
@@ -46,17 +44,35 @@ _BLOCK_CANDIDATES = 1 << 20
 @dataclass(frozen=True)
 class Rasterization:
     """What :func:`rasterize` returns: ``face_ids [H, W] int32`` holds the covering face's index + 1 (0: no face),
-    ``barycentric [H, W, 3] float32`` its perspective-correct barycentrics (0 where no face)."""
+    ``barycentric [H, W, 3] float32`` its perspective-correct barycentrics (0 where no face).
+
+    The rasterizer also keeps the covered pixels in compact form (``covered [K]`` flat indices, ascending;
+    ``covered_face [K]`` 0-based face indices; ``covered_barycentric [K, 3]``), so that attributes are interpolated
+    on the covered pixels only; a ``Rasterization`` made from the images alone computes them on first use."""
 
     face_ids: torch.Tensor
     barycentric: torch.Tensor
-    covered: torch.Tensor | None = None  # [K] flat indices of the covered pixels (ascending), when known
+    covered: torch.Tensor | None = None
+    covered_face: torch.Tensor | None = None
+    covered_barycentric: torch.Tensor | None = None
 
     def covered_pixels(self) -> torch.Tensor:
         """Flat indices of the pixels some face covers, ascending."""
         if self.covered is not None:
             return self.covered
         return torch.nonzero(self.face_ids.view(-1) > 0).squeeze(1)
+
+    def covered_faces(self) -> torch.Tensor:
+        """The 0-based face index of each covered pixel (int64 ``[K]``, the order of :meth:`covered_pixels`)."""
+        if self.covered_face is not None:
+            return self.covered_face
+        return self.face_ids.view(-1)[self.covered_pixels()].long() - 1
+
+    def covered_barycentrics(self) -> torch.Tensor:
+        """The barycentrics of each covered pixel (float32 ``[K, 3]``, the order of :meth:`covered_pixels`)."""
+        if self.covered_barycentric is not None:
+            return self.covered_barycentric
+        return self.barycentric.view(-1, 3)[self.covered_pixels()]
 
     @property
     def mask(self) -> torch.Tensor:
@@ -112,7 +128,8 @@ def _alpha(beta: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
 
 
 def _reduce_keys(
-    zbuffer: torch.Tensor, screen: torch.Tensor, faces: torch.Tensor, sf: _ScreenFaces, height: int, width: int
+    zbuffer: torch.Tensor, screen: torch.Tensor, faces: torch.Tensor, sf: _ScreenFaces, height: int, width: int,
+    spans: bool = True,
 ) -> None:
     """Reduce every face's keys into ``zbuffer [H·W]`` (minimum).
 
@@ -138,10 +155,10 @@ def _reduce_keys(
     first_positive = _mean(z_min[drawn & positive]) <= _mean(z_min[drawn & ~positive])
     first = torch.nonzero(drawn & (positive == first_positive)).squeeze(1)
     second = torch.nonzero(drawn & (positive != first_positive)).squeeze(1)
-    _reduce_faces(zbuffer, screen, faces, sf, first, box, height, width)
+    _reduce_faces(zbuffer, screen, faces, sf, first, box, height, width, spans)
     if second.numel():
         second = second[~_occluded(zbuffer, second, box, z_min[second], height, width)]
-        _reduce_faces(zbuffer, screen, faces, sf, second, box, height, width)
+        _reduce_faces(zbuffer, screen, faces, sf, second, box, height, width, spans)
 
 
 def _mean(values: torch.Tensor) -> float:
@@ -205,66 +222,116 @@ def _occluded(zbuffer, face_index, box: _Boxes, z_min, height, width) -> torch.T
     return lowest_key > box_max
 
 
-def _reduce_faces(zbuffer, screen, faces, sf, face_index, box: _Boxes, height, width) -> None:
-    """Reduce the keys of ``face_index``'s faces into ``zbuffer``, block by block."""
+def _reduce_faces(zbuffer, screen, faces, sf, face_index, box: _Boxes, height, width, spans: bool = True) -> None:
+    """Reduce the keys of ``face_index``'s faces into ``zbuffer``, one entry per (face, row of its box).
+
+    With ``spans``, each entry's columns are narrowed to those that can pass the coverage test (:func:`_row_spans`),
+    a superset of the covered ones; without, every column of the box is tested. The keys are the same."""
     if face_index.numel() == 0:
         return
     device = screen.device
-    n_rows, n_cols, y_lo, y_hi, x_lo = box.n_rows, box.n_cols, box.y_lo, box.y_hi, box.x_lo
-    # Cut tall boxes into bands of at most _BAND_ROWS rows: one entry per (face, band).
-    bands = (n_rows[face_index] + _BAND_ROWS - 1) // _BAND_ROWS
-    entry_face = torch.repeat_interleave(face_index, bands)
-    first = torch.cumsum(bands, 0) - bands
-    band_of_entry = torch.arange(entry_face.numel(), device=device) - torch.repeat_interleave(first, bands)
-    entry_y0 = y_lo[entry_face] + band_of_entry * _BAND_ROWS
-    entry_rows = torch.minimum(y_hi[entry_face] - entry_y0 + 1, torch.full_like(entry_y0, _BAND_ROWS))
-    entry_cols = n_cols[entry_face]
-    cls_rows = _size_class(entry_rows)
-    cls_cols = _size_class(entry_cols)
-    group_key = cls_rows * (1 << 20) + cls_cols
-    order = torch.argsort(group_key, stable=True)
-    keys_sorted = group_key[order]
-    unique_keys, counts = torch.unique_consecutive(keys_sorted, return_counts=True)
+    rows = box.n_rows[face_index]
+    entry_face = torch.repeat_interleave(face_index, rows)
+    first = torch.cumsum(rows, 0) - rows
+    entry_y = box.y_lo[entry_face] + torch.arange(entry_face.numel(), device=device) - torch.repeat_interleave(
+        first, rows
+    )
+    col_lo, col_hi = box.x_lo[entry_face], box.x_hi[entry_face]
+    if spans:
+        col_lo, col_hi = _row_spans(sf, entry_face, entry_y, col_lo, col_hi, box)
+    entry_cols = col_hi - col_lo + 1
+    live = torch.nonzero(entry_cols > 0).squeeze(1)
+    entry_face, entry_y, col_lo, entry_cols = entry_face[live], entry_y[live], col_lo[live], entry_cols[live]
+    padded = _size_class(entry_cols)
+    order = torch.argsort(padded, stable=True)
+    widths, counts = torch.unique_consecutive(padded[order], return_counts=True)
     start = 0
-    for key, count in zip(unique_keys.tolist(), counts.tolist(), strict=True):
-        rows_p, cols_p = key >> 20, key & ((1 << 20) - 1)
-        per_block = max(1, _BLOCK_CANDIDATES // (rows_p * cols_p))
+    for cols_p, count in zip(widths.tolist(), counts.tolist(), strict=True):
+        per_block = max(1, _BLOCK_CANDIDATES // cols_p)
         group = order[start : start + count]
         start += count
         for s in range(0, count, per_block):
             entries = group[s : s + per_block]
-            pix, tok = _block_keys(
-                screen, faces, sf, entry_face[entries], x_lo[entry_face[entries]], entry_cols[entries],
-                entry_y0[entries], entry_rows[entries], rows_p, cols_p, width,
-            )  # fmt: skip
+            pix, tok = _row_keys(screen, faces, sf, entry_face[entries], col_lo[entries], entry_cols[entries],
+                                 entry_y[entries], cols_p, width)  # fmt: skip
             zbuffer.scatter_reduce_(0, pix.clamp_(max=height * width - 1), tok, reduce="amin")
 
 
-def _block_keys(screen, faces, sf, face, x0, n_cols, y0, n_rows, rows_p, cols_p, width):
-    """Coverage and depth keys of one block: ``len(face)`` boxes padded to ``rows_p × cols_p`` candidates, each with
-    its pixel index and key (``EMPTY_KEY`` where the face does not cover the candidate), all dense."""
+#: Relative bound on the float32 rounding of the coverage test's barycentrics (8x the worst case; see _row_spans).
+_COVERAGE_ROUNDING = 2.0**-19
+
+
+def _row_spans(sf: _ScreenFaces, face, y, col_lo, col_hi, box: _Boxes):
+    """Per (face, row) entry, the columns whose pixel centre can pass the float32 coverage test: a superset of the
+    covered columns, within ``[col_lo, col_hi]``.
+
+    In exact arithmetic on the face's float32 terms, ``β = inv·(e_ca0·Y − e_ca1·X)``, ``γ = inv·(e_ba1·X − e_ba0·Y)``
+    and ``α = 1 − β − γ`` are affine in ``X = column + ½ − a0`` along a row (``Y = row + ½ − a1``). The float32
+    evaluation (differences, two products, their difference, the product with ``inv``) is within
+    ``4 · 2⁻²⁴ · M`` of that, with ``M = |inv| · (|e0| + |e1|) · D`` and ``D`` the largest ``|X|`` or ``|Y|`` in the box;
+    ``α`` (in double, rounded to float32) within the sum of both bounds plus ``2⁻²⁴ · |α|``. A column can pass only if
+    each of ``β, γ, α ≥ −bound``: three half-lines in ``X``, solved in float64 with the bounds taken 8x larger. A face
+    so thin that its bounds are large gets its whole row."""
+    # per face (then gathered per entry): the affine terms and the three bounds, in float64
+    f64 = torch.float64
+    faces_here, entry_face = torch.unique(face, return_inverse=True)
+    a0, a1 = sf.a0[faces_here].to(f64), sf.a1[faces_here].to(f64)
+    e_ca0, e_ca1 = sf.e_ca0[faces_here].to(f64), sf.e_ca1[faces_here].to(f64)
+    e_ba0, e_ba1 = sf.e_ba0[faces_here].to(f64), sf.e_ba1[faces_here].to(f64)
+    inv = sf.inv_area[faces_here].to(f64)
+    corners = torch.stack([box.x_lo[faces_here].to(f64) + 0.5 - a0, box.x_hi[faces_here].to(f64) + 0.5 - a0,
+                           box.y_lo[faces_here].to(f64) + 0.5 - a1, box.y_hi[faces_here].to(f64) + 0.5 - a1])
+    extent = corners.abs().amax(dim=0)  # fmt: skip
+    big_beta = inv.abs() * (e_ca0.abs() + e_ca1.abs()) * extent
+    big_gamma = inv.abs() * (e_ba0.abs() + e_ba1.abs()) * extent
+    eps_beta = big_beta * _COVERAGE_ROUNDING
+    eps_gamma = big_gamma * _COVERAGE_ROUNDING
+    eps_alpha = eps_beta + eps_gamma + (1 + big_beta + big_gamma) * _COVERAGE_ROUNDING
+    per_face = torch.stack([a0, a1, inv * e_ca0, -inv * e_ca1, -inv * e_ba0, inv * e_ba1, eps_beta, eps_gamma,
+                            eps_alpha])  # fmt: skip
+    a0, a1, beta_y, beta1, gamma_y, gamma1, eps_beta, eps_gamma, eps_alpha = per_face[:, entry_face]
+    dy = (y.to(f64) + 0.5) - a1
+    beta0, gamma0 = beta_y * dy, gamma_y * dy  # β = beta0 + beta1 · X, γ likewise
+    alpha0, alpha1 = 1 - beta0 - gamma0, -(beta1 + gamma1)
+    lowest = torch.full_like(dy, -torch.inf)
+    highest = torch.full_like(dy, torch.inf)
+    for c0, c1, eps in ((beta0, beta1, eps_beta), (gamma0, gamma1, eps_gamma), (alpha0, alpha1, eps_alpha)):
+        # c0 + c1 · X >= −eps
+        bound = (-eps - c0) / torch.where(c1 == 0, torch.ones_like(c1), c1)
+        lowest = torch.where(c1 > 0, torch.maximum(lowest, bound), lowest)
+        highest = torch.where(c1 < 0, torch.minimum(highest, bound), highest)
+        highest = torch.where((c1 == 0) & (c0 < -eps), torch.full_like(highest, -torch.inf), highest)
+    # NaN bounds (not expected for drawn faces) leave the row whole
+    lowest = torch.nan_to_num(lowest, nan=-torch.inf).clamp(-(2.0**40), 2.0**40)
+    highest = torch.nan_to_num(highest, nan=torch.inf).clamp(-(2.0**40), 2.0**40)
+    first = torch.ceil(lowest + a0 - 0.5).long()
+    last = torch.floor(highest + a0 - 0.5).long()
+    return torch.maximum(col_lo, first), torch.minimum(col_hi, last)
+
+
+def _row_keys(screen, faces, sf, face, x0, n_cols, y, cols_p, width):
+    """Coverage and depth keys of ``len(face)`` row spans padded to ``cols_p`` candidates: each candidate's pixel
+    index and key (``EMPTY_KEY`` where the face does not cover it), dense ``[B, cols_p]``, broadcast from per-entry
+    and per-column terms. The arithmetic is the C++ code's, operation for operation."""
     device = screen.device
     half = torch.tensor(0.5, dtype=torch.float32, device=device)
     col = torch.arange(cols_p, device=device)
-    row = torch.arange(rows_p, device=device)
     px = x0[:, None] + col  # [B, C]
-    py = y0[:, None] + row  # [B, R]
     dx = (px.float() + half) - sf.a0[face][:, None]  # [B, C]  p0 - a0
-    dy = (py.float() + half) - sf.a1[face][:, None]  # [B, R]  p1 - a1
+    dy = ((y.float() + half) - sf.a1[face])[:, None]  # [B, 1]  p1 - a1
     # beta_tri = (c0 - a0)(p1 - a1) - (p0 - a0)(c1 - a1); gamma_tri = (p0 - a0)(b1 - a1) - (b0 - a0)(p1 - a1)
-    inv = sf.inv_area[face][:, None, None]
-    beta = ((sf.e_ca0[face][:, None] * dy)[:, :, None] - (dx * sf.e_ca1[face][:, None])[:, None, :]) * inv
-    gamma = ((dx * sf.e_ba1[face][:, None])[:, None, :] - (sf.e_ba0[face][:, None] * dy)[:, :, None]) * inv
-    alpha = _alpha(beta, gamma)  # [B, R, C]
+    inv = sf.inv_area[face][:, None]
+    beta = (sf.e_ca0[face][:, None] * dy - dx * sf.e_ca1[face][:, None]) * inv
+    gamma = (dx * sf.e_ba1[face][:, None] - sf.e_ba0[face][:, None] * dy) * inv
+    alpha = _alpha(beta, gamma)  # [B, C]
     low = torch.minimum(torch.minimum(beta, gamma), alpha)  # NaN propagates: not inside, as in C++
     high = torch.maximum(torch.maximum(beta, gamma), alpha)
-    z = screen[:, 2][faces[face]][:, :, None, None]  # [B, 3, 1, 1]
-    depth = alpha * z[:, 0] + beta * z[:, 1] + gamma * z[:, 2]
-    inside = (low >= 0) & (high <= 1) & (depth >= 0) & (depth < _MAX_DEPTH)
-    inside &= (col[None, :] < n_cols[:, None])[:, None, :] & (row[None, :] < n_rows[:, None])[:, :, None]
+    z = screen[:, 2][faces[face]]  # [B, 3]
+    depth = alpha * z[:, 0:1] + beta * z[:, 1:2] + gamma * z[:, 2:3]
+    inside = (low >= 0) & (high <= 1) & (depth >= 0) & (depth < _MAX_DEPTH) & (col[None, :] < n_cols[:, None])
     quantized = (depth * torch.tensor(float(DEPTH_STEPS), dtype=torch.float32, device=device)).long()  # truncation
-    tokens = torch.where(inside, quantized * KEY_FACE_RANGE + (face + 1)[:, None, None], EMPTY_KEY)
-    pixels = (py * width)[:, :, None] + px[:, None, :]
+    tokens = torch.where(inside, quantized * KEY_FACE_RANGE + (face + 1)[:, None], EMPTY_KEY)
+    pixels = (y * width)[:, None] + px
     return pixels.clamp_(0, None).view(-1), tokens.view(-1)
 
 
@@ -275,6 +342,12 @@ def rasterize(clip_positions: torch.Tensor, faces: torch.Tensor, height: int, wi
     output size ``height × width``. Returns a :class:`Rasterization` on the positions' device. See the module
     docstring for the rules (those of Hunyuan3D-2's rasterizer, bit for bit).
     """
+    return _rasterize(clip_positions, faces, height, width)
+
+
+def _rasterize(clip_positions, faces, height, width, spans: bool = True) -> Rasterization:
+    """:func:`rasterize`; ``spans=False`` tests every pixel of each face's bounding box (the straightforward
+    candidate set, against which the narrowed one is checked)."""
     if clip_positions.dim() == 3 and clip_positions.shape[0] == 1:
         clip_positions = clip_positions[0]
     if clip_positions.dim() != 2 or clip_positions.shape[1] != 4:
@@ -291,45 +364,67 @@ def rasterize(clip_positions: torch.Tensor, faces: torch.Tensor, height: int, wi
     screen = screen_coordinates(clip, height, width)
     sf = _screen_faces(screen, faces)
     zbuffer = torch.full((height * width,), EMPTY_KEY, dtype=torch.int64, device=device)
-    _reduce_keys(zbuffer, screen, faces, sf, height, width)
+    _reduce_keys(zbuffer, screen, faces, sf, height, width, spans)
     covered = torch.nonzero(zbuffer != EMPTY_KEY).squeeze(1)
     face_ids = torch.zeros(height * width, dtype=torch.int32, device=device)
     barycentric = torch.zeros(height * width, 3, dtype=torch.float32, device=device)
-    if covered.numel():
-        face = zbuffer[covered] % KEY_FACE_RANGE - 1
-        face_ids[covered] = (face + 1).to(torch.int32)
-        barycentric[covered] = _pixel_barycentrics(clip, faces, sf, face, covered, width)
-    return Rasterization(face_ids.view(height, width), barycentric.view(height, width, 3), covered)
+    face = zbuffer[covered] % KEY_FACE_RANGE - 1
+    covered_barycentric = _pixel_barycentrics(clip, faces, sf, face, covered, width)
+    face_ids[covered] = (face + 1).to(torch.int32)
+    barycentric[covered] = covered_barycentric
+    return Rasterization(face_ids.view(height, width), barycentric.view(height, width, 3), covered, face,
+                         covered_barycentric)  # fmt: skip
 
 
 def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> torch.Tensor:
-    """Perspective-correct barycentrics of ``face`` at the centres of ``pixel`` (flat indices), float32 ``[K, 3]``."""
+    """Perspective-correct barycentrics of ``face`` at the centres of ``pixel`` (flat indices), float32 ``[K, 3]``
+    (a transposed view of ``[3, K]``: interpolation reads one corner's weights contiguously)."""
     half = torch.tensor(0.5, dtype=torch.float32, device=clip.device)
-    dx = ((pixel % width).float() + half) - sf.a0[face]
-    dy = (torch.div(pixel, width, rounding_mode="floor").float() + half) - sf.a1[face]
-    beta = (sf.e_ca0[face] * dy - dx * sf.e_ca1[face]) * sf.inv_area[face]
-    gamma = (dx * sf.e_ba1[face] - sf.e_ba0[face] * dy) * sf.inv_area[face]
+    w = clip[:, 3][faces]  # [F, 3]
+    table = torch.stack([sf.a0, sf.a1, sf.e_ca0, sf.e_ca1, sf.e_ba0, sf.e_ba1, sf.inv_area, w[:, 0], w[:, 1], w[:, 2]])
+    a0, a1, e_ca0, e_ca1, e_ba0, e_ba1, inv, w0, w1, w2 = (row.index_select(0, face) for row in table)
+    row = torch.div(pixel, width, rounding_mode="floor")
+    dx = ((pixel - row * width).float() + half) - a0
+    dy = (row.float() + half) - a1
+    beta = (e_ca0 * dy - dx * e_ca1) * inv
+    gamma = (dx * e_ba1 - e_ba0 * dy) * inv
     alpha = _alpha(beta, gamma)
-    w = clip[:, 3][faces[face]]  # [K, 3]
-    b0, b1, b2 = alpha / w[:, 0], beta / w[:, 1], gamma / w[:, 2]
+    b0, b1, b2 = alpha / w0, beta / w1, gamma / w2
     norm = 1.0 / (b0 + b1 + b2)
-    return torch.stack([b0 * norm, b1 * norm, b2 * norm], dim=1)
+    return torch.stack([b0 * norm, b1 * norm, b2 * norm]).t()  # [K, 3], stored channel-major
+
+
+def interpolate_covered(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor,
+                        rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """Barycentric interpolation of per-vertex ``attributes [N, C]`` at the covered pixels of ``raster`` (``[K, C]``,
+    the order of ``raster.covered_pixels()``), or at the covered pixels ``rows`` (indices into that order) only.
+    ``faces [F, 3]`` may index another vertex array than the one rasterized (e.g. UV vertices). Several attributes
+    concatenated along ``C`` cost one gather. The sum runs ``b0·v0 + b1·v1 + b2·v2``, as the official
+    ``interpolate``, so each channel is the same float32 value as there."""
+    face = raster.covered_faces()
+    bary = raster.covered_barycentrics()
+    if rows is not None:
+        face, bary = face[rows], bary[rows]
+    # channel-major: every gather and product below runs over one contiguous row of K values
+    corner_vertex = torch.cat([corner.index_select(0, face) for corner in faces.long().t()])  # [3·K], corner-major
+    weights = bary.t().to(attributes.dtype).contiguous()  # [3, K] (no copy for the rasterizer's own layout)
+    channels = attributes.t().contiguous()  # [C, N]
+    out = torch.empty(attributes.shape[-1], face.numel(), dtype=attributes.dtype, device=attributes.device)
+    for channel, row in zip(channels, out, strict=True):
+        corners = channel.index_select(0, corner_vertex).view(3, -1)  # [3, K]
+        torch.add(weights[0] * corners[0] + weights[1] * corners[1], weights[2] * corners[2], out=row)
+    return out.t()
 
 
 def interpolate(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor) -> torch.Tensor:
     """Per-pixel barycentric interpolation of per-vertex ``attributes [N, C]`` over the faces of ``raster``
-    (``faces [F, 3]`` may index another vertex array than the one rasterized, e.g. UV vertices). ``[H, W, C]``;
-    0 where no face covers the pixel. The sum runs ``b0·v0 + b1·v1 + b2·v2`` as the official ``interpolate``; only
-    covered pixels are computed."""
+    (:func:`interpolate_covered` written into an image): ``[H, W, C]``, 0 where no face covers the pixel."""
     height, width = raster.face_ids.shape
-    pixel = raster.covered_pixels()
-    face = raster.face_ids.view(-1)[pixel].long() - 1
-    corners = attributes[faces.long()[face]]  # [K, 3, C]
-    bary = raster.barycentric.view(-1, 3)[pixel][..., None]  # [K, 3, 1]
-    weighted = bary * corners
-    out = torch.zeros(height * width, attributes.shape[-1], dtype=weighted.dtype, device=weighted.device)
-    out[pixel] = weighted[:, 0] + weighted[:, 1] + weighted[:, 2]
+    values = interpolate_covered(attributes, raster, faces)
+    out = torch.zeros(height * width, attributes.shape[-1], dtype=values.dtype, device=values.device)
+    out.index_copy_(0, raster.covered_pixels(), values)
     return out.view(height, width, -1)
 
 
-__all__ = ["DEPTH_STEPS", "EMPTY_KEY", "KEY_FACE_RANGE", "Rasterization", "interpolate", "rasterize", "screen_coordinates"]
+__all__ = ["DEPTH_STEPS", "EMPTY_KEY", "KEY_FACE_RANGE", "Rasterization", "interpolate", "interpolate_covered", "rasterize",
+           "screen_coordinates"]  # fmt: skip

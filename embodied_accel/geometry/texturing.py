@@ -42,8 +42,9 @@ class TextureBaker:
         self.view_weights = tuple(float(w) for w in view_weights)
 
     def condition_maps(self) -> ConditionMaps:
-        return ConditionMaps([self.renderer.normal_map(c) for c in self.cameras],
-                             [self.renderer.position_map(c) for c in self.cameras])  # fmt: skip
+        """The normal and position maps of every camera (one rasterization and one interpolation per camera)."""
+        maps = [self.renderer.condition_maps(c) for c in self.cameras]
+        return ConditionMaps([normal for normal, _ in maps], [position for _, position in maps])
 
     def bake(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """``views``: one float32 ``[S, S, 3]`` image in [0, 1] per camera, at the render size. Returns the merged

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import OpSet
+from .linear import Linear
 
 BlockKind = Literal["self", "text", "image"]
 
@@ -85,20 +86,14 @@ class DiTBlock(nn.Module):
         super().__init__()
         self.cfg, self.ops, self.kind = cfg, ops, kind
         inner, hidden = cfg.inner, cfg.mlp_ratio * cfg.inner
-        self.ada_weight = nn.Parameter(torch.empty(inner, 2 * inner))  # silu(temb) -> [scale | shift]
-        self.ada_bias = nn.Parameter(torch.empty(2 * inner))
+        self.ada = Linear(inner, 2 * inner, ops)  # silu(temb) -> [scale | shift]
         if kind == "self":
-            self.qkv_weight = nn.Parameter(torch.empty(inner, 3 * inner))
-            self.qkv_bias = nn.Parameter(torch.empty(3 * inner))
+            self.qkv = Linear(inner, 3 * inner, ops)
         else:  # K/V come from AlternateVLDiT.cross_kv (all cross blocks in one GEMM)
-            self.q_weight = nn.Parameter(torch.empty(inner, inner))
-            self.q_bias = nn.Parameter(torch.empty(inner))
-        self.out_weight = nn.Parameter(torch.empty(inner, inner))
-        self.out_bias = nn.Parameter(torch.empty(inner))
-        self.ff_in_weight = nn.Parameter(torch.empty(inner, hidden))
-        self.ff_in_bias = nn.Parameter(torch.empty(hidden))
-        self.ff_out_weight = nn.Parameter(torch.empty(hidden, inner))
-        self.ff_out_bias = nn.Parameter(torch.empty(inner))
+            self.q = Linear(inner, inner, ops)
+        self.out = Linear(inner, inner, ops)
+        self.ff_in = Linear(inner, hidden, ops)
+        self.ff_out = Linear(hidden, inner, ops)
 
     def forward(self, hidden, batch: int, seq: int, modulation: Modulation, cross=None) -> torch.Tensor:
         """``hidden: [B*S, inner]``; ``modulation``: this step's ``(1 + scale, shift)``; ``cross``: ``(k, v, mask)``
@@ -107,18 +102,16 @@ class DiTBlock(nn.Module):
         heads, dh = cfg.num_heads, cfg.head_dim
         x = ops.ada_layer_norm(hidden, modulation[0], modulation[1], cfg.eps)
         if self.kind == "self":
-            qkv = ops.linear(x, self.qkv_weight, self.qkv_bias).view(batch, seq, 3, heads, dh)
+            qkv = self.qkv(x).view(batch, seq, 3, heads, dh)
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, S, Dh]
             mask = None
         else:
-            q = ops.linear(x, self.q_weight, self.q_bias).view(batch, seq, heads, dh).transpose(1, 2)
+            q = self.q(x).view(batch, seq, heads, dh).transpose(1, 2)
             k, v, mask = cross
         attn = ops.attention(q, k, v, mask, dh**-0.5).transpose(1, 2).reshape(batch * seq, cfg.inner)
-        hidden = ops.linear(attn, self.out_weight, self.out_bias, residual=hidden)
-        x = ops.gelu_tanh(
-            ops.linear(ops.ada_layer_norm(hidden, None, None, cfg.eps), self.ff_in_weight, self.ff_in_bias)
-        )
-        return ops.linear(x, self.ff_out_weight, self.ff_out_bias, residual=hidden)
+        hidden = self.out(attn, residual=hidden)
+        x = ops.gelu_tanh(self.ff_in(ops.ada_layer_norm(hidden, None, None, cfg.eps)))
+        return self.ff_out(x, residual=hidden)
 
 
 class AlternateVLDiT(nn.Module):
@@ -126,37 +119,28 @@ class AlternateVLDiT(nn.Module):
         super().__init__()
         self.cfg, self.ops = cfg, ops
         inner = cfg.inner
-        self.timestep_in_weight = nn.Parameter(torch.empty(cfg.timestep_channels, inner))
-        self.timestep_in_bias = nn.Parameter(torch.empty(inner))
-        self.timestep_out_weight = nn.Parameter(torch.empty(inner, inner))
-        self.timestep_out_bias = nn.Parameter(torch.empty(inner))
+        self.timestep_in = Linear(cfg.timestep_channels, inner, ops)
+        self.timestep_out = Linear(inner, inner, ops)
         self.blocks = nn.ModuleList(DiTBlock(cfg, ops, cfg.block_kind(i)) for i in range(cfg.depth))
         cross = len(cfg.cross_blocks)
         # K and V of every cross-attention block: [k_0 | v_0 | k_1 | v_1 | ...], each [cross_dim, inner]
-        self.cross_kv_weight = nn.Parameter(torch.empty(cfg.cross_dim, cross * 2 * inner))
-        self.cross_kv_bias = nn.Parameter(torch.empty(cross * 2 * inner))
-        self.output_ada_weight = nn.Parameter(torch.empty(inner, 2 * inner))  # silu(temb) -> [shift | scale]
-        self.output_ada_bias = nn.Parameter(torch.empty(2 * inner))
-        self.output_weight = nn.Parameter(torch.empty(inner, cfg.output_dim))
-        self.output_bias = nn.Parameter(torch.empty(cfg.output_dim))
+        self.cross_kv_proj = Linear(cfg.cross_dim, cross * 2 * inner, ops)
+        self.output_ada = Linear(inner, 2 * inner, ops)  # silu(temb) -> [shift | scale]
+        self.output = Linear(inner, cfg.output_dim, ops)
 
     @torch.no_grad()
     def modulation(self, timesteps: list[int]) -> DiTModulation:
         """AdaLN modulation of every block and of the output for each timestep of a schedule."""
-        ops = self.ops
-        dtype = self.timestep_in_weight.dtype
-        features = timestep_features(torch.tensor(timesteps), self.cfg.timestep_channels).to(
-            device=self.timestep_in_weight.device, dtype=dtype
-        )
-        temb = ops.linear(F.silu(ops.linear(features, self.timestep_in_weight, self.timestep_in_bias)),
-                          self.timestep_out_weight, self.timestep_out_bias)  # fmt: skip
+        weight = self.timestep_in.weight_t
+        features = timestep_features(torch.tensor(timesteps), self.cfg.timestep_channels)
+        temb = self.timestep_out(F.silu(self.timestep_in(features.to(device=weight.device, dtype=weight.dtype))))
         cond = F.silu(temb)  # [steps, inner]
         steps = range(len(timesteps))
         per_block = []
         for block in self.blocks:
-            scale, shift = ops.linear(cond, block.ada_weight, block.ada_bias).chunk(2, dim=-1)  # [steps, inner] each
+            scale, shift = block.ada(cond).chunk(2, dim=-1)  # [steps, inner] each
             per_block.append([((1 + scale[s]).contiguous(), shift[s].contiguous()) for s in steps])
-        shift, scale = ops.linear(cond, self.output_ada_weight, self.output_ada_bias).chunk(2, dim=-1)
+        shift, scale = self.output_ada(cond).chunk(2, dim=-1)
         return DiTModulation(
             blocks=tuple(tuple(rows[s] for rows in per_block) for s in steps),
             output=tuple(((1 + scale[s]).contiguous(), shift[s].contiguous()) for s in steps),
@@ -167,7 +151,7 @@ class AlternateVLDiT(nn.Module):
         ``out: [B*L, cross_blocks * 2 * inner]`` (one GEMM per call); returns per cross block the views
         ``(k, v)``, each ``[B, H, L, Dh]``."""
         cfg = self.cfg
-        self.ops.linear_into(vl, self.cross_kv_weight, self.cross_kv_bias, out)
+        self.cross_kv_proj.into(vl, out)
         # [B, L, cross, 2, H, Dh] -> [cross, 2, B, H, L, Dh]
         kv = out.view(batch, -1, len(cfg.cross_blocks), 2, cfg.num_heads, cfg.head_dim).permute(2, 3, 0, 4, 1, 5)
         return [(k, v) for k, v in kv.unbind(0)]
@@ -201,7 +185,7 @@ class AlternateVLDiT(nn.Module):
     def output_layer(self, x: torch.Tensor, output_modulation: Modulation) -> torch.Tensor:
         """The output AdaLN and projection: ``[B*S, inner]`` → ``[B*S, output_dim]``."""
         x = self.ops.ada_layer_norm(x, output_modulation[0], output_modulation[1], self.cfg.output_eps)
-        return self.ops.linear(x, self.output_weight, self.output_bias)
+        return self.output(x)
 
     def forward(
         self,

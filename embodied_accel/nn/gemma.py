@@ -14,6 +14,7 @@ from torch import nn
 
 from ..ops import OpSet
 from .kv_cache import AttentionSlots
+from .linear import Linear
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,15 @@ class GemmaLayer(nn.Module):
         heads = cfg.num_heads + 2 * cfg.num_kv_heads
         if adaptive_norms:
             # dense: cond [D] -> [scale | shift | gate] (3D), applied once per step schedule
-            self.input_norm_dense_weight = nn.Parameter(torch.empty(d, 3 * d))
-            self.input_norm_dense_bias = nn.Parameter(torch.empty(3 * d))
-            self.post_attention_norm_dense_weight = nn.Parameter(torch.empty(d, 3 * d))
-            self.post_attention_norm_dense_bias = nn.Parameter(torch.empty(3 * d))
+            self.input_norm_dense = Linear(d, 3 * d, ops)
+            self.post_attention_norm_dense = Linear(d, 3 * d, ops)
         else:
             self.input_norm_weight = nn.Parameter(torch.empty(d))  # Gemma's 1 + w, folded at load
             self.post_attention_norm_weight = nn.Parameter(torch.empty(d))
-        self.qkv_weight = nn.Parameter(torch.empty(d, heads * dh))  # [q heads | k heads | v heads]
-        self.o_weight = nn.Parameter(torch.empty(cfg.num_heads * dh, d))
-        self.gate_up_weight = nn.Parameter(torch.empty(d, 2 * m))  # [gate | up]
-        self.down_weight = nn.Parameter(torch.empty(m, d))
+        self.qkv = Linear(d, heads * dh, ops, bias=False)  # [q heads | k heads | v heads]
+        self.o = Linear(cfg.num_heads * dh, d, ops, bias=False)
+        self.gate_up = Linear(d, 2 * m, ops, bias=False)  # [gate | up]
+        self.down = Linear(m, d, ops, bias=False)
 
     def forward(
         self,
@@ -111,17 +110,17 @@ class GemmaLayer(nn.Module):
         attn = attn.transpose(1, 2).reshape(batch * seq, heads * head_dim)
 
         if cond is None:
-            hidden = ops.linear(attn, self.o_weight, residual=hidden)
+            hidden = self.o(attn, residual=hidden)
             x = ops.rms_norm(hidden, self.post_attention_norm_weight, cfg.eps)
         else:
             x, hidden = ops.gated_add_ada_rms_norm(
-                ops.linear(attn, self.o_weight), hidden, cond.input_gate, cond.post_scale_plus_one, cond.post_shift, cfg.eps
+                self.o(attn), hidden, cond.input_gate, cond.post_scale_plus_one, cond.post_shift, cfg.eps
             )
 
-        x = ops.geglu(ops.linear(x, self.gate_up_weight))
+        x = ops.geglu(self.gate_up(x))
         if cond is None:
-            return ops.linear(x, self.down_weight, residual=hidden)
-        return PendingGatedResidual(hidden, ops.linear(x, self.down_weight), cond.post_gate)
+            return self.down(x, residual=hidden)
+        return PendingGatedResidual(hidden, self.down(x), cond.post_gate)
 
     def write_kv(self, hidden, batch: int, seq: int, rope_tables, slots: AttentionSlots, cond=None):
         """Input norm → fused QKV → RoPE; writes K/V into the cache slot and returns Q ``[B, H, S, Dh]`` and
@@ -136,7 +135,7 @@ class GemmaLayer(nn.Module):
             x = ops.rms_norm(hidden, self.input_norm_weight, cfg.eps)
         else:
             x, hidden = _ada_norm_of(ops, hidden, cond.input_scale_plus_one, cond.input_shift, cfg.eps)
-        qkv = ops.linear(x, self.qkv_weight).view(batch, seq, heads + 2 * kv_heads, head_dim).transpose(1, 2)
+        qkv = self.qkv(x).view(batch, seq, heads + 2 * kv_heads, head_dim).transpose(1, 2)
         return ops.rope_store_kv(qkv, rope_tables, slots.kv_write), hidden  # rotates Q and K, stores K and V
 
     def norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> list[NormConditioning]:
@@ -150,9 +149,8 @@ class GemmaLayer(nn.Module):
     def row_norm_conditioning(self, cond: torch.Tensor, compute_dtype: torch.dtype) -> NormConditioning:
         """adaRMS modulation of ``cond: [N, D]`` as one :class:`NormConditioning` whose fields are ``[N, D]``: one row
         per hidden row when a pass mixes flow times (training: one time per sample, repeated over its tokens)."""
-        ops = self.ops
-        inp = ops.linear(cond, self.input_norm_dense_weight, self.input_norm_dense_bias).float()
-        post = ops.linear(cond, self.post_attention_norm_dense_weight, self.post_attention_norm_dense_bias).float()
+        inp = self.input_norm_dense(cond).float()
+        post = self.post_attention_norm_dense(cond).float()
         in_scale, in_shift, in_gate = inp.chunk(3, dim=-1)
         post_scale, post_shift, post_gate = post.chunk(3, dim=-1)
         return NormConditioning(
@@ -173,8 +171,7 @@ class GemmaTower(nn.Module):
         self.cfg, self.ops, self.adaptive_norms = cfg, ops, adaptive_norms
         self.layers = nn.ModuleList(GemmaLayer(cfg, ops, adaptive_norms) for _ in range(cfg.depth))
         if adaptive_norms:
-            self.final_norm_dense_weight = nn.Parameter(torch.empty(cfg.width, 3 * cfg.width))
-            self.final_norm_dense_bias = nn.Parameter(torch.empty(3 * cfg.width))
+            self.final_norm_dense = Linear(cfg.width, 3 * cfg.width, ops)
         else:
             self.final_norm_weight = nn.Parameter(torch.empty(cfg.width))
 
@@ -221,6 +218,6 @@ class GemmaTower(nn.Module):
     def row_final_norm_conditioning(self, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Final adaRMS ``(1 + scale, shift)`` of ``cond: [N, D]``, each ``[N, D]`` (see
         :meth:`GemmaLayer.row_norm_conditioning`)."""
-        mod = self.ops.linear(cond, self.final_norm_dense_weight, self.final_norm_dense_bias).float()
+        mod = self.final_norm_dense(cond).float()
         scale, shift, _gate = mod.chunk(3, dim=-1)
         return 1.0 + scale, shift

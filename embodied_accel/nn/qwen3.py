@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..ops import OpSet
+from .linear import Linear
 
 
 @dataclass(frozen=True)
@@ -48,26 +49,26 @@ class Qwen3Layer(nn.Module):
         self.cfg, self.ops = cfg, ops
         d, m, dh = cfg.width, cfg.mlp_dim, cfg.head_dim
         self.input_norm_weight = nn.Parameter(torch.empty(d))
-        self.qkv_weight = nn.Parameter(torch.empty(d, cfg.qkv_heads * dh))  # [q heads | k heads | v heads]
+        self.qkv = Linear(d, cfg.qkv_heads * dh, ops, bias=False)  # [q heads | k heads | v heads]
         self.qk_norm_weight = nn.Parameter(
             torch.empty(cfg.num_heads + cfg.num_kv_heads, dh)
         )  # q_norm rows, k_norm rows
-        self.o_weight = nn.Parameter(torch.empty(cfg.num_heads * dh, d))
+        self.o = Linear(cfg.num_heads * dh, d, ops, bias=False)
         self.post_attention_norm_weight = nn.Parameter(torch.empty(d))
-        self.gate_up_weight = nn.Parameter(torch.empty(d, 2 * m))  # [gate | up]
-        self.down_weight = nn.Parameter(torch.empty(m, d))
+        self.gate_up = Linear(d, 2 * m, ops, bias=False)  # [gate | up]
+        self.down = Linear(m, d, ops, bias=False)
 
     def forward(self, hidden: torch.Tensor, batch: int, seq: int, rope_tables, attention_mask) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg
         heads, kv_heads, dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         x = ops.rms_norm(hidden, self.input_norm_weight, cfg.eps)
-        qkv = ops.linear(x, self.qkv_weight).view(batch, seq, cfg.qkv_heads, dh).transpose(1, 2)  # [B, Hall, S, Dh]
+        qkv = self.qkv(x).view(batch, seq, cfg.qkv_heads, dh).transpose(1, 2)  # [B, Hall, S, Dh]
         qkv = ops.qk_rms_norm_rope(qkv, self.qk_norm_weight, cfg.eps, rope_tables)
         q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
         attn = ops.attention(q, k, v, attention_mask, dh**-0.5)  # [B, H, S, Dh]
-        hidden = ops.linear(attn.transpose(1, 2).reshape(batch * seq, heads * dh), self.o_weight, residual=hidden)
-        x = ops.swiglu(ops.linear(ops.rms_norm(hidden, self.post_attention_norm_weight, cfg.eps), self.gate_up_weight))
-        return ops.linear(x, self.down_weight, residual=hidden)
+        hidden = self.o(attn.transpose(1, 2).reshape(batch * seq, heads * dh), residual=hidden)
+        x = ops.swiglu(self.gate_up(ops.rms_norm(hidden, self.post_attention_norm_weight, cfg.eps)))
+        return self.down(x, residual=hidden)
 
 
 class Qwen3Tower(nn.Module):

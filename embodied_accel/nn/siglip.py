@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import OpSet
+from .linear import Linear
 
 
 @dataclass(frozen=True)
@@ -41,28 +42,23 @@ class SiglipLayer(nn.Module):
         w, m = cfg.width, cfg.mlp_dim
         self.layer_norm1_weight = nn.Parameter(torch.empty(w))
         self.layer_norm1_bias = nn.Parameter(torch.empty(w))
-        self.qkv_weight = nn.Parameter(torch.empty(w, 3 * w))
-        self.qkv_bias = nn.Parameter(torch.empty(3 * w))
-        self.out_weight = nn.Parameter(torch.empty(w, w))
-        self.out_bias = nn.Parameter(torch.empty(w))
+        self.qkv = Linear(w, 3 * w, ops)  # [q | k | v]
+        self.out = Linear(w, w, ops)
         self.layer_norm2_weight = nn.Parameter(torch.empty(w))
         self.layer_norm2_bias = nn.Parameter(torch.empty(w))
-        self.fc1_weight = nn.Parameter(torch.empty(w, m))
-        self.fc1_bias = nn.Parameter(torch.empty(m))
-        self.fc2_weight = nn.Parameter(torch.empty(m, w))
-        self.fc2_bias = nn.Parameter(torch.empty(w))
+        self.fc1 = Linear(w, m, ops)
+        self.fc2 = Linear(m, w, ops)
 
     def forward(self, hidden: torch.Tensor, batch: int, seq: int) -> torch.Tensor:  # hidden [B*S, W]
         ops, cfg = self.ops, self.cfg
         heads, head_dim = cfg.num_heads, cfg.head_dim
         x = ops.layer_norm(hidden, self.layer_norm1_weight, self.layer_norm1_bias, cfg.eps)
-        qkv = ops.linear(x, self.qkv_weight, self.qkv_bias).view(batch, seq, 3, heads, head_dim)
+        qkv = self.qkv(x).view(batch, seq, 3, heads, head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, S, Dh]
         attn = ops.attention(q, k, v, None, head_dim**-0.5).transpose(1, 2).reshape(batch * seq, cfg.width)
-        hidden = ops.linear(attn, self.out_weight, self.out_bias, residual=hidden)
+        hidden = self.out(attn, residual=hidden)
         x = ops.layer_norm(hidden, self.layer_norm2_weight, self.layer_norm2_bias, cfg.eps)
-        x = ops.gelu_tanh(ops.linear(x, self.fc1_weight, self.fc1_bias))
-        return ops.linear(x, self.fc2_weight, self.fc2_bias, residual=hidden)
+        return self.fc2(ops.gelu_tanh(self.fc1(x)), residual=hidden)
 
 
 class SiglipVisionTower(nn.Module):

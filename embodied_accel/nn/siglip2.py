@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import OpSet
+from .linear import Linear
 from .siglip import SiglipConfig, SiglipLayer
 
 
@@ -26,8 +27,7 @@ class Siglip2VisionTower(nn.Module):
         super().__init__()
         self.cfg, self.ops = cfg, ops
         p = cfg.patch_size
-        self.patch_embed_weight = nn.Parameter(torch.empty(p * p * 3, cfg.width))  # [(row, col, channel), W]
-        self.patch_embed_bias = nn.Parameter(torch.empty(cfg.width))
+        self.patch_embed = Linear(p * p * 3, cfg.width, ops)  # [(row, col, channel), W]
         self.position_embedding = nn.Parameter(torch.empty(cfg.num_patches, cfg.width))  # a square grid, row-major
         self.layers = nn.ModuleList(SiglipLayer(cfg, ops) for _ in range(cfg.depth))
         self.post_layernorm_weight = nn.Parameter(torch.empty(cfg.width))
@@ -51,7 +51,7 @@ class Siglip2VisionTower(nn.Module):
         seq = rows * cols
         # [N, C, rows*p, cols*p] -> [N*rows*cols, (p, p, C)]: one flattened patch per row
         patches = images.view(count, channels, rows, p, cols, p).permute(0, 2, 4, 3, 5, 1).reshape(count * seq, -1)
-        hidden = self.ops.linear(patches, self.patch_embed_weight, self.patch_embed_bias)
+        hidden = self.patch_embed(patches)
         hidden = (hidden.view(count, seq, cfg.width) + position_table).view(count * seq, cfg.width)
         for layer in self.layers:
             hidden = layer(hidden, count, seq)

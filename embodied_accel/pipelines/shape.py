@@ -49,9 +49,6 @@ logger = logging.getLogger(__name__)
 
 #: The bundled sample image (the shape and texture families' sample input).
 SAMPLE_IMAGE = Path(__file__).resolve().parents[1] / "data" / "hunyuan3d_sample.png"
-
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}  # fmt: skip
 DECODINGS = ("hierarchical", "dense")
 #: Query points per decoder call: upstream's default, on every device. On a CPU (the reduced configs, one thread)
 #: 8000 was 7 % faster than 2048 in the grid form, whose intermediates live in a workspace (fewer calls, each op's
@@ -343,15 +340,6 @@ def calibrate_teacache(pipeline: ShapePipeline, image, settings: ShapeSettings, 
     return config, fit_quality(recorder.pairs, coefficients), len(recorder.pairs)
 
 
-def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
-
-
 def load_shape_pipeline(
     source: str | Path,
     *,
@@ -366,7 +354,7 @@ def load_shape_pipeline(
 ) -> ShapePipeline:
     """A pipeline from a released model directory (``config.yaml`` + weights) or a preset name (seeded random
     weights)."""
-    compute_dtype = _resolve_dtype(dtype)
+    compute_dtype = platform_mod.resolve_dtype(dtype)
     Runner.prepare(capture, plat)
     device = platform_mod.normalize_device(device)
     ops = get_ops(backend, plat)

@@ -41,7 +41,6 @@ from ..nn.unet import UNetContext
 from ..ops import get_ops
 from ..runtime.cudagraph import GraphBackend
 from ..runtime.runner import Runner
-from .shape import _resolve_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +337,7 @@ def load_texture_pipeline(source: str | Path, *, paint_model: str | None = None,
     name; default the turbo one when present, as upstream, else ``hunyuan3d-paint-v2-0``), or from a preset of
     :data:`~embodied_accel.models.hunyuan3d_paint.config.TEXTURE_PRESETS` (seeded random weights). ``capture``: how
     the UNet steps run (see :class:`TexturePipeline`)."""
-    compute_dtype = _resolve_dtype(dtype)
+    compute_dtype = platform_mod.resolve_dtype(dtype)
     Runner.prepare(capture, plat)
     runner = Runner(device, capture, plat=plat, graph_backend=graph_backend)
     device = runner.device

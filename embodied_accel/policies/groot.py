@@ -34,6 +34,7 @@ from ..models.groot.model import (
     GrootModel,
     assemble_buffers,
 )
+from ..models.groot.plans import W8A8_PLAN
 from ..models.groot.processor import (
     ActionKey,
     EmbodimentSpec,
@@ -57,6 +58,7 @@ from ..models.groot.weights import (
 )
 from ..nn.rtc import ChunkGuidance, RtcSettings
 from ..ops import get_ops
+from ..quant import check_quant, quantize
 from ..runtime.buffers import BufferSpec
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
 from ..runtime.runner import Runner
@@ -65,7 +67,8 @@ from .base import Policy
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+#: The dtypes the policy computes in.
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 #: The key of a prompt given as token ids (the whole chat prompt, image tokens included) instead of text.
 TOKENS_KEY = "observation.language.tokens"
 
@@ -371,17 +374,6 @@ def preset_embodiment(config: GrootConfig, num_views: int) -> EmbodimentSpec:
     )  # fmt: skip
 
 
-def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
-
-
 def tokenizer_search_places(checkpoint: Path | None) -> str:
     """Where a GR00T tokenizer is looked for without ``tokenizer=``."""
     if checkpoint is None:
@@ -413,6 +405,7 @@ def load_groot_policy(
     cuda_attention: str = "sdpa",
     rtc: RtcSettings | None = None,
     backbone_config: str | Path | None = None,
+    quant: str = "none",
 ) -> GrootPolicy:
     """Build a GR00T N1.6 policy from a preset name (seeded random weights) or a checkpoint directory.
 
@@ -422,12 +415,14 @@ def load_groot_policy(
     custom checkpoint (e.g. ``groot-tiny``); ``backbone_config``, the Eagle backbone ``config.json`` the checkpoint
     was trained with (the file Isaac-GR00T builds its backbone from), gives any backbone instead. ``rtc``: the real-time chunking settings (soft-mask schedule, guidance
     clip, default execution horizon) for requests that bring the previous chunk's leftover
-    (:mod:`embodied_accel.nn.rtc`; default :class:`~embodied_accel.nn.rtc.RtcSettings`).
+    (:mod:`embodied_accel.nn.rtc`; default :class:`~embodied_accel.nn.rtc.RtcSettings`). ``quant``: ``none`` or
+    ``w8a8`` (int8 weights and activations for the linear layers of :data:`~embodied_accel.models.groot.plans.W8A8_PLAN`).
     """
+    check_quant(quant)
     if rtc is not None and not isinstance(rtc, RtcSettings):
         raise ValueError(f"rtc: expected an RtcSettings, got {type(rtc).__name__}")
     require_image_packages()
-    compute_dtype = _resolve_dtype(dtype)
+    compute_dtype = platform_mod.resolve_dtype(dtype, COMPUTE_DTYPES)
     Runner.prepare(capture)
     device = platform_mod.normalize_device(device)
     ops = get_ops(backend, cuda_attention=cuda_attention)
@@ -470,6 +465,7 @@ def load_groot_policy(
             "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
         )
     model.eval()
+    quantize(model, quant, W8A8_PLAN)
     processor = GrootProcessor(spec, images, tok, config.image_token_id, config.max_state_dim, formalize,
                                max_action_dim=config.max_action_dim, model_horizon=config.action_horizon,
                                rtc=rtc)  # fmt: skip

@@ -24,6 +24,7 @@ from ..models.pi0.config import PRESETS, get_preset, report_memory_need
 from ..models.pi0.device_processing import DeviceProcessing
 from ..models.pi0.io_spec import IOSpec, load_io_spec
 from ..models.pi0.model import Pi0Buffers, Pi0Model
+from ..models.pi0.plans import W8A8_PLAN
 from ..models.pi0.processor import (
     ModelInputs,
     Pi0Processor,
@@ -40,6 +41,7 @@ from ..models.pi0.weights import (
 )
 from ..nn.rtc import ChunkGuidance, RtcSettings
 from ..ops import get_ops
+from ..quant import check_quant, quantize
 from ..runtime.buffers import BufferSpec
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
 from ..runtime.runner import Runner
@@ -56,7 +58,8 @@ PRESET_IMAGE_KEYS = (
 )
 PRESET_VIEWS, PRESET_STATE_DIM, PRESET_ACTION_DIM = 2, 8, 7
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+#: The dtypes the policy computes in.
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,17 +285,6 @@ class Pi0Policy(Policy):
         return self.processor.postprocess(chunk)
 
 
-def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"dtype must be float32 or bfloat16, got {dtype}")
-        return dtype
-    try:
-        return DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}") from None
-
-
 def load_pi0_policy(
     preset_or_checkpoint: str,
     *,
@@ -307,15 +299,18 @@ def load_pi0_policy(
     progress: bool = True,
     cuda_attention: str = "sdpa",
     rtc: RtcSettings | None = None,
+    quant: str = "none",
 ) -> Pi0Policy:
     """Build a pi0 / pi0.5 policy from a preset name (seeded random weights) or a LeRobot checkpoint dir.
 
     ``cuda_attention`` picks the cuda backend's attention kernel: ``sdpa`` (packed multi-query SDPA) or
     ``triton`` (the Triton flash-attention kernel); see :func:`embodied_accel.ops.get_ops`. ``rtc``: the real-time
     chunking settings (soft-mask schedule, guidance clip, default execution horizon) for requests that bring the
-    previous chunk's leftover (:mod:`embodied_accel.nn.rtc`).
+    previous chunk's leftover (:mod:`embodied_accel.nn.rtc`). ``quant``: ``none`` or ``w8a8`` (int8 weights and
+    activations for the linear layers of :data:`~embodied_accel.models.pi0.plans.W8A8_PLAN`).
     """
-    compute_dtype = _resolve_dtype(dtype)
+    check_quant(quant)
+    compute_dtype = platform_mod.resolve_dtype(dtype, COMPUTE_DTYPES)
     Runner.prepare(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
     device = platform_mod.normalize_device(device)
     ops = get_ops(backend, cuda_attention=cuda_attention)
@@ -348,6 +343,7 @@ def load_pi0_policy(
             "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
         )
     model.eval().requires_grad_(False)  # inference weights hold no autograd state
+    quantize(model, quant, W8A8_PLAN)
     processor = Pi0Processor(config, io, search.tokenizer, tokenizer_searched=search.describe_searched(), rtc=rtc)
     return Pi0Policy(
         model,

@@ -1,13 +1,17 @@
 """W8A8 linear layers: int8 weights with static per-output-channel scales (computed once, at attach time) and int8
 activations with dynamic per-token scales (computed inside every call), int32 accumulation.
 
-A model family declares a :class:`QuantPlan`: which of its :class:`~embodied_accel.nn.linear.Linear` layers (by
-module name) run in W8A8; everything else (e.g. attention projections, heads) keeps the model's dtype. Attaching
-replaces exactly those named modules with :class:`W8A8Linear` (same call signature); no class or forward is
-patched, and a plan entry that names no Linear is an error.
+A model family declares a plan as plain data (the fields of :class:`~embodied_accel.plans.QuantPlan`, e.g. a dict
+in its ``plans.py``): which of its :class:`~embodied_accel.nn.linear.Linear` layers (by module name) run in W8A8;
+everything else (e.g. vision towers, norms, heads) keeps the model's dtype. Attaching replaces exactly those named modules with
+:class:`W8A8Linear` (same call signature); no class or forward is patched, and a plan entry that names no Linear is an
+error. :func:`quantize` applies a ``quant`` setting (``none`` | ``w8a8``) with a family's plan.
 """
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -15,6 +19,11 @@ from torch import nn
 from ..nn.linear import Linear
 from ..ops import OpSet
 from ..plans import QuantPlan
+
+logger = logging.getLogger(__name__)
+
+#: The values of a ``quant`` setting: no quantization, or W8A8 on the family's planned linear layers.
+QUANT_MODES = ("none", "w8a8")
 
 
 def quantize_weight_per_channel(weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,13 +59,19 @@ class W8A8Linear(nn.Module):
             out = out + residual.reshape(-1, self.out_features)
         return out.view(*lead, self.out_features)
 
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of ``x [rows, in]`` written into ``out [rows, out]`` (as :meth:`Linear.into`)."""
+        return out.copy_(self.forward(x))
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, w8a8"
 
 
-def attach_w8a8(model: nn.Module, plan: QuantPlan) -> list[str]:
+def attach_w8a8(model: nn.Module, plan: QuantPlan | Mapping) -> list[str]:
     """Replace the plan's linear layers of ``model`` by :class:`W8A8Linear` (weights quantized now); returns their
-    names. Raises if the plan selects nothing, or selects a module that is not a :class:`Linear`."""
+    names. ``plan``: a :class:`QuantPlan` or its fields as plain data. Raises if the plan selects nothing, or selects
+    a module that is not a :class:`Linear`."""
+    plan = plan if isinstance(plan, QuantPlan) else QuantPlan(**plan)
     selected = [(name, module) for name, module in model.named_modules() if name and plan.selects(name)]
     wrong = [f"{name} ({type(module).__name__})" for name, module in selected if not isinstance(module, Linear)]
     if wrong:
@@ -68,6 +83,24 @@ def attach_w8a8(model: nn.Module, plan: QuantPlan) -> list[str]:
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, W8A8Linear.from_linear(module))
     return [name for name, _ in selected]
+
+
+def check_quant(quant: str) -> str:
+    """``quant`` if it is one of :data:`QUANT_MODES`, else a ``ValueError`` naming the setting."""
+    if quant not in QUANT_MODES:
+        raise ValueError(f"quant: expected one of {', '.join(QUANT_MODES)}, got {quant!r}")
+    return quant
+
+
+def quantize(model: nn.Module, quant: str, plan: QuantPlan | Mapping) -> list[str]:
+    """Apply the ``quant`` setting to a loaded ``model`` with its family's ``plan``: nothing for ``none``,
+    :func:`attach_w8a8` for ``w8a8``. Returns the names of the layers replaced."""
+    if check_quant(quant) == "none":
+        return []
+    replaced = attach_w8a8(model, plan)
+    keep = plan.keep if isinstance(plan, QuantPlan) else plan.get("keep", "")
+    logger.info("W8A8: %d linear layers int8; kept in the model's dtype: %s", len(replaced), keep or "the rest")
+    return replaced
 
 
 def quantized_bytes(model: nn.Module) -> dict[str, int]:

@@ -1,9 +1,9 @@
 """Which parameters train: freezing whole parts (vision, VLM, expert) and LoRA on the Gemma towers' matrices.
 
 LoRA is a parametrization of the weight itself (``torch.nn.utils.parametrize``): ``W + (alpha / rank) · A B`` with
-``A [in, rank]``, ``B [rank, out]`` (B starts at zero, so training starts from the base model exactly). Our layers read
-their weights as tensors (``ops.linear(x, self.qkv_weight)``), so the parametrized attribute is all they need: no layer
-is replaced. Saving reads the same attribute, so a checkpoint holds the merged weights and loads as a plain model.
+``A [in, rank]``, ``B [rank, out]`` (B starts at zero, so training starts from the base model exactly). Each matrix is
+a :class:`~embodied_accel.nn.linear.Linear` whose call reads its ``weight_t``, so the parametrized attribute is all it
+needs: no layer is replaced. Saving reads the same attribute, so a checkpoint holds the merged weights and loads as a plain model.
 openpi's LoRA fine-tunes put LoRA on attention and MLP of both Gemma towers; the fused ``qkv`` and ``gate_up`` matrices
 get one LoRA pair each.
 """
@@ -24,7 +24,8 @@ FREEZABLE_PARTS = ("vision", "vlm", "expert")
 #: Our parameter names that make up each part (prefixes of ``named_parameters``).
 PART_PREFIXES = {"vision": ("vision.", "projector_"), "vlm": ("vlm.", "embed_tokens"), "expert": ("expert.",)}
 LORA_TOWERS = ("vlm", "expert")
-LORA_MATRICES = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
+#: The linear layers of each Gemma layer that get a LoRA pair (module names).
+LORA_MATRICES = ("qkv", "o", "gate_up", "down")
 
 
 class LoRADelta(nn.Module):
@@ -84,10 +85,11 @@ def configure_trainable(
         for tower in lora_towers:
             for layer in getattr(model, tower).layers:
                 for matrix in LORA_MATRICES:
-                    base = getattr(layer, matrix)
+                    linear = getattr(layer, matrix)
+                    base = linear.weight_t
                     base.requires_grad_(False)
                     delta = LoRADelta(*base.shape, lora_rank, lora_alpha, generator, base.device, base.dtype)
-                    parametrize.register_parametrization(layer, matrix, delta, unsafe=True)
+                    parametrize.register_parametrization(linear, "weight_t", delta, unsafe=True)
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     logger.info("parameters: %.2f M, trainable %.2f M (freeze: %s; LoRA rank %d)", total / 1e6, trainable / 1e6,

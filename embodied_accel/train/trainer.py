@@ -36,11 +36,11 @@ from torch.distributed.checkpoint.state_dict import (
 from .. import platform as platform_mod
 from ..data.lerobot_dataset import LeRobotDataset
 from ..data.samples import ActionChunkSamples, FeatureMap, GlobalBatchSampler, make_loader
+from ..models.loading import open_safetensors
 from ..models.pi0.device_processing import DeviceProcessing
 from ..models.pi0.io_spec import DEFAULT_NORM, IOSpec
 from ..models.pi0.processor import Pi0Processor
 from ..models.pi0.weights import IGNORED_KEYS
-from ..models.safetensors_reader import SafetensorsReader
 from .batches import TrainingCollator, model_inputs
 from .checkpoint import load_optimizer_state, load_trainable, resolve_checkpoint, save_checkpoint
 from .config import TrainSettings
@@ -166,9 +166,8 @@ def _base_lm_heads(settings: TrainSettings) -> dict[str, torch.Tensor] | None:
     path = Path(settings.checkpoint) / "model.safetensors"
     if not path.is_file():
         return None
-    reader = SafetensorsReader(path)
-    keys = {k.removeprefix("model."): k for k in reader.keys()}
-    return {f"model.{key}": reader.get_tensor(keys[key]) for key in IGNORED_KEYS if key in keys}
+    reader = open_safetensors(path, strip_prefix="model.")
+    return {f"model.{key}": reader.read(key) for key in IGNORED_KEYS if key in reader}
 
 
 def _autocast(settings: TrainSettings, device: torch.device):

@@ -8,20 +8,25 @@ falls back to) is timed beside. Stages, at render and texture size ``--size``:
 * ``maps``: normal + position maps of the 6 cameras (official: ``render_normal`` / ``render_position`` to PIL, as the
   pipeline calls them; ours: ``TextureBaker.condition_maps`` and the same 8-bit conversion);
 * ``bake``: 6 views back-projected and merged (official: ``bake_from_multiview``);
-* ``inpaint``: vertex-colour propagation + OpenCV Navier–Stokes (official: ``uv_inpaint``).
+* ``inpaint``: vertex-colour propagation + OpenCV Navier–Stokes (official: ``uv_inpaint``'s two steps).
 
-The UV unwrap (xatlas, the same call on both sides) is timed apart and its result shared. The mesh is a procedural
-closed shape from the library's marching cubes (``--grid`` sets its size: 80 gives ≈ 20 k faces). Outputs are
-compared (maps, baked texture, inpainted texture) and a JSON record is written to ``--out``.
+Every stage is timed by wall clock and by the process's CPU time (on a shared machine the CPU time is the steadier
+figure). The official side and ours run with ``--threads`` threads (PyTorch and OpenCV); ours runs once more with
+every core (``ours_all_threads``; OpenCV's inpainting is single-threaded either way). The UV unwrap (xatlas, the same
+call on both sides) is timed apart and its result shared. ``--inpaint-size`` (e.g. 4096) also times both sides'
+inpainting alone on a texture of that size (our bake of the same views at render size ``--size``). The mesh is a
+procedural closed shape from the library's marching cubes (``--grid`` sets its size: 80 gives ≈ 20 k faces). Outputs
+are compared (maps, baked texture, inpainted texture) and a JSON record is written to ``--out``.
 
     python tools/hunyuan3d_paint_reference/compare_cpu.py --hunyuan-src /path/to/Hunyuan3D-2 \
-        --build-dir /tmp/texgen-build --out bench/results
+        --build-dir /tmp/texgen-build --out bench/results [--inpaint-size 4096]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -45,6 +50,33 @@ def benchmark_mesh(grid: int):
     return surface.vertices / grid * 2 - 1, surface.faces
 
 
+def _mesh_copy(mesh):
+    """A copy of an unwrapped mesh as ``mesh_uv_wrap`` leaves it (the UVs a float32 attribute of the visual)."""
+    import trimesh
+
+    copy = trimesh.Trimesh(np.array(mesh.vertices), np.array(mesh.faces), process=False)
+    copy.visual.uv = np.array(mesh.visual.uv)
+    return copy
+
+
+class _Clock:
+    """Wall-clock and process CPU time of consecutive stages."""
+
+    def __init__(self):
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._last = (time.perf_counter(), time.process_time())
+
+    def restart(self) -> None:
+        self._last = (time.perf_counter(), time.process_time())
+
+    def lap(self, name: str) -> None:
+        now = (time.perf_counter(), time.process_time())
+        self.wall[name] = now[0] - self._last[0]
+        self.cpu[name] = now[1] - self._last[1]
+        self._last = now
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hunyuan-src", type=Path, required=True)
@@ -53,6 +85,7 @@ def main() -> None:
     parser.add_argument("--grid", type=int, default=80, help="marching-cubes grid of the mesh (80: ~20k faces)")
     parser.add_argument("--size", type=int, default=2048, help="render and texture size")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--inpaint-size", type=int, default=0, help="also time inpainting alone at this texture size")
     parser.add_argument("--skip-python-inpaint", action="store_true")
     args = parser.parse_args()
     _, mesh_processor = build_native(args.hunyuan_src, args.build_dir)
@@ -69,66 +102,80 @@ def main() -> None:
     from embodied_accel.geometry.mesh_maps import UVMesh, to_uint8_image
     from embodied_accel.geometry.texturing import TextureBaker
 
-    torch.set_num_threads(args.threads)
-    cv2.setNumThreads(args.threads)
+    def set_threads(count: int) -> None:
+        torch.set_num_threads(count)
+        cv2.setNumThreads(count)
+
+    set_threads(args.threads)
     vertices, faces = benchmark_mesh(args.grid)
     start = time.perf_counter()
     mesh = mesh_uv_wrap(trimesh.Trimesh(vertices, faces, process=False))
     unwrap_s = time.perf_counter() - start
-    uv_mesh = UVMesh(np.asarray(mesh.vertices), np.asarray(mesh.faces), np.asarray(mesh.visual.uv, dtype=np.float32))
+    # copies: hy3dgen's MeshRender.load_mesh flips the trimesh's float32 UVs in place, so each official renderer is
+    # handed a copy of the mesh, and ours its own arrays
+    uv_mesh = UVMesh(np.array(mesh.vertices), np.array(mesh.faces), np.array(mesh.visual.uv, dtype=np.float32))
     views = synthetic_views(args.size, 6)
     size = args.size
-    timings: dict[str, dict[str, float]] = {"official": {}, "ours": {}}
+
+    def official_inpaint(render, texture_np: np.ndarray, mask_np: np.ndarray, clock: _Clock, python: bool):
+        vtx_pos, pos_idx, vtx_uv, uv_idx = render.get_mesh()
+        clock.restart()
+        filled, filled_mask = mesh_processor.meshVerticeInpaint(texture_np, mask_np, vtx_pos, vtx_uv, pos_idx, uv_idx)
+        clock.lap("vertex_inpaint")
+        inpainted = cv2.inpaint((filled * 255).astype(np.uint8), 255 - filled_mask, 3, cv2.INPAINT_NS)
+        clock.lap("ns_inpaint")
+        if python:
+            clock.restart()
+            python_vertex_inpaint(texture_np, mask_np, vtx_pos, vtx_uv, pos_idx, uv_idx)
+            clock.lap("vertex_inpaint_python")
+        return inpainted, int((filled_mask == 0).sum())
 
     # ---- official --------------------------------------------------------------------------------------------
     render = MeshRender(default_resolution=size, texture_size=size, device="cpu")
-    render.load_mesh(mesh)
-    t0 = time.perf_counter()
+    render.load_mesh(_mesh_copy(mesh))
+    official = _Clock()
     normals = [render.render_normal(e, a, use_abs_coor=True, return_type="pl")
                for e, a in zip(CAMERA_ELEVATIONS, CAMERA_AZIMUTHS, strict=True)]  # fmt: skip
     positions = [render.render_position(e, a, return_type="pl")
                  for e, a in zip(CAMERA_ELEVATIONS, CAMERA_AZIMUTHS, strict=True)]  # fmt: skip
-    t1 = time.perf_counter()
+    official.lap("maps")
     baker = type("Baker", (), {})()
     baker.render, baker.config = render, type("Config", (), {"bake_exp": 4})()
     texture, mask = Hunyuan3DPaintPipeline.bake_from_multiview(
         baker, [Image.fromarray(v) for v in views], CAMERA_ELEVATIONS, CAMERA_AZIMUTHS, VIEW_WEIGHTS, method="fast"
     )  # fmt: skip
-    t2 = time.perf_counter()
+    official.lap("bake")
     mask_np = (mask.squeeze(-1).cpu().numpy() * 255).astype(np.uint8)
-    vtx_pos, pos_idx, vtx_uv, uv_idx = render.get_mesh()
-    filled, filled_mask = mesh_processor.meshVerticeInpaint(texture.numpy(), mask_np, vtx_pos, vtx_uv, pos_idx, uv_idx)
-    t3 = time.perf_counter()
-    official_inpainted = cv2.inpaint((filled * 255).astype(np.uint8), 255 - filled_mask, 3, cv2.INPAINT_NS)
-    t4 = time.perf_counter()
-    timings["official"] = {"maps": t1 - t0, "bake": t2 - t1, "vertex_inpaint": t3 - t2, "ns_inpaint": t4 - t3}
-    if not args.skip_python_inpaint:
-        t = time.perf_counter()
-        python_vertex_inpaint(texture.numpy(), mask_np, vtx_pos, vtx_uv, pos_idx, uv_idx)
-        timings["official"]["vertex_inpaint_python"] = time.perf_counter() - t
+    official_inpainted, _ = official_inpaint(render, texture.numpy(), mask_np, official, not args.skip_python_inpaint)
 
-    # ---- ours ------------------------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    ours = TextureBaker(uv_mesh, render_size=size, texture_size=size)
-    maps = ours.condition_maps()
-    our_normals = [to_uint8_image(m) for m in maps.normals]
-    our_positions = [to_uint8_image(m) for m in maps.positions]
-    t1 = time.perf_counter()
-    our_texture, painted = ours.bake([torch.from_numpy(v / 255.0).float() for v in views])
-    t2 = time.perf_counter()
-    our_inpainted = ours.inpaint(our_texture, painted)
-    t3 = time.perf_counter()
-    timings["ours"] = {"maps": t1 - t0, "bake": t2 - t1, "inpaint": t3 - t2}
+    # ---- ours: --threads, then every core ---------------------------------------------------------------------
+    def run_ours(threads: int):
+        set_threads(threads)
+        clock = _Clock()
+        ours = TextureBaker(uv_mesh, render_size=size, texture_size=size)
+        maps = ours.condition_maps()
+        our_maps = [to_uint8_image(m) for m in maps.normals + maps.positions]
+        clock.lap("maps")
+        our_texture, painted = ours.bake([torch.from_numpy(v / 255.0).float() for v in views])
+        clock.lap("bake")
+        inpainted = ours.inpaint(our_texture, painted)
+        clock.lap("inpaint")
+        set_threads(args.threads)
+        return clock, ours, our_maps, our_texture, painted, inpainted
 
-    def stage_sum(side: dict, names) -> float:
-        return sum(side[n] for n in names)
+    ours_clock, ours, our_maps, our_texture, painted, our_inpainted = run_ours(args.threads)
+    all_threads = os.cpu_count() or 1
+    all_clock = run_ours(all_threads)[0]
 
-    official_total = stage_sum(timings["official"], ("maps", "bake", "vertex_inpaint", "ns_inpaint"))
-    ours_total = stage_sum(timings["ours"], ("maps", "bake", "inpaint"))
+    def total(times: dict, names) -> float:
+        return sum(times[n] for n in names)
+
+    official_stages = ("maps", "bake", "vertex_inpaint", "ns_inpaint")
+    python_stages = ("maps", "bake", "vertex_inpaint_python", "ns_inpaint")
+    our_stages = ("maps", "bake", "inpaint")
     checks = {
         "maps_uint8_max_diff": int(max(np.abs(np.asarray(a, dtype=int) - b.astype(int)).max()
-                                       for a, b in zip(normals + positions, our_normals + our_positions,
-                                                       strict=True))),  # fmt: skip
+                                       for a, b in zip(normals + positions, our_maps, strict=True))),  # fmt: skip
         "painted_mask_equal": bool(np.array_equal(mask_np > 0, painted.numpy())),
         "baked_texture_max_diff": float((texture - our_texture).abs().max()),
         "inpainted_texels_differing": int((np.abs(official_inpainted.astype(int) - our_inpainted.astype(int)) > 0)
@@ -138,17 +185,58 @@ def main() -> None:
     record = {
         "model": "hunyuan3d-paint-geometry", "mesh_faces": int(len(mesh.faces)), "mesh_vertices": int(len(mesh.vertices)),
         "render_size": size, "texture_size": size, "unwrap_s": unwrap_s,
-        "official_s": timings["official"], "ours_s": timings["ours"],
-        "official_total_s": official_total, "ours_total_s": ours_total, "speedup": official_total / ours_total,
+        "official_s": official.wall, "official_cpu_s": official.cpu,
+        "ours_s": ours_clock.wall, "ours_cpu_s": ours_clock.cpu,
+        "ours_all_threads": {"threads": all_threads, "wall_s": all_clock.wall, "cpu_s": all_clock.cpu},
+        "official_total_s": total(official.wall, official_stages),
+        "official_total_cpu_s": total(official.cpu, official_stages),
+        "ours_total_s": total(ours_clock.wall, our_stages), "ours_total_cpu_s": total(ours_clock.cpu, our_stages),
+        "ours_all_threads_total_s": total(all_clock.wall, our_stages),
         "painted_fraction": float((mask_np > 0).mean()), "checks": checks, **environment_stamp(),
     }  # fmt: skip
+    record["speedup"] = record["official_total_s"] / record["ours_total_s"]
+    record["speedup_cpu"] = record["official_total_cpu_s"] / record["ours_total_cpu_s"]
+    record["speedup_all_threads"] = record["official_total_s"] / record["ours_all_threads_total_s"]
+    if "vertex_inpaint_python" in official.wall:
+        record["official_python_total_s"] = total(official.wall, python_stages)
+        record["official_python_total_cpu_s"] = total(official.cpu, python_stages)
+    if args.inpaint_size:
+        record["inpaint_only"] = _inpaint_only(args, uv_mesh, mesh, views, official_inpaint, MeshRender)
+
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = args.out / f"{stamp}_hunyuan3d_paint_geometry_vs_official_cpu_{size}.json"
     path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps({k: record[k] for k in ("mesh_faces", "official_s", "ours_s", "official_total_s", "ours_total_s",
-                                             "speedup", "checks")}, indent=1))  # fmt: skip
+    keys = ("mesh_faces", "official_s", "official_cpu_s", "ours_s", "ours_cpu_s", "ours_all_threads", "speedup",
+            "speedup_cpu", "speedup_all_threads", "checks", "inpaint_only")  # fmt: skip
+    print(json.dumps({k: record[k] for k in keys if k in record}, indent=1))
     print(path)
+
+
+def _inpaint_only(args, uv_mesh, mesh, views, official_inpaint, mesh_render_class) -> dict:
+    """Both sides' inpainting alone on a ``--inpaint-size`` texture: our bake of the same views (render size
+    ``--size``), then the official vertex inpainting (C++, and Python beside) + Navier–Stokes, and ours."""
+    import torch
+
+    from embodied_accel.geometry.texturing import TextureBaker
+
+    size = args.inpaint_size
+    ours = TextureBaker(uv_mesh, render_size=args.size, texture_size=size)
+    texture, painted = ours.bake([torch.from_numpy(v / 255.0).float() for v in views])
+    render = mesh_render_class(default_resolution=args.size, texture_size=size, device="cpu")
+    render.load_mesh(_mesh_copy(mesh))
+    official = _Clock()
+    official_inpainted, holes = official_inpaint(render, texture.numpy(), (painted.numpy() * 255).astype(np.uint8),
+                                                 official, not args.skip_python_inpaint)  # fmt: skip
+    clock = _Clock()
+    our_inpainted = ours.inpaint(texture, painted)
+    clock.lap("inpaint")
+    return {
+        "texture_size": size, "hole_texels_after_vertex_inpaint": holes,
+        "official_s": official.wall, "official_cpu_s": official.cpu,
+        "ours_s": clock.wall["inpaint"], "ours_cpu_s": clock.cpu["inpaint"],
+        "inpainted_texels_differing": int((official_inpainted != our_inpainted).any(axis=-1).sum()),
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

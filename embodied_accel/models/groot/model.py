@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...nn.dit import AlternateVLDiT, DiTModulation
+from ...nn.linear import Linear
 from ...nn.qwen3 import Qwen3Tower, rotary_tables
 from ...nn.rtc import (
     ChunkGuidance,
@@ -102,10 +103,8 @@ class GrootModel(nn.Module):
         self.vision = Siglip2VisionTower(config.vision, ops)
         self.projector_norm_weight = nn.Parameter(torch.empty(config.projector_in))
         self.projector_norm_bias = nn.Parameter(torch.empty(config.projector_in))
-        self.projector_in_weight = nn.Parameter(torch.empty(config.projector_in, d))
-        self.projector_in_bias = nn.Parameter(torch.empty(d))
-        self.projector_out_weight = nn.Parameter(torch.empty(d, d))
-        self.projector_out_bias = nn.Parameter(torch.empty(d))
+        self.projector_in = Linear(config.projector_in, d, ops)
+        self.projector_out = Linear(d, d, ops)
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, d))
         self.llm = Qwen3Tower(config.llm, ops)
         if config.use_vlln:
@@ -113,22 +112,17 @@ class GrootModel(nn.Module):
             self.vlln_bias = nn.Parameter(torch.empty(d))
         self.dit = AlternateVLDiT(config.dit, ops)
         self.action_position_embedding = nn.Parameter(torch.empty(config.max_seq_len, inner))
-        # the embodiment's slice of the per-embodiment MLPs, [in, out]
-        self.state_in_weight = nn.Parameter(torch.empty(config.max_state_dim, hidden))
-        self.state_in_bias = nn.Parameter(torch.empty(hidden))
-        self.state_out_weight = nn.Parameter(torch.empty(hidden, inner))
-        self.state_out_bias = nn.Parameter(torch.empty(inner))
-        self.action_in_weight = nn.Parameter(torch.empty(config.max_action_dim, inner))
-        self.action_in_bias = nn.Parameter(torch.empty(inner))
-        self.action_mix_weight = nn.Parameter(torch.empty(inner, inner))  # W2's rows for the action features
-        self.action_time_weight = nn.Parameter(torch.empty(inner, inner))  # W2's rows for the time features
-        self.action_mix_bias = nn.Parameter(torch.empty(inner))
-        self.action_out_weight = nn.Parameter(torch.empty(inner, inner))
-        self.action_out_bias = nn.Parameter(torch.empty(inner))
-        self.decoder_in_weight = nn.Parameter(torch.empty(config.dit.output_dim, hidden))
-        self.decoder_in_bias = nn.Parameter(torch.empty(hidden))
-        self.decoder_out_weight = nn.Parameter(torch.empty(hidden, config.max_action_dim))
-        self.decoder_out_bias = nn.Parameter(torch.empty(config.max_action_dim))
+        # the embodiment's slice of the per-embodiment MLPs
+        self.state_in = Linear(config.max_state_dim, hidden, ops)
+        self.state_out = Linear(hidden, inner, ops)
+        self.action_in = Linear(config.max_action_dim, inner, ops)
+        # W2 acts on [action features | time features]: its two row blocks; its bias is action_mix's (the time part
+        # is folded into a per-step bias by the buffers)
+        self.action_mix = Linear(inner, inner, ops)
+        self.action_time = Linear(inner, inner, ops, bias=False)
+        self.action_out = Linear(inner, inner, ops)  # its bias joins the position embedding in the buffers
+        self.decoder_in = Linear(config.dit.output_dim, hidden, ops)
+        self.decoder_out = Linear(hidden, config.max_action_dim, ops)
 
     # ------------------------------------------------------------------ backbone
 
@@ -136,7 +130,7 @@ class GrootModel(nn.Module):
         """Image slots (each ``[B, 3, H, W]``) → projected image tokens ``[B, sum_k tokens_k, D]`` in slot order."""
         ops, cfg = self.ops, self.config
         batch, factor, patch = images[0].shape[0], cfg.unshuffle, cfg.vision.patch_size
-        dtype = self.vision.patch_embed_weight.dtype
+        dtype = self.vision.patch_embed.weight_t.dtype
         # slots of one grid run through the tower together: [slots * B, 3, H, W]
         groups: dict[tuple[int, int], list[int]] = {}
         for slot, image in enumerate(images):
@@ -150,8 +144,7 @@ class GrootModel(nn.Module):
             count = unshuffled.shape[1]
             x = ops.layer_norm(unshuffled.reshape(-1, cfg.projector_in), self.projector_norm_weight,
                                self.projector_norm_bias, cfg.projector_eps)  # fmt: skip
-            x = F.gelu(ops.linear(x, self.projector_in_weight, self.projector_in_bias))
-            x = ops.linear(x, self.projector_out_weight, self.projector_out_bias).view(len(slots), batch, count, -1)
+            x = self.projector_out(F.gelu(self.projector_in(x))).view(len(slots), batch, count, -1)
             for i, slot in enumerate(slots):
                 tokens[slot] = x[i]
         return torch.cat(tokens, dim=1) if len(tokens) > 1 else tokens[0]
@@ -188,28 +181,24 @@ class GrootModel(nn.Module):
 
     def encode_state(self, state: torch.Tensor) -> torch.Tensor:
         """Normalized state ``[B, T_state, max_state_dim]`` → state tokens ``[B, T_state, inner]``."""
-        ops = self.ops
         batch, steps, dims = state.shape
-        x = F.relu(ops.linear(state.reshape(batch * steps, dims).to(self.compute_dtype), self.state_in_weight,
-                              self.state_in_bias))  # fmt: skip
-        return ops.linear(x, self.state_out_weight, self.state_out_bias).view(batch, steps, -1)
+        x = F.relu(self.state_in(state.reshape(batch * steps, dims).to(self.compute_dtype)))
+        return self.state_out(x).view(batch, steps, -1)
 
     def action_tokens(self, x_t: torch.Tensor, state_tokens: torch.Tensor, step: int, buffers: GrootBuffers):
         """The DiT's input at one step: ``[state tokens | action tokens of x_t]``, ``[B, T_state + horizon, inner]``."""
         ops = self.ops
         batch, horizon, action_dim = x_t.shape
         x = x_t.reshape(batch * horizon, action_dim).to(self.compute_dtype)
-        a = ops.linear(x, self.action_in_weight, self.action_in_bias)
-        a = F.silu(ops.linear(a, self.action_mix_weight, buffers.action_time_bias[step]))  # + the step's time part
-        a = ops.linear(a, self.action_out_weight, residual=buffers.action_out_bias)  # + bias + position embedding
+        a = self.action_in(x)
+        a = F.silu(ops.linear(a, self.action_mix.weight_t, buffers.action_time_bias[step]))  # + the step's time part
+        a = ops.linear(a, self.action_out.weight_t, residual=buffers.action_out_bias)  # + bias + position embedding
         return torch.cat([state_tokens, a.view(batch, horizon, -1)], dim=1)
 
     def decode_velocity(self, out: torch.Tensor, batch: int, seq: int, horizon: int) -> torch.Tensor:
         """The DiT's output rows ``[B*S, output_dim]`` → the velocity of the action rows ``[B, horizon, A]``."""
-        ops = self.ops
         # the decoder is per token: run it on every row (as the official code does), keep the action rows
-        x = F.relu(ops.linear(out, self.decoder_in_weight, self.decoder_in_bias))
-        return ops.linear(x, self.decoder_out_weight, self.decoder_out_bias).view(batch, seq, -1)[:, -horizon:]
+        return self.decoder_out(F.relu(self.decoder_in(out))).view(batch, seq, -1)[:, -horizon:]
 
     def velocity(
         self, x_t, state_tokens, cross_kv, text_mask, image_mask, step: int, buffers: GrootBuffers
@@ -328,8 +317,8 @@ class BufferBuilders:
         model, cfg = self.model, self.model.config
         timesteps = cfg.timestep_buckets(num_steps)
         features = action_time_features(timesteps, cfg.action_width)
-        features = features.to(device=self.device, dtype=model.action_time_weight.dtype)
-        time_bias = model.ops.linear(features, model.action_time_weight, model.action_mix_bias)
+        features = features.to(device=self.device, dtype=model.action_time.weight_t.dtype)
+        time_bias = model.ops.linear(features, model.action_time.weight_t, model.action_mix.bias)
         rtc_coefficients = guidance_coefficients(num_steps).to(self.device)
         return model.dit.modulation(timesteps), tuple(row.contiguous() for row in time_bias), rtc_coefficients
 
@@ -337,7 +326,7 @@ class BufferBuilders:
     def action_out_bias(self, batch: int) -> torch.Tensor:
         """W3's bias + the action position embedding, for every row of a batch: ``[B*horizon, inner]``."""
         model = self.model
-        per_row = model.action_out_bias + model.action_position_embedding[: model.config.action_horizon]
+        per_row = model.action_out.bias + model.action_position_embedding[: model.config.action_horizon]
         return per_row.repeat(batch, 1).contiguous()
 
     def cross_kv(self, rows: int) -> torch.Tensor:

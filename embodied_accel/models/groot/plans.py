@@ -95,4 +95,16 @@ def sample_with_cache(
     return x_t.float()
 
 
-__all__ = ["FlowStep", "dit_cache_plan", "sample_with_cache"]
+#: W8A8 (``quant/``, plain data): the Qwen3 layers' and the DiT blocks' linear layers (attention projections and
+#: MLPs: nearly all of the FLOPs). The vision tower, the projector, the norms, the DiT's timestep / AdaLN / output
+#: layers and its cross-attention K/V, and the per-embodiment state / action encoders and decoder keep the model's
+#: dtype.
+W8A8_PLAN = {
+    "name": "groot-w8a8",
+    "include": (r"llm\.layers\.\d+\.(qkv|o|gate_up|down)", r"dit\.blocks\.\d+\.(qkv|q|out|ff_in|ff_out)"),
+    "keep": "the SigLIP2 tower, projector, token embedding, norms, the DiT's timestep / AdaLN / output layers and "
+    "cross-attention K/V, the per-embodiment state / action encoders and decoder",
+}
+
+
+__all__ = ["W8A8_PLAN", "FlowStep", "dit_cache_plan", "sample_with_cache"]

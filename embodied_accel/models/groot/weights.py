@@ -13,14 +13,26 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..safetensors_reader import SAFETENSORS_DTYPES, SafetensorsReader, tensor_mismatch_report, wrong_dtype_line
+from ...ops import get_ops
+from ..layouts import siglip_layer_rows
+from ..loading import (
+    TRANSFORMS,
+    CheckpointReader,
+    KeyRule,
+    Rule,
+    Transform,
+    assign_weights,
+    expand,
+    linear,
+    load_into,
+    open_sharded,
+)
 from .config import (
     CHECKPOINT_DEFAULTS,
     EAGLE_BACKBONE,
@@ -30,6 +42,7 @@ from .config import (
     get_preset,
     with_overrides,
 )
+from .model import GrootModel
 
 logger = logging.getLogger(__name__)
 
@@ -42,148 +55,90 @@ HEAD = "action_head"
 IGNORED_PREFIXES = ("backbone.model.language_model.lm_head.", f"{VISION}.head.", f"{HEAD}.mask_token")
 MODEL_TYPE = "Gr00tN1d6"
 INDEX_FILE = "model.safetensors.index.json"
+#: The per-embodiment MLPs (``W`` stored ``[categories, in, out]``, ``b`` ``[categories, out]``): our Linear → theirs.
+#: Only the selected embodiment's row is read.
+PER_EMBODIMENT = {
+    "state_in": "state_encoder.layer1", "state_out": "state_encoder.layer2", "action_in": "action_encoder.W1",
+    "action_mix": "action_encoder.W2", "action_time": "action_encoder.W2", "action_out": "action_encoder.W3",
+    "decoder_in": "action_decoder.layer1", "decoder_out": "action_decoder.layer2",
+}  # fmt: skip
+
+TRANSFORMS.update({
+    # W2 acts on [action features | time features]: its two row blocks as two matrices
+    "first_half_rows": Transform(lambda tensors, rule, dtype: tensors[0][: tensors[0].shape[0] // 2],
+                                 lambda rule: [(2 * rule.shape[0], *rule.shape[1:])]),
+    "second_half_rows": Transform(lambda tensors, rule, dtype: tensors[0][tensors[0].shape[0] // 2 :],
+                                  lambda rule: [(2 * rule.shape[0], *rule.shape[1:])]),
+})  # fmt: skip
 
 
-@dataclass(frozen=True)
-class WeightRule:
-    """How one parameter of ours is made from checkpoint tensors."""
-
-    target: str
-    sources: tuple[str, ...]
-    source_shapes: tuple[tuple[int, ...], ...]
-    transform: str  # see TRANSFORMS; "slot" reads one embodiment's slice
-
-
-def _t(tensors):
-    return tensors[0].t()  # [out, in] memory, logically [in, out]: no copy (see models/pi0/weights.py)
-
-
-def _cat_t(tensors):
-    return torch.cat(tensors, dim=0).t()
-
-
-TRANSFORMS = {
-    "copy": lambda tensors: tensors[0],
-    "t": _t,
-    "cat": lambda tensors: torch.cat(tensors, dim=0),
-    "cat_t": _cat_t,
-    "slot": lambda tensors: tensors[0],  # already the embodiment's [in, out] slice
-    "slot_first_half": lambda tensors: tensors[0][: tensors[0].shape[0] // 2],
-    "slot_second_half": lambda tensors: tensors[0][tensors[0].shape[0] // 2 :],
-}
-
-
-def weight_rules(config: GrootConfig) -> list[WeightRule]:
-    """The full mapping checkpoint key(s) → our parameter for ``config``."""
-    rules: list[WeightRule] = []
-
-    def add(target, sources, shapes, transform):
-        rules.append(WeightRule(target, tuple(sources), tuple(tuple(s) for s in shapes), transform))
-
-    def linear(target, source, fan_in, fan_out, bias=True):
-        add(f"{target}_weight", [f"{source}.weight"], [(fan_out, fan_in)], "t")
-        if bias:
-            add(f"{target}_bias", [f"{source}.bias"], [(fan_out,)], "copy")
-
-    def norm(target, source, width, bias=True):
-        add(f"{target}_weight", [f"{source}.weight"], [(width,)], "copy")
-        if bias:
-            add(f"{target}_bias", [f"{source}.bias"], [(width,)], "copy")
-
-    # SigLIP2
-    v = config.vision
-    w, p = v.width, v.patch_size
-    add("vision.patch_embed_weight", [f"{VISION}.embeddings.patch_embedding.weight"], [(w, p * p * 3)], "t")
-    add("vision.patch_embed_bias", [f"{VISION}.embeddings.patch_embedding.bias"], [(w,)], "copy")
-    add("vision.position_embedding", [f"{VISION}.embeddings.position_embedding.weight"], [(v.num_patches, w)], "copy")
-    for i in range(v.depth):
-        src, dst = f"{VISION}.encoder.layers.{i}", f"vision.layers.{i}"
-        qkv = [f"{src}.self_attn.{x}_proj" for x in "qkv"]
-        add(f"{dst}.qkv_weight", [f"{k}.weight" for k in qkv], [(w, w)] * 3, "cat_t")
-        add(f"{dst}.qkv_bias", [f"{k}.bias" for k in qkv], [(w,)] * 3, "cat")
-        linear(f"{dst}.out", f"{src}.self_attn.out_proj", w, w)
-        norm(f"{dst}.layer_norm1", f"{src}.layer_norm1", w)
-        norm(f"{dst}.layer_norm2", f"{src}.layer_norm2", w)
-        linear(f"{dst}.fc1", f"{src}.mlp.fc1", w, v.mlp_dim)
-        linear(f"{dst}.fc2", f"{src}.mlp.fc2", v.mlp_dim, w)
-    norm("vision.post_layernorm", f"{VISION}.post_layernorm", w)
-
-    # pixel-unshuffle projector (mlp1: LayerNorm, Linear, GELU, Linear)
-    d = config.backbone_width
-    norm("projector_norm", f"{PROJECTOR}.0", config.projector_in)
-    linear("projector_in", f"{PROJECTOR}.1", config.projector_in, d)
-    linear("projector_out", f"{PROJECTOR}.3", d, d)
-
-    # Qwen3, truncated
+def weight_table(config: GrootConfig) -> tuple[KeyRule, ...]:
+    """Our parameter (pattern) → checkpoint key(s) and the load-time transform (see the module docstring)."""
     q = config.llm
-    add("embed_tokens", [f"{LLM}.embed_tokens.weight"], [(config.vocab_size, d)], "copy")
-    for i in range(q.depth):
-        src, dst = f"{LLM}.layers.{i}", f"llm.layers.{i}"
-        add(f"{dst}.qkv_weight", [f"{src}.self_attn.{x}_proj.weight" for x in "qkv"],
-            [(q.num_heads * q.head_dim, d), (q.num_kv_heads * q.head_dim, d), (q.num_kv_heads * q.head_dim, d)],
-            "cat_t")  # fmt: skip
-        add(f"{dst}.qk_norm_weight", [f"{src}.self_attn.q_norm.weight", f"{src}.self_attn.k_norm.weight"],
-            [(q.head_dim,), (q.head_dim,)], "qk_norm")  # fmt: skip
-        add(f"{dst}.o_weight", [f"{src}.self_attn.o_proj.weight"], [(d, q.num_heads * q.head_dim)], "t")
-        add(f"{dst}.gate_up_weight", [f"{src}.mlp.{x}_proj.weight" for x in ("gate", "up")], [(q.mlp_dim, d)] * 2,
-            "cat_t")  # fmt: skip
-        add(f"{dst}.down_weight", [f"{src}.mlp.down_proj.weight"], [(d, q.mlp_dim)], "t")
-        add(f"{dst}.input_norm_weight", [f"{src}.input_layernorm.weight"], [(d,)], "copy")
-        add(f"{dst}.post_attention_norm_weight", [f"{src}.post_attention_layernorm.weight"], [(d,)], "copy")
-    add("llm.final_norm_weight", [f"{LLM}.norm.weight"], [(d,)], "copy")
-
-    # action head: vlln, DiT
-    if config.use_vlln:
-        norm("vlln", f"{HEAD}.vlln", d)
-    dit, inner, hidden = config.dit, config.action_width, config.hidden_size
-    linear("dit.timestep_in", f"{DIT}.timestep_encoder.timestep_embedder.linear_1", dit.timestep_channels, inner)
-    linear("dit.timestep_out", f"{DIT}.timestep_encoder.timestep_embedder.linear_2", inner, inner)
-    cross_sources: list[str] = []
-    for i in range(dit.depth):
-        src, dst = f"{DIT}.transformer_blocks.{i}", f"dit.blocks.{i}"
-        linear(f"{dst}.ada", f"{src}.norm1.linear", inner, 2 * inner)
-        attn = f"{src}.attn1"
-        if dit.block_kind(i) == "self":
-            add(f"{dst}.qkv_weight", [f"{attn}.to_{x}.weight" for x in "qkv"], [(inner, inner)] * 3, "cat_t")
-            add(f"{dst}.qkv_bias", [f"{attn}.to_{x}.bias" for x in "qkv"], [(inner,)] * 3, "cat")
-        else:
-            linear(f"{dst}.q", f"{attn}.to_q", inner, inner)
-            cross_sources += [f"{attn}.to_k", f"{attn}.to_v"]
-        linear(f"{dst}.out", f"{attn}.to_out.0", inner, inner)
-        linear(f"{dst}.ff_in", f"{src}.ff.net.0.proj", inner, dit.mlp_ratio * inner)
-        linear(f"{dst}.ff_out", f"{src}.ff.net.2", dit.mlp_ratio * inner, inner)
-    add("dit.cross_kv_weight", [f"{s}.weight" for s in cross_sources], [(inner, dit.cross_dim)] * len(cross_sources),
-        "cat_t")  # fmt: skip
-    add("dit.cross_kv_bias", [f"{s}.bias" for s in cross_sources], [(inner,)] * len(cross_sources), "cat")
-    linear("dit.output_ada", f"{DIT}.proj_out_1", inner, 2 * inner)
-    linear("dit.output", f"{DIT}.proj_out_2", inner, dit.output_dim)
-    add("action_position_embedding", [f"{HEAD}.position_embedding.weight"], [(config.max_seq_len, inner)], "copy")
-
-    # per-embodiment MLPs (W is stored [categories, in, out]; b [categories, out])
-    e = config.max_num_embodiments
-    for target, source, fan_in, fan_out in (
-        ("state_in", "state_encoder.layer1", config.max_state_dim, hidden),
-        ("state_out", "state_encoder.layer2", hidden, inner),
-        ("action_in", "action_encoder.W1", config.max_action_dim, inner),
-        ("action_out", "action_encoder.W3", inner, inner),
-        ("decoder_in", "action_decoder.layer1", dit.output_dim, hidden),
-        ("decoder_out", "action_decoder.layer2", hidden, config.max_action_dim),
-    ):
-        add(f"{target}_weight", [f"{HEAD}.{source}.W"], [(e, fan_in, fan_out)], "slot")
-        add(f"{target}_bias", [f"{HEAD}.{source}.b"], [(e, fan_out)], "slot")
-    # W2 acts on [action features | time features]: its two row blocks as two matrices (the time part is folded
-    # into a per-step bias by the buffers)
-    w2 = f"{HEAD}.action_encoder.W2"
-    add("action_mix_weight", [f"{w2}.W"], [(e, 2 * inner, inner)], "slot_first_half")
-    add("action_time_weight", [f"{w2}.W"], [(e, 2 * inner, inner)], "slot_second_half")
-    add("action_mix_bias", [f"{w2}.b"], [(e, inner)], "slot")
-    return rules
+    layer, block = rf"{LLM}.layers.\1", rf"{DIT}.transformer_blocks.\1"
+    qkv_rows = (q.num_heads * q.head_dim, q.num_kv_heads * q.head_dim, q.num_kv_heads * q.head_dim)
+    cross = [f"{DIT}.transformer_blocks.{i}.attn1.to_{p}" for i in config.dit.cross_blocks for p in "kv"]
+    return (
+        *linear(r"vision\.patch_embed", f"{VISION}.embeddings.patch_embedding"),
+        KeyRule(r"vision\.position_embedding", (f"{VISION}.embeddings.position_embedding.weight",)),
+        *siglip_layer_rows(r"vision\.layers\.(\d+)", rf"{VISION}.encoder.layers.\1"),
+        KeyRule(r"vision\.post_layernorm_(weight|bias)", (rf"{VISION}.post_layernorm.\1",)),
+        # pixel-unshuffle projector (mlp1: LayerNorm, Linear, GELU, Linear)
+        KeyRule(r"projector_norm_(weight|bias)", (rf"{PROJECTOR}.0.\1",)),
+        *linear("projector_in", f"{PROJECTOR}.1"),
+        *linear("projector_out", f"{PROJECTOR}.3"),
+        # Qwen3, truncated; q_norm / k_norm once per query / key head
+        KeyRule("embed_tokens", (f"{LLM}.embed_tokens.weight",)),
+        KeyRule(r"llm\.layers\.(\d+)\.qkv\.weight_t", tuple(f"{layer}.self_attn.{p}_proj.weight" for p in "qkv"), "cat_t",
+                qkv_rows),
+        KeyRule(r"llm\.layers\.(\d+)\.qk_norm_weight", (f"{layer}.self_attn.q_norm.weight", f"{layer}.self_attn.k_norm.weight"),
+                "repeat_rows", (q.num_heads, q.num_kv_heads)),
+        KeyRule(r"llm\.layers\.(\d+)\.o\.weight_t", (f"{layer}.self_attn.o_proj.weight",), "t"),
+        KeyRule(r"llm\.layers\.(\d+)\.gate_up\.weight_t", (f"{layer}.mlp.gate_proj.weight", f"{layer}.mlp.up_proj.weight"),
+                "cat_t"),
+        KeyRule(r"llm\.layers\.(\d+)\.down\.weight_t", (f"{layer}.mlp.down_proj.weight",), "t"),
+        KeyRule(r"llm\.layers\.(\d+)\.(input|post_attention)_norm_weight", (rf"{layer}.\2_layernorm.weight",)),
+        KeyRule(r"llm\.final_norm_weight", (f"{LLM}.norm.weight",)),
+        # action head: vlln, the DiT (the K/V of every cross-attention block fused into one matrix, in block order)
+        KeyRule(r"vlln_(weight|bias)", (rf"{HEAD}.vlln.\1",)),
+        *linear(r"dit\.timestep_in", f"{DIT}.timestep_encoder.timestep_embedder.linear_1"),
+        *linear(r"dit\.timestep_out", f"{DIT}.timestep_encoder.timestep_embedder.linear_2"),
+        *linear(r"dit\.blocks\.(\d+)\.ada", f"{block}.norm1.linear"),
+        KeyRule(r"dit\.blocks\.(\d+)\.qkv\.weight_t", tuple(f"{block}.attn1.to_{p}.weight" for p in "qkv"), "cat_t"),
+        KeyRule(r"dit\.blocks\.(\d+)\.qkv\.bias", tuple(f"{block}.attn1.to_{p}.bias" for p in "qkv"), "cat"),
+        *linear(r"dit\.blocks\.(\d+)\.q", f"{block}.attn1.to_q"),
+        *linear(r"dit\.blocks\.(\d+)\.out", f"{block}.attn1.to_out.0"),
+        *linear(r"dit\.blocks\.(\d+)\.ff_in", f"{block}.ff.net.0.proj"),
+        *linear(r"dit\.blocks\.(\d+)\.ff_out", f"{block}.ff.net.2"),
+        KeyRule(r"dit\.cross_kv_proj\.weight_t", tuple(f"{s}.weight" for s in cross), "cat_t"),
+        KeyRule(r"dit\.cross_kv_proj\.bias", tuple(f"{s}.bias" for s in cross), "cat"),
+        *linear(r"dit\.output_ada", f"{DIT}.proj_out_1"),
+        *linear(r"dit\.output", f"{DIT}.proj_out_2"),
+        KeyRule("action_position_embedding", (f"{HEAD}.position_embedding.weight",)),
+        # per-embodiment MLPs: the slot's [in, out] matrix as it is; W2's rows split (see TRANSFORMS above)
+        KeyRule(r"action_mix\.weight_t", (f"{HEAD}.action_encoder.W2.W",), "first_half_rows"),
+        KeyRule(r"action_time\.weight_t", (f"{HEAD}.action_encoder.W2.W",), "second_half_rows"),
+        *(KeyRule(rf"{ours}\.weight_t", (f"{HEAD}.{theirs}.W",)) for ours, theirs in PER_EMBODIMENT.items()),
+        *(KeyRule(rf"{ours}\.bias", (f"{HEAD}.{theirs}.b",)) for ours, theirs in PER_EMBODIMENT.items()),
+    )  # fmt: skip
 
 
-def _qk_norm(tensors, num_heads: int, num_kv_heads: int):
-    """``q_norm`` once per query head and ``k_norm`` once per key head: ``[H + Hkv, Dh]``."""
-    q_norm, k_norm = tensors
-    return torch.cat([q_norm.expand(num_heads, -1), k_norm.expand(num_kv_heads, -1)]).contiguous()
+def _rules(config: GrootConfig, parameters, slot: int) -> list[Rule]:
+    rules = expand(parameters, weight_table(config), config.name)
+    categories = config.max_num_embodiments
+    return [
+        replace(rule, row=slot, stored=tuple((categories, *shape) for shape in rule.source_shapes))
+        if rule.target.split(".")[0] in PER_EMBODIMENT else rule
+        for rule in rules
+    ]  # fmt: skip
+
+
+def weight_rules(config: GrootConfig, slot: int = 0) -> list[Rule]:
+    """The full mapping checkpoint key(s) → our parameter for ``config`` (one rule per parameter of its model;
+    per-embodiment tensors read at row ``slot``)."""
+    with torch.device("meta"):
+        model = GrootModel(config, get_ops("reference"))
+    return _rules(config, model.named_parameters(), slot)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -293,106 +248,20 @@ def config_from_checkpoint(
         raise CheckpointError(f"{where}: {exc}") from None
 
 
-class ShardedCheckpoint:
+def open_checkpoint(checkpoint_dir: str | Path) -> CheckpointReader:
     """The tensors of ``model.safetensors`` or of the shards named by ``model.safetensors.index.json``."""
-
-    def __init__(self, checkpoint_dir: Path):
-        index = checkpoint_dir / INDEX_FILE
-        single = checkpoint_dir / "model.safetensors"
-        if index.is_file():
-            try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-                raise CheckpointError(f"{index}: not a safetensors index ({exc})") from None
-            files = sorted(set(weight_map.values()))
-            missing = [f for f in files if not (checkpoint_dir / f).is_file()]
-            if missing:
-                raise CheckpointError(f"{index} names shard(s) that are not in {checkpoint_dir}: {', '.join(missing)}")
-            readers = {f: SafetensorsReader(checkpoint_dir / f) for f in files}
-            self.readers = {}
-            for key, f in weight_map.items():
-                if key not in readers[f].entries:
-                    raise CheckpointError(f"{index}: {key} is listed in {f} but that shard does not hold it")
-                self.readers[key] = readers[f]
-        elif single.is_file():
-            reader = SafetensorsReader(single)
-            self.readers = dict.fromkeys(reader.keys(), reader)
-        else:
-            raise CheckpointError(f"{checkpoint_dir}: no {INDEX_FILE} or model.safetensors")
-
-    def keys(self) -> set[str]:
-        return set(self.readers)
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        return self.readers[key].shape(key)
-
-    def dtype(self, key: str) -> str:
-        return self.readers[key].dtype(key)
-
-    def read(self, key: str) -> torch.Tensor:
-        return self.readers[key].get_tensor(key)
-
-    def read_slot(self, key: str, slot: int) -> torch.Tensor:
-        """``tensor[slot]`` of a tensor stored with a leading category dimension, reading only that slice."""
-        reader = self.readers[key]
-        entry = reader.entries[key]
-        shape = entry["shape"]
-        begin, end = entry["data_offsets"]
-        row = (end - begin) // shape[0]
-        buffer = torch.empty(row, dtype=torch.uint8)
-        with open(reader.path, "rb") as f:
-            f.seek(reader.data_start + begin + slot * row)
-            if f.readinto(memoryview(buffer.numpy())) != row:
-                raise CheckpointError(f"{reader.path}: tensor {key} is truncated")
-        return buffer.view(SAFETENSORS_DTYPES[entry["dtype"]]).view(shape[1:])
-
-
-def build_state_dict(
-    config: GrootConfig, checkpoint: ShardedCheckpoint, slot: int, dtype, device, progress: bool = False
-) -> dict[str, torch.Tensor]:
-    """Apply :func:`weight_rules` to the checkpoint for embodiment ``slot``; raise listing every problem."""
-    if not 0 <= slot < config.max_num_embodiments:
-        raise CheckpointError(f"embodiment slot {slot} is outside the checkpoint's {config.max_num_embodiments} slots")
-    rules = weight_rules(config)
-    available = checkpoint.keys()
-    missing, mismatched, wrong_dtype = [], [], []
-    for rule in rules:
-        for key, shape in zip(rule.sources, rule.source_shapes, strict=True):
-            if key not in available:
-                missing.append(key)
-                continue
-            if tuple(checkpoint.shape(key)) != shape:
-                mismatched.append(f"{key}: checkpoint {list(checkpoint.shape(key))}, expected {list(shape)}")
-            if (line := wrong_dtype_line(key, checkpoint.dtype(key))) is not None:
-                wrong_dtype.append(line)
-    used = {key for rule in rules for key in rule.sources}
-    unexpected = sorted(k for k in available - used if not k.startswith(IGNORED_PREFIXES))
-    if missing or mismatched or unexpected or wrong_dtype:
-        report = tensor_mismatch_report(missing, unexpected, mismatched, wrong_dtype=wrong_dtype)
-        raise CheckpointError("checkpoint does not match the model:\n" + report)
-
-    state: dict[str, torch.Tensor] = {}
-    for rule in tqdm(rules, desc="loading weights", unit="tensor", disable=not progress):
-        if rule.transform.startswith("slot"):
-            tensors = [checkpoint.read_slot(rule.sources[0], slot)]
-        else:
-            tensors = [checkpoint.read(key) for key in rule.sources]
-        if rule.transform == "qk_norm":
-            out = _qk_norm(tensors, config.llm.num_heads, config.llm.num_kv_heads)
-        else:
-            out = TRANSFORMS[rule.transform](tensors)
-        state[rule.target] = out.to(dtype).to(device)
-    return state
+    return open_sharded(checkpoint_dir, INDEX_FILE)
 
 
 def load_checkpoint_weights(model, checkpoint_dir: str | Path, slot: int, device, progress: bool = True) -> None:
     """Stream the checkpoint's tensors for embodiment ``slot`` into ``model`` (built on ``meta``)."""
-    checkpoint = ShardedCheckpoint(Path(checkpoint_dir))
-    state = build_state_dict(model.config, checkpoint, slot, model.compute_dtype, torch.device(device), progress)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.requires_grad_(False)
-    model.ops.prepare_weights(model)
-    logger.info("loaded %d tensors (embodiment slot %d) from %s", len(state), slot, checkpoint_dir)
+    config: GrootConfig = model.config
+    reader = open_checkpoint(checkpoint_dir)
+    if not 0 <= slot < config.max_num_embodiments:
+        raise CheckpointError(f"embodiment slot {slot} is outside the checkpoint's {config.max_num_embodiments} slots")
+    load_into(model, reader, _rules(config, model.named_parameters(), slot), heading="checkpoint does not match the model:",
+              device=device, dtype=model.compute_dtype, ignored=IGNORED_PREFIXES, progress=progress)  # fmt: skip
+    logger.info("embodiment slot %d of %s", slot, checkpoint_dir)
 
 
 def init_random_weights(model, seed: int, device) -> None:
@@ -419,6 +288,4 @@ def init_random_weights(model, seed: int, device) -> None:
         else:  # [in, out] matrices with [out, in] memory, like a loaded checkpoint
             value = draws.uniform(shape, std=shape[0] ** -0.5, dtype=dtype, transposed=len(shape) == 2)
         state[name] = value
-    model.load_state_dict(state, strict=True, assign=True)
-    model.requires_grad_(False)
-    model.ops.prepare_weights(model)
+    assign_weights(model, state)

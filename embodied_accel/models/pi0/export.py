@@ -14,22 +14,22 @@ then ``· sqrt(2048)`` may move an fp32 value by one unit in the last place.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 
 import torch
 
-from .weights import IGNORED_KEYS, WeightRule, weight_rules
+from ..loading import Rule
+from .weights import IGNORED_KEYS, weight_rules
 
 #: The key prefix LeRobot's ``save_pretrained`` writes (our tables name keys without it).
 LEROBOT_PREFIX = "model."
 
 
-def _split_sizes(rule: WeightRule) -> list[int]:
+def _split_sizes(rule: Rule) -> list[int]:
     return [shape[0] for shape in rule.source_shapes]
 
 
-def _to_lerobot(rule: WeightRule, value: torch.Tensor, embed_scale: float, gradient: bool) -> list[torch.Tensor]:
+def _to_lerobot(rule: Rule, value: torch.Tensor, gradient: bool) -> list[torch.Tensor]:
     """The LeRobot tensors of one rule from our parameter (or its gradient)."""
     transform = rule.transform
     if transform == "t":
@@ -40,10 +40,10 @@ def _to_lerobot(rule: WeightRule, value: torch.Tensor, embed_scale: float, gradi
         return list(value.split(_split_sizes(rule), dim=0))
     if transform == "copy":
         return [value]
-    if transform == "gemma_norm":
+    if transform == "one_plus":
         return [value if gradient else value - 1.0]
-    if transform == "embed":
-        scale = torch.tensor(embed_scale, dtype=torch.float32).to(value.dtype)
+    if transform == "embed_scaled":
+        scale = torch.tensor(rule.args[0], dtype=torch.float32).to(value.dtype)
         return [value * scale if gradient else value / scale]
     raise ValueError(f"no inverse for weight transform {transform!r} (target {rule.target})")
 
@@ -56,7 +56,6 @@ def _weight(model, target: str) -> torch.Tensor:
 
 def _lerobot_items(model, gradients: bool) -> Iterator[tuple[str, torch.Tensor]]:
     params = dict(model.named_parameters())
-    embed_scale = math.sqrt(model.config.vlm.width)
     for rule in weight_rules(model.config):
         if gradients:
             value = params[rule.target].grad if rule.target in params else None
@@ -66,7 +65,7 @@ def _lerobot_items(model, gradients: bool) -> Iterator[tuple[str, torch.Tensor]]
         if value is None:
             continue
         for key, tensor, shape in zip(
-            rule.sources, _to_lerobot(rule, value, embed_scale, gradients), rule.source_shapes, strict=True
+            rule.sources, _to_lerobot(rule, value, gradients), rule.source_shapes, strict=True
         ):
             if tuple(tensor.shape) != shape:
                 raise AssertionError(f"{rule.target} -> {key}: shape {tuple(tensor.shape)}, expected {shape}")
@@ -115,7 +114,7 @@ def lerobot_state_dict_entry(model, target: str) -> list[torch.Tensor]:
         raise KeyError(f"{target!r} is not a parameter of {model.config.name}")
     with torch.no_grad():
         param = _weight(model, target).detach()
-    return _to_lerobot(rule, param, math.sqrt(model.config.vlm.width), gradient=False)
+    return _to_lerobot(rule, param, gradient=False)
 
 
 __all__ = [

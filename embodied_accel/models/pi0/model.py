@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...nn.gemma import GemmaLayer, GemmaTower
 from ...nn.kv_cache import AttentionSlots, StaticKVCache
+from ...nn.linear import Linear
 from ...nn.rtc import ChunkGuidance, guidance_coefficients, guided_velocity
 from ...nn.siglip import SiglipVisionTower
 from ...ops import OpSet
@@ -95,30 +96,22 @@ class Pi0Model(nn.Module):
         self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
         vlm, expert = config.vlm, config.expert
         self.vision = SiglipVisionTower(config.vision, ops)
-        self.projector_weight = nn.Parameter(torch.empty(config.vision.width, vlm.width))
-        self.projector_bias = nn.Parameter(torch.empty(vlm.width))
+        self.projector = Linear(config.vision.width, vlm.width, ops)
         self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, vlm.width))  # pre-scaled by sqrt(width)
         self.vlm = GemmaTower(vlm, ops, adaptive_norms=False)
         self.expert = GemmaTower(expert, ops, adaptive_norms=config.adaptive_expert_norms)
 
         de, na = expert.width, config.max_action_dim
-        self.action_in_proj_weight = nn.Parameter(torch.empty(na, de))
-        self.action_in_proj_bias = nn.Parameter(torch.empty(de))
-        self.action_out_proj_weight = nn.Parameter(torch.empty(de, na))
-        self.action_out_proj_bias = nn.Parameter(torch.empty(na))
+        self.action_in_proj = Linear(na, de, ops)
+        self.action_out_proj = Linear(de, na, ops)
         if config.has_state_token:
-            self.state_proj_weight = nn.Parameter(torch.empty(config.max_state_dim, de))
-            self.state_proj_bias = nn.Parameter(torch.empty(de))
-            # action_time_mlp_in acts on [action_emb | time_emb]: rows [:de] and [de:] of the weight
-            self.action_time_mlp_in_weight = nn.Parameter(torch.empty(2 * de, de))
-            self.action_time_mlp_in_bias = nn.Parameter(torch.empty(de))
-            self.action_time_mlp_out_weight = nn.Parameter(torch.empty(de, de))
-            self.action_time_mlp_out_bias = nn.Parameter(torch.empty(de))
+            self.state_proj = Linear(config.max_state_dim, de, ops)
+            # action_time_mlp_in acts on [action_emb | time_emb]: rows [:de] and [de:] of its weight
+            self.action_time_mlp_in = Linear(2 * de, de, ops)
+            self.action_time_mlp_out = Linear(de, de, ops)
         else:
-            self.time_mlp_in_weight = nn.Parameter(torch.empty(de, de))
-            self.time_mlp_in_bias = nn.Parameter(torch.empty(de))
-            self.time_mlp_out_weight = nn.Parameter(torch.empty(de, de))
-            self.time_mlp_out_bias = nn.Parameter(torch.empty(de))
+            self.time_mlp_in = Linear(de, de, ops)
+            self.time_mlp_out = Linear(de, de, ops)
 
     # ------------------------------------------------------------------ static buffers (owned by the caller)
 
@@ -157,13 +150,13 @@ class Pi0Model(nn.Module):
         rtc_coefficients = guidance_coefficients(num_steps).to(device)
         times = torch.tensor(step_times, dtype=torch.float32)
         time_emb = sinusoidal_time_embedding(times, de, cfg.min_period, cfg.max_period)
-        time_emb = time_emb.to(device=device, dtype=self.action_in_proj_weight.dtype)  # [steps, De]
+        time_emb = time_emb.to(device=device, dtype=self.action_in_proj.weight_t.dtype)  # [steps, De]
         if cfg.has_state_token:
-            time_part = ops.linear(time_emb, self.action_time_mlp_in_weight[de:], self.action_time_mlp_in_bias)
+            mlp_in = self.action_time_mlp_in
+            time_part = ops.linear(time_emb, mlp_in.weight_t[de:], mlp_in.bias)
             per_step = tuple(time_part[s : s + 1].contiguous() for s in range(num_steps))
             return StepSchedule(num_steps, per_step, tuple(step_times), rtc_coefficients)
-        cond = F.silu(ops.linear(time_emb, self.time_mlp_in_weight, self.time_mlp_in_bias))
-        cond = F.silu(ops.linear(cond, self.time_mlp_out_weight, self.time_mlp_out_bias))
+        cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time_emb))))
         per_layer = [layer.norm_conditioning(cond, self.compute_dtype) for layer in self.expert.layers]
         layer_conds = [[per_layer[i][s] for i in range(len(per_layer))] for s in range(num_steps)]
         final = self.expert.final_norm_conditioning(cond)
@@ -205,7 +198,7 @@ class Pi0Model(nn.Module):
         batch, cams = images.shape[:2]
         vision_dtype = self.vision.patch_embed_weight.dtype
         features = self.vision(images.flatten(0, 1).to(vision_dtype))
-        tokens = self.ops.linear(features, self.projector_weight, self.projector_bias)
+        tokens = self.projector(features)
         return tokens.view(batch, cams * self.config.vision.num_patches, -1)
 
     def embed_prefix(self, images, image_masks, tokens, token_masks, image_tokens=None):
@@ -257,8 +250,7 @@ class Pi0Model(nn.Module):
 
         # 2. pi0's state token: sees the prefix and itself; time-independent, so once per call.
         if cfg.has_state_token:
-            state_in = state.to(self.state_proj_weight.dtype)
-            state_hidden = ops.linear(state_in, self.state_proj_weight, self.state_proj_bias)
+            state_hidden = self.state_proj(state.to(self.state_proj.weight_t.dtype))
             self.expert(
                 state_hidden.to(dtype),
                 batch,
@@ -340,21 +332,20 @@ class Pi0Model(nn.Module):
         ops, cfg = self.ops, self.config
         batch, horizon, action_dim = x_t.shape
         actions = x_t.view(batch * horizon, action_dim)
-        hidden = ops.linear(actions, self.action_in_proj_weight, self.action_in_proj_bias)
+        hidden = self.action_in_proj(actions)
         if cfg.has_state_token:
             time_part = step_constants
             de = cfg.expert.width
-            hidden = F.silu(ops.linear(hidden, self.action_time_mlp_in_weight[:de], time_part))
-            hidden = ops.linear(hidden, self.action_time_mlp_out_weight, self.action_time_mlp_out_bias)
+            hidden = F.silu(ops.linear(hidden, self.action_time_mlp_in.weight_t[:de], time_part))
+            hidden = self.action_time_mlp_out(hidden)
             layer_conds, final_cond = None, None
         else:
             layer_conds, final_cond = step_constants
         hidden = self.expert(
             hidden.to(self.compute_dtype), batch, horizon, rope_tables, attention_mask, slots, layer_conds
         )
-        hidden = self.expert.final_norm(hidden, final_cond).to(self.action_out_proj_weight.dtype)
-        velocity = ops.linear(hidden, self.action_out_proj_weight, self.action_out_proj_bias)
-        return velocity.view(batch, horizon, action_dim)
+        hidden = self.expert.final_norm(hidden, final_cond).to(self.action_out_proj.weight_t.dtype)
+        return self.action_out_proj(hidden).view(batch, horizon, action_dim)
 
     # ------------------------------------------------------------------ training (differentiable)
 
@@ -403,22 +394,17 @@ class Pi0Model(nn.Module):
 
         # Suffix: pi0 [state | actions ⊕ time], pi0.5 [actions] with the time in the expert's norms.
         time_emb = sinusoidal_time_embedding(time, cfg.expert.width, cfg.min_period, cfg.max_period)
-        time_emb = time_emb.to(device=device, dtype=self.action_in_proj_weight.dtype)  # [B, De]
-        actions = x_t.reshape(batch * horizon, -1).to(self.action_in_proj_weight.dtype)
-        action_hidden = ops.linear(actions, self.action_in_proj_weight, self.action_in_proj_bias)  # [B*H, De]
+        time_emb = time_emb.to(device=device, dtype=self.action_in_proj.weight_t.dtype)  # [B, De]
+        actions = x_t.reshape(batch * horizon, -1).to(self.action_in_proj.weight_t.dtype)
+        action_hidden = self.action_in_proj(actions)  # [B*H, De]
         cond_rows = None
         if cfg.has_state_token:
             action_time = torch.cat([action_hidden, time_emb.repeat_interleave(horizon, dim=0)], dim=-1)
-            action_hidden = ops.linear(action_time, self.action_time_mlp_in_weight, self.action_time_mlp_in_bias)
-            action_hidden = ops.linear(
-                F.silu(action_hidden), self.action_time_mlp_out_weight, self.action_time_mlp_out_bias
-            )
-            state_in = state.to(self.state_proj_weight.dtype)
-            state_hidden = ops.linear(state_in, self.state_proj_weight, self.state_proj_bias)
+            action_hidden = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(action_time)))
+            state_hidden = self.state_proj(state.to(self.state_proj.weight_t.dtype))
             suffix = torch.cat([state_hidden[:, None], action_hidden.view(batch, horizon, -1)], dim=1)
         else:
-            cond = F.silu(ops.linear(time_emb, self.time_mlp_in_weight, self.time_mlp_in_bias))
-            cond = F.silu(ops.linear(cond, self.time_mlp_out_weight, self.time_mlp_out_bias))
+            cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time_emb))))
             cond_rows = cond.repeat_interleave(suffix_len, dim=0)  # [B*S, De]: each row's own time
             suffix = action_hidden.view(batch, horizon, -1)
         num_valid = prefix_valid.sum(dim=1, keepdim=True)
@@ -450,9 +436,8 @@ class Pi0Model(nn.Module):
             )  # fmt: skip
         final_cond = None if cond_rows is None else self.expert.row_final_norm_conditioning(cond_rows)
         hidden = self.expert.final_norm(hidden, final_cond).view(batch, suffix_len, -1)[:, state_len:]
-        hidden = hidden.reshape(batch * horizon, -1).to(self.action_out_proj_weight.dtype)
-        velocity = ops.linear(hidden, self.action_out_proj_weight, self.action_out_proj_bias)
-        return velocity.view(batch, horizon, -1).to(torch.float32)
+        hidden = hidden.reshape(batch * horizon, -1).to(self.action_out_proj.weight_t.dtype)
+        return self.action_out_proj(hidden).view(batch, horizon, -1).to(torch.float32)
 
 
 def _activation_dtype(device: torch.device, compute_dtype: torch.dtype) -> torch.dtype:

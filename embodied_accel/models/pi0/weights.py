@@ -14,18 +14,29 @@ import json
 import logging
 import math
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
 from ...nn.gemma import GemmaConfig
 from ...nn.siglip import SiglipConfig
-from ..safetensors_reader import SafetensorsReader, tensor_mismatch_report, wrong_dtype_line
+from ...ops import get_ops
+from ..layouts import siglip_layer_rows
+from ..loading import (
+    CheckpointReader,
+    KeyRule,
+    Rule,
+    assign_weights,
+    expand,
+    find_problems,
+    linear,
+    load_into,
+    open_safetensors,
+)
 from .config import GEMMA_VARIANTS, PRESETS, Pi0Config, get_preset, with_overrides
+from .model import Pi0Model
 
 logger = logging.getLogger(__name__)
 
@@ -40,132 +51,52 @@ IGNORED_KEYS = (f"{PWE}.paligemma.lm_head.weight", f"{PWE}.gemma_expert.lm_head.
 TIED_EMBEDDING_KEY = f"{PWE}.paligemma.lm_head.weight"
 
 
-@dataclass(frozen=True)
-class WeightRule:
-    """How one parameter of ours is made from checkpoint tensors."""
-
-    target: str  # our parameter name
-    sources: tuple[str, ...]  # LeRobot keys (without the leading "model.")
-    source_shapes: tuple[tuple[int, ...], ...]
-    transform: str  # see TRANSFORMS
-    keep_fp32: bool = False  # stays fp32 when the model runs in bf16 (LeRobot's choice)
+#: LeRobot's small action / time projections (kept in fp32 with the vision tower, projector and norms).
+HEADS = ("action_in_proj", "action_out_proj", "state_proj", "action_time_mlp_in", "action_time_mlp_out", "time_mlp_in",
+         "time_mlp_out")  # fmt: skip
 
 
-def _t(tensors):
-    # A transposed *view*: the parameter is logically [in, out] (one ``mm`` per projection) while its
-    # memory keeps the checkpoint's [out, in] layout, the faster GEMM layout on CPUs and what cuBLAS
-    # sees for nn.Linear; loading it copies nothing.
-    return tensors[0].t()
+def weight_table(config: Pi0Config) -> tuple[KeyRule, ...]:
+    """Our parameter (pattern) → LeRobot key(s) (without the leading ``model.``) and the load-time transform. With a
+    bf16 model, the vision tower, projector, norms and action projections stay fp32 (LeRobot's choice)."""
+    fp32 = torch.float32
+    rows = [
+        KeyRule(r"vision\.patch_embed_(weight|bias)", (rf"{VISION}.embeddings.patch_embedding.\1",), dtype=fp32),
+        KeyRule(r"vision\.position_embedding", (f"{VISION}.embeddings.position_embedding.weight",), dtype=fp32),
+        *siglip_layer_rows(r"vision\.layers\.(\d+)", rf"{VISION}.encoder.layers.\1", fp32),
+        KeyRule(r"vision\.post_layernorm_(weight|bias)", (rf"{VISION}.post_layernorm.\1",), dtype=fp32),
+        *linear("projector", PROJECTOR, fp32),
+        # Gemma scales the token embedding by sqrt(width) in its own dtype: folded in at load
+        KeyRule("embed_tokens", (f"{VLM}.embed_tokens.weight",), "embed_scaled", (math.sqrt(config.vlm.width),)),
+        *linear(f"({'|'.join(HEADS)})", r"\1", fp32),
+    ]
+    for tower, prefix in (("vlm", VLM), ("expert", EXPERT)):
+        g, layer = getattr(config, tower), rf"{prefix}.layers.\1"
+        q, kv = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
+        rows += [
+            KeyRule(rf"{tower}\.layers\.(\d+)\.qkv\.weight_t", tuple(f"{layer}.self_attn.{p}_proj.weight" for p in "qkv"),
+                    "cat_t", (q, kv, kv)),
+            KeyRule(rf"{tower}\.layers\.(\d+)\.o\.weight_t", (f"{layer}.self_attn.o_proj.weight",), "t"),
+            KeyRule(rf"{tower}\.layers\.(\d+)\.gate_up\.weight_t", (f"{layer}.mlp.gate_proj.weight", f"{layer}.mlp.up_proj.weight"),
+                    "cat_t"),
+            KeyRule(rf"{tower}\.layers\.(\d+)\.down\.weight_t", (f"{layer}.mlp.down_proj.weight",), "t"),
+            # Gemma's RMSNorm scales by (1 + w): folded into the weight; pi0.5's expert has adaRMS ``dense`` layers
+            KeyRule(rf"{tower}\.layers\.(\d+)\.input_norm_weight", (f"{layer}.input_layernorm.weight",), "one_plus", dtype=fp32),
+            KeyRule(rf"{tower}\.layers\.(\d+)\.post_attention_norm_weight", (f"{layer}.post_attention_layernorm.weight",),
+                    "one_plus", dtype=fp32),
+            *linear(rf"{tower}\.layers\.(\d+)\.input_norm_dense", f"{layer}.input_layernorm.dense", fp32),
+            *linear(rf"{tower}\.layers\.(\d+)\.post_attention_norm_dense", f"{layer}.post_attention_layernorm.dense", fp32),
+            KeyRule(rf"{tower}\.final_norm_weight", (f"{prefix}.norm.weight",), "one_plus", dtype=fp32),
+            *linear(rf"{tower}\.final_norm_dense", f"{prefix}.norm.dense", fp32),
+        ]
+    return tuple(rows)  # fmt: skip
 
 
-def _cat_t(tensors):
-    return torch.cat(tensors, dim=0).t()
-
-
-def _cat(tensors):
-    return torch.cat(tensors, dim=0)
-
-
-def _copy(tensors):
-    return tensors[0]
-
-
-def _gemma_norm(tensors):
-    return 1.0 + tensors[0].float()  # Gemma's RMSNorm scales by (1 + w), computed in fp32
-
-
-TRANSFORMS = {"t": _t, "cat_t": _cat_t, "cat": _cat, "copy": _copy, "gemma_norm": _gemma_norm, "embed": _copy}
-
-
-def weight_rules(config: Pi0Config) -> list[WeightRule]:
-    """The full mapping LeRobot key(s) → our parameter for ``config``."""
-    rules: list[WeightRule] = []
-    v = config.vision
-
-    def add(target, sources, shapes, transform, keep_fp32=False):
-        rules.append(WeightRule(target, tuple(sources), tuple(tuple(s) for s in shapes), transform, keep_fp32))
-
-    # SigLIP (kept fp32 in bf16 mode, as LeRobot does)
-    w, m = v.width, v.mlp_dim
-    add(
-        "vision.patch_embed_weight",
-        [f"{VISION}.embeddings.patch_embedding.weight"],
-        [(w, 3, v.patch_size, v.patch_size)],
-        "copy",
-        True,
-    )
-    add("vision.patch_embed_bias", [f"{VISION}.embeddings.patch_embedding.bias"], [(w,)], "copy", True)
-    add(
-        "vision.position_embedding",
-        [f"{VISION}.embeddings.position_embedding.weight"],
-        [(v.num_patches, w)],
-        "copy",
-        True,
-    )
-    for i in range(v.depth):
-        src, dst = f"{VISION}.encoder.layers.{i}", f"vision.layers.{i}"
-        qkv = [f"{src}.self_attn.{p}_proj" for p in "qkv"]
-        add(f"{dst}.qkv_weight", [f"{k}.weight" for k in qkv], [(w, w)] * 3, "cat_t", True)
-        add(f"{dst}.qkv_bias", [f"{k}.bias" for k in qkv], [(w,)] * 3, "cat", True)
-        add(f"{dst}.out_weight", [f"{src}.self_attn.out_proj.weight"], [(w, w)], "t", True)
-        add(f"{dst}.out_bias", [f"{src}.self_attn.out_proj.bias"], [(w,)], "copy", True)
-        for n in (1, 2):
-            add(f"{dst}.layer_norm{n}_weight", [f"{src}.layer_norm{n}.weight"], [(w,)], "copy", True)
-            add(f"{dst}.layer_norm{n}_bias", [f"{src}.layer_norm{n}.bias"], [(w,)], "copy", True)
-        add(f"{dst}.fc1_weight", [f"{src}.mlp.fc1.weight"], [(m, w)], "t", True)
-        add(f"{dst}.fc1_bias", [f"{src}.mlp.fc1.bias"], [(m,)], "copy", True)
-        add(f"{dst}.fc2_weight", [f"{src}.mlp.fc2.weight"], [(w, m)], "t", True)
-        add(f"{dst}.fc2_bias", [f"{src}.mlp.fc2.bias"], [(w,)], "copy", True)
-    add("vision.post_layernorm_weight", [f"{VISION}.post_layernorm.weight"], [(w,)], "copy", True)
-    add("vision.post_layernorm_bias", [f"{VISION}.post_layernorm.bias"], [(w,)], "copy", True)
-    add("projector_weight", [f"{PROJECTOR}.weight"], [(config.vlm.width, w)], "t", True)
-    add("projector_bias", [f"{PROJECTOR}.bias"], [(config.vlm.width,)], "copy", True)
-    add("embed_tokens", [f"{VLM}.embed_tokens.weight"], [(config.vocab_size, config.vlm.width)], "embed")
-
-    for tower, prefix, adaptive in (("vlm", VLM, False), ("expert", EXPERT, config.adaptive_expert_norms)):
-        g = getattr(config, tower)
-        d, hd = g.width, g.head_dim
-        for i in range(g.depth):
-            src, dst = f"{prefix}.layers.{i}", f"{tower}.layers.{i}"
-            add(
-                f"{dst}.qkv_weight",
-                [f"{src}.self_attn.{p}_proj.weight" for p in "qkv"],
-                [(g.num_heads * hd, d), (g.num_kv_heads * hd, d), (g.num_kv_heads * hd, d)],
-                "cat_t",
-            )
-            add(f"{dst}.o_weight", [f"{src}.self_attn.o_proj.weight"], [(d, g.num_heads * hd)], "t")
-            add(
-                f"{dst}.gate_up_weight",
-                [f"{src}.mlp.{p}_proj.weight" for p in ("gate", "up")],
-                [(g.mlp_dim, d)] * 2,
-                "cat_t",
-            )
-            add(f"{dst}.down_weight", [f"{src}.mlp.down_proj.weight"], [(d, g.mlp_dim)], "t")
-            for ours, theirs in (
-                ("input_norm", "input_layernorm"),
-                ("post_attention_norm", "post_attention_layernorm"),
-            ):
-                if adaptive:
-                    add(f"{dst}.{ours}_dense_weight", [f"{src}.{theirs}.dense.weight"], [(3 * d, d)], "t", True)
-                    add(f"{dst}.{ours}_dense_bias", [f"{src}.{theirs}.dense.bias"], [(3 * d,)], "copy", True)
-                else:
-                    add(f"{dst}.{ours}_weight", [f"{src}.{theirs}.weight"], [(d,)], "gemma_norm", True)
-        if adaptive:
-            add(f"{tower}.final_norm_dense_weight", [f"{prefix}.norm.dense.weight"], [(3 * d, d)], "t", True)
-            add(f"{tower}.final_norm_dense_bias", [f"{prefix}.norm.dense.bias"], [(3 * d,)], "copy", True)
-        else:
-            add(f"{tower}.final_norm_weight", [f"{prefix}.norm.weight"], [(d,)], "gemma_norm", True)
-
-    de, na, ns = config.expert.width, config.max_action_dim, config.max_state_dim
-    heads = [("action_in_proj", na, de), ("action_out_proj", de, na)]
-    if config.has_state_token:
-        heads += [("state_proj", ns, de), ("action_time_mlp_in", 2 * de, de), ("action_time_mlp_out", de, de)]
-    else:
-        heads += [("time_mlp_in", de, de), ("time_mlp_out", de, de)]
-    for name, fan_in, fan_out in heads:
-        add(f"{name}_weight", [f"{name}.weight"], [(fan_out, fan_in)], "t", True)
-        add(f"{name}_bias", [f"{name}.bias"], [(fan_out,)], "copy", True)
-    return rules
+def weight_rules(config: Pi0Config) -> list[Rule]:
+    """The full mapping LeRobot key(s) → our parameter for ``config`` (one rule per parameter of its model)."""
+    with torch.device("meta"):
+        model = Pi0Model(config, get_ops("reference"))
+    return expand(model.named_parameters(), weight_table(config), config.name)
 
 
 #: Other names the same tensors have had in published checkpoints (LeRobot renames them on load too).
@@ -175,6 +106,22 @@ _ALIASES = {
     "time_mlp_in": "action_time_mlp_in",
     "time_mlp_out": "action_time_mlp_out",
 }
+
+
+def _with_aliases(rules: list[Rule], reader: CheckpointReader) -> list[Rule]:
+    """``rules`` reading a source the checkpoint lacks under the other name it may have (:data:`_ALIASES`; the token
+    embedding from the tied ``lm_head``)."""
+
+    def present(key: str) -> str:
+        head, _, tail = key.partition(".")
+        alias = f"{_ALIASES[head]}.{tail}" if head in _ALIASES else None
+        if key not in reader and alias in reader:
+            return alias
+        if key == f"{VLM}.embed_tokens.weight" and key not in reader and TIED_EMBEDDING_KEY in reader:
+            return TIED_EMBEDDING_KEY
+        return key
+
+    return [replace(rule, sources=tuple(present(key) for key in rule.sources)) for rule in rules]
 
 
 def _family_of(checkpoint_dir: Path) -> tuple[str, dict]:
@@ -412,14 +359,19 @@ def _config_from_tensors(family: str, found: dict[str, object], where: Path) -> 
     return replace(config, bundled_tokenizer=None)  # a checkpoint brings (or names) its own tokenizer
 
 
-def checkpoint_shapes(checkpoint_dir: str | Path) -> dict[str, tuple[int, ...]]:
-    """The tensor shapes of a checkpoint directory's ``model.safetensors`` (keys without ``model.``), read from its
-    header only."""
+def open_checkpoint(checkpoint_dir: str | Path) -> CheckpointReader:
+    """A reader of a checkpoint directory's ``model.safetensors``, keys without LeRobot's ``model.`` prefix."""
     path = Path(checkpoint_dir) / "model.safetensors"
     if not path.is_file():
         raise CheckpointError(f"{checkpoint_dir}: no model.safetensors")
-    reader = SafetensorsReader(path)
-    return {key.removeprefix("model."): reader.shape(key) for key in reader.keys()}
+    return open_safetensors(path, strip_prefix="model.")
+
+
+def checkpoint_shapes(checkpoint_dir: str | Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of a checkpoint directory's ``model.safetensors`` (keys without ``model.``), read from its
+    header only."""
+    reader = open_checkpoint(checkpoint_dir)
+    return {key: reader.shape(key) for key in reader.keys()}
 
 
 def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None) -> Pi0Config:
@@ -436,8 +388,8 @@ def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None
     """
     checkpoint_dir = Path(checkpoint_dir)
     family, cfg = _family_of(checkpoint_dir)
-    shapes = checkpoint_shapes(checkpoint_dir)
-    found = architecture_from_shapes(shapes)
+    reader = open_checkpoint(checkpoint_dir)
+    found = architecture_from_shapes({key: reader.shape(key) for key in reader.keys()})
     weights_path = checkpoint_dir / "model.safetensors"
     if found.get("family", family) != family:
         raise CheckpointError(
@@ -484,7 +436,7 @@ def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None
     config = with_overrides(config, **overrides)
     problems = describe_architecture_mismatch(config, found, expected_from)
     if problems:
-        details = tensor_mismatch_report(*_resolve_rules(weight_rules(config), set(shapes), shapes)[1:], limit=LISTED_TENSORS)
+        details = find_problems(reader, _with_aliases(weight_rules(config), reader), IGNORED_KEYS).report()
         raise CheckpointError(_mismatch_message(weights_path, config, problems, details))
     return config
 
@@ -494,115 +446,19 @@ def _mismatch_message(path: Path | str, config: Pi0Config, problems: list[str], 
     return f"{path} does not match {config.name}:\n{summary}" + (f"\n{details}" if details else "")
 
 
-#: At most this many tensor names are listed per kind of problem (missing, unexpected, wrong shape).
-LISTED_TENSORS = 10
-
-
-def _resolve_rules(
-    rules: list[WeightRule], available: set[str], shapes: dict[str, tuple[int, ...]]
-) -> tuple[list[tuple[WeightRule, list[str]]], list[str], list[str], list[str]]:
-    """The checkpoint keys each rule reads, and the missing, unexpected and mis-shaped tensors."""
-    missing, mismatched = [], []
-    resolved: list[tuple[WeightRule, list[str]]] = []
-    for rule in rules:
-        keys = []
-        for key, shape in zip(rule.sources, rule.source_shapes, strict=True):
-            if key not in available:
-                head, _, tail = key.partition(".")
-                alias = f"{_ALIASES[head]}.{tail}" if head in _ALIASES else None
-                if alias in available:
-                    key = alias
-                elif key == f"{VLM}.embed_tokens.weight" and TIED_EMBEDDING_KEY in available:
-                    key = TIED_EMBEDDING_KEY
-                else:
-                    missing.append(key)
-                    continue
-            if tuple(shapes[key]) != shape:
-                mismatched.append(f"{key}: checkpoint {list(shapes[key])}, expected {list(shape)}")
-            keys.append(key)
-        resolved.append((rule, keys))
-    used = {k for _, keys in resolved for k in keys}
-    unexpected = sorted(available - used - set(IGNORED_KEYS))
-    return resolved, missing, unexpected, mismatched
-
-
-def build_state_dict(
-    rules: list[WeightRule],
-    read,  # callable: key -> tensor (keys without "model.")
-    available: set[str],
-    shapes: dict[str, tuple[int, ...]],
-    dtype: torch.dtype,
-    device: torch.device,
-    embed_scale: float,
-    progress: bool = False,
-    explain: Callable[[], str] | None = None,
-    dtypes: dict[str, str] | None = None,
-) -> dict[str, torch.Tensor]:
-    """Apply ``rules`` to the checkpoint; raise :class:`CheckpointError` listing every problem (at most
-    :data:`LISTED_TENSORS` names of each kind), after ``explain()``'s summary when given. ``dtypes``: each key's
-    stored dtype (safetensors names); a weight stored as anything but floating point is one of the problems."""
-    resolved, missing, unexpected, mismatched = _resolve_rules(rules, available, shapes)
-    wrong_dtype = [
-        line
-        for _, keys in resolved
-        for key in keys
-        if dtypes is not None and (line := wrong_dtype_line(key, dtypes[key])) is not None
-    ]
-    if missing or mismatched or unexpected or wrong_dtype:
-        report = tensor_mismatch_report(missing, unexpected, mismatched, limit=LISTED_TENSORS, wrong_dtype=wrong_dtype)
-        if explain is not None:
-            raise CheckpointError(f"{explain()}\n{report}")
-        raise CheckpointError(f"checkpoint does not match the model:\n{report}")
-
-    state: dict[str, torch.Tensor] = {}
-    for rule, keys in tqdm(resolved, desc="loading weights", unit="tensor", disable=not progress):
-        target_dtype = torch.float32 if (rule.keep_fp32 or dtype == torch.float32) else dtype
-        tensors = [read(k) for k in keys]
-        if rule.transform == "embed":
-            # LeRobot: embedding(ids) * sqrt(width) in the weight's dtype; folding it in is the same product.
-            table = tensors[0].to(target_dtype)
-            out = table * torch.tensor(embed_scale, dtype=torch.float32).to(target_dtype)
-        else:
-            out = TRANSFORMS[rule.transform](
-                [t.to(torch.float32) if rule.transform == "gemma_norm" else t for t in tensors]
-            )
-            out = out.to(target_dtype)
-        state[rule.target] = out.to(device)
-    return state
-
-
 def load_checkpoint_weights(model, checkpoint_dir: str | Path, device, progress: bool = True) -> None:
     """Stream ``model.safetensors`` into ``model`` (built on ``meta``) with :meth:`load_state_dict(assign=True)`."""
-    path = Path(checkpoint_dir) / "model.safetensors"
-    if not path.is_file():
-        raise CheckpointError(f"{checkpoint_dir}: no model.safetensors")
     config: Pi0Config = model.config
-    rules = weight_rules(config)
-    reader = SafetensorsReader(path)
-    strip = {k: (k.removeprefix("model.")) for k in reader.keys()}
-    by_short = {short: raw for raw, short in strip.items()}
-    shapes = {short: reader.shape(raw) for raw, short in strip.items()}
+    reader = open_checkpoint(checkpoint_dir)
 
     def explain() -> str:
-        problems = describe_architecture_mismatch(config, architecture_from_shapes(shapes))
+        problems = describe_architecture_mismatch(config, architecture_from_shapes({k: reader.shape(k) for k in reader.keys()}))
         summary = "".join(f"\n  - {line}" for line in problems)
-        return f"{path} does not match {config.name}:{summary}"
+        return f"{reader.path} does not match {config.name}:{summary}"
 
-    state = build_state_dict(
-        rules,
-        read=lambda key: reader.get_tensor(by_short[key]),
-        available=set(by_short),
-        shapes=shapes,
-        dtype=model.compute_dtype,
-        device=torch.device(device),
-        embed_scale=math.sqrt(config.vlm.width),
-        progress=progress,
-        explain=explain,
-        dtypes={short: reader.dtype(raw) for raw, short in strip.items()},
-    )
-    model.load_state_dict(state, strict=True, assign=True)
-    model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)
-    logger.info("loaded %d tensors from %s", len(state), path)
+    rules = _with_aliases(expand(model.named_parameters(), weight_table(config), config.name), reader)
+    load_into(model, reader, rules, heading=explain, device=device, dtype=model.compute_dtype, ignored=IGNORED_KEYS,
+              progress=progress)  # fmt: skip
 
 
 def init_random_weights(model, seed: int, device) -> None:
@@ -615,7 +471,7 @@ def init_random_weights(model, seed: int, device) -> None:
     from ..random_weights import SeededDraws
 
     draws = SeededDraws(seed, device)
-    fp32_targets = {rule.target for rule in weight_rules(model.config) if rule.keep_fp32}
+    fp32_targets = {rule.target for rule in weight_rules(model.config) if rule.dtype == torch.float32}
     state = {}
     for name, param in model.named_parameters():
         shape = tuple(param.shape)
@@ -633,5 +489,4 @@ def init_random_weights(model, seed: int, device) -> None:
             scale = 0.1 if "dense" in name else 1.0 / math.sqrt(shape[0])
             value = draws.uniform(shape, std=scale, dtype=dtype, transposed=len(shape) == 2)
         state[name] = value
-    model.load_state_dict(state, strict=True, assign=True)
-    model.ops.prepare_weights(model)  # the backend's load-time layout conversions (e.g. npu conv kernels)
+    assign_weights(model, state)

@@ -13,35 +13,14 @@ from ...ops import get_ops
 from .config import PRESETS, get_preset
 from .model import VggtModel
 from .weights import (
-    StateDictSource,
     config_for_checkpoint,
     init_random_weights,
     load_checkpoint_weights,
+    open_checkpoint,
     resolve_checkpoint,
 )
 
 logger = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype}")
-        return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}")
-    return DTYPES[dtype]
-
-
-def normalize_device(device: str | torch.device | None) -> torch.device:
-    """The device with its index (``cuda:0``, never bare ``cuda``); ``None``: this machine's accelerator or CPU."""
-    device = torch.device(device) if device is not None else platform_mod.detect().device
-    if device.type != "cpu" and device.index is None:
-        device = torch.device(device.type, 0)
-    return device
-
 
 def load_vggt_model(
     source: str | Path,
@@ -55,8 +34,8 @@ def load_vggt_model(
 ) -> tuple[VggtModel, bool]:
     """``source``: a preset name (seeded random weights) or a checkpoint file / directory. Returns the model and
     whether its weights are random."""
-    compute_dtype = resolve_dtype(dtype)
-    device = normalize_device(device)
+    compute_dtype = platform_mod.resolve_dtype(dtype)
+    device = platform_mod.normalize_device(device)
     ops = get_ops(backend)
     if str(source) in PRESETS:
         if preset is not None:
@@ -65,7 +44,7 @@ def load_vggt_model(
         checkpoint = None
     else:
         path, hub_config = resolve_checkpoint(source)
-        checkpoint = StateDictSource(path)
+        checkpoint = open_checkpoint(path)
         config = config_for_checkpoint(checkpoint, hub_config, preset)
     with torch.device("meta"):
         model = VggtModel(config, ops, compute_dtype)

@@ -20,10 +20,20 @@ import re
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from ...errors import CheckpointError
-from ..safetensors_reader import SafetensorsReader, dtype_name, tensor_mismatch_report, wrong_dtype_line
+from ..loading import (
+    TRANSFORMS,
+    CheckpointReader,
+    Rule,
+    Transform,
+    assign_weights,
+    load_into,
+    load_torch_file,
+    open_safetensors,
+    reader_of_state_dict,
+    rename,
+)
 from .architecture import architecture_from_shapes
 from .architecture import config_for_checkpoint as architecture_config
 from .config import VggtConfig, get_preset
@@ -129,9 +139,7 @@ def _gemm_kernel_layout(kind: str, tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def checkpoint_key(name: str) -> str:
     """The upstream key of our parameter ``name`` (Q/K norm: see :func:`checkpoint_sources`)."""
-    for pattern, replacement in RENAMES:
-        name = re.sub(pattern, replacement, name)
-    return name
+    return rename(name, RENAMES, first_only=False)
 
 
 def paired_block_diagonal(model) -> dict[str, list[tuple[int, ...]]]:
@@ -178,24 +186,53 @@ def checkpoint_sources(
     return [(key, shape)]
 
 
-def _transform(name: str, tensors: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
+def _transform_name(name: str, count: int, shape: tuple[int, ...]) -> str:
+    """Which of the transforms below makes our parameter ``name`` of ``shape`` from its ``count`` sources."""
     kind = gemm_kernel_kind(name)
     if kind is not None:
-        return _gemm_kernel_layout(kind, tensors)
-    if name.startswith(PAIRED_PREFIX) and len(tensors) == len(PAIRED_HEADS):  # one slice or block per head
-        if name.endswith(".weight_t"):  # block-diagonal [out, in] → its transposed view
-            return torch.block_diag(*[t.reshape(t.shape[0], t.shape[1]) for t in tensors]).t()
-        tensor = torch.cat(tensors, dim=0)
-        return tensor.contiguous(memory_format=torch.channels_last) if tensor.dim() == 4 else tensor
-    if len(tensors) == 2:  # Q/K norms → [2, 1, head_dim]
-        return torch.stack(tensors).view(shape)
-    tensor = tensors[0]
-    if len(shape) == 4:  # convolution kernels: channels-last, as the heads' activations are (see nn/dpt.py)
-        return tensor.reshape(shape).contiguous(memory_format=torch.channels_last)
-    if name.endswith(".weight_t"):
-        # A transposed *view* of the checkpoint's [out, in] matrix (the GEMM layout nn.Linear uses).
-        return tensor.reshape(shape[1], shape[0]).t()
-    return tensor.reshape(shape)
+        return f"gemm_{kind}"
+    if name.startswith(PAIRED_PREFIX) and count == len(PAIRED_HEADS):  # one slice or block per head
+        return "paired_block_diagonal_t" if name.endswith(".weight_t") else "paired_heads"
+    if count == 2:  # Q/K norms → [2, 1, head_dim]
+        return "stack"
+    if len(shape) == 4:
+        return "conv"
+    return "linear_t" if name.endswith(".weight_t") else "reshape"
+
+
+def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    # convolution kernels: channels-last, as the heads' activations are (see nn/dpt.py)
+    return tensor.contiguous(memory_format=torch.channels_last) if tensor.dim() == 4 else tensor
+
+
+TRANSFORMS.update({
+    # convolutions run as GEMMs (see GEMM_KERNELS)
+    **{f"gemm_{kind}": Transform(lambda tensors, rule, dtype, kind=kind: _gemm_kernel_layout(kind, tensors))
+       for _, kind in GEMM_KERNELS},
+    # the paired depth / point heads: each head's [out, in] block on the diagonal (a transposed view), or their
+    # parameters stacked head after head
+    "paired_block_diagonal_t": Transform(lambda tensors, rule, dtype: torch.block_diag(*[t.reshape(t.shape[0], t.shape[1]) for t in tensors]).t()),
+    "paired_heads": Transform(lambda tensors, rule, dtype: _channels_last(torch.cat(tensors, dim=0))),
+    "conv": Transform(lambda tensors, rule, dtype: _channels_last(tensors[0].reshape(rule.shape))),
+    # a transposed *view* of the checkpoint's [out, in] matrix (or of a 1×1 convolution's [out, in, 1, 1])
+    "linear_t": Transform(lambda tensors, rule, dtype: tensors[0].reshape(rule.shape[1], rule.shape[0]).t()),
+    "reshape": Transform(lambda tensors, rule, dtype: tensors[0].reshape(rule.shape)),
+})  # fmt: skip
+
+
+def weight_rules(model) -> list[Rule]:
+    """One rule per parameter of ``model``: its upstream key(s), their stored shapes, the transform, the dtype."""
+    block_diagonal = paired_block_diagonal(model)
+    rules = []
+    for name, param in model.named_parameters():
+        shape = tuple(param.shape)
+        sources = checkpoint_sources(name, shape, block_diagonal)
+        rules.append(Rule(
+            name, tuple(key for key, _ in sources), _transform_name(name, len(sources), shape), shape,
+            dtype=torch.float32 if name.startswith(FP32_PREFIXES) else None,
+            stored=tuple(stored for _, stored in sources),
+        ))  # fmt: skip
+    return rules
 
 
 def block_diagonal_mask(blocks: list[tuple[int, ...]]) -> torch.Tensor:
@@ -203,47 +240,24 @@ def block_diagonal_mask(blocks: list[tuple[int, ...]]) -> torch.Tensor:
     return torch.block_diag(*[torch.ones(block[1], block[0]) for block in blocks])
 
 
-class StateDictSource:
-    """Tensors of a checkpoint file by upstream key (reads lazily from safetensors)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        if path.suffix == ".safetensors":
-            self._reader = SafetensorsReader(path)
-            raw_keys = self._reader.keys()
-            self._shapes = {k: self._reader.shape(k) for k in raw_keys}
-            self._tensors = None
-        elif path.suffix in (".pt", ".pth", ".bin"):
-            try:
-                state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as exc:  # pickle / zip errors: the message names the file
-                raise CheckpointError(f"{path}: not a readable PyTorch checkpoint ({exc})") from None
-            if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
-                state = state["model"]  # a training checkpoint
-            if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
-                raise CheckpointError(f"{path}: expected a state dict of tensors")
-            self._tensors = state
-            self._shapes = {k: tuple(v.shape) for k, v in state.items()}
-            raw_keys = list(state)
-        else:
-            raise CheckpointError(f"{path}: unsupported checkpoint file (expected .pt, .pth or .safetensors)")
-        prefix = "module." if raw_keys and all(k.startswith("module.") for k in raw_keys) else ""
-        self._raw = {k[len(prefix) :]: k for k in raw_keys}
-
-    def keys(self) -> set[str]:
-        return set(self._raw)
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self._shapes[self._raw[key]])
-
-    def dtype(self, key: str) -> str:
-        """The stored dtype under its safetensors name (``F32``, ``I32``, ...)."""
-        raw = self._raw[key]
-        return self._reader.dtype(raw) if self._tensors is None else dtype_name(self._tensors[raw].dtype)
-
-    def get(self, key: str) -> torch.Tensor:
-        raw = self._raw[key]
-        return self._tensors[raw] if self._tensors is not None else self._reader.get_tensor(raw)
+def open_checkpoint(path: Path) -> CheckpointReader:
+    """A reader of a VGGT weights file: ``.safetensors``, or a ``.pt`` / ``.pth`` / ``.bin`` state dict (a training
+    checkpoint's ``{"model": state_dict}`` unwrapped); a ``module.`` prefix on every key is dropped."""
+    if path.suffix == ".safetensors":
+        reader = open_safetensors(path)
+    elif path.suffix in (".pt", ".pth", ".bin"):
+        state = load_torch_file(path)
+        if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+            state = state["model"]  # a training checkpoint
+        if not isinstance(state, dict) or not all(torch.is_tensor(v) for v in state.values()):
+            raise CheckpointError(f"{path}: expected a state dict of tensors")
+        reader = reader_of_state_dict(path, state)
+    else:
+        raise CheckpointError(f"{path}: unsupported checkpoint file (expected .pt, .pth or .safetensors)")
+    keys = reader.keys()
+    if keys and all(k.startswith("module.") for k in keys):
+        reader = reader.renamed(lambda key: key.removeprefix("module."))
+    return reader
 
 
 def resolve_checkpoint(source: str | Path) -> tuple[Path, dict | None]:
@@ -271,7 +285,7 @@ def resolve_checkpoint(source: str | Path) -> tuple[Path, dict | None]:
     return path, config
 
 
-def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, preset: str | None) -> VggtConfig:
+def config_for_checkpoint(source: CheckpointReader, hub_config: dict | None, preset: str | None) -> VggtConfig:
     """The architecture of the checkpoint, read from its tensor shapes and ``config.json`` (see
     :mod:`.architecture`); with ``preset``, that preset's, which both must agree with."""
     keys = source.keys()
@@ -282,42 +296,10 @@ def config_for_checkpoint(source: StateDictSource, hub_config: dict | None, pres
     return architecture_config(found, hub_config, preset, source.path, get_preset)
 
 
-def build_state_dict(model, source: StateDictSource, dtype: torch.dtype, device, progress: bool = False):
-    """Our state dict from the checkpoint; raises :class:`CheckpointError` listing every problem."""
-    available = source.keys()
-    block_diagonal = paired_block_diagonal(model)
-    missing, mismatched, wrong_dtype, plan = [], [], [], []
-    for name, param in model.named_parameters():
-        sources = checkpoint_sources(name, tuple(param.shape), block_diagonal)
-        for key, shape in sources:
-            if key not in available:
-                missing.append(key)
-                continue
-            if source.shape(key) != shape:
-                mismatched.append(f"{key}: checkpoint {list(source.shape(key))}, expected {list(shape)}")
-            if (line := wrong_dtype_line(key, source.dtype(key))) is not None:
-                wrong_dtype.append(line)
-        plan.append((name, tuple(param.shape), [k for k, _ in sources]))
-    used = {k for _, _, keys in plan for k in keys}
-    unexpected = sorted(available - used - set(IGNORED_KEYS))
-    if missing or mismatched or unexpected or wrong_dtype:
-        report = tensor_mismatch_report(missing, unexpected, mismatched, wrong_dtype=wrong_dtype)
-        raise CheckpointError(f"{source.path}: checkpoint does not match {model.config.name}:\n{report}")
-    state = {}
-    for name, shape, keys in tqdm(plan, desc="loading weights", unit="tensor", disable=not progress):
-        tensor = _transform(name, [source.get(k) for k in keys], shape)
-        target = torch.float32 if name.startswith(FP32_PREFIXES) else dtype
-        state[name] = tensor.to(device=device, dtype=target)
-    return state
-
-
-def load_checkpoint_weights(model, source: StateDictSource, device, progress: bool = True) -> None:
+def load_checkpoint_weights(model, source: CheckpointReader, device, progress: bool = True) -> None:
     """Load the checkpoint into ``model`` (built on ``meta``) with ``load_state_dict(assign=True)``, strictly."""
-    state = build_state_dict(model, source, model.compute_dtype, torch.device(device), progress)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.requires_grad_(False)
-    model.ops.prepare_weights(model)
-    logger.info("loaded %d tensors from %s", len(state), source.path)
+    load_into(model, source, weight_rules(model), heading=f"{source.path}: checkpoint does not match {model.config.name}:",
+              device=device, dtype=model.compute_dtype, ignored=IGNORED_KEYS, progress=progress)  # fmt: skip
 
 
 def init_random_weights(model, seed: int, device) -> None:
@@ -369,6 +351,4 @@ def init_random_weights(model, seed: int, device) -> None:
     for name, value in state.items():
         if value.dim() == 4:
             state[name] = value.contiguous(memory_format=torch.channels_last)
-    model.load_state_dict(state, strict=True, assign=True)
-    model.requires_grad_(False)
-    model.ops.prepare_weights(model)
+    assign_weights(model, state)

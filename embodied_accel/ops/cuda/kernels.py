@@ -165,67 +165,81 @@ def _(gate_up):
 
 
 @triton.jit
-def _rotated_row(x_ptr, cos_ptr, sin_ptr, b, h, s, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, rotate,
-                 HALF: tl.constexpr, BLOCK: tl.constexpr):
-    """Both halves of row ``(b, h, s)`` in fp32: rotated (``x * cos + rotate_half(x) * sin``) if ``rotate``."""
+def _rotated_rows(x_ptr, cos_ptr, sin_ptr, b, h, s0, seq, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, rotate,
+                  HALF: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """Both halves of rows ``(b, h, s0 .. s0 + ROWS)`` in fp32, as ``[ROWS, BLOCK]`` tiles: rotated
+    (``x * cos + rotate_half(x) * sin``) if ``rotate``. Returns the tiles, the row and column offsets and the mask."""
+    rows = s0 + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    mask = cols < HALF
-    x_row = x_ptr + b * sx_b + h * sx_h + s * sx_s
-    x1 = tl.load(x_row + cols * sx_d, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + (cols + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
+    mask = (rows[:, None] < seq) & (cols[None, :] < HALF)
+    x_rows = x_ptr + b * sx_b + h * sx_h + rows[:, None] * sx_s
+    x1 = tl.load(x_rows + cols[None, :] * sx_d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_rows + (cols[None, :] + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
     if rotate:
-        c_row, s_row = cos_ptr + b * sc_b + s * sc_s, sin_ptr + b * sc_b + s * sc_s
-        c1 = tl.load(c_row + cols, mask=mask, other=0.0).to(tl.float32)
-        c2 = tl.load(c_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
-        s1 = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(s_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
+        c_rows = cos_ptr + b * sc_b + rows[:, None] * sc_s + cols[None, :]
+        s_rows = sin_ptr + b * sc_b + rows[:, None] * sc_s + cols[None, :]
+        c1 = tl.load(c_rows, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(c_rows + HALF, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(s_rows, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(s_rows + HALF, mask=mask, other=0.0).to(tl.float32)
         y1 = x1 * c1 - x2 * s1  # rotate_half(x) = cat(-x2, x1)
         y2 = x2 * c2 + x1 * s2
     else:
         y1, y2 = x1, x2
-    return y1, y2, cols, mask
+    return y1, y2, rows, cols, mask
+
+
+def _rope_row_block(half_block: int, seq: int) -> int:
+    """Rows per program of the RoPE kernels: tiles of about 2048 elements per half (16 rows of a 256-wide head, 128
+    of a 32-wide one), never more rows than the sequence has (a power of two for ``tl.arange``)."""
+    return max(1, min(2048 // half_block, triton.next_power_of_2(seq)))
 
 
 @triton.jit
 def _rope_kernel(
     x_ptr, cos_ptr, sin_ptr, out_ptr,
     sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, so_b, so_h, so_s,
-    n_heads, seq, rotated_heads, HALF: tl.constexpr, BLOCK: tl.constexpr,
+    n_heads, seq, rotated_heads, HALF: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
 ):
-    pid = tl.program_id(0)  # one program per (b, h, s) row
-    s = pid % seq
-    h = (pid // seq) % n_heads
-    b = pid // (seq * n_heads)
-    y1, y2, cols, mask = _rotated_row(
-        x_ptr, cos_ptr, sin_ptr, b, h, s, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, h < rotated_heads, HALF, BLOCK
+    pid = tl.program_id(0)  # one program per (b, h, block of ROWS positions)
+    row_blocks = tl.cdiv(seq, ROWS)
+    s0 = (pid % row_blocks) * ROWS
+    h = (pid // row_blocks) % n_heads
+    b = pid // (row_blocks * n_heads)
+    y1, y2, rows, cols, mask = _rotated_rows(
+        x_ptr, cos_ptr, sin_ptr, b, h, s0, seq, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, h < rotated_heads,
+        HALF, BLOCK, ROWS,
     )
-    out_row = out_ptr + b * so_b + h * so_h + s * so_s
-    tl.store(out_row + cols, y1.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_row + cols + HALF, y2.to(out_ptr.dtype.element_ty), mask=mask)
+    out_rows = out_ptr + b * so_b + h * so_h + rows[:, None] * so_s + cols[None, :]
+    tl.store(out_rows, y1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_rows + HALF, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _rope_store_kv_kernel(
     x_ptr, cos_ptr, sin_ptr, q_ptr, kv_ptr,
     sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, sq_b, sq_s, sq_h, skv_p, skv_b, skv_h, skv_s,
-    n_heads, seq, q_heads, kv_heads, HALF: tl.constexpr, BLOCK: tl.constexpr,
+    n_heads, seq, q_heads, kv_heads, HALF: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
 ):
-    pid = tl.program_id(0)  # one program per (b, h, s) row of the merged tensor
-    s = pid % seq
-    h = (pid // seq) % n_heads
-    b = pid // (seq * n_heads)
-    y1, y2, cols, mask = _rotated_row(  # Q and K heads rotate, V heads pass through
-        x_ptr, cos_ptr, sin_ptr, b, h, s, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, h < q_heads + kv_heads, HALF, BLOCK
+    pid = tl.program_id(0)  # one program per (b, h, block of ROWS positions) of the merged tensor
+    row_blocks = tl.cdiv(seq, ROWS)
+    s0 = (pid % row_blocks) * ROWS
+    h = (pid // row_blocks) % n_heads
+    b = pid // (row_blocks * n_heads)
+    y1, y2, rows, cols, mask = _rotated_rows(  # Q and K heads rotate, V heads pass through
+        x_ptr, cos_ptr, sin_ptr, b, h, s0, seq, sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, h < q_heads + kv_heads,
+        HALF, BLOCK, ROWS,
     )
     if h < q_heads:  # Q rows: [B, S, H, D] memory, so packed attention reads them without a copy
-        out_row = q_ptr + b * sq_b + s * sq_s + h * sq_h
-        tl.store(out_row + cols, y1.to(q_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_row + cols + HALF, y2.to(q_ptr.dtype.element_ty), mask=mask)
+        out_rows = q_ptr + b * sq_b + rows[:, None] * sq_s + h * sq_h + cols[None, :]
+        tl.store(out_rows, y1.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_rows + HALF, y2.to(q_ptr.dtype.element_ty), mask=mask)
     else:  # K and V rows go straight into the cache slot's K or V plane
         kv = h - q_heads
-        out_row = kv_ptr + (kv // kv_heads) * skv_p + b * skv_b + (kv % kv_heads) * skv_h + s * skv_s
-        tl.store(out_row + cols, y1.to(kv_ptr.dtype.element_ty), mask=mask)
-        tl.store(out_row + cols + HALF, y2.to(kv_ptr.dtype.element_ty), mask=mask)
+        out_rows = kv_ptr + (kv // kv_heads) * skv_p + b * skv_b + (kv % kv_heads) * skv_h + rows[:, None] * skv_s
+        out_rows += cols[None, :]
+        tl.store(out_rows, y1.to(kv_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_rows + HALF, y2.to(kv_ptr.dtype.element_ty), mask=mask)
 
 
 @torch.library.custom_op("embodied_accel::rope_store_kv", mutates_args=("kv_write",))
@@ -237,13 +251,14 @@ def rope_store_kv(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv_writ
     q_heads = heads - 2 * kv_heads
     cos, sin = cos.contiguous(), sin.contiguous()
     q = torch.empty(batch, seq, q_heads, dim, dtype=x.dtype, device=x.device)
-    half = dim // 2
-    _rope_store_kv_kernel[(batch * heads * seq,)](
+    half, block = dim // 2, triton.next_power_of_2(dim // 2)
+    rows = _rope_row_block(block, seq)
+    _rope_store_kv_kernel[(batch * heads * triton.cdiv(seq, rows),)](
         x, cos, sin, q, kv_write,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), cos.stride(0), cos.stride(1),
         q.stride(0), q.stride(1), q.stride(2),
         kv_write.stride(0), kv_write.stride(1), kv_write.stride(2), kv_write.stride(3),
-        heads, seq, q_heads, kv_heads, HALF=half, BLOCK=triton.next_power_of_2(half),
+        heads, seq, q_heads, kv_heads, HALF=half, BLOCK=block, ROWS=rows,
     )
     return q
 
@@ -260,12 +275,13 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotated_heads: i
     batch, heads, seq, dim = x.shape
     cos, sin = cos.contiguous(), sin.contiguous()
     out = torch.empty(batch, heads, seq, dim, dtype=x.dtype, device=x.device)
-    half = dim // 2
-    _rope_kernel[(batch * heads * seq,)](
+    half, block = dim // 2, triton.next_power_of_2(dim // 2)
+    rows = _rope_row_block(block, seq)
+    _rope_kernel[(batch * heads * triton.cdiv(seq, rows),)](
         x, cos, sin, out,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3), cos.stride(0), cos.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        heads, seq, rotated_heads, HALF=half, BLOCK=triton.next_power_of_2(half),
+        heads, seq, rotated_heads, HALF=half, BLOCK=block, ROWS=rows,
     )
     return out
 
