@@ -99,3 +99,10 @@ def test_info_describes_the_texture_models(capsys):
     assert "delight hunyuan3d-delight-tiny" in out and "views:       6 of 32x32" in out
     parameters = next(line for line in out.splitlines() if line.startswith("parameters:"))
     assert int(parameters.split("(")[1].rstrip(")").replace(",", "")) > 0
+
+
+@pytest.mark.parametrize("preset", ["pi0-tiny", "vggt-tiny"])
+def test_quant_reaches_every_family_that_declares_a_plan(capsys, preset):
+    code, out, err = run_cli(capsys, "info", "--model", preset, "--quant", "w8a8", "--no-progress")
+    assert code == 0, err
+    assert "runtime:     backend reference (w8a8)," in out

@@ -297,16 +297,19 @@ class PolicyModel(LoadedModel):
     """A loaded policy (pi0 / pi0.5, GR00T N1.6) for ``run``, ``info``, ``bench`` and ``profile``."""
 
     def __init__(self, policy, load_seconds: float, observation: dict[str, Any] | None,
-                 noise: np.ndarray | None):  # fmt: skip
+                 noise: np.ndarray | None, quant: str = "none"):  # fmt: skip
         self.policy = self.runtime = policy
         self.family, self.preset = policy.config.family, policy.config.name
         self.source, self.random_weights = policy.source, policy.random_weights
         self.load_seconds = load_seconds
         self.observation, self.noise = observation, noise
+        self.quant = None if quant == "none" else quant
 
     ops = property(lambda self: self.policy.ops)
     dtype_name: str = property(lambda self: _dtype_name(self.policy))  # type: ignore[assignment]
-    backend_label: str = property(lambda self: _backend_label(self.policy))  # type: ignore[assignment]
+    backend_label: str = property(  # type: ignore[assignment]
+        lambda self: _backend_label(self.policy) + (f" ({self.quant})" if self.quant else "")
+    )
     capture_seconds = property(lambda self: self.policy.capture_seconds)
 
     def num_parameters(self) -> int:
@@ -375,7 +378,7 @@ class PolicyModel(LoadedModel):
             "observation bytes uploaded -> device pre-processing + model + un-normalization -> actions on host",
             end_to_end=lambda: policy.infer_batch(observations, num_steps=args.num_steps),
             stage_fns=lambda: policy.stage_fns(policy.prepare(observations), num_steps=args.num_steps),
-            fields={"cuda_attention": policy.ops.settings.get("cuda_attention")},
+            fields={"cuda_attention": policy.ops.settings.get("cuda_attention"), "quant": self.quant},
         )  # fmt: skip
 
 
@@ -387,4 +390,4 @@ def load(source: str, args: argparse.Namespace) -> PolicyModel:
         raise CLIError(f"--output {args.output}: expected a .npy or .json file name")
     with _without_random_weights_warning():  # the command prints its own notice
         policy, load_seconds = load_policy_from_args(args, num_views=getattr(args, "views", None))
-    return PolicyModel(policy, load_seconds, observation, noise)
+    return PolicyModel(policy, load_seconds, observation, noise, getattr(args, "quant", "none"))
