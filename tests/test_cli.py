@@ -46,7 +46,7 @@ def load_sample():
     [
         ([], "COMMAND"),
         (["fly"], "invalid choice"),
-        (["run", "--dtype", "float16"], "--dtype"),
+        (["run", "--dtype", "float64"], "--dtype"),
         (["run", "--model", "pi9"], "--model"),
         (["run", "--backend", "tpu"], "--backend"),
         (["run", "--num-steps", "0"], "integer >= 1"),
@@ -350,8 +350,10 @@ def test_info_names_the_tokenizer(capsys):
 
 @needs_policy
 def test_captured_modes_announce_the_first_call_before_it_runs(capsys, monkeypatch):
-    policy = load_policy("pi0-tiny", progress=False)
-    policy.capture = "compile"  # as --capture compile builds it; the call itself is stubbed (compiling takes ~45 s)
+    from embodied_accel.families import policy as policy_family
+
+    # as --capture compile builds it; the call itself is stubbed (compiling takes ~45 s)
+    policy = load_policy("pi0-tiny", progress=False, capture="compile")
     stderr_at_call = []
 
     def first_call(observation, **kwargs):
@@ -359,7 +361,7 @@ def test_captured_modes_announce_the_first_call_before_it_runs(capsys, monkeypat
         return {"actions": np.zeros((50, 7), np.float32), "infer_ms": 1.0}
 
     monkeypatch.setattr(policy, "infer", first_call)
-    monkeypatch.setattr(cli, "_load_policy", lambda args, **kwargs: (policy, 0.0))
+    monkeypatch.setattr(policy_family, "load_policy_from_args", lambda args, **kwargs: (policy, 0.0))
     code, _, err = run_cli(capsys, "run", "--capture", "compile")
     assert code == 0, err
     announcement = (

@@ -158,3 +158,25 @@ def test_cuda_graph_call_equals_eager_on_the_gpu(mode, backend):
         # parity with Isaac-GR00T's fixture, at the GR00T parity tests' tolerance (tests/test_groot_parity.py)
         np.testing.assert_allclose(expected, reference, rtol=1e-4, atol=1e-4)
     assert graphed.capture_seconds > 0 and len(graphed.model_call.graphs) >= 1
+
+
+def test_the_server_validates_groot_rows_off_the_inference_thread_and_batches_them():
+    """GR00T has the validated-rows interface every policy has: ``validate`` does the host work (frames resized,
+    prompt tokenized) that the server runs on its decoder threads; rows of one frame size run in one call, equal to
+    the single-request answers; bad input is refused by ``validate``, naming the field."""
+    from embodied_accel.serve.batching import ValidatedRowsRunner, make_runner
+
+    policy = load_policy("groot-tiny", progress=False)
+    runner = make_runner(policy, noise_seed=0)
+    assert isinstance(runner, ValidatedRowsRunner)
+    first, second = policy.sample_observation(seed=0), policy.sample_observation(seed=1)
+    rows = [runner.prepare(first), runner.prepare(second)]
+    assert runner.signature(rows[0]) == runner.signature(rows[1])
+    batched = runner.run(rows)
+    for row, obs in zip(batched, (first, second), strict=True):
+        single = policy.infer(obs, seed=0)["actions"]
+        np.testing.assert_allclose(row, single, rtol=0, atol=groot_tolerance(torch.float32))
+    runner.policy.reserve(4)  # the batch- and prompt-sized buffers of 4 rows, ahead of time
+    assert policy.buffers.builds["cross_kv"] >= 1
+    with pytest.raises(ValueError, match=r"observation\['video.camera_0'\]: missing"):
+        runner.prepare({key: value for key, value in first.items() if key != "video.camera_0"})

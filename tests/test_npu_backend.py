@@ -503,19 +503,23 @@ def test_policy_sets_the_allocator_before_the_weights_are_allocated(no_alloc_con
         "init_random_weights",
         lambda *a, **kw: seen.append(os.environ.get("PYTORCH_NPU_ALLOC_CONF")) or real_init(*a, **kw),
     )
-    monkeypatch.setattr(policy_mod, "check_capture", lambda mode: None)  # no NPU here: only the order matters
+    from embodied_accel.runtime import runner as runner_mod
+
+    # no NPU here: only the order matters
+    monkeypatch.setattr(runner_mod, "check_capture", lambda mode, plat=None: None)
     load_policy("pi0-tiny", capture="torchair", progress=False)
     assert seen == ["expandable_segments:True"]
 
 
 def test_info_lists_fused_ops_fallbacks_and_notes(torch_npu, monkeypatch, capsys):
     from embodied_accel import cli, load_policy
+    from embodied_accel.families import policy as policy_family
 
     def npu_policy(args, num_views=None):
         monkeypatch.setattr(platform_mod, "detect", lambda: NPU)
         return load_policy("pi0-tiny", backend="npu", device="cpu", progress=False), 0.0
 
-    monkeypatch.setattr(cli, "_load_policy", npu_policy)
+    monkeypatch.setattr(policy_family, "load_policy_from_args", npu_policy)
     assert cli.main(["info", "--model", "pi0-tiny", "--backend", "npu"]) == 0
     out = capsys.readouterr().out
     assert "backend npu" in out

@@ -46,8 +46,9 @@ def _attention_errors(world, rank, ops):
 
 
 def _vggt_errors(world, rank, ops):
-    from embodied_accel.models.vggt.loading import VggtRunner, load_vggt_model
+    from embodied_accel.models.vggt.loading import load_vggt_model
     from embodied_accel.parallel import shard_frames
+    from embodied_accel.pipelines.reconstruction import VggtRunner
 
     model, _ = load_vggt_model("vggt-tiny", backend="reference", device="cpu", seed=3, progress=False)
     gen = torch.Generator().manual_seed(7)

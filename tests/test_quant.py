@@ -4,10 +4,11 @@ with its W8A8 plan."""
 import pytest
 import torch
 
-from embodied_accel.models.vggt.loading import VggtRunner, load_vggt_model
+from embodied_accel.models.vggt.loading import load_vggt_model
 from embodied_accel.models.vggt.plans import VGGT_W8A8_ALL_BLOCKS_PLAN, VGGT_W8A8_PLAN
 from embodied_accel.nn.linear import Linear
 from embodied_accel.ops import get_ops, reference
+from embodied_accel.pipelines.reconstruction import VggtRunner
 from embodied_accel.quant import QuantPlan, W8A8Linear, attach_w8a8, quantize_weight_per_channel
 
 OPS = get_ops("reference")

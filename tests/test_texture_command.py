@@ -14,7 +14,7 @@ import pytest
 
 from embodied_accel import cli
 from embodied_accel.models.hunyuan3d.mesh import Mesh
-from embodied_accel.pipelines.shape_command import SAMPLE_IMAGE
+from embodied_accel.pipelines.shape import SAMPLE_IMAGE
 from embodied_accel.pipelines.texture import check_mesh, reduce_faces, sample_mesh
 
 pytest.importorskip("xatlas")
@@ -189,3 +189,29 @@ def test_mesh_checks_and_face_reduction():
     reduced = reduce_faces(mesh, 100)
     assert 0 < reduced.num_faces <= 100
     assert reduce_faces(mesh, 1000) is mesh
+
+
+def test_paint_unet_steps_run_through_the_runner_in_a_graph_mode():
+    """Every delight and multiview step's UNet call is a runner call: in a graph mode each is captured once (one
+    input shape per model) and replayed at every later step (the replay stand-in, which rejects capture-unsafe ops),
+    and the stages' 8-bit outputs equal eager's exactly (the replayed graph computes the same ops)."""
+    from test_cudagraph import ReplayStandIn
+
+    from embodied_accel.models.hunyuan3d.processor import read_image
+    from embodied_accel.pipelines.texture import TextureSettings, load_texture_pipeline
+    from embodied_accel.platform import Platform
+
+    eager = load_texture_pipeline("hunyuan3d-paint-tiny", device="cpu", progress=False)
+    standin = ReplayStandIn()
+    graphed = eager.with_capture("cudagraph", graph_backend=standin,
+                                 plat=Platform("cuda", "CPU stand-in for a GPU", has_triton=True, has_torch_npu=False))
+    settings = TextureSettings(steps=3, delight_steps=3, view_size=32)
+    image = read_image(SAMPLE_IMAGE)
+    delighted = eager.delight(image, settings)
+    np.testing.assert_array_equal(graphed.delight(image, settings), delighted)
+    assert standin.captures == 1 and graphed.delight_unet_call.graphs[0].replays == 3
+    maps = [np.full((32, 32, 3), 128 + 10 * i, np.uint8) for i in range(6)]
+    views = eager.multiview(delighted, maps, maps, settings)
+    for ours, reference in zip(graphed.multiview(delighted, maps, maps, settings), views, strict=True):
+        np.testing.assert_array_equal(ours, reference)
+    assert standin.captures == 2 and graphed.runner.graph_cache.live == 2

@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from tolerances import fp32_tolerance, scaled_error
 
 from embodied_accel.errors import CheckpointError
-from embodied_accel.models.vggt.loading import Bucket, VggtRunner, load_vggt_model
+from embodied_accel.models.vggt.loading import load_vggt_model
+from embodied_accel.pipelines.reconstruction import Bucket, VggtRunner
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vggt_tiny"
 SMALL = Path(__file__).parent / "fixtures" / "vggt_small"

@@ -14,7 +14,6 @@ from safetensors.torch import load_file, save_file
 from tolerances import assert_rounding_close, rounding_tolerance
 
 from embodied_accel import cli
-from embodied_accel.models.vggt.commands import SAMPLE_DIR
 from embodied_accel.models.vggt.export import read_ply
 from embodied_accel.models.vggt.geometry import (
     depth_to_world_points,
@@ -25,6 +24,7 @@ from embodied_accel.models.vggt.geometry import (
 )
 from embodied_accel.models.vggt.loading import load_vggt_model
 from embodied_accel.models.vggt.weights import CheckpointError
+from embodied_accel.pipelines.reconstruction import SAMPLE_DIR
 
 FIXTURE = Path(__file__).parent / "fixtures" / "vggt_tiny"
 

@@ -132,7 +132,7 @@ def measure_bucket(args, plat, policy, capture, views, batch, dtype, load_s, eag
         eager_out[(views, batch)] = out
     stages = {}
     if args.stages and capture == "eager":
-        stages = stage_split(policy, observations, None, 3, max(args.runs // 2, 10), plat, False)
+        stages = stage_split(policy.stage_fns(policy.prepare(observations)), 3, max(args.runs // 2, 10), plat, False)
     record = harness.result_record(
         model=policy.config.family, preset=policy.config.name, backend=policy.backend, capture=capture, dtype=dtype,
         batch=batch, views=measured_views, steps=policy.config.num_steps, times=measured.pop("times"),

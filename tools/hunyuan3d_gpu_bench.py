@@ -39,8 +39,12 @@ from gpu_measure import capture_options, release, timed  # noqa: E402
 from embodied_accel import platform as platform_mod  # noqa: E402
 from embodied_accel.bench.harness import result_record, write_result  # noqa: E402
 from embodied_accel.cache import CacheConfig  # noqa: E402
-from embodied_accel.pipelines.shape import STAGES, ShapePipeline, ShapeSettings, load_shape_pipeline  # noqa: E402
-from embodied_accel.pipelines.shape_command import SAMPLE_IMAGE  # noqa: E402
+from embodied_accel.pipelines.shape import (  # noqa: E402
+    SAMPLE_IMAGE,  # noqa: E402
+    STAGES,
+    ShapeSettings,
+    load_shape_pipeline,
+)
 
 #: "o1n5": the recipe's name (order 1, 5 steps reused between two computed ones) for our interval 6.
 CACHES = {"none": None, "taylorseer-o1n5": CacheConfig(method="taylorseer", order=1, interval=6, warmup_steps=3)}
@@ -97,9 +101,7 @@ def main() -> int:
                                                      device=plat.device, progress=False))  # fmt: skip
     print(f"{base.config.name} {dtype} loaded in {load_s:.1f} s", flush=True)
     for capture in dict.fromkeys(args.capture):
-        pipeline = base if capture == "eager" else ShapePipeline(
-            base.model, device=base.device, capture=capture, source=base.source, random_weights=base.random_weights,
-            **capture_options(plat))  # fmt: skip
+        pipeline = base if capture == "eager" else base.with_capture(capture, **capture_options(plat))
         image = pipeline.prepare_image(args.image)
         for decoding in args.decoding:
             for cache_name in args.cache:

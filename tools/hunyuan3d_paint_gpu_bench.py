@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from embodied_accel.bench.harness import result_record, write_result  # noqa: E402
 from embodied_accel.models.hunyuan3d.processor import read_image  # noqa: E402
-from embodied_accel.pipelines.shape_command import SAMPLE_IMAGE  # noqa: E402
+from embodied_accel.pipelines.shape import SAMPLE_IMAGE  # noqa: E402
 from embodied_accel.pipelines.texture import STAGES, TextureSettings, load_texture_pipeline, sample_mesh  # noqa: E402
 
 

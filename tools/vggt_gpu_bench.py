@@ -28,7 +28,8 @@ sys.path.insert(0, str(REPO))
 
 from embodied_accel import platform as platform_mod  # noqa: E402
 from embodied_accel.bench.harness import result_record, write_result  # noqa: E402
-from embodied_accel.models.vggt.loading import Bucket, VggtRunner, load_vggt_model  # noqa: E402
+from embodied_accel.models.vggt.loading import load_vggt_model  # noqa: E402
+from embodied_accel.pipelines.reconstruction import Bucket, VggtRunner  # noqa: E402
 
 #: README of facebookresearch/vggt: aggregator only, one H100, FlashAttention-3, 518x518 (frames: seconds, GB).
 OFFICIAL_H100 = {1: (0.04, 1.88), 2: (0.05, 2.07), 4: (0.07, 2.45), 8: (0.11, 3.23), 10: (0.14, 3.63),

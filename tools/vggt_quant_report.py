@@ -25,9 +25,10 @@ sys.path.insert(0, str(REPO))
 
 from embodied_accel.bench.harness import result_record, write_result  # noqa: E402
 from embodied_accel.models.vggt.geometry import pose_auc, pose_encoding_to_cameras, relative_pose_errors  # noqa: E402
-from embodied_accel.models.vggt.loading import VggtRunner, load_vggt_model  # noqa: E402
+from embodied_accel.models.vggt.loading import load_vggt_model  # noqa: E402
 from embodied_accel.models.vggt.plans import VGGT_W8A8_ALL_BLOCKS_PLAN, VGGT_W8A8_PLAN  # noqa: E402
 from embodied_accel.nn.linear import Linear  # noqa: E402
+from embodied_accel.pipelines.reconstruction import VggtRunner  # noqa: E402
 from embodied_accel.quant import W8A8Linear, attach_w8a8, quantized_bytes  # noqa: E402
 
 FIXTURE = REPO / "tests" / "fixtures" / "vggt_tiny"

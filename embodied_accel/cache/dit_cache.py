@@ -27,32 +27,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..plans import DiTCachePlan
 from .config import CacheConfig
-
-
-@dataclass(frozen=True)
-class DiTCachePlan:
-    """How a DiT step decomposes (see the module docstring). ``ctx`` is whatever the model's step needs besides
-    the latents (conditions, the step's modulation); ``Hidden`` is any structure of tensors."""
-
-    name: str
-    embed: Callable[[torch.Tensor, Any], Any]  # (x, ctx) -> hidden; always computed
-    first_block: Callable[[Any, Any], Any]  # (hidden, ctx) -> hidden; FBCache's first block
-    rest: Callable[[Any, Any], torch.Tensor]  # (hidden, ctx) -> stream after the stack; what a cache may skip
-    stream: Callable[[Any], torch.Tensor]  # hidden -> the residual stream (same shape as rest's output)
-    head: Callable[[torch.Tensor, Any], torch.Tensor]  # (stream, ctx) -> the step's output; always computed
-    modulated_input: Callable[[Any, Any], torch.Tensor] | None = None  # (embedded hidden, ctx) -> TeaCache's signal
-
-    def full_step(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
-        """The uncached step, in the same order of operations as a cached step that computes."""
-        return self.head(self.rest(self.first_block(self.embed(x, ctx), ctx), ctx), ctx)
 
 
 def rel_l1(current: torch.Tensor, reference: torch.Tensor) -> float:

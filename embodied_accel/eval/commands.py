@@ -113,7 +113,7 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
     policy, source = None, args.server
     if args.server is None:
         from .. import load_policy
-        from ..cli import rtc_option
+        from ..families.policy import rtc_option
 
         source = str(args.checkpoint) if args.checkpoint is not None else (args.model or "pi0-tiny")
         policy = load_policy(

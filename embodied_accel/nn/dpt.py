@@ -98,7 +98,7 @@ class GroupedConv1x1(nn.Module):
             return out.view(n, h, w, c_out).permute(0, 3, 1, 2)
         rows = x.permute(0, 2, 3, 1).reshape(-1, groups, c_in).transpose(0, 1)  # [G, N*H*W, c_in], a view
         bias = self.bias.view(groups, 1, c_out)
-        if torch.compiler.is_exporting():  # ONNX export: a write into a strided out= view loses its layout there
+        if torch.compiler.is_compiling():  # compile and ONNX export: a strided out= view loses its layout there
             out = torch.baddbmm(bias, rows, self.weight_t).transpose(0, 1).reshape(n, h, w, groups * c_out)
             return out.permute(0, 3, 1, 2)
         out = x.new_empty(n, h, w, groups * c_out)

@@ -18,6 +18,7 @@ from torch import nn
 
 from .. import platform as platform_mod
 from . import reference
+from .contract import CUDA_ATTENTION_KERNELS
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +56,6 @@ OP_NAMES: tuple[str, ...] = (
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.
 BACKEND_NAMES: tuple[str, ...] = ("auto", "reference", "cuda", "npu")
-
-#: The kernels that can serve the cuda backend's masked attention: PyTorch SDPA with the query heads packed
-#: into rows of one head (the default), or the Triton flash-attention kernel of ``ops/cuda/attention.py``.
-CUDA_ATTENTION_KERNELS: tuple[str, ...] = ("sdpa", "triton")
 
 
 class BackendUnavailableError(RuntimeError):

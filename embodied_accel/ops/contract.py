@@ -11,6 +11,10 @@ from typing import Literal
 
 import torch
 
+#: The kernels that can serve the cuda backend's masked attention: PyTorch SDPA with the query heads packed
+#: into rows of one head (the default), or the Triton flash-attention kernel of ``ops/cuda/attention.py``.
+CUDA_ATTENTION_KERNELS: tuple[str, ...] = ("sdpa", "triton")
+
 #: Key counts are padded to a multiple of this in the memory of additive masks: PyTorch's memory-efficient SDPA
 #: copies a mask into an aligned buffer on every call unless every stride but the last is a multiple of 8.
 MASK_KEY_ALIGNMENT = 8

@@ -4,10 +4,9 @@ Stages (each timed, wall and CPU seconds): **conditioning** (DINOv2 on the proce
 (the flow-matching loop; CFG batched), **volume decoding** (SDF logits on the octree grid, dense or hierarchical),
 **surface extraction** (marching cubes), **export** (the mesh file, by the caller).
 
-The runtime parts are the library's: one :class:`~embodied_accel.runtime.buffers.StaticBuffers` owns the static
+The runtime is the library's one runner (:class:`~embodied_accel.runtime.runner.Runner`): it owns the static
 buffers (the conditioner's position tables and input normalization; every block's modulation for a step schedule,
-per number of steps and guidance), and each network call runs through a
-:class:`~embodied_accel.runtime.executor.BucketedCall` in the chosen capture mode (the DiT step with its step's
+per number of steps and guidance) and runs each network call in the chosen capture mode (the DiT step with its step's
 modulation as tensor inputs, the decoder on fixed-size chunks of grid points, so one captured graph serves every
 step or every chunk). The decoder runs in its grid form (:mod:`~embodied_accel.models.hunyuan3d.grid_query`: per-axis
 embedding tables, per-shape constants folded) where that applies, else on the points' coordinates. The DiT cache
@@ -42,13 +41,14 @@ from ..models.hunyuan3d.volume import (
 )
 from ..models.hunyuan3d.weights import config_from_checkpoint, init_random_weights, load_checkpoint_weights
 from ..ops import get_ops
-from ..runtime import check_capture, prepare_capture
 from ..runtime.buffers import BufferSpec, StaticBuffers
 from ..runtime.cudagraph import GraphBackend
-from ..runtime.executor import BucketedCall, policy_graph_cache
+from ..runtime.runner import Runner
 
 logger = logging.getLogger(__name__)
 
+#: The bundled sample image (the shape and texture families' sample input).
+SAMPLE_IMAGE = Path(__file__).resolve().parents[1] / "data" / "hunyuan3d_sample.png"
 DECODINGS = ("hierarchical", "dense")
 #: Query points per decoder call: upstream's default, on every device. On a CPU (the reduced configs, one thread)
 #: 8000 was 7 % faster than 2048 in the grid form, whose intermediates live in a workspace (fewer calls, each op's
@@ -133,27 +133,33 @@ class ShapeBucket:
 
 
 class ShapePipeline:
-    """A loaded Hunyuan3D-2 model and the runtime that executes it; :meth:`generate` runs one image."""
+    """A loaded Hunyuan3D-2 model, its plan and the :class:`~embodied_accel.runtime.runner.Runner` that executes it;
+    :meth:`generate` runs one image."""
 
-    def __init__(self, model: Hunyuan3DModel, *, device, capture: str = "eager", source: str = "",
+    def __init__(self, model: Hunyuan3DModel, *, device=None, capture: str = "eager", source: str = "",
                  random_weights: bool = False, graph_backend: GraphBackend | None = None,
-                 plat: platform_mod.Platform | None = None):  # fmt: skip
+                 plat: platform_mod.Platform | None = None, runner: Runner | None = None):  # fmt: skip
         self.model, self.source, self.random_weights = model, source, random_weights
-        self.device = platform_mod.normalize_device(device)
-        self.capture = capture
-        self.buffers = StaticBuffers()
-        graphs = policy_graph_cache(capture, self.device, graph_backend)  # one pool and one cap for the three calls
-        runtime = {"mode": capture, "buffers": self.buffers, "graphs": graphs, "plat": plat, "device": self.device}
-        self.conditioner_call = BucketedCall(self._condition, self.plan, dict, **runtime)
-        self.dit_call = BucketedCall(self._dit_step, lambda bucket: {}, dict, **runtime)
+        if runner is None:
+            runner = Runner(device, capture, plat=plat, graph_backend=graph_backend)
+        self.runner = runner  # one owner of the buffers, one graph pool and cap for the three calls
+        self.conditioner_call = runner.call(self._condition, self.plan)
+        self.dit_call = runner.call(self._dit_step)
         self.grid_form = grid_query.applies(model.vae)  # see models/hunyuan3d/grid_query.py
         # Compiled on a CPU, the grid form allocates its intermediates per chunk again (inductor's buffers): measured
         # 2.3x the eager decoder's time at the reduced config, so there the decoder stays eager
-        compiled_on_cpu = capture == "compile" and self.device.type == "cpu"
-        self.decoder_capture = "eager" if compiled_on_cpu and self.grid_form else capture
-        runtime["mode"] = self.decoder_capture
-        self.decoder_call = BucketedCall(self._query, self._decoder_plan, dict, **runtime)
+        compiled_on_cpu = runner.capture == "compile" and self.device.type == "cpu"
+        self.decoder_capture = "eager" if compiled_on_cpu and self.grid_form else runner.capture
+        self.decoder_call = runner.call(self._query, self._decoder_plan, capture=self.decoder_capture)
 
+    def with_capture(self, capture: str, **runtime_options) -> ShapePipeline:
+        """The same model on a fresh runner in another capture mode (weights loaded once, wrapped per mode)."""
+        return ShapePipeline(self.model, source=self.source, random_weights=self.random_weights,
+                             runner=self.runner.with_capture(capture, **runtime_options))  # fmt: skip
+
+    device: torch.device = property(lambda self: self.runner.device)  # type: ignore[assignment]
+    capture: str = property(lambda self: self.runner.capture)  # type: ignore[assignment]
+    buffers: StaticBuffers = property(lambda self: self.runner.buffers)  # type: ignore[assignment]
     config: Hunyuan3DConfig = property(lambda self: self.model.config)  # type: ignore[assignment]
 
     # ---- the runtime's view
@@ -212,11 +218,6 @@ class ShapePipeline:
         return grid_query.GridFormDecoder(vae, settings.bounds, chunk, self.device,
                                           lambda tokens: self.decoder_call(chunk, tokens, *folded))  # fmt: skip
 
-    def _synchronize(self) -> None:
-        """Stage times are wall times of finished work: wait for the device at stage boundaries."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     # ---- one generation
 
     def prepare_image(self, image) -> torch.Tensor:
@@ -259,7 +260,7 @@ class ShapePipeline:
         distilled = cfg.dit.guidance_embed
         bucket = ShapeBucket(steps, float(settings.guidance) if distilled else None)
         schedule = make_schedule(cfg, steps)
-        timer = StageTimer(self._synchronize)
+        timer = StageTimer(self.runner.synchronize)
         processed = self.prepare_image(image)
         cond = self.conditioner_call(None, processed.to(self.device, model.compute_dtype))
         classifier_free = not distilled
@@ -354,8 +355,7 @@ def load_shape_pipeline(
     """A pipeline from a released model directory (``config.yaml`` + weights) or a preset name (seeded random
     weights)."""
     compute_dtype = platform_mod.resolve_dtype(dtype)
-    check_capture(capture, plat)
-    prepare_capture(capture)
+    Runner.prepare(capture, plat)
     device = platform_mod.normalize_device(device)
     ops = get_ops(backend, plat)
     path = Path(source)
@@ -381,6 +381,7 @@ def load_shape_pipeline(
 
 __all__ = [
     "DEFAULT_CHUNK",
+    "SAMPLE_IMAGE",
     "DECODINGS",
     "STAGES",
     "ShapePipeline",

@@ -37,7 +37,10 @@ from ..models.hunyuan3d_paint.config import DELIGHT_PRESETS, MULTIVIEW_PRESETS, 
 from ..models.hunyuan3d_paint.model import DelightModel, MultiviewModel, generator_noise
 from ..models.hunyuan3d_paint.schedulers import euler_ancestral_schedule, lcm_schedule, turbo_timesteps
 from ..models.hunyuan3d_paint.weights import load_delight_model, load_multiview_model
+from ..nn.unet import UNetContext
 from ..ops import get_ops
+from ..runtime.cudagraph import GraphBackend
+from ..runtime.runner import Runner
 
 logger = logging.getLogger(__name__)
 
@@ -154,18 +157,61 @@ class _StageClock:
 
 
 class TexturePipeline:
-    """A loaded delight model and multiview model; :meth:`generate` textures one mesh from one image."""
+    """A loaded delight model and multiview model on one :class:`~embodied_accel.runtime.runner.Runner`;
+    :meth:`generate` textures one mesh from one image.
 
-    def __init__(self, delight: DelightModel, multiview: MultiviewModel, *, device, source: str = "",
-                 random_weights: bool = False, render_size: int = 2048, texture_size: int = 2048):  # fmt: skip
+    Each sampling step's UNet call (delight, multiview) is a runner call in the chosen capture mode: ``compile``
+    compiles it once per input shape, the graph modes capture it once per shape and replay it at every step (the
+    step's timestep, latents and labels are inputs of the call; the text and reference keys / values, computed once
+    per generation, too). The schedulers' arithmetic between the calls and the VAE run eagerly.
+    """
+
+    def __init__(self, delight: DelightModel, multiview: MultiviewModel, *, device=None, source: str = "",
+                 random_weights: bool = False, render_size: int = 2048, texture_size: int = 2048,
+                 capture: str = "eager", plat: platform_mod.Platform | None = None,
+                 graph_backend: GraphBackend | None = None, runner: Runner | None = None):  # fmt: skip
         self.delight_model, self.multiview_model = delight, multiview
-        self.device = platform_mod.normalize_device(device)
+        if runner is None:
+            runner = Runner(device, capture, plat=plat, graph_backend=graph_backend)
+        self.runner = runner
         self.source, self.random_weights = source, random_weights
         self.render_size, self.texture_size = render_size, texture_size
+        self.delight_unet_call = runner.call(self._delight_unet)
+        self.multiview_unet_call = runner.call(self._multiview_unet)
 
-    def _synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def with_capture(self, capture: str, **runtime_options) -> TexturePipeline:
+        """The same models on a fresh runner in another capture mode (weights loaded once, wrapped per mode)."""
+        return TexturePipeline(self.delight_model, self.multiview_model, source=self.source,
+                               random_weights=self.random_weights, render_size=self.render_size,
+                               texture_size=self.texture_size,
+                               runner=self.runner.with_capture(capture, **runtime_options))  # fmt: skip
+
+    device: torch.device = property(lambda self: self.runner.device)  # type: ignore[assignment]
+    capture: str = property(lambda self: self.runner.capture)  # type: ignore[assignment]
+
+    # ---- the UNet steps the runner captures (tensors in, tensors out; the context rebuilt inside)
+
+    def _delight_unet(self, buffers, sample: torch.Tensor, timestep: torch.Tensor,
+                      cross_kv: list[torch.Tensor]) -> torch.Tensor:  # fmt: skip
+        return self.delight_model.unet(sample, timestep, UNetContext(cross_kv=cross_kv))
+
+    def _multiview_unet(self, buffers, sample: torch.Tensor, timestep: torch.Tensor, cross_kv: list[torch.Tensor],
+                        reference_kv: list[torch.Tensor] | None, class_labels: torch.Tensor | None,
+                        guidance_condition: torch.Tensor | None, views: int, reference_start: int) -> torch.Tensor:  # fmt: skip
+        ctx = UNetContext(cross_kv=cross_kv, views=views, reference_kv=reference_kv, reference_start=reference_start)
+        return self.multiview_model.unet(sample, timestep, ctx, guidance_condition=guidance_condition,
+                                         class_labels=class_labels)  # fmt: skip
+
+    def delight_step(self, sample: torch.Tensor, timestep: torch.Tensor, ctx: UNetContext) -> torch.Tensor:
+        """One delight UNet call through the runner (what :meth:`DelightModel.denoise` calls per step)."""
+        return self.delight_unet_call(None, sample, timestep, ctx.cross_kv)
+
+    def multiview_step(self, sample: torch.Tensor, timestep: torch.Tensor, ctx: UNetContext,
+                       guidance_condition: torch.Tensor | None = None,
+                       class_labels: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """One multiview UNet call through the runner (what :meth:`MultiviewModel.denoise` calls per step)."""
+        return self.multiview_unet_call(None, sample, timestep, ctx.cross_kv, ctx.reference_kv, class_labels,
+                                        guidance_condition, ctx.views, ctx.reference_start)  # fmt: skip
 
     # ---- stages
 
@@ -179,9 +225,10 @@ class TexturePipeline:
                                 model.compute_dtype)  # fmt: skip
         with torch.no_grad():
             latents = model.image_latents(processor.to_model_image(pixels, self.device, model.compute_dtype))
-            latents = model.denoise(latents, schedule, noise, cfg.text_guidance, cfg.image_guidance, progress)
+            latents = model.denoise(latents, schedule, noise, cfg.text_guidance, cfg.image_guidance, progress,
+                                    unet=self.delight_step)  # fmt: skip
             generated = processor.to_uint8(model.vae.decode(latents / cfg.vae.scaling_factor))[0]
-        self._synchronize()
+        self.runner.synchronize()
         return processor.recorrect_colors(generated, target, alpha)
 
     def multiview(self, reference: np.ndarray, normals: list[np.ndarray], positions: list[np.ndarray],
@@ -206,10 +253,10 @@ class TexturePipeline:
                                                             latent_size)))  # fmt: skip
             out = model.denoise(latents[:1], latents[1 : 1 + views], latents[1 + views :], cameras, schedule,
                                 latent_noise, cfg.guidance if settings.guidance is None else settings.guidance,
-                                progress=progress)  # fmt: skip
+                                progress=progress, unet=self.multiview_step)  # fmt: skip
             decoded = model.decode(out)
             result = list((decoded.permute(0, 2, 3, 1).float().cpu().numpy() * 255).round().astype(np.uint8))
-        self._synchronize()
+        self.runner.synchronize()
         return result
 
     # ---- one texturing
@@ -283,21 +330,26 @@ def _texture_folders(root: Path, paint_model: str | None) -> tuple[Path, Path]:
 
 
 def load_texture_pipeline(source: str | Path, *, paint_model: str | None = None, backend: str = "auto",
-                          dtype: str | torch.dtype = "float32", device=None, seed: int = 0,
-                          progress: bool = True) -> TexturePipeline:  # fmt: skip
+                          dtype: str | torch.dtype = "float32", device=None, seed: int = 0, progress: bool = True,
+                          capture: str = "eager", plat: platform_mod.Platform | None = None,
+                          graph_backend: GraphBackend | None = None) -> TexturePipeline:  # fmt: skip
     """A pipeline from a folder holding ``hunyuan3d-delight-v2-0`` and a paint model (``paint_model``: its folder
     name; default the turbo one when present, as upstream, else ``hunyuan3d-paint-v2-0``), or from a preset of
-    :data:`~embodied_accel.models.hunyuan3d_paint.config.TEXTURE_PRESETS` (seeded random weights)."""
+    :data:`~embodied_accel.models.hunyuan3d_paint.config.TEXTURE_PRESETS` (seeded random weights). ``capture``: how
+    the UNet steps run (see :class:`TexturePipeline`)."""
     compute_dtype = platform_mod.resolve_dtype(dtype)
-    device = platform_mod.normalize_device(device)
+    Runner.prepare(capture, plat)
+    runner = Runner(device, capture, plat=plat, graph_backend=graph_backend)
+    device = runner.device
     ops = get_ops(backend)
     if str(source) in TEXTURE_PRESETS and not Path(source).is_dir():
         preset = TEXTURE_PRESETS[str(source)]
         delight = load_delight_model(DELIGHT_PRESETS[preset.delight], ops, device, compute_dtype, seed, progress)
         multiview = load_multiview_model(MULTIVIEW_PRESETS[preset.multiview], ops, device, compute_dtype, seed,
                                          progress)  # fmt: skip
-        return TexturePipeline(delight, multiview, device=device, source=str(source), random_weights=True,
-                               render_size=preset.render_size, texture_size=preset.texture_size)  # fmt: skip
+        return TexturePipeline(delight, multiview, source=str(source), random_weights=True,
+                               render_size=preset.render_size, texture_size=preset.texture_size,
+                               runner=runner)  # fmt: skip
     root = Path(source)
     if not root.is_dir():
         raise ValueError(f"{source!r} is neither a folder with the Hunyuan3D-Paint models nor a preset; presets: "
@@ -306,7 +358,7 @@ def load_texture_pipeline(source: str | Path, *, paint_model: str | None = None,
     logger.info("texture models: %s and %s", delight_dir, paint_dir)
     delight = load_delight_model(delight_dir, ops, device, compute_dtype, progress=progress)
     multiview = load_multiview_model(paint_dir, ops, device, compute_dtype, progress=progress)
-    return TexturePipeline(delight, multiview, device=device, source=str(root))
+    return TexturePipeline(delight, multiview, source=str(root), runner=runner)
 
 
 __all__ = [

@@ -1,10 +1,11 @@
-"""A ready-to-run GR00T N1.6 policy for one embodiment: processor + model + the runtime that executes it.
+"""A ready-to-run GR00T N1.6 policy for one embodiment: processor + model + plan on the one runner.
 
 Each call falls into a static shape bucket (:class:`~embodied_accel.models.groot.model.GrootBucket`: batch, the image
 slots' patch grids, the prompt padded on the left to a multiple of :attr:`GrootPolicy.token_bucket`, steps). What a
-bucket reads is declared in :meth:`GrootPolicy.plan`; the runtime
-(:class:`~embodied_accel.runtime.executor.BucketedCall`) builds those buffers before the call is first run or
-captured. ``--capture compile`` / ``cudagraph`` / ``compile+cudagraph`` apply to the whole call (vision, Qwen3, every
+bucket reads is declared in :meth:`GrootPolicy.plan`; the runner (:class:`~embodied_accel.runtime.runner.Runner`)
+builds those buffers before the call is first run or captured. The server validates observations on its decoder
+threads (:meth:`GrootPolicy.validate`: image processing and tokenization included) and runs rows of one frame size
+together (:meth:`~.base.Policy.run_validated`), as for pi0. ``--capture compile`` / ``cudagraph`` / ``compile+cudagraph`` apply to the whole call (vision, Qwen3, every
 denoising step).
 
 Real-time chunking: a request may carry the previous chunk's leftover (``previous_actions``, robot units, as the
@@ -16,7 +17,6 @@ it (:mod:`embodied_accel.nn.rtc`).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,7 @@ from ..models.groot.processor import (
     ActionKey,
     EmbodimentSpec,
     GrootProcessor,
+    GrootRow,
     HostInputs,
     ImageSettings,
     ObservationError,
@@ -56,13 +57,13 @@ from ..models.groot.weights import (
     load_checkpoint_weights,
 )
 from ..nn.rtc import ChunkGuidance, RtcSettings
-from ..ops import OpSet, get_ops
+from ..ops import get_ops
 from ..quant import check_quant, quantize
-from ..runtime import check_capture, prepare_capture
-from ..runtime.buffers import BufferSpec, StaticBuffers
+from ..runtime.buffers import BufferSpec
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
-from ..runtime.executor import BucketedCall, policy_graph_cache
+from ..runtime.runner import Runner
 from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
+from .base import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +113,9 @@ def _describe_norms(spec: EmbodimentSpec) -> tuple[str, str]:
     return state, action
 
 
-class GrootPolicy:
-    """GR00T N1.6 for one embodiment with its processor. Build it with :func:`load_groot_policy`.
+class GrootPolicy(Policy):
+    """GR00T N1.6 for one embodiment with its processor, on a :class:`~embodied_accel.runtime.runner.Runner`. Build
+    it with :func:`load_groot_policy`.
 
     ``plat`` / ``graph_backend`` replace the detected platform and the real CUDA graph capture (CPU tests);
     ``max_graphs`` caps the CUDA graphs the policy holds (least recently used evicted). :meth:`with_capture` wraps the
@@ -123,26 +125,21 @@ class GrootPolicy:
     #: Prompts are left-padded to a multiple of this many tokens (few distinct shapes; padding changes nothing).
     token_bucket = 32
 
-    def __init__(self, model: GrootModel, processor: GrootProcessor, *, source: str, random_weights: bool, device,
-                 capture: str = "eager", pad_id: int = 0, plat: platform_mod.Platform | None = None,
-                 graph_backend: GraphBackend | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS):  # fmt: skip
-        self.model, self.processor = model, processor
-        self.source, self.random_weights = source, random_weights
-        self.device = platform_mod.normalize_device(device)
-        self.capture, self.pad_id = capture, pad_id
+    def __init__(self, model: GrootModel, processor: GrootProcessor, *, source: str, random_weights: bool,
+                 device=None, capture: str = "eager", pad_id: int = 0, plat: platform_mod.Platform | None = None,
+                 graph_backend: GraphBackend | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS,
+                 runner: Runner | None = None):  # fmt: skip
+        if runner is None:
+            runner = Runner(device, capture, plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
+        super().__init__(model, processor, runner, source=source, random_weights=random_weights)
+        self.pad_id = pad_id
         self._build = BufferBuilders(model, self.device)
-        #: The one owner of the static buffers (position and rotary tables, step schedules, K/V buffer).
-        self.buffers = StaticBuffers()
-        #: The CUDA graphs of both calls (graph modes): one memory pool, at most ``max_graphs`` graphs.
-        self.graph_cache = policy_graph_cache(capture, self.device, graph_backend, max_graphs)
-        self._runtime_options = dict(plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
-        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graphs=self.graph_cache, device=self.device)
         #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
-        self.model_call = BucketedCall(self._model_call, self.plan, assemble_buffers, **runtime)
+        self.model_call = runner.call(self._model_call, self.plan, assemble_buffers)
         #: The same call with real-time chunking's guidance: the leftover, its weights and the clip are tensors of
         #: the call, so any delay and any mix of rows with and without it share one capture per bucket. Calls
         #: without guidance run the call above, unchanged.
-        self.model_call_rtc = BucketedCall(self._model_call_rtc, self.plan, assemble_buffers, **runtime)
+        self.model_call_rtc = runner.call(self._model_call_rtc, self.plan, assemble_buffers)
         spec = processor.spec
         state_norm, action_norm = _describe_norms(spec)
         self.io = GrootIO(
@@ -156,41 +153,14 @@ class GrootPolicy:
             action_norm=action_norm,
         )
 
-    def with_capture(self, capture: str, **runtime_options: Any) -> GrootPolicy:
-        """The same model, processor and device in another capture mode, with a runtime of its own (buffers,
-        graphs): a benchmark loads the weights once and wraps them in each mode. ``runtime_options``: ``plat``,
-        ``graph_backend``, ``max_graphs`` (default: this policy's)."""
-        check_capture(capture, runtime_options.get("plat", self._runtime_options["plat"]))
-        options = {**self._runtime_options, **runtime_options}
+    def _rebuild(self, runner: Runner) -> GrootPolicy:
         return GrootPolicy(self.model, self.processor, source=self.source, random_weights=self.random_weights,
-                           device=self.device, capture=capture, pad_id=self.pad_id, **options)  # fmt: skip
+                           pad_id=self.pad_id, runner=runner)  # fmt: skip
 
-    config: GrootConfig = property(lambda self: self.model.config)  # type: ignore[assignment]
-    ops: OpSet = property(lambda self: self.model.ops)  # type: ignore[assignment]
-    backend: str = property(lambda self: self.model.ops.backend)  # type: ignore[assignment]
-    dtype: torch.dtype = property(lambda self: self.model.compute_dtype)  # type: ignore[assignment]
     embodiment: str = property(lambda self: self.processor.spec.tag)  # type: ignore[assignment]
 
     def tokenizer_search_places(self) -> str:
         return tokenizer_search_places(None if self.random_weights else Path(self.source))
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    @property
-    def rtc(self) -> RtcSettings:
-        """The real-time chunking settings requests with ``previous_actions`` are guided with."""
-        return self.processor.rtc
-
-    @property
-    def capture_seconds(self) -> float | None:
-        """Seconds spent capturing CUDA graphs (all buckets of both calls so far); None in other modes."""
-        seconds = [c.capture_seconds for c in (self.model_call, self.model_call_rtc) if c.capture_seconds is not None]
-        return sum(seconds) if seconds else None
-
-    @property
-    def text_instructions_supported(self) -> bool:
-        return self.processor.tokenizer is not None
 
     # ---- the runtime's view: buckets and their buffers
 
@@ -228,8 +198,27 @@ class GrootPolicy:
         """Observation dict (or list of them) → model inputs on the device, padded to a bucket."""
         if isinstance(observations, Mapping):
             observations = [observations]
-        host = self.processor(list(observations), TOKENS_KEY)
-        return self._to_device(host, num_steps)
+        return self._to_device(self.processor(list(observations), TOKENS_KEY), num_steps)
+
+    def validate(self, observation: Mapping[str, Any], where: str = "observation") -> GrootRow:
+        """Check and process one observation on the host (frames resized, prompt tokenized; raises
+        :class:`ObservationError` naming the field): what the server does on its decoder threads."""
+        return self.processor.validate(observation, TOKENS_KEY, where)
+
+    def validate_batch(self, observations: Sequence[Mapping[str, Any]]) -> list[GrootRow]:
+        return self.processor.validate_batch(list(observations), TOKENS_KEY)
+
+    def reserve(self, max_batch: int, num_steps: int | None = None) -> None:
+        """Allocate ahead of time the buffers whose size grows with the batch and the prompt (the cross-attention K/V
+        buffer and the rotary table, for ``max_batch`` rows of the longest prompt) and the step schedule: every
+        smaller call reuses them. Buffers keyed by image grid or prompt length are built on their first call."""
+        build, length = self._build, self.config.max_token_len
+        steps = num_steps or self.config.num_steps
+        self.buffers.acquire({
+            "rotary_table": BufferSpec(lambda cap: build.rotary_table(cap[0]), (length,)),
+            "schedule": BufferSpec(lambda _: build.schedule(steps), key=steps),
+            "cross_kv": BufferSpec(lambda cap: build.cross_kv(cap[0]), (max_batch * length,)),
+        })  # fmt: skip
 
     def _to_device(self, host: HostInputs, num_steps: int | None) -> GrootInputs:
         cfg, patch = self.config, self.config.vision.patch_size
@@ -268,23 +257,6 @@ class GrootPolicy:
             bucket=bucket,
             guidance=guidance,
         )
-
-    def make_noise(self, batch: int, noise=None, seed: int | None = None) -> torch.Tensor:
-        """Initial flow sample ``[B, horizon, max_action_dim]``: given, seeded, or fresh N(0, 1)."""
-        cfg = self.config
-        shape = (batch, cfg.action_horizon, cfg.max_action_dim)
-        if noise is None:
-            generator = torch.Generator().manual_seed(seed) if seed is not None else None
-            return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
-        noise = torch.as_tensor(np.asarray(noise) if not isinstance(noise, torch.Tensor) else noise)
-        if noise.ndim == 2:
-            noise = noise.unsqueeze(0).expand(batch, -1, -1)
-        if tuple(noise.shape) != shape:
-            raise ObservationError(f"noise: expected shape {list(shape[1:])} or {list(shape)} (horizon, "
-                                   f"max_action_dim), got {list(noise.shape)}")  # fmt: skip
-        if not noise.is_floating_point() or not torch.isfinite(noise).all():
-            raise ObservationError("noise: expected finite floating-point values")
-        return noise.to(device=self.device, dtype=torch.float32)
 
     def sample(self, inputs: GrootInputs, noise: torch.Tensor | None = None) -> torch.Tensor:
         """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); guided
@@ -344,25 +316,16 @@ class GrootPolicy:
 
     # ---- end to end
 
-    def infer_batch(self, observations: Sequence[Mapping[str, Any]], *, noise=None, seed: int | None = None,
-                    num_steps=None) -> dict[str, Any]:  # fmt: skip
-        """Observations → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D], "infer_ms": float}``
-        (float32; ``actions`` is the per-key actions concatenated in the embodiment's key order)."""
-        start = time.perf_counter()
-        inputs = self.prepare(observations, num_steps)
+    def outputs(self, rows: Sequence[GrootRow], *, noise=None, seed: int | None = None,
+                num_steps=None) -> dict[str, Any]:  # fmt: skip
+        """Validated rows → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D]}`` (float32; ``actions`` is
+        the per-key actions concatenated in the embodiment's key order)."""
+        inputs = self._to_device(self.processor.pack(rows), num_steps)
         chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed))
         per_key = self.postprocess(chunk, inputs.raw_state)
         result: dict[str, Any] = {"actions": np.concatenate(list(per_key.values()), axis=-1)}
         result.update({f"action.{key}": value for key, value in per_key.items()})
-        result["infer_ms"] = (time.perf_counter() - start) * 1e3
         return result
-
-    def infer(self, observation: Mapping[str, Any], *, noise=None, seed: int | None = None, num_steps=None):
-        """One observation → ``{"actions": [T, action_dim], "action.<key>": [T, D], "infer_ms"}``."""
-        if not isinstance(observation, Mapping):
-            raise ObservationError(f"observation: expected a dict, got {type(observation).__name__}")
-        result = self.infer_batch([observation], noise=noise, seed=seed, num_steps=num_steps)
-        return {k: (v[0] if isinstance(v, np.ndarray) else v) for k, v in result.items()}
 
     def sample_observation(self, seed: int = 0, height: int = 256, width: int = 256) -> dict[str, Any]:
         """A synthetic observation of this embodiment (random frames, mid-range state; the instruction as text
@@ -460,8 +423,7 @@ def load_groot_policy(
         raise ValueError(f"rtc: expected an RtcSettings, got {type(rtc).__name__}")
     require_image_packages()
     compute_dtype = platform_mod.resolve_dtype(dtype, COMPUTE_DTYPES)
-    check_capture(capture)
-    prepare_capture(capture)
+    Runner.prepare(capture)
     device = platform_mod.normalize_device(device)
     ops = get_ops(backend, cuda_attention=cuda_attention)
     path = Path(preset_or_checkpoint)

@@ -1,16 +1,16 @@
-"""A ready-to-run pi0 / pi0.5 policy: processor + model + the runtime that executes it, behind ``infer``.
+"""A ready-to-run pi0 / pi0.5 policy: processor + model + plan on the one runner, behind ``infer``.
 
 The policy glues three owners together: the processor (:mod:`embodied_accel.models.pi0.processor`: observation
-dicts in, robot actions out), the model (a pure function of weights, inputs and buffers), and the runtime
-(:class:`~embodied_accel.runtime.executor.BucketedCall`: which static buffers a call's shape bucket reads, and the
-call captured against them). What a bucket needs is declared here, in :meth:`Pi0Policy.plan`.
+dicts in, robot actions out), the model (a pure function of weights, inputs and buffers), and the runner
+(:class:`~embodied_accel.runtime.runner.Runner`: which static buffers a call's shape bucket reads, and the call
+captured against them). What a bucket needs is declared here, in :meth:`Pi0Policy.plan`; the surface every policy
+shares is :class:`~.base.Policy`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import torch
 
 from .. import platform as platform_mod
 from ..errors import ObservationError
-from ..models.pi0.config import PRESETS, Pi0Config, get_preset, report_memory_need
+from ..models.pi0.config import PRESETS, get_preset, report_memory_need
 from ..models.pi0.device_processing import DeviceProcessing
 from ..models.pi0.io_spec import IOSpec, load_io_spec
 from ..models.pi0.model import Pi0Buffers, Pi0Model
@@ -40,13 +40,13 @@ from ..models.pi0.weights import (
     load_checkpoint_weights,
 )
 from ..nn.rtc import ChunkGuidance, RtcSettings
-from ..ops import OpSet, get_ops
+from ..ops import get_ops
 from ..quant import check_quant, quantize
-from ..runtime import check_capture, prepare_capture
-from ..runtime.buffers import BufferSpec, StaticBuffers
+from ..runtime.buffers import BufferSpec
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
-from ..runtime.executor import BucketedCall, policy_graph_cache
+from ..runtime.runner import Runner
 from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
+from .base import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +72,9 @@ class Pi0Bucket:
     num_steps: int
 
 
-class Pi0Policy:
-    """pi0 / pi0.5 with its processor and runtime. Build it with :func:`load_pi0_policy` (or ``load_policy``).
+class Pi0Policy(Policy):
+    """pi0 / pi0.5 with its processor, on a :class:`~embodied_accel.runtime.runner.Runner`. Build it with
+    :func:`load_pi0_policy` (or ``load_policy``).
 
     ``plat`` / ``graph_backend`` replace the detected platform and the real CUDA graph capture (tests run the
     ``cudagraph`` modes on the CPU through a replay stand-in this way); ``max_graphs`` caps the CUDA graphs the policy
@@ -90,68 +91,33 @@ class Pi0Policy:
         *,
         source: str,
         random_weights: bool,
-        device,
+        device=None,
         capture: str = "eager",
         plat: platform_mod.Platform | None = None,
         graph_backend: GraphBackend | None = None,
         max_graphs: int = DEFAULT_MAX_GRAPHS,
+        runner: Runner | None = None,
     ):
-        self.model, self.processor = model, processor
-        self.source, self.random_weights = source, random_weights
-        self.device = platform_mod.normalize_device(device)
-        self.capture = capture
+        if runner is None:
+            runner = Runner(device, capture, plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
+        super().__init__(model, processor, runner, source=source, random_weights=random_weights)
         self.device_processing = DeviceProcessing(model.config, processor.io).to(self.device)
-        #: The one owner of the static buffers (KV cache, rotary table, step schedules) of every call below.
-        self.buffers = StaticBuffers()
-        #: The CUDA graphs of every call below (graph modes): one memory pool, at most ``max_graphs`` graphs.
-        self.graph_cache = policy_graph_cache(capture, self.device, graph_backend, max_graphs)
-        runtime = dict(mode=capture, buffers=self.buffers, plat=plat, graphs=self.graph_cache, device=self.device)
-        self._runtime_options = dict(plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
         #: The whole call on the device: uploaded observation bytes → robot actions (what ``infer`` runs).
-        self.whole_call = BucketedCall(self._whole_call, self.plan, self.assemble, **runtime)
+        self.whole_call = runner.call(self._whole_call, self.plan, self.assemble)
         #: The model alone: model inputs (host-processed) → normalized action chunk.
-        self.model_call = BucketedCall(self._model_call, self.plan, self.assemble, **runtime)
+        self.model_call = runner.call(self._model_call, self.plan, self.assemble)
         #: The same two calls with real-time chunking's guidance (its inputs are tensors of the call: any delay,
         #: leftover and mix of rows with and without it share one capture per bucket). Without guidance the calls
         #: above run, unchanged.
-        self.whole_call_rtc = BucketedCall(self._whole_call_rtc, self.plan, self.assemble, **runtime)
-        self.model_call_rtc = BucketedCall(self._model_call_rtc, self.plan, self.assemble, **runtime)
+        self.whole_call_rtc = runner.call(self._whole_call_rtc, self.plan, self.assemble)
+        self.model_call_rtc = runner.call(self._model_call_rtc, self.plan, self.assemble)
 
-    def with_capture(self, capture: str, **runtime_options: Any) -> Pi0Policy:
-        """The same model, processor and device in another capture mode, with a runtime of its own (buffers,
-        graphs): a benchmark loads the weights once and wraps them in each mode. ``runtime_options``: ``plat``,
-        ``graph_backend``, ``max_graphs`` (default: this policy's)."""
-        check_capture(capture, runtime_options.get("plat", self._runtime_options["plat"]))
-        options = {**self._runtime_options, **runtime_options}
+    def _rebuild(self, runner: Runner) -> Pi0Policy:
         return Pi0Policy(self.model, self.processor, source=self.source, random_weights=self.random_weights,
-                         device=self.device, capture=capture, **options)  # fmt: skip
+                         runner=runner)  # fmt: skip
 
-    config: Pi0Config = property(lambda self: self.model.config)  # type: ignore[assignment]
     family: str = property(lambda self: self.model.config.family)  # type: ignore[assignment]
     io: IOSpec = property(lambda self: self.processor.io)  # type: ignore[assignment]
-    ops: OpSet = property(lambda self: self.model.ops)  # type: ignore[assignment]
-    backend: str = property(lambda self: self.model.ops.backend)  # type: ignore[assignment]
-    dtype: torch.dtype = property(lambda self: self.model.compute_dtype)  # type: ignore[assignment]
-
-    @property
-    def rtc(self) -> RtcSettings:
-        """The real-time chunking settings requests with ``previous_actions`` are guided with."""
-        return self.processor.rtc
-
-    @property
-    def text_instructions_supported(self) -> bool:
-        """Whether text instructions can be tokenized (else observations must carry token ids)."""
-        return self.processor.tokenizer is not None
-
-    @property
-    def capture_seconds(self) -> float | None:
-        """Seconds spent capturing CUDA graphs so far (every bucket of both calls); None in other modes."""
-        calls = (self.whole_call, self.model_call, self.whole_call_rtc, self.model_call_rtc)
-        seconds = [call.capture_seconds for call in calls if call.capture_seconds is not None]
-        return sum(seconds) if seconds else None
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
 
     # ---- the runtime's view: buckets and their buffers
 
@@ -216,25 +182,6 @@ class Pi0Policy:
 
     def _upload(self, raw: RawInputs, compact: bool = True) -> RawInputs:
         return (compact_raw_inputs(raw, self.token_bucket) if compact else raw).to(self.device)
-
-    def make_noise(self, batch: int, noise=None, seed: int | None = None) -> torch.Tensor:
-        """Initial flow sample ``[B, horizon, max_action_dim]``: given, seeded, or fresh N(0, 1)."""
-        cfg = self.config
-        shape = (batch, cfg.action_horizon, cfg.max_action_dim)
-        if noise is None:
-            generator = torch.Generator().manual_seed(seed) if seed is not None else None
-            return torch.randn(shape, generator=generator, dtype=torch.float32).to(self.device)
-        noise = torch.as_tensor(np.asarray(noise) if not isinstance(noise, torch.Tensor) else noise)
-        if noise.ndim == 2:
-            noise = noise.unsqueeze(0).expand(batch, -1, -1)
-        if tuple(noise.shape) != shape:
-            raise ObservationError(
-                f"noise: expected shape {list(shape[1:])} or {list(shape)} (horizon, max_action_dim), "
-                f"got {list(noise.shape)}"
-            )
-        if not noise.is_floating_point() or not torch.isfinite(noise).all():
-            raise ObservationError("noise: expected finite floating-point values")
-        return noise.to(device=self.device, dtype=torch.float32)
 
     def sample(self, inputs: ModelInputs, noise: torch.Tensor | None = None, num_steps: int | None = None):
         """The model call alone: model inputs → normalized action chunk ``[B, horizon, max_action_dim]``."""
@@ -316,6 +263,9 @@ class Pi0Policy:
 
     # ---- end to end
 
+    def validate_batch(self, observations: Sequence[Mapping[str, Any]]) -> list[ValidatedObservation]:
+        return self.processor.validate_batch(observations)
+
     def run_validated(
         self, rows: Sequence[ValidatedObservation], *, noise=None, seed: int | None = None, num_steps=None
     ) -> np.ndarray:
@@ -333,23 +283,6 @@ class Pi0Policy:
         inputs = compact_inputs(self.processor.pack_model_inputs(rows), self.token_bucket).to(self.device)
         chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed), num_steps)
         return self.processor.postprocess(chunk)
-
-    def infer_batch(
-        self, observations: Sequence[Mapping[str, Any]], *, noise=None, seed: int | None = None, num_steps=None
-    ) -> dict[str, Any]:
-        """Observations → ``{"actions": [B, horizon, action_dim] float32, "infer_ms": float}``."""
-        start = time.perf_counter()
-        rows = self.processor.validate_batch(observations)
-        actions = self.run_validated(rows, noise=noise, seed=seed, num_steps=num_steps)
-        return {"actions": actions, "infer_ms": (time.perf_counter() - start) * 1e3}
-
-    def infer(self, observation: Mapping[str, Any], *, noise=None, seed: int | None = None, num_steps=None):
-        """One observation → ``{"actions": [horizon, action_dim] float32, "infer_ms": float}``."""
-        if not isinstance(observation, Mapping):
-            raise ObservationError(f"observation: expected a dict, got {type(observation).__name__}")
-        result = self.infer_batch([observation], noise=noise, seed=seed, num_steps=num_steps)
-        result["actions"] = result["actions"][0]
-        return result
 
 
 def load_pi0_policy(
@@ -378,8 +311,7 @@ def load_pi0_policy(
     """
     check_quant(quant)
     compute_dtype = platform_mod.resolve_dtype(dtype, COMPUTE_DTYPES)
-    check_capture(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
-    prepare_capture(capture)  # process settings the mode needs before the first device allocation
+    Runner.prepare(capture)  # an unknown mode, or one this machine cannot run, fails before any weight is read
     device = platform_mod.normalize_device(device)
     ops = get_ops(backend, cuda_attention=cuda_attention)
     path = Path(preset_or_checkpoint)

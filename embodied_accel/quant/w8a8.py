@@ -1,9 +1,9 @@
 """W8A8 linear layers: int8 weights with static per-output-channel scales (computed once, at attach time) and int8
 activations with dynamic per-token scales (computed inside every call), int32 accumulation.
 
-A model family declares a plan as plain data (the fields of :class:`QuantPlan`, e.g. a dict in its ``plans.py``):
-which of its :class:`~embodied_accel.nn.linear.Linear` layers (by module name) run in W8A8; everything else (e.g.
-vision towers, norms, heads) keeps the model's dtype. Attaching replaces exactly those named modules with
+A model family declares a plan as plain data (the fields of :class:`~embodied_accel.plans.QuantPlan`, e.g. a dict
+in its ``plans.py``): which of its :class:`~embodied_accel.nn.linear.Linear` layers (by module name) run in W8A8;
+everything else (e.g. vision towers, norms, heads) keeps the model's dtype. Attaching replaces exactly those named modules with
 :class:`W8A8Linear` (same call signature); no class or forward is patched, and a plan entry that names no Linear is an
 error. :func:`quantize` applies a ``quant`` setting (``none`` | ``w8a8``) with a family's plan.
 """
@@ -11,36 +11,19 @@ error. :func:`quantize` applies a ``quant`` setting (``none`` | ``w8a8``) with a
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ..nn.linear import Linear
 from ..ops import OpSet
+from ..plans import QuantPlan
 
 logger = logging.getLogger(__name__)
 
 #: The values of a ``quant`` setting: no quantization, or W8A8 on the family's planned linear layers.
 QUANT_MODES = ("none", "w8a8")
-
-
-@dataclass(frozen=True)
-class QuantPlan:
-    """Which linear layers of a model run in W8A8: module names matching any ``include`` pattern and no ``exclude``
-    pattern (``re.fullmatch``); ``keep`` says in words what stays in the model's dtype (for logs and ``info``)."""
-
-    name: str
-    include: tuple[str, ...]
-    exclude: tuple[str, ...] = ()
-    keep: str = ""
-
-    def selects(self, module_name: str) -> bool:
-        return any(re.fullmatch(p, module_name) for p in self.include) and not any(
-            re.fullmatch(p, module_name) for p in self.exclude
-        )
 
 
 def quantize_weight_per_channel(weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

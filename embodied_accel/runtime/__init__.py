@@ -1,11 +1,17 @@
-"""How a model call is executed (never what it computes): eager, torch.compile, whole-call CUDA graphs, torchair.
+"""How a model call is executed (never what it computes): the one runner every family uses.
 
-A capture mode wraps a model's whole-call function once per policy (on its first use). Shapes are static
-per call bucket (number of views, prompt-length bucket, batch size): ``compile`` specializes on each bucket
-(``dynamic=False``) and traces the whole call as one graph (``fullgraph=True``: a graph break is an error,
-not a silent slow path), up to a set number of buckets (:mod:`.compiled`); ``cudagraph`` captures one CUDA graph
-per bucket, at most a set number of graphs per policy with least-recently-used eviction (:mod:`.cudagraph`);
-``torchair`` compiles through torchair's NPU backend (:mod:`.torchair`).
+* :mod:`.runner`: :class:`~.runner.Runner`, the owner of a loaded model's calls (device and its context, capture
+  mode, static buffers, one CUDA-graph cache and pool); families build their calls with ``Runner.call``.
+* :mod:`.executor`: :class:`~.executor.BucketedCall`, one model function run per shape bucket against the buffers
+  its plan declares, in the runner's capture mode.
+* :mod:`.buffers`: :class:`~.buffers.StaticBuffers`, the one owner of the static buffers (built before any capture,
+  reused when large enough, retired when outgrown).
+* The capture modes (:data:`CAPTURE_MODES`, :func:`capture_call`): ``eager``; ``compile`` specializes on each shape
+  bucket (``dynamic=False``) and traces the whole call as one graph (``fullgraph=True``: a graph break is an error,
+  not a silent slow path), up to a set number of buckets per call (:mod:`.compiled`); ``cudagraph`` captures one CUDA
+  graph per bucket, at most a set number of graphs per runner with least-recently-used eviction (:mod:`.cudagraph`);
+  ``compile+cudagraph`` captures the compiled call; ``torchair`` compiles through torchair's NPU backend
+  (:mod:`.torchair`).
 """
 
 from __future__ import annotations
@@ -72,7 +78,10 @@ def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = N
     if mode == "torchair":
         from .torchair import torchair_call
 
-        return torchair_call(fn, plat)
+        try:
+            return torchair_call(fn, plat)
+        except ImportError as exc:
+            raise CaptureUnavailableError(f"capture 'torchair' needs torch_npu and its torchair package ({exc})") from exc
     if mode in ("cudagraph", "compile+cudagraph"):
         from .cudagraph import GraphedCall
 

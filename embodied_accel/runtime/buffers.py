@@ -93,7 +93,7 @@ def nbytes(value: Any) -> int:
 
 @dataclass
 class StaticBuffers:
-    """The owner of one policy's static buffers; see the module docstring.
+    """The owner of the static buffers of one runner's calls; see the module docstring.
 
     ``builds`` counts the buffers built per name, ``retired`` the ones replaced by larger ones; ``generation``
     changes whenever a buffer is retired or cleared (a cheap test for "is some binding stale?").

@@ -7,8 +7,8 @@ reading from freshly allocated static input tensors. Every later call of that bu
 inputs into those tensors, replays the graph (one launch from the host instead of thousands) and
 returns a copy of the static output.
 
-The graphs of one owner (a policy: every :class:`GraphedCall` of it) are held by one :class:`GraphCache`: one
-capture backend with one memory pool, and at most ``max_graphs`` graphs. Sharing the pool is safe because calls run
+The graphs of one owner (a :class:`~.runner.Runner`: every :class:`GraphedCall` of its calls) are held by one
+:class:`GraphCache`: one capture backend with one memory pool, and at most ``max_graphs`` graphs. Sharing the pool is safe because calls run
 one after another on one stream and each call copies its output out of the pool before the next replay can reuse
 the memory. The cap bounds a long-running server's memory: a bucket key includes every input shape (e.g. each raw
 camera resolution), so new keys keep coming; when a capture would exceed the cap, the least recently replayed graph
@@ -20,7 +20,8 @@ whatever the model's device is).
 
 The function must be capture-safe: no host syncs, no ``.item()``, no allocation of tensors that outlive
 the call, no Python branches on tensor values; the buffers it reads across calls (KV caches, tables)
-must exist before capture and must never be freed (pi0's model keeps them per bucket).
+must exist before capture and live as long as a graph that read them: :class:`~.buffers.StaticBuffers` owns them
+and :class:`~.executor.BucketedCall` drops every graph that read a buffer before that buffer is freed.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class GraphBackend(Protocol):
     def capture(self, fn: Callable, static_args: tuple, static_kwargs: dict) -> tuple[Callable[[], None], Any]: ...
 
 
-#: Graphs one :class:`GraphCache` keeps at most (per policy) unless told otherwise.
+#: Graphs one :class:`GraphCache` keeps at most (per owner: a runner) unless told otherwise.
 DEFAULT_MAX_GRAPHS = 32
 
 
@@ -139,7 +140,7 @@ class ReplayByCalling:
 
         def replay():
             fresh = fn(*static_args, **static_kwargs)
-            tree_map(lambda dst, src: dst.copy_(src), static_output, fresh)
+            tree_map(lambda dst, src: dst.copy_(src) if isinstance(dst, torch.Tensor) else dst, static_output, fresh)
 
         return replay, static_output
 

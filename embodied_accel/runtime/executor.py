@@ -1,20 +1,20 @@
-"""A model's whole call executed per shape bucket: the static buffers each bucket reads, and its capture.
+"""A model's call executed per shape bucket: the static buffers each bucket reads, and its capture.
 
 :class:`BucketedCall` joins the two halves of the runtime: :class:`~.buffers.StaticBuffers` (what exists, for
-how long) and the capture modes (:func:`~embodied_accel.runtime.capture_call`, :mod:`.cudagraph`). For each call
-it asks the family's *plan* which buffers the call's bucket needs, acquires them (before any capture), and runs
-the call captured against exactly those buffers:
+how long) and the capture modes (:func:`~embodied_accel.runtime.capture_call`, :mod:`.compiled`, :mod:`.cudagraph`).
+For each call it asks the family's *plan* which buffers the call's bucket needs, acquires them (before any capture),
+and runs the call captured against exactly those buffers:
 
 * ``eager`` / ``compile`` / ``torchair``: the (compiled) function, given the buffers as its first argument;
 * ``cudagraph`` / ``compile+cudagraph``: one :class:`~.cudagraph.GraphedCall` per set of buffers (its graphs, one
-  per input shape, read those buffers by address). When a buffer is retired (outgrown), every graph that read it
-  is dropped before the next call, and recaptured on demand against the new one; the retired buffer is then
-  unreferenced and freed.
+  per input shape, read those buffers by address). When a buffer is retired (outgrown, or every buffer cleared),
+  every graph that read it is dropped before the next call, and recaptured on demand against the new one; the
+  retired buffer is then unreferenced and freed.
 
-Several ``BucketedCall`` objects of one policy share one ``StaticBuffers`` owner, so one KV cache serves every
-path of the policy, and one :class:`~.cudagraph.GraphCache` (``graphs=``): one graph memory pool and one cap on the
-number of graphs for the whole policy. Every call runs under the device context of the policy's device (``device=``),
-so captures, Triton launches and streams land on ``cuda:1`` from any thread.
+A family does not build these directly: its :class:`~.runner.Runner` does (``Runner.call``), so that every call of
+one owner shares one ``StaticBuffers`` (one KV cache serves every path of a policy) and one
+:class:`~.cudagraph.GraphCache` (one graph memory pool and one cap on the number of graphs), and runs under the
+device context of the owner's device, so captures, Triton launches and streams land on ``cuda:1`` from any thread.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ def device_context(device: torch.device | None):
     return contextlib.nullcontext()
 
 
-def policy_graph_cache(
+def owner_graph_cache(
     mode: str, device: torch.device | None, backend: GraphBackend | None = None, max_graphs: int = DEFAULT_MAX_GRAPHS
 ) -> GraphCache | None:
-    """The one :class:`~.cudagraph.GraphCache` of a policy in a graph ``mode`` (None in other modes): ``backend``
+    """The one :class:`~.cudagraph.GraphCache` of an owner in a graph ``mode`` (None in other modes): ``backend``
     (a stand-in in tests) or real CUDA graphs on ``device``, at most ``max_graphs`` graphs."""
     if mode not in GRAPH_MODES:
         return None
@@ -61,7 +61,7 @@ class BucketedCall:
 
     ``assemble(values)`` turns the acquired buffers (a dict by name) into the object ``fn`` reads (e.g. a frozen
     dataclass). ``graphs`` holds the CUDA graphs (graph modes): pass one :class:`~.cudagraph.GraphCache` to every
-    call of a policy so that they share its memory pool and its cap; without one, a private cache is made with
+    call of an owner so that they share its memory pool and its cap; without one, a private cache is made with
     ``graph_backend`` (a CPU stand-in in tests) or real CUDA graphs on ``device``. ``compile`` modes compile at most
     ``max_compiled_buckets`` shape buckets (:class:`~.compiled.CompiledCall`).
     """
@@ -87,7 +87,7 @@ class BucketedCall:
         self._call: Callable[..., Any] | None = None  # the captured function, built on first use
         self.graph_cache: GraphCache | None = None
         if mode in GRAPH_MODES:
-            self.graph_cache = graphs if graphs is not None else policy_graph_cache(mode, self.device, graph_backend)
+            self.graph_cache = graphs if graphs is not None else owner_graph_cache(mode, self.device, graph_backend)
         self._bound: dict[tuple[int, ...], Callable[..., Any]] = {}
         self._generation = buffers.generation
 
@@ -152,4 +152,4 @@ class BucketedCall:
         return sum(sum(graph.capture_seconds.values()) for graph in self.graphs)
 
 
-__all__ = ["GRAPH_MODES", "BucketedCall", "device_context", "policy_graph_cache"]
+__all__ = ["GRAPH_MODES", "BucketedCall", "device_context", "owner_graph_cache"]

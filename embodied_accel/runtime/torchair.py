@@ -9,7 +9,7 @@ break is an error, not a silent slow path.
 
 The NPU caching allocator gets ``PYTORCH_NPU_ALLOC_CONF=expandable_segments:True`` unless the user set the
 variable: the allocator reads it once, at the first NPU allocation, so :func:`configure_allocator` must run
-before the weights go to the device (``runtime.prepare_capture`` does it when a policy is built).
+before the weights go to the device (``Runner.prepare`` does it before a family's loader reads weights).
 """
 
 from __future__ import annotations
@@ -60,15 +60,11 @@ def compiler_config(torchair):
 
 
 def torchair_call(fn: Callable, plat) -> Callable:
-    """``fn`` compiled with torchair's NPU backend (lazily, on the first call of each shape bucket)."""
-    from . import CaptureUnavailableError
-
+    """``fn`` compiled with torchair's NPU backend (lazily, on the first call of each shape bucket); an
+    ``ImportError`` without torch_npu and its torchair package (the caller reports it)."""
     set_now = configure_allocator()
-    try:
-        import torch_npu
-        import torchair
-    except ImportError as exc:
-        raise CaptureUnavailableError(f"capture 'torchair' needs torch_npu and its torchair package ({exc})") from exc
+    import torch_npu
+    import torchair
     if set_now and torch_npu.npu.memory_reserved() > 0:
         logger.warning(
             "torchair: %s was set after the first NPU allocation and takes effect from the next process; "

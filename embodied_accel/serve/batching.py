@@ -21,7 +21,7 @@ covers the clients' turnaround (answer → next request) the groups merge into f
 Each batch then goes through two steps:
 
 1. the prepared observations are grouped by :meth:`Runner.signature` (:func:`merge_signatures`: shapes that can be
-   stacked) and each group is one model call (:meth:`Runner.run`, for a pi0 policy one ``run_validated``);
+   stacked) and each group is one model call (:meth:`Runner.run`, for a policy one ``run_validated``);
 2. if a batched call fails anyway, its requests are retried one by one, so only the culprit gets the error.
 
 Health: ``unhealthy_after`` requests in a row that fail with an internal error in the model call (a failed
@@ -94,15 +94,16 @@ class Runner(Protocol):
         """One model call → actions ``[len(prepared), horizon, action_dim]``."""
 
 
-class Pi0Runner:
-    """A policy with the validated-rows interface (:class:`~embodied_accel.policies.pi0.Pi0Policy`): each
-    observation checked once when it arrives, the group called in one batch.
+class ValidatedRowsRunner:
+    """A policy with the validated-rows interface (every policy: :class:`~embodied_accel.policies.base.Policy`):
+    each observation checked once when it arrives, the group called in one batch.
 
-    ``prepare`` is the policy's ``validate`` (the same checks and error messages as ``infer_batch``, no image
-    processing); its signature is the frame shape and dtype of each camera the row sends, so that a group packs
-    into one device-path call. ``run`` is one ``policy.run_validated`` on the rows as validated (nothing is checked
-    twice). With ``noise_seed`` every row starts from the noise of a single ``policy.infer(obs, seed=noise_seed)``,
-    so a batched answer equals the single-request one.
+    ``prepare`` is the policy's ``validate`` (the same checks and error messages as ``infer_batch``; pi0 leaves the
+    image processing to the device, GR00T resizes and tokenizes here); its signature says which rows pack into one
+    call (pi0: the frame shape and dtype of each camera the row sends; GR00T: the processed frames' sizes). ``run``
+    is one ``policy.run_validated`` on the rows as validated (nothing is checked twice). With ``noise_seed`` every
+    row starts from the noise of a single ``policy.infer(obs, seed=noise_seed)``, so a batched answer equals the
+    single-request one.
     """
 
     def __init__(
@@ -176,8 +177,8 @@ def merge_signatures(a: Hashable, b: Hashable) -> Hashable | None:
 def make_runner(
     policy: Any, noise_seed: int | None = None, num_steps: int | None = None, max_batch: int | None = None
 ) -> Runner:
-    if Pi0Runner.supports(policy):
-        return Pi0Runner(policy, noise_seed, num_steps, max_batch)
+    if ValidatedRowsRunner.supports(policy):
+        return ValidatedRowsRunner(policy, noise_seed, num_steps, max_batch)
     return BatchInferRunner(policy, noise_seed, num_steps)
 
 
@@ -430,10 +431,10 @@ def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: An
 __all__ = [
     "BatchInferRunner",
     "Batcher",
-    "Pi0Runner",
     "RequestError",
     "Result",
     "Runner",
+    "ValidatedRowsRunner",
     "make_runner",
     "merge_signatures",
 ]

@@ -77,7 +77,8 @@ def main() -> int:
     from safetensors.torch import load_file
 
     from embodied_accel.bench.harness import environment_stamp, write_result
-    from embodied_accel.models.vggt.loading import VggtRunner, load_vggt_model
+    from embodied_accel.models.vggt.loading import load_vggt_model
+    from embodied_accel.pipelines.reconstruction import VggtRunner
 
     upstream = make_fixtures.build_upstream_tiny()
     upstream.load_state_dict(load_file(FIXTURE / "model.safetensors"), strict=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...cache import CachedDiT, DiTCachePlan
+from ...plans import DiTCachePlan
 from .model import FlowContext, GrootBuffers, GrootModel
 
 
@@ -74,7 +74,7 @@ def dit_cache_plan(model: GrootModel) -> DiTCachePlan:
 @torch.no_grad()
 def sample_with_cache(
     model: GrootModel,
-    cached: CachedDiT,
+    cached,  # an embodied_accel.cache.CachedDiT
     features: torch.Tensor,  # [B, L, D] from GrootModel.backbone()
     input_ids: torch.Tensor,
     valid: torch.Tensor,

@@ -594,6 +594,22 @@ class HostInputs:
     guidance: ChunkGuidance | None = None  # real-time chunking (model space), when some row asked for it
 
 
+@dataclass
+class GrootRow:
+    """One validated observation (:meth:`GrootProcessor.validate`): what packs into a batch without another check."""
+
+    images: tuple[np.ndarray, ...]  # per image slot (time-major, then camera): [H, W, 3] uint8, resized
+    token_ids: list[int]
+    state: np.ndarray  # [T_state, max_state_dim] float32, encoded
+    raw_state: dict[str, np.ndarray]  # per key [T_state, D] float32
+    guidance: tuple[np.ndarray, np.ndarray] | None = None  # real-time chunking (model space) and its weights
+
+    @property
+    def signature(self) -> tuple:
+        """Rows of equal signatures (their frames' sizes per slot) share one model call."""
+        return tuple(image.shape for image in self.images)
+
+
 class GrootProcessor:
     """Observations of one embodiment → :class:`HostInputs`; normalized actions → robot actions."""
 
@@ -744,43 +760,55 @@ class GrootProcessor:
 
         return self.tokenizer.encode(PLACEHOLDER.sub(expand, text))
 
-    def __call__(self, observations: Sequence[Mapping[str, Any]], token_ids_key: str) -> HostInputs:
+    def validate(self, obs: Mapping[str, Any], token_ids_key: str, where: str = "observation") -> GrootRow:
+        """One observation checked and processed on the host (frames resized and normalized, the prompt tokenized,
+        the state encoded, real-time chunking's leftover mapped); raises :class:`ObservationError` naming the
+        field. ``where`` names the observation in the guidance's errors (``observation 3`` in a batch)."""
+        if not isinstance(obs, Mapping):
+            raise ObservationError(f"{where}: expected a dict, got {type(obs).__name__}")
+        spec, factor = self.spec, self.image_settings.factor
+        frames = {key: self._frames(obs, key) for key in spec.video_keys}
+        images = [transform_frame(frames[key][t], self.image_settings)
+                  for t in range(spec.video_horizon) for key in spec.video_keys]  # fmt: skip
+        image_tokens = [img.shape[0] * img.shape[1] // factor**2 for img in images]
+        token_ids = self._row_ids(obs, image_tokens, token_ids_key)
+        state = self._state(obs)
+        return GrootRow(images=tuple(images), token_ids=token_ids, raw_state=state,
+                        state=encode_state(spec, state, self.max_state_dim),
+                        guidance=self._chunk_guidance(obs, where, state))  # fmt: skip
+
+    def validate_batch(self, observations: Sequence[Mapping[str, Any]], token_ids_key: str) -> list[GrootRow]:
+        """Every observation validated (:meth:`validate`)."""
         if not observations:
             raise ObservationError("observations: expected at least one observation")
-        spec, factor = self.spec, self.image_settings.factor
-        slots: list[list[np.ndarray]] = []
-        rows_ids, states, leftovers = [], [], []
-        raw_state = {s.key: [] for s in spec.state}
+        single = len(observations) == 1
+        rows = []
         for index, obs in enumerate(observations):
             if not isinstance(obs, Mapping):
                 raise ObservationError(f"observation {index}: expected a dict, got {type(obs).__name__}")
-            frames = {key: self._frames(obs, key) for key in spec.video_keys}
-            images = [transform_frame(frames[key][t], self.image_settings)
-                      for t in range(spec.video_horizon) for key in spec.video_keys]  # fmt: skip
-            if index == 0:
-                slots = [[] for _ in images]
-            for slot, image in enumerate(images):
-                if slots[slot] and slots[slot][0].shape != image.shape:
+            rows.append(self.validate(obs, token_ids_key, "observation" if single else f"observation {index}"))
+        return rows
+
+    def pack(self, rows: Sequence[GrootRow]) -> HostInputs:
+        """Validated rows → one batch on the host (their frames must be of one size per image slot)."""
+        for index, row in enumerate(rows[1:], start=1):
+            for image, first in zip(row.images, rows[0].images, strict=True):
+                if image.shape != first.shape:
                     raise ObservationError(
                         f"observation {index}: camera frames of another size than row 0 "
-                        f"({image.shape[:2]} vs {slots[slot][0].shape[:2]}) in one batch"
+                        f"({image.shape[:2]} vs {first.shape[:2]}) in one batch"
                     )
-                slots[slot].append(image)
-            image_tokens = [img.shape[0] * img.shape[1] // factor**2 for img in images]
-            rows_ids.append(self._row_ids(obs, image_tokens, token_ids_key))
-            state = self._state(obs)
-            for key, value in state.items():
-                raw_state[key].append(value)
-            states.append(encode_state(spec, state, self.max_state_dim))
-            leftovers.append(self._chunk_guidance(obs, "observation" if len(observations) == 1 else
-                                                  f"observation {index}", state))  # fmt: skip
         return HostInputs(
-            images=tuple(np.stack([normalize_pixels(img) for img in slot]) for slot in slots),
-            token_ids=rows_ids,
-            state=np.stack(states),
-            raw_state={key: np.stack(values) for key, values in raw_state.items()},
-            guidance=self._pack_guidance(leftovers),
+            images=tuple(np.stack([normalize_pixels(row.images[slot]) for row in rows])
+                         for slot in range(len(rows[0].images))),  # fmt: skip
+            token_ids=[row.token_ids for row in rows],
+            state=np.stack([row.state for row in rows]),
+            raw_state={s.key: np.stack([row.raw_state[s.key] for row in rows]) for s in self.spec.state},
+            guidance=self._pack_guidance([row.guidance for row in rows]),
         )
+
+    def __call__(self, observations: Sequence[Mapping[str, Any]], token_ids_key: str) -> HostInputs:
+        return self.pack(self.validate_batch(observations, token_ids_key))
 
     # ---- real-time chunking
 

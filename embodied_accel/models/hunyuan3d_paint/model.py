@@ -37,6 +37,8 @@ from .config import MAX_REFERENCE_IMAGES, DelightConfig, MultiviewConfig
 
 #: ``noise(shape) -> tensor``: the sampler's source of Gaussian noise (drawn in the official order).
 NoiseFn = Callable[[tuple[int, ...]], torch.Tensor]
+#: ``unet(sample, timestep, ctx, **labels) -> prediction``: one step's UNet call (``UNet2DCondition.__call__``).
+UNetFn = Callable[..., torch.Tensor]
 
 
 def generator_noise(generator: torch.Generator, device, dtype=torch.float32) -> NoiseFn:
@@ -68,8 +70,10 @@ class DelightModel(nn.Module):
 
     @torch.no_grad()
     def denoise(self, image_latents: torch.Tensor, schedule, noise: NoiseFn, text_guidance: float = 1.0,
-                image_guidance: float = 1.5, progress: bool = False) -> torch.Tensor:  # fmt: skip
-        """The InstructPix2Pix loop from fresh noise; returns the final latents ``[1, C, h, w]``."""
+                image_guidance: float = 1.5, progress: bool = False, unet: UNetFn | None = None) -> torch.Tensor:  # fmt: skip
+        """The InstructPix2Pix loop from fresh noise; returns the final latents ``[1, C, h, w]``. ``unet`` runs each
+        step's UNet call in place of ``self.unet`` (the same call, e.g. captured by a runner)."""
+        unet = self.unet if unet is None else unet
         if self.prompt_embedding is None:
             raise RuntimeError("the delight model has no prompt embedding: load it with load_delight_model")
         guided = self.guidance_on(text_guidance, image_guidance)
@@ -83,7 +87,7 @@ class DelightModel(nn.Module):
         latents = noise(shape) * schedule.init_noise_sigma
         for i in tqdm(range(schedule.num_steps), desc="delight", unit="step", disable=not progress, leave=False):
             x = schedule.scale_input(latents.expand(rows, -1, -1, -1) if guided else latents, i)
-            prediction = self.unet(torch.cat([x, condition], dim=1), schedule.timesteps[i], ctx)
+            prediction = unet(torch.cat([x, condition], dim=1), schedule.timesteps[i], ctx)
             if guided:
                 text, image, uncond = prediction.chunk(3)
                 prediction = uncond + text_guidance * (text - image) + image_guidance * (image - uncond)
@@ -130,10 +134,12 @@ class MultiviewModel(nn.Module):
     @torch.no_grad()
     def denoise(self, reference_latents: torch.Tensor, normal_latents: torch.Tensor, position_latents: torch.Tensor,
                 camera_ids: torch.Tensor, schedule, noise: NoiseFn, guidance: float = 2.0,
-                embed_guidance: bool = False, progress: bool = False) -> torch.Tensor:  # fmt: skip
+                embed_guidance: bool = False, progress: bool = False, unet: UNetFn | None = None) -> torch.Tensor:  # fmt: skip
         """Views' latents ``[N, C, h, w]`` from fresh noise. ``reference_latents [N_ref, C, h, w]``,
-        ``normal_latents`` / ``position_latents [N, C, h, w]``, ``camera_ids [N]`` (the official camera indices)."""
+        ``normal_latents`` / ``position_latents [N, C, h, w]``, ``camera_ids [N]`` (the official camera indices).
+        ``unet`` runs each step's UNet call in place of ``self.unet`` (the same call, e.g. captured by a runner)."""
         cfg = self.config
+        unet = self.unet if unet is None else unet
         views = normal_latents.shape[0]
         guided = not cfg.turbo and guidance > 1
         text = self.text_gen
@@ -154,8 +160,8 @@ class MultiviewModel(nn.Module):
         for i in tqdm(range(schedule.num_steps), desc="multiview diffusion", unit="step", disable=not progress,
                       leave=False):  # fmt: skip
             x = schedule.scale_input(latents.repeat(2, 1, 1, 1) if guided else latents, i)
-            prediction = self.unet(torch.cat([x, geometry], dim=1), schedule.timesteps[i], ctx,
-                                   guidance_condition=condition, class_labels=labels)  # fmt: skip
+            prediction = unet(torch.cat([x, geometry], dim=1), schedule.timesteps[i], ctx,
+                              guidance_condition=condition, class_labels=labels)  # fmt: skip
             if guided:
                 uncond, conditional = prediction.chunk(2)
                 prediction = uncond + guidance * (conditional - uncond)
@@ -164,4 +170,4 @@ class MultiviewModel(nn.Module):
         return latents
 
 
-__all__ = ["DelightModel", "MultiviewModel", "NoiseFn", "generator_noise"]
+__all__ = ["DelightModel", "MultiviewModel", "NoiseFn", "UNetFn", "generator_noise"]

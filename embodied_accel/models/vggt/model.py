@@ -71,7 +71,7 @@ class PatchEmbed(nn.Module):
         n, _, h, w = images.shape
         p, width = self.config.patch_size, self.config.width
         pixels = images.reshape(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3]
-        if torch.compiler.is_exporting():  # ONNX export: the out= write below loses its layout when decomposed
+        if torch.compiler.is_compiling():  # compile and ONNX export: the out= write below loses its layout there
             patches = torch.addcmul(buffers.image_shift, pixels, buffers.image_scale).contiguous()
         else:
             patches = images.new_empty(pixels.shape)
@@ -150,8 +150,8 @@ class CameraHead(nn.Module):
         tokens = ops.layer_norm(camera_tokens, self.token_norm_weight, self.token_norm_bias, 1e-5)
         normed = layer_norm_no_affine(tokens, 1e-6)
         # FoV (the last two values) through a ReLU, the rest as is: max(pred, floor) with floor -inf / 0
-        floor = torch.zeros_like(self.empty_pose_tokens)
-        floor[:7] = -torch.inf
+        pose = self.empty_pose_tokens
+        floor = torch.cat([pose.new_full((7,), -torch.inf), pose.new_zeros(pose.shape[0] - 7)])  # no host scalar copy
         pred = None
         predictions = []
         for _ in range(self.config.camera.iterations):

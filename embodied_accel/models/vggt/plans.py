@@ -3,7 +3,7 @@ sequence-parallel attention goes (``parallel/``)."""
 
 from __future__ import annotations
 
-from ...quant import QuantPlan
+from ...plans import QuantPlan
 
 #: The MLPs of the aggregator's frame / global blocks and of the DINOv2 patch embedding (the bulk of the FLOPs
 #: after attention). Attention projections and every head stay in the model's dtype, as the Ascend recipe does.

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import CUDA_ATTENTION_KERNELS, reference
-from ..contract import AttentionMask, RopeTables
+from .. import reference
+from ..contract import CUDA_ATTENTION_KERNELS, AttentionMask, RopeTables
 
 
 def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_heads: int) -> AttentionMask:

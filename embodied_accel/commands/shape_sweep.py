@@ -23,7 +23,7 @@ from ..bench.harness import environment_stamp
 from ..cache import CacheConfig, CacheConfigError, cache_config_from_dict
 from ..cache.config import read_settings_file
 from ..models.hunyuan3d.metrics import compare_meshes
-from .shape import ShapePipeline, ShapeSettings
+from ..pipelines.shape import ShapePipeline, ShapeSettings
 
 #: TeaCache's coefficients for HunyuanVideo, which the Ascend recipe used for Hunyuan3D-2 (``--calibrate-teacache``
 #: fits a model's own).

@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 
 from ..models.hunyuan3d_paint.config import TEXTURE_PRESETS
+from ..runtime import CAPTURE_MODES
 
 DEFAULT_PRESET = "hunyuan3d-paint-tiny"
 TEXTURED_SUFFIXES = (".glb", ".obj")
 
 
 def _sample_image() -> Path:
-    from .shape_command import SAMPLE_IMAGE
+    from ..pipelines.shape import SAMPLE_IMAGE
 
     return SAMPLE_IMAGE
 
@@ -66,6 +67,8 @@ def add_texture_parser(commands, backend_names) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=backend_names, default="auto", help="op backend (default: auto)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="compute dtype (default: float32)")  # fmt: skip
+    p.add_argument("--capture", choices=CAPTURE_MODES, default="eager",
+                   help="how the delight and multiview UNet steps run (default: eager)")  # fmt: skip
     p.add_argument("--views-dir", type=Path, metavar="DIR",
                    help="also write the delighted image and the 6 generated views there (PNG)")  # fmt: skip
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the stage times as JSON")
@@ -75,7 +78,7 @@ def add_texture_parser(commands, backend_names) -> argparse.ArgumentParser:
 
 def check_texture_args(args: argparse.Namespace) -> None:
     """Flag values checked before anything is loaded (errors name the flag)."""
-    from .texture import RENDER_SIZE_RANGE, TEXTURE_SIZES
+    from ..pipelines.texture import RENDER_SIZE_RANGE, TEXTURE_SIZES
 
     for flag, value in (("--steps", args.texture_steps), ("--delight-steps", args.delight_steps)):
         if value is not None and value < 1:
@@ -96,13 +99,13 @@ def texture_mesh(mesh, image_path: Path, args: argparse.Namespace, source: str, 
     record (``--json``)."""
     from ..geometry.uv import export_textured_mesh
     from ..models.hunyuan3d.processor import read_image
-    from .texture import STAGES, TextureSettings, load_texture_pipeline
+    from ..pipelines.texture import STAGES, TextureSettings, load_texture_pipeline
 
     image = read_image(image_path)
     progress = not args.no_progress
     start = time.perf_counter()
     pipeline = load_texture_pipeline(source, paint_model=args.paint_model, backend=args.backend, dtype=args.dtype,
-                                     seed=args.seed, progress=progress)  # fmt: skip
+                                     seed=args.seed, progress=progress, capture=args.capture)  # fmt: skip
     load_seconds = time.perf_counter() - start
     if pipeline.random_weights:
         print_fn(f"note: {source} with seeded random weights (seed {args.seed}), not trained models: the texture is "
@@ -148,7 +151,7 @@ def _write_views(directory: Path, result) -> list[Path]:
 
 def run_texture(args: argparse.Namespace, print_fn=print) -> int:
     from ..models.hunyuan3d.mesh import load_mesh
-    from .texture import sample_mesh
+    from ..pipelines.texture import sample_mesh
 
     check_texture_args(args)
     if args.checkpoint is not None and not args.checkpoint.is_dir():

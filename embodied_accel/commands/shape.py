@@ -17,12 +17,12 @@ from ..cache import load_cache_config
 from ..models.hunyuan3d.config import PRESETS
 from ..models.hunyuan3d.mesh import MARCHING_CUBES_METHODS, MESH_FORMATS, _skimage_measure, export_mesh, load_mesh
 from ..models.hunyuan3d.volume import MAX_OCTREE_RESOLUTION, MIN_OCTREE_RESOLUTION
-from .texture_command import DEFAULT_PRESET as DEFAULT_TEXTURE_PRESET
-from .texture_command import add_texture_options, check_texture_args, texture_mesh
+from ..pipelines.shape import SAMPLE_IMAGE
+from .texture import DEFAULT_PRESET as DEFAULT_TEXTURE_PRESET
+from .texture import add_texture_options, check_texture_args, texture_mesh
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_IMAGE = Path(__file__).resolve().parents[1] / "data" / "hunyuan3d_sample.png"
 DEFAULT_PRESET = "hunyuan3d-tiny"
 TINY_OCTREE_RESOLUTION = 64
 
@@ -57,7 +57,8 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
     p.add_argument("--backend", choices=backend_names, default="auto", help="op backend (default: auto)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="compute dtype (default: float32)")  # fmt: skip
-    p.add_argument("--capture", choices=capture_modes, default="eager", help="capture mode of the DiT / decoder calls")
+    p.add_argument("--capture", choices=capture_modes, default="eager",
+                   help="capture mode of the DiT / decoder calls (and of the paint UNets with --texture)")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the stage times and metrics as JSON")
     p.add_argument("--calibrate-teacache", type=Path, metavar="OUT.json",
                    help="instead of a mesh: fit TeaCache's coefficients for this model from --calibration-runs "
@@ -115,7 +116,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run_shape(args: argparse.Namespace, print_fn=print) -> int:
     from ..models.hunyuan3d.volume import check_octree_resolution
-    from .shape import STAGES, ShapeSettings, load_shape_pipeline
+    from ..pipelines.shape import STAGES, ShapeSettings, load_shape_pipeline
 
     _check(args)
     cache = load_cache_config(args.cache) if args.cache is not None else None
@@ -148,7 +149,7 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
                              marching_cubes=args.marching_cubes)  # fmt: skip
     if args.calibrate_teacache is not None:
         from ..cache import save_cache_config
-        from .shape import calibrate_teacache
+        from ..pipelines.shape import calibrate_teacache
 
         if args.calibration_runs < 1:
             raise ValueError(f"--calibration-runs: expected an integer >= 1, got {args.calibration_runs}")

@@ -18,13 +18,14 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ...argtypes import positive_int
-from .config import PRESETS
-from .processor import MODES, list_images, load_frames
+from ..argtypes import positive_int
+from ..models.vggt.config import PRESETS
+from ..models.vggt.processor import MODES, list_images, load_frames
+from ..pipelines.reconstruction import SAMPLE_DIR
+from ..runtime import CAPTURE_MODES
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_DIR = Path(__file__).resolve().parents[2] / "data" / "vggt_sample"
 DEFAULT_PRESET = "vggt-tiny"
 SP_MODES = ("ulysses", "ring", "hybrid")
 
@@ -57,6 +58,8 @@ def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.Arg
     p.add_argument("--preset", choices=tuple(PRESETS), metavar="PRESET", help="with --checkpoint: its architecture")
     p.add_argument("--backend", choices=backend_names, default="auto", help="op backend (default: auto)")
     p.add_argument("--dtype", choices=dtype_names, default="float32", help="compute dtype (default: float32)")
+    p.add_argument("--capture", choices=CAPTURE_MODES, default="eager",
+                   help="how the aggregator and the heads are executed (default: eager)")  # fmt: skip
     p.add_argument("--mode", choices=MODES, default="crop", help="preprocessing: crop (default) or pad")
     p.add_argument(
         "--image-size", type=positive_int, metavar="PX", help="frame width (crop) / side (pad), default: the model's"
@@ -91,7 +94,7 @@ def _expected_frame_size(args: argparse.Namespace, source: str) -> tuple[int, in
 def _random_weights_warning_muted(muted: bool) -> Iterator[None]:
     """Building a preset, the loader's only warning is that its weights are random, which the command prints in
     its own words: without this, the notice came twice."""
-    from . import loading
+    from ..models.vggt import loading
 
     loader_logger = logging.getLogger(loading.__name__)
     level = loader_logger.level
@@ -116,12 +119,18 @@ def _outputs(path: Path) -> dict[str, Path]:
 
 
 def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
-    from ...platform import normalize_device
-    from . import export
-    from .geometry import depth_to_world_points, pose_encoding_to_cameras
-    from .loading import VggtRunner, load_vggt_model
+    from ..models.vggt import export
+    from ..models.vggt.geometry import depth_to_world_points, pose_encoding_to_cameras
+    from ..models.vggt.loading import load_vggt_model
+    from ..pipelines.reconstruction import VggtRunner
+    from ..platform import normalize_device
+    from ..runtime import check_capture, prepare_capture
 
     outputs = _outputs(args.output)
+    check_capture(args.capture)  # a mode this machine cannot run fails before the frames are read
+    if args.sp is not None and args.capture != "eager":
+        raise ValueError(f"--capture {args.capture}: a sequence-parallel run (--sp) is eager only")
+    prepare_capture(args.capture)
     progress = not args.no_progress
     world = _init_parallel(args)
     rank = 0 if world is None else world.rank
@@ -150,8 +159,8 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         say(f"NOTE: {source} has seeded random weights (seed {args.seed}): the geometry is not meaningful; "
             "pass --checkpoint for a trained VGGT")  # fmt: skip
     if args.quant:
-        from ...quant import attach_w8a8
-        from .plans import VGGT_W8A8_PLAN
+        from ..models.vggt.plans import VGGT_W8A8_PLAN
+        from ..quant import attach_w8a8
 
         replaced = attach_w8a8(model, VGGT_W8A8_PLAN)
         say(f"W8A8: {len(replaced)} linear layers int8; kept in the model dtype: {VGGT_W8A8_PLAN.keep}")
@@ -161,10 +170,11 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
     images = frames.images
     load_s = time.perf_counter() - t0
     say(f"{len(paths)} frames from {folder} -> {images.shape[-2]}x{images.shape[-1]} ({args.mode}); model "
-        f"{model.config.name} on {device} ({args.backend}, {args.dtype}); loaded in {load_s:.2f} s")  # fmt: skip
+        f"{model.config.name} on {device} ({args.backend}, {args.dtype}, capture {args.capture}); loaded in "
+        f"{load_s:.2f} s")  # fmt: skip
     parallel, local, first = None, images, 0
     if world is not None:
-        from ...parallel import shard_frames
+        from ..parallel import shard_frames
 
         cfg = model.config
         tokens = cfg.patch_start + (images.shape[-2] // cfg.patch_size) * (images.shape[-1] // cfg.patch_size)
@@ -172,7 +182,7 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
             images.to(device), tokens, args.sp, model.ops, args.ulysses_degree, cfg.num_heads
         )
         first = parallel.first_frame
-    runner = VggtRunner(model, device, parallel)
+    runner = VggtRunner(model, device, parallel, capture=args.capture)
     with tqdm(total=2, desc="reconstruct", unit="stage", disable=not progress or rank != 0) as bar:
 
         def stage_done(name: str) -> None:
@@ -219,6 +229,6 @@ def _init_parallel(args: argparse.Namespace):
         if args.ulysses_degree is not None:
             raise ValueError("--ulysses-degree applies to --sp hybrid")
         return None
-    from ...parallel.frames import FrameParallelWorld
+    from ..parallel.frames import FrameParallelWorld
 
     return FrameParallelWorld.from_environment()

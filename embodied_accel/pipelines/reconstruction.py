@@ -1,0 +1,194 @@
+"""3-D reconstruction with VGGT: the model, its frame processor and its plan on the one runner.
+
+A call has two stages, each a call of the :class:`~embodied_accel.runtime.runner.Runner` in the chosen capture mode
+(``eager``, ``compile``, ``cudagraph``, ``compile+cudagraph``, ``torchair``): the **aggregator** (patch embedding,
+frame and global attention) and the **heads** (camera, depth, point map, tracks). A shape bucket is (batch, frames,
+image size, first frame); its buffers (:class:`~embodied_accel.models.vggt.buffers.VggtBuffers`: the interpolated
+position embedding, rotary tables, the DPT heads' position tables, ...) are declared by :meth:`VggtRunner.plan` and
+built before the bucket's first call; a captured graph of a bucket reads exactly those. Under sequence parallelism
+(``parallel=``) the collectives run eagerly: the capture modes are for one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import platform as platform_mod
+from ..models.vggt.buffers import VggtBuffers, build_vggt_buffers
+from ..models.vggt.config import VggtConfig
+from ..models.vggt.loading import load_vggt_model
+from ..models.vggt.model import FrameParallel, VggtModel, VggtOutputs
+from ..runtime.buffers import BufferSpec, StaticBuffers
+from ..runtime.cudagraph import GraphBackend
+from ..runtime.runner import Runner
+
+logger = logging.getLogger(__name__)
+
+#: The bundled frames ``reconstruct``, ``run`` and ``bench`` use without an input (a small synthetic scene).
+SAMPLE_DIR = Path(__file__).resolve().parents[1] / "data" / "vggt_sample"
+OUTPUT_FIELDS = tuple(field.name for field in fields(VggtOutputs))
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The static shape of one call: what its buffers and its captured graphs depend on."""
+
+    batch: int
+    frames: int
+    image_hw: tuple[int, int]
+    first_frame: int = 0
+
+
+@dataclass
+class StageTimes:
+    """Wall seconds of the last call's stages (device-synchronized)."""
+
+    aggregator_s: float = 0.0
+    heads_s: float = 0.0
+
+
+class VggtRunner:
+    """A VGGT model run per shape bucket on a :class:`~embodied_accel.runtime.runner.Runner` (see the module
+    docstring); ``release()`` drops every bucket's buffers (and the graphs that read them), e.g. after other weights
+    were loaded: DINOv2's interpolated position embedding is computed from the weights."""
+
+    def __init__(self, model: VggtModel, device=None, parallel: FrameParallel | None = None, *,
+                 capture: str = "eager", source: str = "", random_weights: bool = False,
+                 plat: platform_mod.Platform | None = None, graph_backend: GraphBackend | None = None,
+                 runner: Runner | None = None):  # fmt: skip
+        if runner is None:
+            runner = Runner(device, capture, plat=plat, graph_backend=graph_backend)
+        if parallel is not None and runner.capture != "eager":
+            raise ValueError(f"capture {runner.capture!r}: a sequence-parallel run (--sp) is eager only (its "
+                             "collectives are not captured)")  # fmt: skip
+        self.model, self.parallel, self.runner = model, parallel, runner
+        self.source, self.random_weights = source, random_weights
+        self.config: VggtConfig = model.config
+        self.last_times = StageTimes()
+        self.aggregator_call = runner.call(self._aggregate, self.plan, self._assemble)
+        self.heads_call = runner.call(self._heads, self.plan, self._assemble)
+
+    def with_capture(self, capture: str, **runtime_options: Any) -> VggtRunner:
+        """The same model on a fresh runner in another capture mode (weights loaded once, wrapped per mode)."""
+        return VggtRunner(self.model, parallel=self.parallel, source=self.source, random_weights=self.random_weights,
+                          runner=self.runner.with_capture(capture, **runtime_options))  # fmt: skip
+
+    device: torch.device = property(lambda self: self.runner.device)  # type: ignore[assignment]
+    capture: str = property(lambda self: self.runner.capture)  # type: ignore[assignment]
+    #: The one owner of every bucket's buffers.
+    static_buffers: StaticBuffers = property(lambda self: self.runner.buffers)  # type: ignore[assignment]
+
+    # ---- the runtime's view: buckets and their buffers
+
+    def plan(self, bucket: Bucket) -> dict[str, BufferSpec]:
+        """The static buffers a bucket reads (exact bucket key: their sizes follow the image size)."""
+
+        def build(_capacity) -> VggtBuffers:
+            return build_vggt_buffers(
+                self.model, bucket.batch, bucket.frames, bucket.image_hw, self.device, self.model.compute_dtype,
+                first_frame=bucket.first_frame,
+            )  # fmt: skip
+
+        return {"vggt": BufferSpec(build, key=bucket)}
+
+    @staticmethod
+    def _assemble(values: dict[str, Any]) -> VggtBuffers:
+        return values["vggt"]
+
+    def buffers(self, bucket: Bucket) -> VggtBuffers:
+        """The buffers of ``bucket`` (built now if they are not yet), for running parts of the model apart."""
+        return self.aggregator_call.bound_buffers(bucket)
+
+    def release(self) -> None:
+        self.runner.release()
+
+    # ---- the model functions the runner captures
+
+    def _aggregate(self, buffers: VggtBuffers, images: torch.Tensor) -> dict[int, torch.Tensor]:
+        return self.model.aggregate(images, buffers)
+
+    def _heads(self, buffers: VggtBuffers, layers: dict[int, torch.Tensor], query_points: torch.Tensor | None,
+               frames_chunk_size: int | None) -> dict[str, Any]:  # fmt: skip
+        out = self.model.run_heads(layers, buffers, query_points, frames_chunk_size)
+        return {name: getattr(out, name) for name in OUTPUT_FIELDS}  # a dict of tensors: what a graph returns
+
+    # ---- one call
+
+    @staticmethod
+    def bucket_of(images: torch.Tensor, first_frame: int = 0) -> Bucket:
+        """The bucket of ``images [B, S, 3, H, W]``."""
+        return Bucket(images.shape[0], images.shape[1], tuple(images.shape[-2:]), first_frame)
+
+    @torch.inference_mode()
+    def __call__(
+        self,
+        images: torch.Tensor,
+        query_points: torch.Tensor | None = None,
+        frames_chunk_size: int | None = 8,
+        first_frame: int = 0,
+        on_stage=None,
+    ) -> VggtOutputs:
+        """``images [B, S, 3, H, W]`` (or ``[S, 3, H, W]``) in [0, 1] → outputs; stage times in ``last_times``;
+        ``on_stage(name)`` is called when a stage (``aggregator``, ``heads``) has finished."""
+        if images.dim() == 4:
+            images = images[None]
+        if query_points is not None and query_points.dim() == 2:
+            query_points = query_points[None]
+        bucket = self.bucket_of(images, first_frame)
+        images = images.to(self.device, non_blocking=True)
+        if query_points is not None:
+            query_points = query_points.to(self.device, torch.float32)
+        start = time.perf_counter()
+        if self.parallel is None:
+            layers = self.aggregator_call(bucket, images)
+        else:
+            layers = self.model.aggregate(images, self.buffers(bucket), self.parallel)
+        self.runner.synchronize()
+        middle = time.perf_counter()
+        if on_stage is not None:
+            on_stage("aggregator")
+        if self.parallel is None:
+            out = VggtOutputs(**self.heads_call(bucket, layers, query_points, frames_chunk_size))
+        else:
+            out = self.model.run_heads(layers, self.buffers(bucket), query_points, frames_chunk_size, self.parallel)
+        self.runner.synchronize()
+        if on_stage is not None:
+            on_stage("heads")
+        self.last_times = StageTimes(middle - start, time.perf_counter() - middle)
+        return out
+
+    def stage_fns(self, images: torch.Tensor, frames_chunk_size: int | None = 8) -> dict[str, Any]:
+        """Callables for timing the stages apart, eagerly: the aggregator, and the heads on its output."""
+        images = (images[None] if images.dim() == 4 else images).to(self.device)
+        buffers = self.buffers(self.bucket_of(images))
+        with torch.inference_mode():
+            layers = self.model.aggregate(images, buffers)
+
+        def aggregator():
+            with torch.inference_mode():
+                return self.model.aggregate(images, buffers)
+
+        def heads():
+            with torch.inference_mode():
+                return self.model.run_heads(layers, buffers, None, frames_chunk_size)
+
+        return {"aggregator": aggregator, "heads": heads}
+
+
+def load_vggt_pipeline(source: str | Path, *, capture: str = "eager", device=None, plat=None,
+                       graph_backend: GraphBackend | None = None, **options: Any) -> VggtRunner:  # fmt: skip
+    """A :class:`VggtRunner` from a preset name (seeded random weights) or a checkpoint (``options``: those of
+    :func:`~embodied_accel.models.vggt.loading.load_vggt_model`)."""
+    Runner.prepare(capture, plat)
+    runner = Runner(device, capture, plat=plat, graph_backend=graph_backend)
+    model, random_weights = load_vggt_model(source, device=runner.device, **options)
+    return VggtRunner(model, source=str(source), random_weights=random_weights, runner=runner)
+
+
+__all__ = ["SAMPLE_DIR", "Bucket", "StageTimes", "VggtRunner", "load_vggt_pipeline"]

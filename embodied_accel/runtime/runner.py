@@ -1,0 +1,133 @@
+"""The one runner every model family executes through: one owner of a loaded model's calls.
+
+A family's user-facing object (a policy, the reconstruction, shape and texture pipelines) is a model, a processor
+and a plan on top of one :class:`Runner`. The runner holds what a capture mode needs for the life of that object:
+
+* the **device** (normalized: ``cuda:0``, never bare ``cuda``) and its context: every call runs under
+  ``torch.cuda.device(device)``, so captures, Triton launches and streams land on the model's GPU from any thread;
+* the **capture mode** (eager, compile, cudagraph, compile+cudagraph, torchair; :func:`~embodied_accel.runtime.
+  check_capture` refuses one this machine cannot run before anything is built) with its bucket and capture
+  policies: at most ``max_compiled_buckets`` shape buckets compiled per call (:class:`~.compiled.CompiledCall`), at
+  most ``max_graphs`` CUDA graphs for the whole owner with least-recently-used eviction
+  (:class:`~.cudagraph.GraphCache`);
+* the **static buffers** of every call (:class:`~.buffers.StaticBuffers`: one owner, so a KV cache or a table is
+  built once and shared by every call that reads it);
+* **one graph pool per owner**: the single :class:`~.cudagraph.GraphCache` of the runner (its capture backend holds
+  one CUDA memory pool) serves every call made through :meth:`Runner.call`.
+
+:meth:`Runner.call` turns a model function ``fn(buffers, *inputs)`` and the family's plan (bucket → the
+:class:`~.buffers.BufferSpec` of each buffer it reads) into a :class:`~.executor.BucketedCall` bound to this
+owner. :meth:`Runner.with_capture` gives a fresh owner (its own buffers and graphs) for the same device and options
+in another mode: a benchmark loads weights once and wraps them per mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
+
+from .. import platform as platform_mod
+from . import check_capture, prepare_capture
+from .buffers import BufferSpec, StaticBuffers
+from .compiled import DEFAULT_MAX_COMPILED_BUCKETS
+from .cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend, GraphCache
+from .executor import GRAPH_MODES, BucketedCall, device_context, owner_graph_cache
+
+logger = logging.getLogger(__name__)
+
+
+def no_buffers(bucket: Hashable) -> dict[str, BufferSpec]:
+    """The plan of a call that reads no static buffers."""
+    return {}
+
+
+class Runner:
+    """One owner of a loaded model's calls: device, capture mode, static buffers, one graph cache (see the module
+    docstring).
+
+    ``plat`` / ``graph_backend`` replace the detected platform and the real CUDA graph capture (tests run the graph
+    modes on the CPU through :class:`~.cudagraph.ReplayByCalling` this way); ``max_graphs`` caps the graphs of the
+    owner, ``max_compiled_buckets`` the buckets each compiled call compiles.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str | None,
+        capture: str = "eager",
+        *,
+        plat: platform_mod.Platform | None = None,
+        graph_backend: GraphBackend | None = None,
+        max_graphs: int = DEFAULT_MAX_GRAPHS,
+        max_compiled_buckets: int = DEFAULT_MAX_COMPILED_BUCKETS,
+    ) -> None:
+        check_capture(capture, plat)  # an unknown mode, or one this machine cannot run, fails before anything is built
+        self.device = platform_mod.normalize_device(device)
+        self.capture = capture
+        self.options: dict[str, Any] = dict(plat=plat, graph_backend=graph_backend, max_graphs=max_graphs,
+                                            max_compiled_buckets=max_compiled_buckets)  # fmt: skip
+        #: The one owner of the static buffers of every call below.
+        self.buffers = StaticBuffers()
+        #: The CUDA graphs of every call below (graph modes; None otherwise): one memory pool, one cap.
+        self.graph_cache: GraphCache | None = owner_graph_cache(capture, self.device, graph_backend, max_graphs)
+        self.calls: list[BucketedCall] = []
+
+    @staticmethod
+    def prepare(capture: str, plat: platform_mod.Platform | None = None) -> None:
+        """Check ``capture`` and set what it needs before the first device allocation: call before loading weights."""
+        check_capture(capture, plat)
+        prepare_capture(capture)
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        plan: Callable[[Hashable], Mapping[str, BufferSpec]] = no_buffers,
+        assemble: Callable[[dict[str, Any]], Any] = dict,
+        *,
+        capture: str | None = None,
+    ) -> BucketedCall:
+        """``fn(buffers, *inputs)`` run per bucket by this owner: ``plan(bucket)`` names the buffers the bucket
+        reads, ``assemble`` turns them (a dict by name) into what ``fn`` reads. ``capture`` runs this call in another
+        mode than the owner's (e.g. ``eager`` for a part that a compiled graph would slow down)."""
+        mode = self.capture if capture is None else capture
+        graphs = self.graph_cache if mode == self.capture else None
+        if mode != self.capture and mode in GRAPH_MODES:
+            raise ValueError(f"capture {mode!r}: a call's own mode may only leave graphs out; the runner is {self.capture}")
+        options = self.options
+        bucketed = BucketedCall(fn, plan, assemble, mode=mode, buffers=self.buffers, plat=options["plat"],
+                                graph_backend=options["graph_backend"], graphs=graphs, device=self.device,
+                                max_compiled_buckets=options["max_compiled_buckets"])  # fmt: skip
+        self.calls.append(bucketed)
+        return bucketed
+
+    def with_capture(self, capture: str, **options: Any) -> Runner:
+        """A fresh owner (its own buffers and graphs) on the same device in ``capture``; ``options`` (``plat``,
+        ``graph_backend``, ``max_graphs``, ``max_compiled_buckets``) default to this runner's."""
+        return Runner(self.device, capture, **{**self.options, **options})
+
+    @property
+    def capture_seconds(self) -> float | None:
+        """Seconds spent capturing CUDA graphs so far (every live bucket of every call); None without graphs."""
+        seconds = [call.capture_seconds for call in self.calls if call.capture_seconds is not None]
+        return sum(seconds) if seconds else None
+
+    def device_context(self):
+        """The device context every call runs under (``torch.cuda.device`` on a GPU, nothing elsewhere)."""
+        return device_context(self.device)
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (stage times are wall times of finished work)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type == "npu":
+            torch.npu.synchronize(self.device)  # type: ignore[attr-defined]
+
+    def release(self) -> None:
+        """Drop every static buffer and every graph that read one (e.g. after the weights changed: some buffers are
+        computed from them); the next call rebuilds what it needs."""
+        self.buffers.clear()
+
+
+__all__ = ["Runner", "no_buffers"]
