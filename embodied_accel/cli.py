@@ -169,7 +169,8 @@ def _policy_options() -> argparse.ArgumentParser:
     )
     group.add_argument("--dtype", choices=DTYPE_CHOICES, default="float32", help="compute dtype (default: float32)")
     group.add_argument("--quant", choices=QUANT_MODES, default="none",
-                       help="w8a8: int8 weights and activations for the family's planned linear layers (default: none)")  # fmt: skip
+                       help="w8a8: int8 weights and activations for the family's planned linear layers; fp8: float8 E4M3 "
+                       "(FP8 tensor cores: NVIDIA compute capability 8.9+) (default: none)")  # fmt: skip
     group.add_argument(
         "--tokenizer",
         type=Path,
