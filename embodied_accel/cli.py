@@ -174,8 +174,9 @@ def _policy_options(every_family: bool = False) -> argparse.ArgumentParser:
     group.add_argument("--dtype", choices=dtypes, default="float32",
                        help="compute dtype (default: float32; float16: not the policies)")  # fmt: skip
     group.add_argument("--quant", choices=QUANT_MODES, default="none",
-                       help="w8a8: int8 weights and activations for the family's planned linear layers (pi0 / pi0.5, "
-                            "GR00T, VGGT; default: none)")  # fmt: skip
+                       help="w8a8: int8 weights and activations for the family's planned linear layers; fp8: float8 "
+                            "E4M3 (FP8 tensor cores: NVIDIA compute capability 8.9+) (pi0 / pi0.5, GR00T, VGGT; "
+                            "default: none)")  # fmt: skip
     group.add_argument(
         "--tokenizer",
         type=Path,

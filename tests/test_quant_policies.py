@@ -1,6 +1,6 @@
-"""W8A8 on the policies: ``quant="w8a8"`` replaces exactly the family plan's linear layers by :class:`W8A8Linear`,
-and the action chunk stays within a bound derived from the int8 arithmetic of the fp32 one; a bad ``quant`` value
-is an error naming the setting."""
+"""W8A8 and FP8 on the policies: ``quant="w8a8"`` / ``"fp8"`` replaces exactly the family plan's linear layers by
+:class:`W8A8Linear` / :class:`FP8Linear`, and the action chunk stays within a bound derived from the int8 / E4M3
+arithmetic of the fp32 one; a bad ``quant`` value is an error naming the setting."""
 
 import math
 import re
@@ -15,7 +15,7 @@ from embodied_accel.models.pi0.plans import W8A8_PLAN as PI0_PLAN
 from embodied_accel.nn.linear import Linear
 from embodied_accel.policies.groot import load_groot_policy
 from embodied_accel.policies.pi0 import load_pi0_policy
-from embodied_accel.quant import W8A8Linear, check_quant
+from embodied_accel.quant import FP8Linear, W8A8Linear, check_quant
 
 torch.set_num_threads(1)
 
@@ -53,8 +53,23 @@ def int8_error_bound(layers: int) -> float:
     return per_operand * math.sqrt(2) * math.sqrt(layers)
 
 
+def fp8_error_bound(layers: int) -> float:
+    """Relative L2 error of the output allowed after ``layers`` FP8 (E4M3) layers.
+
+    E4M3 keeps 3 mantissa bits: an element rounds to a spacing of at most 2⁻³ of its magnitude (just above a power
+    of two), a uniform error of relative RMS at most ``2⁻³ / sqrt(12)`` (0.036) whatever the row's range (the scale
+    maps the row's largest element to 448, so no element of a norm's output falls to E4M3's subnormals); two operands
+    per layer (x sqrt(2)), the layers' errors in quadrature (x sqrt(layers)).
+    """
+    return 2**-3 / math.sqrt(12) * math.sqrt(2) * math.sqrt(layers)
+
+
+QUANT_LAYERS = {"w8a8": (W8A8Linear, int8_error_bound), "fp8": (FP8Linear, fp8_error_bound)}
+
+
+@pytest.mark.parametrize("quant", list(QUANT_LAYERS))
 @pytest.mark.parametrize("preset", list(CASES))
-def test_w8a8_policy_quantizes_the_plan_and_stays_close(preset):
+def test_quantized_policy_quantizes_the_plan_and_stays_close(preset, quant):
     load, observe, plan = CASES[preset]
     kwargs = dict(backend="reference", dtype="float32", device="cpu", progress=False)
     reference_policy = load(preset, **kwargs)
@@ -66,13 +81,14 @@ def test_w8a8_policy_quantizes_the_plan_and_stays_close(preset):
     }  # fmt: skip
     del reference_policy
 
-    policy = load(preset, quant="w8a8", **kwargs)
-    quantized_layers = {name for name, module in policy.model.named_modules() if isinstance(module, W8A8Linear)}
+    layer_type, error_bound = QUANT_LAYERS[quant]
+    policy = load(preset, quant=quant, **kwargs)
+    quantized_layers = {name for name, module in policy.model.named_modules() if isinstance(module, layer_type)}
     assert quantized_layers == planned and planned
     actions = np.asarray(policy.infer_batch([observation], seed=0)["actions"], dtype=np.float64)
     assert np.isfinite(actions).all() and actions.shape == reference.shape
     relative = np.linalg.norm(actions - reference) / np.linalg.norm(reference)
-    assert 0 < relative < int8_error_bound(len(quantized_layers)), relative
+    assert 0 < relative < error_bound(len(quantized_layers)), relative
 
 
 def test_pi0_plan_names_every_gemma_projection():
@@ -85,7 +101,7 @@ def test_pi0_plan_names_every_gemma_projection():
 
 @pytest.mark.parametrize("load", [load_pi0_policy, load_groot_policy])
 def test_bad_quant_value_names_the_setting(load):
-    with pytest.raises(ValueError, match=r"quant: expected one of none, w8a8, got 'int4'"):
+    with pytest.raises(ValueError, match=r"quant: expected one of none, w8a8, fp8, got 'int4'"):
         load("pi0-tiny" if load is load_pi0_policy else "groot-tiny", quant="int4", progress=False)
     assert check_quant("w8a8") == "w8a8"
 

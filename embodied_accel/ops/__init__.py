@@ -52,6 +52,9 @@ OP_NAMES: tuple[str, ...] = (
     "int8_linear",
     # ---- first used by Hunyuan3D-Paint's UNets and VAE
     "group_norm",
+    # ---- FP8 linear layers (quant="fp8")
+    "quantize_rows_fp8",
+    "fp8_linear",
 )
 
 #: Backends that exist or are planned; ``auto`` picks the best available one.

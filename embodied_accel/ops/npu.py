@@ -87,6 +87,9 @@ NOT_FUSED: dict[str, str] = {
     "int8_linear": "not mapped yet: the reference (candidate: npu_quant_matmul)",
     # ---- first used by Hunyuan3D-Paint
     "group_norm": "not mapped yet: aten group_norm + silu (candidate: npu_group_norm_silu)",
+    # ---- FP8 linear layers
+    "quantize_rows_fp8": "Ascend 910B has no FP8 matmul: the reference (float8 values on the host's casts)",
+    "fp8_linear": "Ascend 910B has no FP8 matmul: the reference (the float8 values, the product in fp32)",
 }
 
 #: Conditions under which a served op still runs the reference for a call (static: dtype and shape only).

@@ -362,6 +362,44 @@ def int8_linear(
     return out.to(out_dtype)
 
 
+#: The largest finite float8 E4M3 value (``torch.float8_e4m3fn``, the format of FP8 tensor cores).
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dynamic symmetric per-row (per-token) float8 E4M3 quantization of ``x [M, K]``.
+
+    ``scale = max|x_row| / 448`` (fp32, at least 1e-12), ``q = e4m3(x / scale)`` (nearest, ties to even; |q| ≤ 448).
+    Returns ``(q float8_e4m3fn [M, K], scale fp32 [M])``.
+    """
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1) / FP8_E4M3_MAX).clamp_min(1e-12)
+    q = (xf / scale[:, None]).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def fp8_linear(
+    x_q: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight_q: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """``(x_q @ weight_q.T) * x_scale[:, None] * weight_scale[None, :] + bias`` accumulated in fp32.
+
+    ``x_q: [M, K]`` float8 E4M3 with per-row scales ``[M]``; ``weight_q: [N, K]`` float8 E4M3 (the column-major
+    ``[K, N]`` operand of FP8 GEMMs) with per-output-channel scales ``[N]``. A product of two E4M3 values (4
+    significant bits each) is exact in fp32, so only the sum rounds; the epilogue in fp32 (this order), the result
+    in ``out_dtype``.
+    """
+    acc = x_q.float() @ weight_q.float().t()
+    out = acc * x_scale[:, None] * weight_scale[None, :]
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(out_dtype)
+
+
 # ---- ops first used by Hunyuan3D-Paint's UNets and VAE
 
 

@@ -1,23 +1,27 @@
-"""Quantization layers that attach to a built model through a declared plan (W8A8 linear layers)."""
+"""Quantization layers that attach to a built model through a declared plan (W8A8 and FP8 linear layers)."""
 
+from .fp8 import FP8Linear, attach_fp8, quantize_weight_fp8
+from .modes import QUANT_MODES, check_quant, quantize
 from .w8a8 import (
-    QUANT_MODES,
     QuantPlan,
     W8A8Linear,
     attach_w8a8,
-    check_quant,
-    quantize,
     quantize_weight_per_channel,
     quantized_bytes,
+    replace_linears,
 )
 
 __all__ = [
     "QUANT_MODES",
+    "FP8Linear",
     "QuantPlan",
     "W8A8Linear",
+    "attach_fp8",
     "attach_w8a8",
     "check_quant",
     "quantize",
+    "quantize_weight_fp8",
     "quantize_weight_per_channel",
     "quantized_bytes",
+    "replace_linears",
 ]

@@ -5,12 +5,11 @@ A model family declares a plan as plain data (the fields of :class:`~embodied_ac
 in its ``plans.py``): which of its :class:`~embodied_accel.nn.linear.Linear` layers (by module name) run in W8A8;
 everything else (e.g. vision towers, norms, heads) keeps the model's dtype. Attaching replaces exactly those named modules with
 :class:`W8A8Linear` (same call signature); no class or forward is patched, and a plan entry that names no Linear is an
-error. :func:`quantize` applies a ``quant`` setting (``none`` | ``w8a8``) with a family's plan.
+error. :func:`~embodied_accel.quant.modes.quantize` applies a ``quant`` setting with a family's plan.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import torch
@@ -19,11 +18,6 @@ from torch import nn
 from ..nn.linear import Linear
 from ..ops import OpSet
 from ..plans import QuantPlan
-
-logger = logging.getLogger(__name__)
-
-#: The values of a ``quant`` setting: no quantization, or W8A8 on the family's planned linear layers.
-QUANT_MODES = ("none", "w8a8")
 
 
 def quantize_weight_per_channel(weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,6 +65,12 @@ def attach_w8a8(model: nn.Module, plan: QuantPlan | Mapping) -> list[str]:
     """Replace the plan's linear layers of ``model`` by :class:`W8A8Linear` (weights quantized now); returns their
     names. ``plan``: a :class:`QuantPlan` or its fields as plain data. Raises if the plan selects nothing, or selects
     a module that is not a :class:`Linear`."""
+    return replace_linears(model, plan, W8A8Linear.from_linear)
+
+
+def replace_linears(model: nn.Module, plan: QuantPlan | Mapping, make_layer) -> list[str]:
+    """Replace every :class:`Linear` of ``model`` that ``plan`` selects by ``make_layer(linear)``; returns their
+    names. Raises if the plan selects nothing, or selects a module that is not a :class:`Linear`."""
     plan = plan if isinstance(plan, QuantPlan) else QuantPlan(**plan)
     selected = [(name, module) for name, module in model.named_modules() if name and plan.selects(name)]
     wrong = [f"{name} ({type(module).__name__})" for name, module in selected if not isinstance(module, Linear)]
@@ -81,26 +81,8 @@ def attach_w8a8(model: nn.Module, plan: QuantPlan | Mapping) -> list[str]:
     for name, module in selected:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, W8A8Linear.from_linear(module))
+        setattr(parent, child, make_layer(module))
     return [name for name, _ in selected]
-
-
-def check_quant(quant: str) -> str:
-    """``quant`` if it is one of :data:`QUANT_MODES`, else a ``ValueError`` naming the setting."""
-    if quant not in QUANT_MODES:
-        raise ValueError(f"quant: expected one of {', '.join(QUANT_MODES)}, got {quant!r}")
-    return quant
-
-
-def quantize(model: nn.Module, quant: str, plan: QuantPlan | Mapping) -> list[str]:
-    """Apply the ``quant`` setting to a loaded ``model`` with its family's ``plan``: nothing for ``none``,
-    :func:`attach_w8a8` for ``w8a8``. Returns the names of the layers replaced."""
-    if check_quant(quant) == "none":
-        return []
-    replaced = attach_w8a8(model, plan)
-    keep = plan.keep if isinstance(plan, QuantPlan) else plan.get("keep", "")
-    logger.info("W8A8: %d linear layers int8; kept in the model's dtype: %s", len(replaced), keep or "the rest")
-    return replaced
 
 
 def quantized_bytes(model: nn.Module) -> dict[str, int]:

@@ -69,7 +69,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     if attention not in CUDA_ATTENTION_KERNELS:
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
     from . import attention as attention_kernel
-    from . import groot_kernels, int8_gemm, kernels
+    from . import fp8_gemm, groot_kernels, int8_gemm, kernels
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
         return RopeTables(cos, sin, rotated_heads, total_heads)  # the kernels read cos / sin themselves
@@ -117,5 +117,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         "ada_layer_norm": groot_kernels.ada_layer_norm,
         # ---- ops first used by VGGT
         "int8_linear": int8_gemm.int8_linear,
+        # ---- FP8 linear layers
+        "fp8_linear": fp8_gemm.fp8_linear,
     }
     return ops, {"attention": ATTENTION_NOTES[attention]}
