@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import logging
 import sys
 from pathlib import Path
@@ -55,6 +56,7 @@ from embodied_accel.cli import (  # noqa: E402
     stage_split,
 )
 from embodied_accel.ops import CUDA_ATTENTION_KERNELS  # noqa: E402
+from embodied_accel.quant import QUANT_MODES  # noqa: E402
 
 ALL_BUCKETS = [(views, batch) for views in (1, 2, 3) for batch in (1, 8)]
 HEADLINE_BUCKET = "2x1"
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--captures", nargs="+", choices=CAPTURES, default=list(DEFAULT_CAPTURES))
     parser.add_argument("--attention", nargs="+", choices=CUDA_ATTENTION_KERNELS, default=["sdpa"],
                         help="the cuda backend's attention kernels, one model load each (default: sdpa)")  # fmt: skip
+    parser.add_argument("--quant", nargs="+", choices=QUANT_MODES, default=["none"],
+                        help="quantized linear layers, one model load each: none, w8a8, fp8 (default: none)")  # fmt: skip
     parser.add_argument("--buckets", nargs="+", default=[HEADLINE_BUCKET], help="VIEWSxBATCH ... or 'all'")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="default bf16 (fp32 on a CPU)")
     parser.add_argument("--runs", type=int, default=100)
@@ -105,16 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     dtype = args.dtype or ("bfloat16" if plat.device_type == "cuda" else "float32")
     # the cuda backend's attention choices; elsewhere (--allow-cpu) the backend is the reference and has none
     attentions = args.attention if plat.device_type == "cuda" else ["sdpa"]
-    for attention in attentions:
+    for attention, quant in itertools.product(attentions, args.quant):
         base, load_s = timed(functools.partial(load_policy, args.model, dtype=dtype, num_views=3, progress=False,
-                                               cuda_attention=attention))  # fmt: skip
-        print(f"{args.model} {dtype} loaded in {load_s:.1f} s ({base.num_parameters() / 1e6:.1f} M parameters, "
-              f"random weights drawn on {base.device})", flush=True)  # fmt: skip
+                                               cuda_attention=attention, quant=quant))  # fmt: skip
+        print(f"{args.model} {dtype} quant {quant} loaded in {load_s:.1f} s ({base.num_parameters() / 1e6:.1f} M "
+              f"parameters, random weights drawn on {base.device})", flush=True)  # fmt: skip
         eager_out: dict[tuple[int, int], torch.Tensor] = {}
         for capture in ordered_captures(args.captures):
             policy = base if capture == "eager" else base.with_capture(capture, **capture_options(plat))
             for views, batch in buckets:
-                measure_bucket(args, plat, policy, capture, views, batch, dtype, load_s, eager_out)
+                measure_bucket(args, plat, policy, capture, views, batch, dtype, load_s, eager_out, quant)
             del policy
             release(plat)
         del base
@@ -122,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_bucket(args, plat, policy, capture, views, batch, dtype, load_s, eager_out) -> None:
+def measure_bucket(args, plat, policy, capture, views, batch, dtype, load_s, eager_out, quant="none") -> None:
     observations = observations_for(policy, views, batch)
     call, measured_views = policy.measured_call(observations, None)
     measured = measure_call(call, plat, args.warmup, args.runs)
@@ -138,7 +142,7 @@ def measure_bucket(args, plat, policy, capture, views, batch, dtype, load_s, eag
         batch=batch, views=measured_views, steps=policy.config.num_steps, times=measured.pop("times"),
         aten_ops_per_call=None, plat=plat, **measured, source=policy.source, random_weights=True,
         num_parameters=policy.num_parameters(), warmup=args.warmup, capture_s=policy.capture_seconds, load_s=load_s,
-        cuda_attention=policy.ops.settings.get("cuda_attention"),
+        cuda_attention=policy.ops.settings.get("cuda_attention"), quant=quant,
         max_abs_diff_vs_eager=max_abs_diff(out, eager_out.get((views, batch))),
         graphs_captured=None if policy.graph_cache is None else policy.graph_cache.captures,
         measured_call="observation bytes uploaded -> device pre-processing + model + un-normalization -> "

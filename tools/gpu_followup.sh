@@ -11,6 +11,7 @@
 #   hunyuan3d [CAPTURE [DECODING [CACHE]]]   Hunyuan3D-2, one configuration (default: eager hierarchical none;
 #                              CAPTURE eager|compile|cudagraph, DECODING hierarchical|dense, CACHE none|taylorseer-o1n5)
 #   compile MODEL              pi0 / pi05 eager, compile and compile+cudagraph, 2 views batch 1
+#   quant MODEL                pi0 / pi05 with W8A8 and FP8 linear layers, eager and CUDA graph, 2 views batch 1
 #   groot-compile              GR00T N1.6 eager, compile and compile+cudagraph
 #   buckets MODEL              pi0 / pi05 / groot eager and CUDA graph over every shape bucket (1-3 views x batch 1, 8)
 #   train [PRESET]             full-size pi0.5 (or pi0) training steps: samples/s and peak memory per batch size
@@ -20,7 +21,7 @@ set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,22p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d compile groot-compile buckets train tests)" "$@"
+gpu_arguments '2,22p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d compile quant groot-compile buckets train tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
@@ -67,6 +68,10 @@ case $STEP in
         gpu_step "compile-${STEP_ARGS[0]:-pi0}" 520 "$FIGURES" "$PY" tools/gpu_bench.py \
             --model "$(tiny "${STEP_ARGS[0]:-pi0}")" --captures eager compile compile+cudagraph "${PIX[@]}"
         ;;
+    quant)
+        gpu_step "quant-${STEP_ARGS[0]:-pi0}" 520 "$FIGURES" "$PY" tools/gpu_bench.py \
+            --model "$(tiny "${STEP_ARGS[0]:-pi0}")" --quant w8a8 fp8 --captures eager cudagraph "${PIX[@]}"
+        ;;
     groot-compile)
         gpu_step groot-compile 520 "$FIGURES" "$PY" tools/groot_gpu_bench.py --preset "$(tiny groot-n1.6)" \
             --captures eager compile compile+cudagraph --runs "$RUNS" --out-dir "$RESULTS" "${CPU[@]}"
@@ -97,7 +102,7 @@ case $STEP in
         fi
         ;;
     *)
-        echo "unknown step $STEP (steps: vggt vggt-w8a8 hunyuan3d compile groot-compile buckets train tests)" >&2
+        echo "unknown step $STEP (steps: vggt vggt-w8a8 hunyuan3d compile quant groot-compile buckets train tests)" >&2
         exit 2
         ;;
 esac

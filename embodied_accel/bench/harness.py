@@ -386,11 +386,14 @@ def _slug(value: Any) -> str:
 
 def result_filename(record: dict[str, Any]) -> str:
     """``{date}_{model}_{preset}_{backend}_{capture}_{dtype}_b{batch}_v{views}_{device}.json``; the backend reads
-    ``cuda-triton-attention`` for a record with ``cuda_attention: triton``."""
+    ``cuda-triton-attention`` for a record with ``cuda_attention: triton``, and ends in ``-w8a8`` / ``-fp8`` for a
+    record with that ``quant``."""
     date = datetime.fromisoformat(record["date"]).astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
     parts = [record[k] for k in ("model", "preset", "backend", "capture", "dtype")]
     if record.get("cuda_attention") == "triton":
         parts[2] += "-triton-attention"
+    if record.get("quant") not in (None, "none") and not parts[2].endswith(f"-{record['quant']}"):
+        parts[2] += f"-{record['quant']}"
     device = _slug(record["device"])[:48].rstrip("-.")
     return "_".join([date, *map(_slug, parts), f"b{record['batch']}", f"v{record['views']}", device]) + ".json"
 
