@@ -3,6 +3,7 @@
 from .fp8 import FP8Linear, attach_fp8, quantize_weight_fp8
 from .modes import QUANT_MODES, check_quant, quantize
 from .w8a8 import (
+    QuantizedLinear,
     QuantPlan,
     W8A8Linear,
     attach_w8a8,
@@ -15,6 +16,7 @@ __all__ = [
     "QUANT_MODES",
     "FP8Linear",
     "QuantPlan",
+    "QuantizedLinear",
     "W8A8Linear",
     "attach_fp8",
     "attach_w8a8",

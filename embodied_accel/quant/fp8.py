@@ -21,7 +21,7 @@ from ..nn.linear import Linear
 from ..ops import OpSet
 from ..ops.reference import FP8_E4M3_MAX
 from ..plans import QuantPlan
-from .w8a8 import replace_linears
+from .w8a8 import QuantizedLinear, replace_linears
 
 #: The oldest NVIDIA GPUs with FP8 tensor cores (Ada: 8.9; Hopper: 9.0).
 FP8_MIN_CAPABILITY = (8, 9)
@@ -50,16 +50,15 @@ def check_fp8_device(device: torch.device) -> None:
         )
 
 
-class FP8Linear(nn.Module):
+class FP8Linear(QuantizedLinear):
     """Drop-in for :class:`Linear`: ``y = e4m3(x) @ e4m3(W)ᵀ * scales + bias (+ residual)`` in the input's dtype."""
 
+    mode = "fp8"
+
     def __init__(self, weight_q: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, ops: OpSet):
-        super().__init__()
-        self.ops = ops
-        self.out_features, self.in_features = weight_q.shape
+        out_features, in_features = weight_q.shape
+        super().__init__(in_features, out_features, weight_scale, bias, ops)
         self.register_buffer("weight_q", weight_q)
-        self.register_buffer("weight_scale", weight_scale)
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
     @classmethod
     def from_linear(cls, linear: Linear) -> FP8Linear:
@@ -67,20 +66,9 @@ class FP8Linear(nn.Module):
         q, scale = quantize_weight_fp8(linear.weight_t)
         return cls(q, scale, linear.bias, linear.ops)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x_q, x_scale = self.ops.quantize_rows_fp8(x.reshape(-1, self.in_features))
-        out = self.ops.fp8_linear(x_q, x_scale, self.weight_q, self.weight_scale, self.bias, x.dtype)
-        if residual is not None:
-            out = out + residual.reshape(-1, self.out_features)
-        return out.view(*lead, self.out_features)
-
-    def into(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` of ``x [rows, in]`` written into ``out [rows, out]`` (as :meth:`Linear.into`)."""
-        return out.copy_(self.forward(x))
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp8"
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        x_q, x_scale = self.ops.quantize_rows_fp8(x)
+        return self.ops.fp8_linear(x_q, x_scale, self.weight_q, self.weight_scale, self.bias, x.dtype)
 
 
 def attach_fp8(model: nn.Module, plan: QuantPlan | Mapping) -> list[str]:

@@ -29,26 +29,27 @@ def quantize_weight_per_channel(weight_t: torch.Tensor) -> tuple[torch.Tensor, t
     return q, scale
 
 
-class W8A8Linear(nn.Module):
-    """Drop-in for :class:`Linear`: ``y = int8(x) @ int8(W) * scales + bias (+ residual)`` in the input's dtype."""
+class QuantizedLinear(nn.Module):
+    """What the quantized drop-ins for :class:`Linear` share: a weight quantized at attach time (``weight_q``-like
+    buffers, fp32 per-output-channel ``weight_scale``), the float bias, and a call that quantizes ``x``'s rows and
+    runs one quantized GEMM (:meth:`gemm`), then adds ``residual``. ``mode`` names the format (``w8a8``, ``fp8``)."""
 
-    def __init__(self, weight_q_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, ops: OpSet):
+    mode = ""
+
+    def __init__(self, in_features: int, out_features: int, weight_scale: torch.Tensor, bias: torch.Tensor | None,
+                 ops: OpSet):  # fmt: skip
         super().__init__()
-        self.ops = ops
-        self.in_features, self.out_features = weight_q_t.shape
-        self.register_buffer("weight_q_t", weight_q_t)
+        self.ops, self.in_features, self.out_features = ops, in_features, out_features
         self.register_buffer("weight_scale", weight_scale)
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
-    @classmethod
-    def from_linear(cls, linear: Linear) -> W8A8Linear:
-        q, scale = quantize_weight_per_channel(linear.weight_t)
-        return cls(q, scale, linear.bias, linear.ops)
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [rows, in]`` (float) → ``[rows, out]`` in ``x``'s dtype, bias included."""
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
-        x_q, x_scale = self.ops.quantize_rows_int8(x.reshape(-1, self.in_features))
-        out = self.ops.int8_linear(x_q, x_scale, self.weight_q_t, self.weight_scale, self.bias, x.dtype)
+        out = self.gemm(x.reshape(-1, self.in_features))
         if residual is not None:
             out = out + residual.reshape(-1, self.out_features)
         return out.view(*lead, self.out_features)
@@ -58,7 +59,27 @@ class W8A8Linear(nn.Module):
         return out.copy_(self.forward(x))
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, w8a8"
+        bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}, {self.mode}"
+
+
+class W8A8Linear(QuantizedLinear):
+    """Drop-in for :class:`Linear`: ``y = int8(x) @ int8(W) * scales + bias (+ residual)`` in the input's dtype."""
+
+    mode = "w8a8"
+
+    def __init__(self, weight_q_t: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, ops: OpSet):
+        super().__init__(*weight_q_t.shape, weight_scale, bias, ops)
+        self.register_buffer("weight_q_t", weight_q_t)
+
+    @classmethod
+    def from_linear(cls, linear: Linear) -> W8A8Linear:
+        q, scale = quantize_weight_per_channel(linear.weight_t)
+        return cls(q, scale, linear.bias, linear.ops)
+
+    def gemm(self, x: torch.Tensor) -> torch.Tensor:
+        x_q, x_scale = self.ops.quantize_rows_int8(x)
+        return self.ops.int8_linear(x_q, x_scale, self.weight_q_t, self.weight_scale, self.bias, x.dtype)
 
 
 def attach_w8a8(model: nn.Module, plan: QuantPlan | Mapping) -> list[str]:
