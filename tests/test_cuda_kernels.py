@@ -32,6 +32,7 @@ def test_backend_lists_fused_and_fallback_ops():
     assert set(cuda_ops.fused) == {
         "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_add_ada_rms_norm", "geglu", "prepare_rope", "rope",
         "rope_store_kv", "prepare_attention_mask", "attention", "swiglu", "qk_rms_norm_rope", "ada_layer_norm", "int8_linear",
+        "fp8_linear",
     }
     assert "linear" in cuda_ops.fallback
 
