@@ -10,6 +10,7 @@
 #   vggt-w8a8                  the same with the W8A8 plan, 1/10/50 frames
 #   hunyuan3d [CAPTURE [DECODING [CACHE]]]   Hunyuan3D-2, one configuration (default: eager hierarchical none;
 #                              CAPTURE eager|compile|cudagraph, DECODING hierarchical|dense, CACHE none|taylorseer-o1n5)
+#   texture [CAPTURE]          Hunyuan3D-Paint's whole texture stage at full size (20k faces, 2048), stage by stage
 #   compile MODEL              pi0 / pi05 eager, compile and compile+cudagraph, 2 views batch 1
 #   quant MODEL                pi0 / pi05 with W8A8 and FP8 linear layers, eager and CUDA graph, 2 views batch 1
 #   groot-compile              GR00T N1.6 eager, compile and compile+cudagraph
@@ -21,7 +22,7 @@ set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,22p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d compile quant groot-compile buckets train tests)" "$@"
+gpu_arguments '2,20p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
@@ -44,8 +45,10 @@ tiny() {  # the full-size name, or its tiny preset in CPU mode
 }
 if [ "$CPU_MODE" = 1 ]; then
     CPU=(--allow-cpu) RUNS=2 VGGT_FRAMES=(1 3) VGGT_SIZE=56 H3D=(--steps 2 --octree-resolution 32 --runs 1)
+    PAINT=(--preset hunyuan3d-paint-tiny --device cpu --dtype float32 --runs 1 --subdivisions 2 --render-size 256
+           --texture-size 256)
 else
-    CPU=() RUNS=30 VGGT_FRAMES=(1 10 50 100) VGGT_SIZE=518 H3D=(--runs 2)
+    CPU=() RUNS=30 VGGT_FRAMES=(1 10 50 100) VGGT_SIZE=518 H3D=(--runs 2) PAINT=(--runs 2)
 fi
 FIGURES=' p50 [0-9.]+ ms|loaded in|frames|out of memory|samples/s'
 PIX=(--buckets 2x1 --runs "$RUNS" --warmup 3 --out-dir "$RESULTS" "${CPU[@]}")
@@ -63,6 +66,10 @@ case $STEP in
         gpu_step hunyuan3d 520 "$FIGURES" "$PY" tools/hunyuan3d_gpu_bench.py --preset "$(tiny hunyuan3d-dit-v2-0)" \
             --capture "${STEP_ARGS[0]:-eager}" --decoding "${STEP_ARGS[1]:-hierarchical}" --cache "${STEP_ARGS[2]:-none}" \
             "${H3D[@]}" --out-dir "$RESULTS" "${CPU[@]}"
+        ;;
+    texture)
+        gpu_step "texture-${STEP_ARGS[0]:-eager}" 520 "$FIGURES|total" "$PY" tools/hunyuan3d_paint_gpu_bench.py \
+            --capture "${STEP_ARGS[0]:-eager}" --out-dir "$RESULTS" "${PAINT[@]}"
         ;;
     compile)
         gpu_step "compile-${STEP_ARGS[0]:-pi0}" 520 "$FIGURES" "$PY" tools/gpu_bench.py \
@@ -102,7 +109,7 @@ case $STEP in
         fi
         ;;
     *)
-        echo "unknown step $STEP (steps: vggt vggt-w8a8 hunyuan3d compile quant groot-compile buckets train tests)" >&2
+        echo "unknown step $STEP (steps: vggt vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" >&2
         exit 2
         ;;
 esac

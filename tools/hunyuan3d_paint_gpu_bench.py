@@ -44,10 +44,12 @@ def main() -> None:
     parser.add_argument("--subdivisions", type=int, default=5, help="the mesh: 20 * 4^N faces (default 5: 20480)")
     parser.add_argument("--render-size", type=int)
     parser.add_argument("--texture-size", type=int)
+    parser.add_argument("--capture", default="eager", help="how the UNet steps run (eager, compile, cudagraph, ...)")
     args = parser.parse_args()
     device = torch.device(args.device)
     source = str(args.checkpoint) if args.checkpoint else args.preset
-    pipeline = load_texture_pipeline(source, backend=args.backend, dtype=args.dtype, device=device, progress=False)
+    pipeline = load_texture_pipeline(source, backend=args.backend, dtype=args.dtype, device=device, progress=False,
+                                     capture=args.capture)  # fmt: skip
     mesh, image = sample_mesh(args.subdivisions), read_image(SAMPLE_IMAGE)
     settings = TextureSettings(render_size=args.render_size, texture_size=args.texture_size)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -70,7 +72,8 @@ def main() -> None:
     multiview = pipeline.multiview_model.config
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None
     record = result_record(
-        model="hunyuan3d-paint", preset=multiview.name, backend=pipeline.multiview_model.ops.backend, capture="eager",
+        model="hunyuan3d-paint", preset=multiview.name, backend=pipeline.multiview_model.ops.backend,
+        capture=args.capture,
         dtype=args.dtype, batch=1, views=6, steps=multiview.steps, times=times, aten_ops_per_call=None,
         peak_mem_mb=peak, faces=results[0].input_faces, render_size=settings.render_size or pipeline.render_size,
         texture_size=results[0].texture.shape[0], delight_steps=pipeline.delight_model.config.steps,
