@@ -23,7 +23,7 @@ pytest.importorskip("onnxruntime", reason="pip install 'embodied-accel[onnx]'")
 pytest.importorskip("onnxscript", reason="pip install 'embodied-accel[onnx]'")
 
 from embodied_accel import deploy, load_policy  # noqa: E402
-from embodied_accel.deploy.manifest import MANIFEST_FILE, Manifest  # noqa: E402
+from embodied_accel.deploy.manifest import MANIFEST_FILE, Manifest, TensorSpec  # noqa: E402
 from embodied_accel.export import export_model  # noqa: E402
 from embodied_accel.export import pi0 as pi0_graphs  # noqa: E402
 from embodied_accel.nn.kv_cache import SegmentedKVCache  # noqa: E402
@@ -92,10 +92,10 @@ def test_graph_modules_equal_the_models_static_cache_path(pi0_policy):
         context = model.prefill(buffers, None, image_masks, token_ids, token_masks, state, image_tokens=image_tokens)
         velocity = model.denoise_step(x_t, buffers.schedule.per_step[3], context.rope_tables,
                                       context.attention_mask, context.slots)  # fmt: skip
-        prefix_kv = pi0_graphs.PrefixGraph(model, cameras, tokens)(image_tokens, image_masks, token_ids, token_masks,
-                                                                   state)  # fmt: skip
+        prefix_graph = pi0_graphs.PrefixGraph(model, cameras, tokens)
+        prefix_kv, *action_context = prefix_graph(image_tokens, image_masks, token_ids, token_masks, state)
         step_graph = pi0_graphs.DenoiseStepGraph(model, cameras, tokens, 10)
-        graph_velocity = step_graph(x_t, torch.tensor([3]), prefix_kv, image_masks, token_masks)
+        graph_velocity = step_graph(x_t, torch.tensor([3]), prefix_kv, *action_context)
     assert torch.equal(prefix_kv, buffers.kv_cache.buffer[:, :, :, :, : prefix_kv.shape[4]])
     assert torch.equal(graph_velocity, velocity)
 
@@ -119,8 +119,12 @@ def test_manifest_round_trips(pi0_export):
     assert call["loop"] == {"kind": "euler", "steps": 10, "dt": -0.1, "start_time": 1.0}
     assert call["state"]["normalization"]["mode"] == "IDENTITY" and call["prompt"]["tokenizer"] == "tokenizer.model"
     step = manifest.graph("denoise_step")
-    assert [t.name for t in step.inputs] == ["x_t", "step", "prefix_kv", "image_masks", "token_masks"]
-    assert step.inputs[2].shape == manifest.graph("prefix").outputs[0].shape  # the prefix's KV cache feeds the step
+    prefix_outputs = manifest.graph("prefix").outputs
+    assert [t.name for t in prefix_outputs] == ["prefix_kv", "action_rope_cos", "action_rope_sin",
+                                                "action_rope_multipliers_0", "action_rope_multipliers_1",
+                                                "action_mask_may_attend", "action_mask_additive"]  # fmt: skip
+    assert step.inputs[:2] == (TensorSpec("x_t", (1, 50, 32), "float32"), TensorSpec("step", (1,), "int64"))
+    assert step.inputs[2:] == prefix_outputs  # the prefix's KV cache and action context feed every step
 
 
 def test_the_deployed_policy_runs_without_torch(pi0_export, tmp_path):
