@@ -23,8 +23,10 @@ pytest.importorskip("onnxruntime", reason="pip install 'embodied-accel[onnx]'")
 pytest.importorskip("onnxscript", reason="pip install 'embodied-accel[onnx]'")
 
 from embodied_accel import deploy, load_policy  # noqa: E402
-from embodied_accel.deploy.manifest import MANIFEST_FILE, Manifest  # noqa: E402
+from embodied_accel.deploy.manifest import MANIFEST_FILE, Manifest, TensorSpec  # noqa: E402
 from embodied_accel.export import export_model  # noqa: E402
+from embodied_accel.export import pi0 as pi0_graphs  # noqa: E402
+from embodied_accel.nn.kv_cache import SegmentedKVCache  # noqa: E402
 
 ATOL = 1e-4
 
@@ -71,6 +73,44 @@ def test_pi0_whole_call_equals_eager(pi0_export, pi0_policy):
                                pi0_policy.infer_batch(batch, noise=noise)["actions"], rtol=0, atol=ATOL)  # fmt: skip
 
 
+def test_graph_modules_equal_the_models_static_cache_path(pi0_policy):
+    """The exported graphs' cache (a segment per pass, read where it lies) gives, in eager, what the model's own call
+    gives with its static cache: the prefix K/V and a denoising step's velocity. The same ops on the same values in
+    the same order, only the K/V concatenated instead of read from one buffer: exact."""
+    model = pi0_policy.model
+    cameras, tokens = 2, model.config.max_token_len
+    generator = torch.Generator().manual_seed(3)
+    images = torch.rand(1, cameras, 3, 224, 224, generator=generator) * 2 - 1
+    image_masks = torch.tensor([[True, False]])
+    token_ids = torch.randint(0, model.config.vocab_size, (1, tokens), generator=generator)
+    token_masks = torch.arange(tokens)[None] < 5
+    state = torch.randn(1, model.config.max_state_dim, generator=generator)
+    x_t = torch.randn(1, model.config.action_horizon, model.config.max_action_dim, generator=generator)
+    with torch.no_grad():
+        buffers = model.new_buffers(1, cameras, tokens, 10, "cpu")
+        image_tokens = model.embed_images(images)
+        context = model.prefill(buffers, None, image_masks, token_ids, token_masks, state, image_tokens=image_tokens)
+        velocity = model.denoise_step(x_t, buffers.schedule.per_step[3], context.rope_tables,
+                                      context.attention_mask, context.slots)  # fmt: skip
+        prefix_graph = pi0_graphs.PrefixGraph(model, cameras, tokens)
+        prefix_kv, *action_context = prefix_graph(image_tokens, image_masks, token_ids, token_masks, state)
+        step_graph = pi0_graphs.DenoiseStepGraph(model, cameras, tokens, 10)
+        graph_velocity = step_graph(x_t, torch.tensor([3]), prefix_kv, *action_context)
+    assert torch.equal(prefix_kv, buffers.kv_cache.buffer[:, :, :, :, : prefix_kv.shape[4]])
+    assert torch.equal(graph_velocity, velocity)
+
+
+def test_segmented_cache_refuses_passes_out_of_order():
+    cache = SegmentedKVCache(2, 1, 1, 8, 4, torch.float32, "cpu")
+    cache.slots(0, 3, 3)
+    with pytest.raises(ValueError, match=r"write \[2, 5\) read \[0, 5\)"):
+        cache.slots(2, 5, 5)
+    with pytest.raises(ValueError, match="batch 1: a pass over 2 rows"):
+        cache.slots(3, 5, 5, batch=2)
+    with pytest.raises(ValueError, match="position 2 is not where a segment ends"):
+        cache.stacked(2)
+
+
 def test_manifest_round_trips(pi0_export):
     manifest, out = pi0_export
     assert Manifest.read(out) == manifest
@@ -79,8 +119,12 @@ def test_manifest_round_trips(pi0_export):
     assert call["loop"] == {"kind": "euler", "steps": 10, "dt": -0.1, "start_time": 1.0}
     assert call["state"]["normalization"]["mode"] == "IDENTITY" and call["prompt"]["tokenizer"] == "tokenizer.model"
     step = manifest.graph("denoise_step")
-    assert [t.name for t in step.inputs] == ["x_t", "step", "prefix_kv", "image_masks", "token_masks"]
-    assert step.inputs[2].shape == manifest.graph("prefix").outputs[0].shape  # the prefix's KV cache feeds the step
+    prefix_outputs = manifest.graph("prefix").outputs
+    assert [t.name for t in prefix_outputs] == ["prefix_kv", "action_rope_cos", "action_rope_sin",
+                                                "action_rope_multipliers_0", "action_rope_multipliers_1",
+                                                "action_mask_may_attend", "action_mask_additive"]  # fmt: skip
+    assert step.inputs[:2] == (TensorSpec("x_t", (1, 50, 32), "float32"), TensorSpec("step", (1,), "int64"))
+    assert step.inputs[2:] == prefix_outputs  # the prefix's KV cache and action context feed every step
 
 
 def test_the_deployed_policy_runs_without_torch(pi0_export, tmp_path):

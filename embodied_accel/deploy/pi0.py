@@ -263,18 +263,27 @@ class OnnxPi0Policy:
         return np.concatenate(chunks)
 
     def _sample_bucket(self, inputs: PolicyInputs, noise: np.ndarray) -> np.ndarray:
-        run, bucket = self.graphs.run, self.bucket
+        run, bucket, manifest = self.graphs.run, self.bucket, self.graphs.manifest
         image_tokens = run("vision", bucket, images=inputs.images)["image_tokens"]
         prefix_inputs = dict(image_tokens=image_tokens, image_masks=inputs.image_masks, tokens=inputs.tokens,
                              token_masks=inputs.token_masks)  # fmt: skip
-        if any(t.name == "state" for t in self.graphs.manifest.graph("prefix", bucket).inputs):
+        if any(t.name == "state" for t in manifest.graph("prefix", bucket).inputs):
             prefix_inputs["state"] = inputs.state
-        prefix_kv = run("prefix", bucket, **prefix_inputs)["prefix_kv"]
+        # The step reads the prefix graph's outputs (the KV cache; since the action context moved into the prefix
+        # graph, also its tensors) and, in exports that build that context every step, the masks.
+        available = {**prefix_inputs, **run("prefix", bucket, **prefix_inputs)}
+        step_constants = {}
+        for tensor in manifest.graph("denoise_step", bucket).inputs:
+            if tensor.name in ("x_t", "step"):
+                continue
+            if tensor.name not in available:
+                raise ValueError(f"denoise_step ({bucket}): input {tensor.name!r} is neither a model input nor an "
+                                 f"output of the prefix graph ({', '.join(sorted(available))})")  # fmt: skip
+            step_constants[tensor.name] = available[tensor.name]
         x_t = noise.astype(np.float32)
         for step in range(self.steps):
-            velocity = run("denoise_step", bucket, x_t=x_t, step=np.array([step], np.int64), prefix_kv=prefix_kv,
-                           image_masks=inputs.image_masks, token_masks=inputs.token_masks)["velocity"]  # fmt: skip
-            x_t = x_t + self.dt * velocity
+            velocity = run("denoise_step", bucket, x_t=x_t, step=np.array([step], np.int64), **step_constants)
+            x_t = x_t + self.dt * velocity["velocity"]
         return x_t
 
     def postprocess(self, chunk: np.ndarray) -> np.ndarray:

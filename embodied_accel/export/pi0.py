@@ -3,18 +3,25 @@
 * ``vision``: camera images ``[B, N, 3, S, S]`` in [-1, 1] → projected image tokens ``[B, N·patches, D]``
   (SigLIP and the projector);
 * ``prefix``: image tokens, prompt tokens, their masks (and pi0's normalized state) → the KV cache of every VLM
-  layer over the prefix (and pi0's state token), ``[depth, 2, B, Hkv, P (+1), Dh]``;
-* ``denoise_step``: the noisy actions ``x_t``, the step index, that cache and the masks → the velocity of one Euler
-  step (the action expert reading the cache; the step's time features or adaRMS modulation come from per-step
-  tables in the graph).
+  layer over the prefix (and pi0's state token), ``[depth, 2, B, Hkv, P (+1), Dh]``, and the action tokens' rotary
+  tables and attention mask (``action_*``, :class:`ActionContext`), the same at every step of the call;
+* ``denoise_step``: the noisy actions ``x_t``, the step index, that cache and that context → the velocity of one
+  Euler step (the action expert reading the cache; the step's time features or adaRMS modulation come from
+  per-step tables in the graph). Exports written before the context moved into the prefix graph take the masks
+  instead and build it every step; the deployed loop feeds whichever inputs the step graph declares.
 
 Each graph runs the model's own methods (:meth:`~embodied_accel.models.pi0.model.Pi0Model.embed_images`,
-``prefill``, ``action_context``, ``denoise_step``) through the reference backend, on buffers it builds inside the
-graph; the loop (``x ← x + dt·v`` over the schedule) and the pre- and post-processing are in the manifest.
+``prefill``, ``action_context``, ``denoise_step``) through the reference backend. Their KV cache is a
+:class:`~embodied_accel.nn.kv_cache.SegmentedKVCache`: each pass writes a tensor of its own positions and attends
+to the earlier ones concatenated before it, so the step reads ``prefix_kv`` where it lies (a static cache inside a
+graph is a zeroed buffer per call, the prefix copied into it and every layer's write a scatter over it, which made
+each step about 2x slower in ONNX Runtime). The loop (``x ← x + dt·v`` over the schedule) and the pre- and
+post-processing are in the manifest.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +32,10 @@ from torch import nn
 from ..models.pi0.device_processing import AffineNormalizer
 from ..models.pi0.io_spec import IOSpec
 from ..models.pi0.model import Pi0Buffers, Pi0Model
+from ..nn.kv_cache import SegmentedKVCache
+from ..ops.contract import AttentionMask, RopeTables
 from .engine import FamilyExport, GraphExport
-from .tables import StepTables
+from .tables import CarriedTensors, StepTables
 
 PARTS = ("vision", "prefix", "denoise_step")
 
@@ -40,8 +49,19 @@ class VisionGraph(nn.Module):
         return self.model.embed_images(images)
 
 
+@dataclass(frozen=True)
+class ActionContext:
+    """What every denoising step of a call reads besides the cache, prepared once by the prefix graph: the action
+    tokens' rotary tables and attention mask (:meth:`~embodied_accel.models.pi0.model.Pi0Model.action_context`)."""
+
+    rope: RopeTables
+    mask: AttentionMask
+
+
 class _CacheGraph(nn.Module):
-    """A graph that builds a zeroed KV cache and the rotary table for one call's sequence inside itself."""
+    """A graph over one call's sequence: the rotary table of its positions, a :class:`SegmentedKVCache` built inside
+    the graph (each pass writes its own positions and reads the segments before them where they lie), and the
+    layout of the :class:`ActionContext` the prefix graph hands to the step graph."""
 
     def __init__(self, model: Pi0Model, cameras: int, tokens: int):
         super().__init__()
@@ -52,33 +72,47 @@ class _CacheGraph(nn.Module):
         cos, sin = model.rotary_table(self.length, "cpu")
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        vlm = model.config.vlm
+        example_cache = SegmentedKVCache.from_prefix(
+            torch.zeros(vlm.depth, 2, 1, vlm.num_kv_heads, self.prefix_len + self.state_len, vlm.head_dim), self.length
+        )
+        example = model.action_context(
+            self.buffers_for(example_cache), torch.ones(1, self.prefix_len, dtype=torch.bool)
+        )
+        self.action_context = CarriedTensors(ActionContext(example.rope_tables, example.attention_mask), "action")
 
-    def buffers_for(self, batch: int, schedule=None) -> Pi0Buffers:
-        cache = self.model.new_kv_cache(batch, self.length, self.rope_cos.device)
+    def buffers_for(self, cache: SegmentedKVCache, schedule=None) -> Pi0Buffers:
         return Pi0Buffers(cache, self.rope_cos, self.rope_sin, schedule)
 
 
 class PrefixGraph(_CacheGraph):
-    def forward(self, image_tokens, image_masks, tokens, token_masks, state=None) -> torch.Tensor:
-        buffers = self.buffers_for(tokens.shape[0])
-        self.model.prefill(buffers, None, image_masks, tokens, token_masks, state, image_tokens=image_tokens)
-        return buffers.kv_cache.buffer[:, :, :, :, : self.prefix_len + self.state_len]
+    """→ the prefix's KV cache ``prefix_kv`` and the call's :class:`ActionContext` tensors (``action_*``)."""
+
+    def forward(self, image_tokens, image_masks, tokens, token_masks, state=None) -> tuple[torch.Tensor, ...]:
+        vlm = self.model.config.vlm
+        cache = SegmentedKVCache(
+            vlm.depth, tokens.shape[0], vlm.num_kv_heads, self.length, vlm.head_dim, self.model.compute_dtype,
+            tokens.device,
+        )  # fmt: skip
+        context = self.model.prefill(
+            self.buffers_for(cache), None, image_masks, tokens, token_masks, state, image_tokens=image_tokens
+        )
+        prefix_kv = cache.stacked(self.prefix_len + self.state_len)
+        return prefix_kv, *self.action_context.tensors(ActionContext(context.rope_tables, context.attention_mask))
 
 
 class DenoiseStepGraph(_CacheGraph):
+    """``x_t``, ``step``, ``prefix_kv`` and the :class:`ActionContext` tensors → the step's velocity."""
+
     def __init__(self, model: Pi0Model, cameras: int, tokens: int, num_steps: int):
         super().__init__(model, cameras, tokens)
         self.steps = StepTables(model.step_schedule(num_steps, "cpu").per_step)
 
-    def forward(self, x_t, step, prefix_kv, image_masks, token_masks) -> torch.Tensor:
-        model = self.model
-        buffers = self.buffers_for(x_t.shape[0])
-        buffers.kv_cache.buffer[:, :, :, :, : prefix_kv.shape[4]].copy_(prefix_kv)
-        image_valid = image_masks.repeat_interleave(model.config.vision.num_patches, dim=1)
-        context = model.action_context(buffers, torch.cat([image_valid, token_masks], dim=1))
-        return model.denoise_step(
-            x_t, self.steps.select(step), context.rope_tables, context.attention_mask, context.slots
-        )
+    def forward(self, x_t, step, prefix_kv, *action_context) -> torch.Tensor:
+        context = self.action_context.rebuild(action_context)
+        cache = SegmentedKVCache.from_prefix(prefix_kv, self.length)
+        slots = cache.slots(cache.length, self.length, self.length, x_t.shape[0])  # the action tokens' positions
+        return self.model.denoise_step(x_t, self.steps.select(step), context.rope, context.mask, slots)
 
 
 def normalization(mode: str, stats: dict[str, np.ndarray], eps: float) -> dict[str, Any]:
@@ -123,14 +157,14 @@ def describe(policy, *, batch: int = 1, parts: tuple[str, ...] = PARTS, num_step
             ("image_tokens", image_tokens), ("image_masks", image_masks), ("tokens", token_ids),
             ("token_masks", token_masks), *state_inputs,
         )  # fmt: skip
-        prefix_kv = prefix(*(t for _, t in prefix_inputs))
+        prefix_kv, *action_context = prefix(*(t for _, t in prefix_inputs))
+    action_names = prefix.action_context.names
     graphs = {
         "vision": lambda: GraphExport("vision", bucket, vision, (("images", images),), ("image_tokens",)),
-        "prefix": lambda: GraphExport("prefix", bucket, prefix, prefix_inputs, ("prefix_kv",)),
+        "prefix": lambda: GraphExport("prefix", bucket, prefix, prefix_inputs, ("prefix_kv", *action_names)),
         "denoise_step": lambda: GraphExport(
             "denoise_step", bucket, DenoiseStepGraph(model, cameras, tokens, steps),
-            (("x_t", x_t), ("step", step), ("prefix_kv", prefix_kv), ("image_masks", image_masks),
-             ("token_masks", token_masks)),
+            (("x_t", x_t), ("step", step), ("prefix_kv", prefix_kv), *zip(action_names, action_context, strict=True)),
             ("velocity",),
         ),
     }  # fmt: skip
