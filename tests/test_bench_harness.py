@@ -184,7 +184,7 @@ def test_result_filename_names_the_quant_mode():
     record = {**_record(), "backend": "cuda", "date": "2025-01-02T03:04:05+00:00"}
     assert "_cuda_eager_" in harness.result_filename({**record, "quant": "none"})
     assert "_cuda-fp8_eager_" in harness.result_filename({**record, "quant": "fp8"})
-    assert "_cuda-w8a8_eager_" in harness.result_filename({**record, "backend": "cuda-w8a8", "quant": "w8a8"})
+    assert "_cuda-w8a8_eager_" in harness.result_filename({**record, "quant": "w8a8"})
 
 
 def test_launches_under_graphs_are_the_hosts_launch_calls():

@@ -106,7 +106,7 @@ def measure(preset: str, runs: int, in_place: bool, quant: str) -> dict:
           f"{report['max_abs_error']:.3g} (largest action {report['max_abs_action']:.3g})")  # fmt: skip
     config = policy.model.config
     return result_record(
-        model=family, preset=preset, backend=f"reference-{quant}", capture="eager", dtype="float32", batch=1,
+        model=family, preset=preset, backend="reference", capture="eager", dtype="float32", batch=1,
         views=views(policy), steps=config.num_steps, times=quant_times,
         aten_ops_per_call=None, peak_mem_mb=None, random_weights=True, quant=quant, quant_plan=plan["name"], quantized_layers=layers,
         kept_in_model_dtype=plan["keep"], action_error_vs_fp32=report, fp32_times_s=fp32_times,

@@ -392,7 +392,7 @@ def result_filename(record: dict[str, Any]) -> str:
     parts = [record[k] for k in ("model", "preset", "backend", "capture", "dtype")]
     if record.get("cuda_attention") == "triton":
         parts[2] += "-triton-attention"
-    if record.get("quant") not in (None, "none") and not parts[2].endswith(f"-{record['quant']}"):
+    if record.get("quant") not in (None, "none"):
         parts[2] += f"-{record['quant']}"
     device = _slug(record["device"])[:48].rstrip("-.")
     return "_".join([date, *map(_slug, parts), f"b{record['batch']}", f"v{record['views']}", device]) + ".json"

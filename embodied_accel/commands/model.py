@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from ..families import CLIError, LoadedModel, load_model
+from ..families import CLIError, LoadedModel, family_of, load_model
 from ..families.policy import DEFAULT_MODEL
 
 logger = logging.getLogger(__name__)
@@ -56,19 +56,13 @@ def _announce_first_call(args: argparse.Namespace, model: LoadedModel) -> None:
 def _load(args: argparse.Namespace) -> LoadedModel:
     """The model ``--model`` / ``--checkpoint`` names, through its family (options of other families refused)."""
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
-    loaded_family = _family_of(source)
+    loaded_family = family_of(source).name
     if loaded_family not in ("pi0", "groot"):
         for flag, dest, unset in POLICY_ONLY_OPTIONS:
             if getattr(args, dest, unset) != unset:
                 raise CLIError(f"{flag} applies to policies (pi0 / pi0.5 / GR00T); {source} is a {loaded_family} "
                                "model")  # fmt: skip
     return load_model(source, args)
-
-
-def _family_of(source: str) -> str:
-    from ..families import family_of
-
-    return family_of(source).name
 
 
 def cmd_run(args: argparse.Namespace) -> int:
