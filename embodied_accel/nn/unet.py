@@ -2,8 +2,9 @@
 Hunyuan3D-Paint.
 
 The network is diffusers' ``UNet2DConditionModel`` for the block types Stable Diffusion 1.x / 2.x use: a sinusoidal
-time embedding and its MLP (plus an optional guidance condition, ``time_cond_proj_dim``, and an optional class
-embedding, which Hunyuan3D-Paint uses for camera ids), ``conv_in``, down blocks (ResNet blocks, spatial transformers,
+time embedding and its MLP (``time_embedding_dim`` wide, by default 4 × the first level's channels; plus an optional
+guidance condition, ``time_cond_proj_dim``, and an optional class embedding, which Hunyuan3D-Paint uses for camera
+ids), ``conv_in`` (``conv_in_kernel``), down blocks (ResNet blocks, spatial transformers,
 a stride-2 convolution), a middle block, up blocks (skip connections concatenated on the channels, nearest 2×
 upsampling and a convolution), ``GroupNorm → SiLU → conv_out``::
 
@@ -72,6 +73,9 @@ class UNetConfig:
     downsample_padding: int = 1
     time_cond_proj_dim: int | None = None
     num_class_embeds: int | None = None
+    time_embedding_dim: int | None = None  # the time embedding's width (default 4 × the first level's channels)
+    conv_in_kernel: int = 3
+    conv_out_kernel: int = 3
     multiview: bool = False  # Hunyuan3D-Paint's 2.5-D blocks (reference + multiview attention)
 
     @property
@@ -80,7 +84,8 @@ class UNetConfig:
 
     @property
     def time_embed_dim(self) -> int:
-        return 4 * self.block_out_channels[0]
+        """The time embedding's width: what the ResNet blocks' time projections and the class embedding read."""
+        return self.time_embedding_dim or 4 * self.block_out_channels[0]
 
     @property
     def downscale(self) -> int:
@@ -102,6 +107,12 @@ class UNetConfig:
         if self.mid_block_type not in (CROSS_ATTENTION_MID, None):
             raise ValueError(f"mid_block_type: only {CROSS_ATTENTION_MID} (or none) is implemented, "
                              f"got {self.mid_block_type!r}")  # fmt: skip
+        if self.time_embedding_dim is not None and self.time_embedding_dim < 1:
+            raise ValueError(f"time_embedding_dim: expected a positive width, got {self.time_embedding_dim}")
+        for name in ("conv_in_kernel", "conv_out_kernel"):
+            kernel = getattr(self, name)
+            if kernel < 1 or kernel % 2 == 0:
+                raise ValueError(f"{name} = {kernel}: only odd kernel sizes are implemented (they keep the size)")
         for channels, heads in zip(self.block_out_channels, self.attention_heads, strict=True):
             if channels % self.norm_num_groups or channels % heads:
                 raise ValueError(f"block_out_channels {channels} must divide by norm_num_groups "
@@ -371,7 +382,7 @@ class UNet2DCondition(nn.Module):
         cfg.validate()
         self.config, self.ops = cfg, ops
         ch, levels = cfg.block_out_channels, cfg.levels
-        self.conv_in = Conv2d(cfg.in_channels, ch[0], 3)
+        self.conv_in = Conv2d(cfg.in_channels, ch[0], cfg.conv_in_kernel)
         self.time_embedding = TimestepEmbedding(ch[0], cfg.time_embed_dim, cfg.time_cond_proj_dim, ops)
         self.class_embedding = nn.Embedding(cfg.num_class_embeds, cfg.time_embed_dim) if cfg.num_class_embeds else None
         index = 0
@@ -405,7 +416,7 @@ class UNet2DCondition(nn.Module):
             self.up_blocks.append(level)
         self.num_transformer_blocks = index
         self.conv_norm_out = GroupNorm(ch[0], cfg.norm_num_groups, cfg.norm_eps, ops)
-        self.conv_out = Conv2d(ch[0], cfg.out_channels, 3)
+        self.conv_out = Conv2d(ch[0], cfg.out_channels, cfg.conv_out_kernel)
 
     def transformer_blocks(self) -> list[TransformerBlock]:
         """Every transformer block, in forward order (``block.index`` is its position)."""
@@ -446,7 +457,7 @@ class UNet2DCondition(nn.Module):
         """``sample [images, in, H, W]`` (``H``, ``W`` any size; each level halves them, rounding up), ``timestep``
         a 0-d or 1-element tensor, ``guidance_condition [1, time_cond_proj_dim]`` (guidance features), ``class_labels
         [images]``."""
-        x = self.conv_in.conv(sample.to(self.conv_in.weight.dtype), padding=1)
+        x = self.conv_in.conv(sample.to(self.conv_in.weight.dtype), padding=self.config.conv_in_kernel // 2)
         temb_silu = self.time_embedding_silu(timestep, x.shape[0], guidance_condition, class_labels)
         skips = [x]
         for level in self.down_blocks:
@@ -462,7 +473,7 @@ class UNet2DCondition(nn.Module):
             x = level.up(x, temb_silu, level_skips, ctx, size)
         if features_only:
             return None
-        return self.conv_out.conv(self.conv_norm_out(x, silu=True), padding=1)
+        return self.conv_out.conv(self.conv_norm_out(x, silu=True), padding=self.config.conv_out_kernel // 2)
 
 
 class MidBlock(nn.Module):
