@@ -165,6 +165,7 @@ def _edited_unet(tmp_path: Path, **changes) -> Path:
     ({"time_embedding_type": "fourier"}, "time_embedding_type = 'fourier' is not implemented"),
     ({"resnet_time_scale_shift": "scale_shift"}, "resnet_time_scale_shift = 'scale_shift' is not implemented"),
     ({"only_cross_attention": True}, "only_cross_attention = True is not implemented"),
+    ({"only_cross_attention": [False, True]}, "only_cross_attention = [False, True] is not implemented"),
     ({"dual_cross_attention": True}, "dual_cross_attention = True is not implemented"),
     ({"num_attention_heads": 2}, "num_attention_heads = 2 is not implemented"),
     ({"num_class_embeds": 10}, "num_class_embeds = 10 is not implemented"),
@@ -178,6 +179,12 @@ def test_unet_options_not_implemented_are_refused_by_name_and_value(tmp_path, ch
     with pytest.raises(CheckpointError, match="config.json") as error:
         unet_config_from_json(_edited_unet(tmp_path, **changes) / "config.json")
     assert fragment in str(error.value), str(error.value)
+
+
+def test_unet_options_equal_to_the_defaults_per_level_are_accepted(tmp_path):
+    folder = _edited_unet(tmp_path, only_cross_attention=[False, False], cross_attention_dim=[16, 16],
+                          layers_per_block=[1, 1], attention_head_dim=[2, 4], addition_time_embed_dim=8)  # fmt: skip
+    assert unet_config_from_json(folder / "config.json") == unet_config_from_json(UNET_OPTIONS / "config.json")
 
 
 def test_a_wrong_time_embedding_width_is_a_shape_error_naming_the_tensor(tmp_path):

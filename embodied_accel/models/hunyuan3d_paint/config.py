@@ -212,7 +212,11 @@ def _check_class(data: dict, path: Path, expected: tuple[str, ...], key: str = "
 
 
 def _refuse_unsupported(data: dict, path: Path, required: dict[str, tuple]) -> None:
+    """Each of ``required``'s keys absent or holding an allowed value (a per-level list: allowed at every level)."""
     for key, allowed in required.items():
+        value = data.get(key)
+        if isinstance(value, list) and value and all(v in allowed for v in value):
+            continue
         if key in data and data[key] not in allowed:
             raise CheckpointError(f"{path}: {key} = {data[key]!r} is not implemented (supported: "
                                   f"{', '.join(repr(a) for a in allowed)})")  # fmt: skip
