@@ -76,8 +76,11 @@ def _fixture_mesh() -> UVMesh:
 def test_composite_is_pillows_paste_on_grey_and_the_float_blend_on_white():
     from PIL import Image
 
-    rgba = _rgba(33, seed=1)
-    canvas = Image.fromarray(np.full((33, 33, 3), processor.REFERENCE_BACKGROUND, np.uint8), "RGB")
+    # every (value, alpha) pair: row = colour value, column = alpha
+    rgba = np.zeros((256, 256, 4), np.uint8)
+    rgba[..., :3] = np.arange(256, dtype=np.uint8)[:, None, None]
+    rgba[..., 3] = np.arange(256, dtype=np.uint8)[None, :]
+    canvas = Image.fromarray(np.full((256, 256, 3), processor.REFERENCE_BACKGROUND, np.uint8), "RGB")
     canvas.paste(Image.fromarray(rgba, "RGBA"), mask=Image.fromarray(rgba[..., 3], "L"))
     np.testing.assert_array_equal(processor.composite(rgba, processor.REFERENCE_BACKGROUND, to_uint8=True),
                                   np.asarray(canvas))  # fmt: skip
@@ -315,3 +318,12 @@ def test_splat_indicator_is_the_dense_splat_of_a_zero_one_channel():
     ours = splat_indicator(64, coords, on, texels, weights.reshape(-1)[texels])
     expected = values.reshape(-1)[texels] / weights.reshape(-1)[texels]
     assert torch.equal(ours[:, 0], expected)
+
+
+def test_model_commands_take_both_sizes(capsys):
+    code = cli.main(["info", "--model", "hunyuan3d-paint-tiny", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "delight:     32x32" in out and "views:       6 of 32x32" in out, err
+    code = cli.main(["info", "--model", "vggt-tiny", "--delight-size", "16", "--no-progress"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "--delight-size" in err, err

@@ -78,10 +78,15 @@ def composite(image: np.ndarray, background: float, to_uint8: bool = False) -> n
     if image.shape[2] == 3:
         return image if to_uint8 else image.astype(np.float32) / np.float32(255.0)
     rgb, alpha = image[..., :3].astype(np.float64), image[..., 3:].astype(np.float64)
-    if to_uint8:  # integer numerator over 255: never a tie, so float64 rounds it exactly
-        return np.floor((rgb * alpha + background * (255.0 - alpha)) / 255.0 + 0.5).astype(np.uint8)
-    unit = alpha / 255.0
-    return (rgb / 255.0 * unit + background * (1.0 - unit)).astype(np.float32)
+    if to_uint8:  # exactly (rgb · a + background · (255 − a)) / 255: never within 1/510 of a tie, so rounded exactly
+        return np.floor(blend(rgb, alpha / 255.0, background) + 0.5).astype(np.uint8)
+    return blend(rgb / 255.0, alpha / 255.0, background).astype(np.float32)
+
+
+def blend(rgb: np.ndarray, alpha: np.ndarray, background: float) -> np.ndarray:
+    """``rgb · alpha + background · (1 − alpha)`` (float arrays; ``alpha [..., 1]`` in [0, 1]): every compositing
+    here is this formula."""
+    return rgb * alpha + background * (1.0 - alpha)
 
 
 def resize(image: np.ndarray, size: int) -> np.ndarray:
@@ -156,8 +161,7 @@ def recorrect_colors(generated: np.ndarray, target: np.ndarray, alpha: np.ndarra
                                              + scale * tgt_mean, 0, 1)  # fmt: skip
         if not torch.mean((source - target_t) ** 2) < torch.mean((corrected - target_t) ** 2):
             result = corrected
-    composite = result * alpha_t + torch.ones_like(result) * (1.0 - alpha_t)
-    return (composite.numpy() * 255).astype(np.uint8)
+    return (blend(result.numpy(), alpha, 1.0) * 255).astype(np.uint8)
 
 
 #: Per elevation: the camera-id block's start and how many azimuth steps of 30° one id spans (the poles: 3).
@@ -181,6 +185,7 @@ __all__ = [
     "MAP_BACKGROUND",
     "REFERENCE_BACKGROUND",
     "camera_indices",
+    "blend",
     "check_image",
     "composite",
     "delight_inputs",
