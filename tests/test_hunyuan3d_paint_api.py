@@ -245,6 +245,14 @@ def test_delight_denoise_starts_from_given_latents(pipeline):
                                                                   latents=start + 1))  # fmt: skip
     with pytest.raises(ValueError, match=r"latents: expected shape \[1, 4, 8, 8\].*got \[1, 4, 16, 16\]"):
         model.denoise(image_latents, schedule, noise(8), latents=torch.zeros(1, 4, 16, 16))
+    # through the stage (its generator then draws the steps' noise from its start, as diffusers' does)
+    image, settings = _rgba(40, seed=6), TextureSettings(delight_steps=2, seed=3)
+    start = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(11))
+    given = pipeline.delight(image, settings, latents=start)
+    np.testing.assert_array_equal(pipeline.delight(image, settings, latents=start.clone()), given)
+    assert not np.array_equal(pipeline.delight(image, settings, latents=-start), given)
+    with pytest.raises(ValueError, match="latents: expected shape"):
+        pipeline.delight(image, settings, latents=start[:, :2])
 
 
 # ---- geometry: maps without UVs, the boundary map ------------------------------------------------------------------

@@ -229,11 +229,12 @@ class TexturePipeline:
                 raise ValueError(f"{name} {value}: expected a multiple of {multiple} (the VAE's and the UNet's "
                                  f"downscaling) from {multiple} up (the model's own: {own})")  # fmt: skip
 
-    def delight(self, image: np.ndarray, settings: TextureSettings = TextureSettings(),
-                progress: bool = False) -> np.ndarray:  # fmt: skip
+    def delight(self, image: np.ndarray, settings: TextureSettings = TextureSettings(), progress: bool = False,
+                latents: torch.Tensor | None = None) -> np.ndarray:  # fmt: skip
         """uint8 RGB / RGBA → the recentred, delighted uint8 RGB image (``settings.delight_size``, default the
         model's). An RGBA image is handled as upstream's delight handles it: recentred on its alpha, its fully
-        transparent pixels (after a 3×3 erosion of the alpha) set to white, the alpha then dropped."""
+        transparent pixels (after a 3×3 erosion of the alpha) set to white, the alpha then dropped. ``latents``: the
+        sampler's starting latents (:meth:`DelightModel.denoise`), else drawn from the seed."""
         model, cfg = self.delight_model, self.delight_model.config
         self.check_settings(settings)
         size = settings.delight_size or cfg.image_size
@@ -243,10 +244,10 @@ class TexturePipeline:
         noise = generator_noise(torch.Generator().manual_seed(DELIGHT_SEED_OFFSET + settings.seed), self.device,
                                 model.compute_dtype)  # fmt: skip
         with torch.no_grad():
-            latents = model.image_latents(processor.to_model_image(pixels, self.device, model.compute_dtype))
-            latents = model.denoise(latents, schedule, noise, cfg.text_guidance, cfg.image_guidance, progress,
-                                    unet=self.delight_step)  # fmt: skip
-            generated = processor.to_uint8(model.vae.decode(latents / cfg.vae.scaling_factor))[0]
+            image_latents = model.image_latents(processor.to_model_image(pixels, self.device, model.compute_dtype))
+            out = model.denoise(image_latents, schedule, noise, cfg.text_guidance, cfg.image_guidance, progress,
+                                unet=self.delight_step, latents=latents)  # fmt: skip
+            generated = processor.to_uint8(model.vae.decode(out / cfg.vae.scaling_factor))[0]
         self.runner.synchronize()
         return processor.recorrect_colors(generated, target, alpha)
 
