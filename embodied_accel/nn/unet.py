@@ -10,6 +10,7 @@ upsampling and a convolution), ``GroupNorm → SiLU → conv_out``::
 
     temb = linear_2(silu(linear_1(sinusoid(t)) + cond_proj(c))) + class_embedding(camera)
     resnet(x)      = x' + conv2(silu(gn2(conv1(silu(gn1(x))) + time_proj(silu(temb)))))
+                     (scale_shift: silu(gn2(h) · (1 + scale) + shift), [scale | shift] = time_proj(silu(temb)))
     transformer(x) = x + proj_out(blocks(proj_in(gn(x))))          (tokens [images, H·W, C])
     block(x):  n = ln1(x);  x += attn1(n)                           self-attention within an image
                [2.5-D] x += ref(n, reference features);  x += multiview(n over the N views of a batch row)
@@ -49,6 +50,9 @@ CROSS_ATTENTION_MID = "UNetMidBlock2DCrossAttn"
 #: LayerNorm epsilon of the transformer blocks and GroupNorm epsilon of the spatial transformers (diffusers' defaults).
 BLOCK_NORM_EPS = 1e-5
 TRANSFORMER_GROUP_NORM_EPS = 1e-6
+#: How a ResNet block takes the time embedding: added before ``norm2`` (default), or as ``norm2(h) · (1 + scale) +
+#: shift`` from a projection twice as wide (``scale_shift``).
+TIME_SCALE_SHIFTS = ("default", "scale_shift")
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class UNetConfig:
     time_embedding_dim: int | None = None  # the time embedding's width (default 4 × the first level's channels)
     conv_in_kernel: int = 3
     conv_out_kernel: int = 3
+    resnet_time_scale_shift: str = "default"  # "scale_shift": the time embedding scales and shifts norm2's output
     multiview: bool = False  # Hunyuan3D-Paint's 2.5-D blocks (reference + multiview attention)
 
     @property
@@ -109,6 +114,9 @@ class UNetConfig:
                              f"got {self.mid_block_type!r}")  # fmt: skip
         if self.time_embedding_dim is not None and self.time_embedding_dim < 1:
             raise ValueError(f"time_embedding_dim: expected a positive width, got {self.time_embedding_dim}")
+        if self.resnet_time_scale_shift not in TIME_SCALE_SHIFTS:
+            raise ValueError(f"resnet_time_scale_shift = {self.resnet_time_scale_shift!r}: only "
+                             f"{' and '.join(repr(m) for m in TIME_SCALE_SHIFTS)} are implemented")  # fmt: skip
         for name in ("conv_in_kernel", "conv_out_kernel"):
             kernel = getattr(self, name)
             if kernel < 1 or kernel % 2 == 0:
@@ -147,23 +155,30 @@ class GroupNorm(nn.Module):
 
 
 class ResnetBlock(nn.Module):
-    """diffusers' ``ResnetBlock2D`` (``time_embedding_norm="default"``, output scale 1); no time input when
-    ``temb_channels`` is ``None`` (the VAE's)."""
+    """diffusers' ``ResnetBlock2D`` (``time_embedding_norm`` ``"default"`` or ``"scale_shift"``, output scale 1); no
+    time input when ``temb_channels`` is ``None`` (the VAE's)."""
 
-    def __init__(self, in_ch: int, out_ch: int, temb_channels: int | None, groups: int, eps: float, ops: OpSet):
+    def __init__(self, in_ch: int, out_ch: int, temb_channels: int | None, groups: int, eps: float, ops: OpSet,
+                 scale_shift: bool = False):  # fmt: skip
         super().__init__()
+        self.scale_shift = scale_shift
         self.norm1 = GroupNorm(in_ch, groups, eps, ops)
         self.conv1 = Conv2d(in_ch, out_ch, 3)
-        self.time_emb_proj = Linear(temb_channels, out_ch, ops) if temb_channels else None
+        self.time_emb_proj = Linear(temb_channels, (2 if scale_shift else 1) * out_ch, ops) if temb_channels else None
         self.norm2 = GroupNorm(out_ch, groups, eps, ops)
         self.conv2 = Conv2d(out_ch, out_ch, 3)
         self.conv_shortcut = Conv2d(in_ch, out_ch, 1) if in_ch != out_ch else None
 
     def forward(self, x: torch.Tensor, temb_silu: torch.Tensor | None = None) -> torch.Tensor:
         h = self.conv1.conv(self.norm1(x, silu=True), padding=1)
-        if self.time_emb_proj is not None:
-            h = h + self.time_emb_proj(temb_silu)[:, :, None, None]
-        h = self.conv2.conv(self.norm2(h, silu=True), padding=1)
+        if self.scale_shift:
+            scale, shift = self.time_emb_proj(temb_silu)[:, :, None, None].chunk(2, dim=1)
+            h = F.silu(self.norm2(h) * (1 + scale) + shift)
+        else:
+            if self.time_emb_proj is not None:
+                h = h + self.time_emb_proj(temb_silu)[:, :, None, None]
+            h = self.norm2(h, silu=True)
+        h = self.conv2.conv(h, padding=1)
         return (x if self.conv_shortcut is None else self.conv_shortcut.conv(x)) + h
 
 
@@ -303,7 +318,8 @@ class UNetLevel(nn.Module):
                  cfg: UNetConfig, first_index: int, sampler: nn.Module | None, ops: OpSet):  # fmt: skip
         super().__init__()
         temb, groups, eps = cfg.time_embed_dim, cfg.norm_num_groups, cfg.norm_eps
-        self.resnets = nn.ModuleList(ResnetBlock(i, o, temb, groups, eps, ops) for i, o in resnet_channels)
+        shift = cfg.resnet_time_scale_shift == "scale_shift"
+        self.resnets = nn.ModuleList(ResnetBlock(i, o, temb, groups, eps, ops, shift) for i, o in resnet_channels)
         self.attentions = None
         if attention:
             self.attentions = nn.ModuleList(
@@ -482,7 +498,8 @@ class MidBlock(nn.Module):
     def __init__(self, channels: int, heads: int, depth: int, cfg: UNetConfig, first_index: int, ops: OpSet):
         super().__init__()
         temb, groups, eps = cfg.time_embed_dim, cfg.norm_num_groups, cfg.norm_eps
-        self.resnets = nn.ModuleList(ResnetBlock(channels, channels, temb, groups, eps, ops) for _ in range(2))
+        shift = cfg.resnet_time_scale_shift == "scale_shift"
+        self.resnets = nn.ModuleList(ResnetBlock(channels, channels, temb, groups, eps, ops, shift) for _ in range(2))
         self.attentions = nn.ModuleList([SpatialTransformer(channels, heads, depth, cfg, first_index, ops)])
         self.block_count = depth
 

@@ -12,6 +12,7 @@ The folder holds ``config.json`` and ``diffusion_pytorch_model.safetensors`` (``
 weights: every tensor, stored in float16 as the other fixtures' are) and ``io.safetensors``:
 ``sample [2, 4, 8, 8]``, ``timestep`` (one, 0-d), ``encoder [2, 7, 16]`` and diffusers' ``out [2, 4, 8, 8]`` in float32.
 The options: ``time_embedding_dim`` 40 (not 4 × 16), ``conv_in_kernel`` 5, ``conv_out_kernel`` 1,
+``resnet_time_scale_shift`` ``"scale_shift"`` (time projections twice as wide: a scale and a shift after ``norm2``),
 ``use_linear_projection`` and ``upcast_attention`` true, ``projection_class_embeddings_input_dim`` set (read by
 diffusers only with a class or addition embedding, so without effect), two transformer layers at the first level.
 """
@@ -34,7 +35,7 @@ CONFIG = {
     "mid_block_type": "UNetMidBlock2DCrossAttn", "layers_per_block": 1, "attention_head_dim": [2, 4],
     "transformer_layers_per_block": [2, 1], "cross_attention_dim": 16, "norm_num_groups": 4,
     "use_linear_projection": True, "upcast_attention": True, "time_embedding_dim": 40, "conv_in_kernel": 5,
-    "conv_out_kernel": 1, "projection_class_embeddings_input_dim": 12,
+    "conv_out_kernel": 1, "projection_class_embeddings_input_dim": 12, "resnet_time_scale_shift": "scale_shift",
 }  # fmt: skip
 
 

@@ -250,14 +250,15 @@ def _per_level(value, levels: int, name: str, path: Path) -> tuple[int, ...]:
 #: ``UNet2DConditionModel`` options this library does not implement: refused, naming the option and its value,
 #: unless they hold the value given here. Each one adds or reshapes tensors (``class_embed_type``,
 #: ``addition_embed_type``, ``encoder_hid_dim``, ``dual_cross_attention``, ``only_cross_attention``,
-#: ``resnet_time_scale_shift = "scale_shift"``, ``time_embedding_type = "fourier"``, ``class_embeddings_concat``,
+#: ``resnet_time_scale_shift = "spatial"``, ``time_embedding_type = "fourier"``, ``class_embeddings_concat``,
 #: ``attention_type``, ``num_class_embeds`` (a class embedding that the delight pipeline never feeds),
 #: ``reverse_transformer_layers_per_block``) or changes the arithmetic (the others). ``num_attention_heads`` is
 #: refused by diffusers itself (its ``attention_head_dim`` holds the head count).
 _UNET_REQUIRED = {
     "center_input_sample": (False,), "class_embed_type": (None,), "addition_embed_type": (None,),
     "encoder_hid_dim": (None,), "encoder_hid_dim_type": (None,), "dual_cross_attention": (False,),
-    "only_cross_attention": (False,), "resnet_time_scale_shift": ("default",), "time_embedding_type": ("positional",),
+    "only_cross_attention": (False,), "resnet_time_scale_shift": ("default", "scale_shift"),
+    "time_embedding_type": ("positional",),
     "timestep_post_act": (None,), "time_embedding_act_fn": (None,), "attention_type": ("default",),
     "class_embeddings_concat": (False,), "act_fn": ("silu",), "num_attention_heads": (None,),
     "resnet_skip_time_act": (False,), "resnet_out_scale_factor": (1, 1.0), "mid_block_scale_factor": (1, 1.0),
@@ -266,7 +267,7 @@ _UNET_REQUIRED = {
 }  # fmt: skip
 #: Read (the shape-changing ones: widths, depths, block types, heads, ``cross_attention_dim``, ``norm_num_groups``,
 #: ``time_embedding_dim``, ``time_cond_proj_dim``, ``conv_in_kernel`` / ``conv_out_kernel``,
-#: ``use_linear_projection``), or without effect here: ``sample_size`` and ``dropout`` at inference;
+#: ``resnet_time_scale_shift``, ``use_linear_projection``), or without effect here: ``sample_size`` and ``dropout`` at inference;
 #: ``upcast_attention`` (it upcasts a half-precision softmax in diffusers' classic attention processor; SDPA, which
 #: diffusers runs by default and this library's attention uses, computes its softmax in float32 internally);
 #: ``projection_class_embeddings_input_dim``, ``addition_time_embed_dim`` and ``addition_embed_type_num_heads`` are
@@ -316,6 +317,7 @@ def unet_config_from_json(path: Path) -> UNetConfig:
         norm_eps=float(data.get("norm_eps", 1e-5)), flip_sin_to_cos=bool(data.get("flip_sin_to_cos", True)),
         freq_shift=int(data.get("freq_shift", 0)), use_linear_projection=bool(data.get("use_linear_projection", False)),
         downsample_padding=int(data.get("downsample_padding", 1)),
+        resnet_time_scale_shift=data.get("resnet_time_scale_shift", "default"),
         time_cond_proj_dim=_optional_int(data, "time_cond_proj_dim", path),
         time_embedding_dim=_optional_int(data, "time_embedding_dim", path),
         **{key: 3 if value is None else value for key, value in (
