@@ -40,8 +40,11 @@ def add_texture_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--face-reduce", type=int, metavar="F",
                    help="decimate the mesh to at most F faces before unwrapping (large meshes unwrap slowly)")  # fmt: skip
     p.add_argument("--view-size", type=int, metavar="S",
-                   help="side of the delight image and the generated views (default: the models' 512; smaller is "
-                        "faster and not what they were trained for)")  # fmt: skip
+                   help="side of the multiview model's generated views (default: the model's, 512; smaller is "
+                        "faster and not what it was trained for)")  # fmt: skip
+    p.add_argument("--delight-size", type=int, metavar="S",
+                   help="side of the delight model's image (default: the model's, 512; smaller is faster and not "
+                        "what it was trained for)")  # fmt: skip
     p.add_argument("--paint-model", metavar="NAME",
                    help="the paint folder under the texture checkpoint: hunyuan3d-paint-v2-0 or "
                         "hunyuan3d-paint-v2-0-turbo (default: the turbo one when present, as upstream)")  # fmt: skip
@@ -113,7 +116,8 @@ def texture_mesh(mesh, image_path: Path, args: argparse.Namespace, source: str, 
                  "for real ones")  # fmt: skip
     settings = TextureSettings(steps=args.texture_steps, delight_steps=args.delight_steps, seed=args.seed,
                                render_size=args.render_size, texture_size=args.texture_size,
-                               face_reduce=args.face_reduce, view_size=args.view_size)  # fmt: skip
+                               face_reduce=args.face_reduce, view_size=args.view_size,
+                               delight_size=args.delight_size)  # fmt: skip
     start = time.perf_counter()
     result = pipeline.generate(mesh, image, settings, progress=progress)
     generate_seconds = time.perf_counter() - start

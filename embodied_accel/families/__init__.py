@@ -212,8 +212,11 @@ FAMILIES: tuple[Family, ...] = (
            lambda path: (path / "hunyuan3d-delight-v2-0").is_dir(),
            "the folder holding hunyuan3d-delight-v2-0 and hunyuan3d-paint-v2-0[-turbo]",
            options=(FamilyOption(("--view-size",), {"type": int, "metavar": "S",
-                                                    "help": "hunyuan3d-paint: side of the delight image and the "
-                                                            "generated views (default: the models')"}),)),
+                                                    "help": "hunyuan3d-paint: side of the generated views "
+                                                            "(default: the multiview model's)"}),
+                    FamilyOption(("--delight-size",), {"type": int, "metavar": "S",
+                                                       "help": "hunyuan3d-paint: side of the delight image "
+                                                               "(default: the delight model's)"}))),
     Family("hunyuan3d-2", "embodied_accel.families.shape", _shape_presets,
            lambda path: (path / "config.yaml").is_file(),
            "a Hunyuan3D-2 model folder (config.yaml + model.fp16.safetensors)",

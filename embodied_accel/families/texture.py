@@ -33,7 +33,7 @@ class TextureModel(LoadedModel):
 
         # --num-steps: both samplers' steps (the multiview model's is the one the result file records)
         return TextureSettings(steps=args.num_steps, delight_steps=args.num_steps, seed=getattr(args, "seed", 0),
-                               view_size=args.view_size)  # fmt: skip
+                               view_size=args.view_size, delight_size=args.delight_size)  # fmt: skip
 
     def _inputs(self):
         from ..models.hunyuan3d.processor import read_image
@@ -45,6 +45,7 @@ class TextureModel(LoadedModel):
     def info_lines(self) -> list[str]:
         delight, multiview = self.pipeline.delight_model.config, self.pipeline.multiview_model.config
         return [f"models:      delight {delight.name}, multiview {multiview.name} (turbo {multiview.turbo})",
+                f"delight:     {delight.image_size}x{delight.image_size}, {delight.steps} steps",
                 f"views:       6 of {multiview.view_size}x{multiview.view_size}, {multiview.steps} steps",
                 f"texture:     {self.pipeline.texture_size}² baked from {self.pipeline.render_size}² renders",
                 "input:       the built-in mesh and the bundled image"]  # fmt: skip
@@ -76,7 +77,8 @@ class TextureModel(LoadedModel):
         steps = settings.steps or self.pipeline.multiview_model.config.steps
         return MeasuredCall(call, 1, 6, steps,
                             "mesh and image -> delight + unwrap + multiview diffusion + baking + inpainting",
-                            fields={"view_size": settings.view_size})  # fmt: skip
+                            fields={"view_size": settings.view_size,
+                                    "delight_size": settings.delight_size})  # fmt: skip
 
 
 def load(source: str, args: argparse.Namespace) -> TextureModel:

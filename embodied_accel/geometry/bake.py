@@ -6,8 +6,11 @@ camera-space vertex normals, the texture coordinates and the depth; weight each 
 and the viewing direction (0 beyond 75°); drop pixels near the silhouette (the visibility mask eroded by a square of
 ``2 · int(render_size / 256) + 1`` pixels) and near depth edges (Canny on the 8-bit normalized depth, dilated by the
 same square); splat the kept pixels' colours and cosines into the texture with bilinear weights (a weighted mean per
-texel). The merge (``merge_views``) adds the views' textures weighted by ``view_weight · cos⁴``, skipping a view
-whose painted texels are already 99 % painted, and divides by the summed weight.
+texel), and the kept pixels' boundary indicator (1 on the dilated depth edges) the same way: upstream's
+``boundary_map``. The kept pixels exclude the dilated edges, so with this rule that map is 0 wherever the view
+painted (upstream's is too); it is computed from the kept pixels that are on an edge, at no cost when there are none.
+The merge (``merge_views``) adds the views' textures weighted by ``view_weight · cos⁴``, skipping a view whose
+painted texels are already 99 % painted, and divides by the summed weight.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ BAKE_EXPONENT = 4
 @dataclass(frozen=True)
 class ViewBake:
     """One view splatted into a ``size × size`` texture, kept on the texels something landed on: ``texels [M]``
-    (flat indices, ascending), ``colors [M, C]`` (the weighted mean colour there) and ``cosines [M, 1]`` (the
-    weighted mean cosine). ``texture [T, T, C]`` and ``cosine [T, T, 1]`` are the dense maps (0 elsewhere)."""
+    (flat indices, ascending), ``colors [M, C]`` (the weighted mean colour there), ``cosines [M, 1]`` (the
+    weighted mean cosine) and ``boundaries [M, 1]`` (the weighted mean of the boundary indicator; ``None``: not
+    computed). ``texture [T, T, C]``, ``cosine [T, T, 1]`` and ``boundary [T, T, 1]`` are the dense maps (0
+    elsewhere): upstream ``back_project``'s three outputs."""
 
     size: int
     texels: torch.Tensor
     colors: torch.Tensor
     cosines: torch.Tensor
+    boundaries: torch.Tensor | None = None
 
     @property
     def texture(self) -> torch.Tensor:
@@ -46,6 +52,12 @@ class ViewBake:
     @property
     def cosine(self) -> torch.Tensor:
         return self._dense(self.cosines)
+
+    @property
+    def boundary(self) -> torch.Tensor:
+        if self.boundaries is None:
+            raise ValueError("this view's bake holds no boundary map")
+        return self._dense(self.boundaries)
 
     def _dense(self, values: torch.Tensor) -> torch.Tensor:
         image = values.new_zeros(self.size * self.size, values.shape[-1])
@@ -89,10 +101,9 @@ def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tup
     return sums[..., :-1], sums[..., -1:]
 
 
-def _splat_sums(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """:func:`splat_bilinear`'s sums channel-major: ``[C + 1, size²]``, the last row ``Σ w``. Per channel, one 1-D
-    ``index_add_`` per corner (each a sequential loop over the points), the corners in upstream's order."""
-    channels = values.shape[-1]
+def _splat_corners(size: int, coords: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """The bilinear splat's four corners per point, in upstream's order (00, 01, 10, 11): flat texel indices
+    ``[N]`` each and weights ``[N]`` each."""
     scale = torch.tensor([size - 1, size - 1], dtype=torch.float32, device=coords.device)
     indices = coords * scale
     i00 = indices.floor().long()
@@ -102,7 +113,30 @@ def _splat_sums(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.
     w = indices[:, 1] - i00[:, 1].float()
     weights = ((1 - h) * (1 - w), (1 - h) * w, h * (1 - w), h * w)
     flat = i00[:, 0] * size + i00[:, 1]
-    texels = (flat, flat + 1, flat + size, flat + size + 1)
+    return (flat, flat + 1, flat + size, flat + size + 1), weights
+
+
+def splat_indicator(size: int, coords: torch.Tensor, on: torch.Tensor, texels: torch.Tensor,
+                    weight_sums: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """The weighted mean, at ``texels [M]`` (ascending; where ``weight_sums [M]`` of all the points' weights are
+    positive), of a 0 / 1 value per point that is 1 on the points ``on [N]`` (bool): ``[M, 1]``. Only those points are
+    splatted: a 0 adds nothing to a sum, so the sums are :func:`splat_bilinear`'s of the whole 0 / 1 channel, bit for
+    bit (the same additions in the same order); corners landing off ``texels`` are dropped."""
+    sums = weight_sums.new_zeros(texels.shape[0])
+    if texels.numel():
+        corner_texels, corner_weights = _splat_corners(size, coords[on])
+        for texel, weight in zip(corner_texels, corner_weights, strict=True):
+            position = torch.searchsorted(texels, texel).clamp_(max=texels.shape[0] - 1)
+            hit = texels.index_select(0, position) == texel
+            sums.index_add_(0, position[hit], weight[hit])
+    return (sums / weight_sums)[:, None]
+
+
+def _splat_sums(size: int, coords: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """:func:`splat_bilinear`'s sums channel-major: ``[C + 1, size²]``, the last row ``Σ w``. Per channel, one 1-D
+    ``index_add_`` per corner (each a sequential loop over the points), the corners in upstream's order."""
+    channels = values.shape[-1]
+    texels, weights = _splat_corners(size, coords)
     sums = torch.zeros(channels + 1, size * size, dtype=values.dtype, device=values.device)
     for channel, row in zip(values.t().contiguous(), sums[:channels], strict=True):
         for texel, weight in zip(texels, weights, strict=True):
@@ -131,22 +165,29 @@ def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) ->
     edges = cv2.Canny(depth_image.view(height, width).cpu().numpy(), 30, 80) > 0
     visible = raster.mask.cpu().numpy()
     kernel = boundary_kernel_size(renderer.render_size)
-    kept_image = ~_square_max(~visible, kernel) & ~_square_max(edges, kernel)  # a subset of the visible pixels
+    boundary_image = _square_max(edges, kernel)  # upstream's dilated sketch
+    kept_image = ~_square_max(~visible, kernel) & ~boundary_image  # a subset of the visible pixels
     kept = torch.from_numpy(kept_image.reshape(-1)).to(covered.device)[covered]  # [K] bool
     rows = torch.nonzero(kept).squeeze(1)
-    attributes = torch.cat([vertex_normals(pos_camera, renderer.faces), renderer.uv_flipped], dim=1)  # [V, 5]
+    uv = renderer.require_uv("baking")
+    attributes = torch.cat([vertex_normals(pos_camera, renderer.faces), uv], dim=1)  # [V, 5]
     values = interpolate_covered(attributes, raster, renderer.faces, rows)  # normal, uv at the kept pixels
     # the cosine is a per-pixel function: computed on the kept pixels only (the others are never splatted)
     lookat = torch.tensor([[0, 0, -1]], device=image.device)
     cosine = F.cosine_similarity(lookat, values[:, :3].contiguous())[:, None]  # row-major, as upstream's [H·W, 3]
     cosine[cosine < np.cos(BAKE_ANGLE_LIMIT / 180 * np.pi)] = 0
     coords = values[:, [4, 3]]
-    colours = image.reshape(-1, image.shape[-1]).float().index_select(0, covered.index_select(0, rows))
+    kept_pixels = covered.index_select(0, rows)
+    colours = image.reshape(-1, image.shape[-1]).float().index_select(0, kept_pixels)
     sums = _splat_sums(renderer.texture_size, coords, torch.cat([colours, cosine], dim=1))  # [C + 2, T²]
     touched = torch.nonzero(sums[-1] > 0).squeeze(1)
-    mean = (sums[:-1].index_select(1, touched) / sums[-1].index_select(0, touched)).t()  # [M, C + 1]
+    weight_sums = sums[-1].index_select(0, touched)
+    mean = (sums[:-1].index_select(1, touched) / weight_sums).t()  # [M, C + 1]
+    on_boundary = torch.from_numpy(boundary_image.reshape(-1)).to(covered.device).index_select(0, kept_pixels)
+    boundaries = splat_indicator(renderer.texture_size, coords, on_boundary, touched, weight_sums)
     channels = image.shape[-1]
-    return ViewBake(renderer.texture_size, touched, mean[:, :channels].contiguous(), mean[:, channels:].contiguous())
+    return ViewBake(renderer.texture_size, touched, mean[:, :channels].contiguous(), mean[:, channels:].contiguous(),
+                    boundaries)  # fmt: skip
 
 
 def _power(values: torch.Tensor, exponent: int) -> torch.Tensor:
@@ -182,4 +223,4 @@ def merge_views(bakes: list[ViewBake], view_weights: list[float],
 
 
 __all__ = ["BAKE_ANGLE_LIMIT", "BAKE_EXPONENT", "ViewBake", "back_project", "boundary_kernel_size", "merge_views",
-           "splat_bilinear"]  # fmt: skip
+           "splat_bilinear", "splat_indicator"]  # fmt: skip

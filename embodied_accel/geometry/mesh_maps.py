@@ -50,13 +50,16 @@ def vertex_normals(positions: torch.Tensor, faces: torch.Tensor) -> torch.Tensor
 
 
 class MeshRenderer:
-    """A :class:`UVMesh` placed in the texture cameras' space, with its rasterizations cached per
-    ``(camera, height, width)``: the normal map, position map and back-projection of one camera share one.
+    """A mesh placed in the texture cameras' space, with its rasterizations cached per ``(camera, height, width)``:
+    the normal map, position map and back-projection of one camera share one.
 
-    ``render_size`` is the maps' and views' resolution, ``texture_size`` the texture's (square, as upstream).
+    ``mesh``: a :class:`UVMesh`, or any mesh with ``vertices [V, 3]`` and ``faces [F, 3]``: the normal and position
+    maps need no texture coordinates (upstream's renderer takes a mesh without them too); baking and inpainting do
+    (:meth:`require_uv`). ``render_size`` is the maps' and views' resolution, ``texture_size`` the texture's (square,
+    as upstream).
     """
 
-    def __init__(self, mesh: UVMesh, render_size: int = 2048, texture_size: int = 2048, device="cpu",
+    def __init__(self, mesh, render_size: int = 2048, texture_size: int = 2048, device="cpu",
                  ortho_scale: float = 1.2):  # fmt: skip
         self.render_size = int(render_size)
         self.texture_size = int(texture_size)
@@ -64,20 +67,32 @@ class MeshRenderer:
         # copies: the placement below works in place and must not touch the caller's arrays
         pos = torch.tensor(np.asarray(mesh.vertices), dtype=torch.float32, device=self.device)
         self.faces = torch.from_numpy(np.asarray(mesh.faces)).to(self.device).to(torch.int64)
-        uv = torch.tensor(np.asarray(mesh.uv), dtype=torch.float32, device=self.device)
+        uv = getattr(mesh, "uv", None)
+        if uv is not None:
+            uv = torch.tensor(np.asarray(uv), dtype=torch.float32, device=self.device)
+            if uv.shape != (pos.shape[0], 2):
+                raise ValueError(f"mesh uv: expected one texture coordinate per vertex [{pos.shape[0]}, 2], got "
+                                 f"{list(uv.shape)}")  # fmt: skip
+            uv[:, 1] = 1.0 - uv[:, 1]
         pos[:, [0, 1]] = -pos[:, [0, 1]]
         pos[:, [1, 2]] = pos[:, [2, 1]]
-        uv[:, 1] = 1.0 - uv[:, 1]
         max_bb = pos.max(0)[0]
         min_bb = pos.min(0)[0]
         center = (max_bb + min_bb) / 2
         scale = torch.norm(pos - center, dim=1).max() * 2.0
         self.positions = (pos - center) * (SCALE_FACTOR / float(scale))  # [V, 3]
-        self.uv_flipped = uv  # [V, 2]: v flipped (upstream's internal convention)
+        self.uv_flipped: torch.Tensor | None = uv  # [V, 2]: v flipped (upstream's internal convention); None: no UVs
         self.projection = orthographic_matrix(ortho_scale)
         self._rasterizations: dict[tuple[Camera, int, int], Rasterization] = {}
         self._normals: torch.Tensor | None = None
         self.rasterization_count = 0
+
+    def require_uv(self, what: str) -> torch.Tensor:
+        """The flipped texture coordinates ``[V, 2]``, or an error saying that ``what`` needs them."""
+        if self.uv_flipped is None:
+            raise ValueError(f"{what} needs texture coordinates: the mesh has none (unwrap it first, e.g. "
+                             "embodied_accel.geometry.uv.unwrap, or pass a UVMesh)")  # fmt: skip
+        return self.uv_flipped
 
     # ---- cameras and rasterizations -------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .bake import back_project, merge_views
+from .bake import ViewBake, back_project, merge_views
 from .camera import Camera
 from .inpaint import inpaint_texture
 from .mesh_maps import MeshRenderer, UVMesh
@@ -30,7 +30,9 @@ class ConditionMaps:
 
 
 class TextureBaker:
-    """A UV-mapped mesh placed for the paint cameras: ``condition_maps()``, ``bake(views)``, ``inpaint(...)``."""
+    """A UV-mapped mesh placed for the paint cameras: ``condition_maps()``, ``bake(views)``, ``inpaint(...)``. A mesh
+    without texture coordinates (``vertices`` and ``faces`` only) gives the condition maps; baking and inpainting
+    need a :class:`UVMesh`."""
 
     def __init__(self, mesh: UVMesh, render_size: int = 2048, texture_size: int = 2048, device="cpu",
                  cameras: tuple[Camera, ...] = PAINT_CAMERAS, view_weights=VIEW_WEIGHTS):  # fmt: skip
@@ -46,13 +48,18 @@ class TextureBaker:
         maps = [self.renderer.condition_maps(c) for c in self.cameras]
         return ConditionMaps([normal for normal, _ in maps], [position for _, position in maps])
 
-    def bake(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``views``: one float32 ``[S, S, 3]`` image in [0, 1] per camera, at the render size. Returns the merged
-        ``texture [T, T, 3]`` and the ``painted [T, T]`` mask."""
+    def back_project(self, views: list[torch.Tensor]) -> list[ViewBake]:
+        """Each camera's view splatted into the texture on its own (upstream's ``back_project`` per view: the
+        :class:`~embodied_accel.geometry.bake.ViewBake`'s ``texture``, ``cosine`` and ``boundary`` maps)."""
         if len(views) != len(self.cameras):
             raise ValueError(f"views: expected one per camera ({len(self.cameras)}), got {len(views)}")
-        bakes = [back_project(self.renderer, view, camera) for view, camera in zip(views, self.cameras, strict=True)]
-        return merge_views(bakes, list(self.view_weights))
+        return [back_project(self.renderer, view, camera) for view, camera in zip(views, self.cameras, strict=True)]
+
+    def bake(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``views``: one float32 ``[S, S, 3]`` image in [0, 1] per camera, at the render size. Returns the merged
+        ``texture [T, T, 3]`` and the ``painted [T, T]`` mask (``merge_views(self.back_project(views),
+        self.view_weights)``: a caller that wants the per-view maps too merges them itself)."""
+        return merge_views(self.back_project(views), list(self.view_weights))
 
     def inpaint(self, texture: torch.Tensor, painted: torch.Tensor) -> np.ndarray:
         """Vertex-colour propagation then Navier–Stokes on what stays unpainted: uint8 ``[T, T, 3]``. Vertex
@@ -60,7 +67,7 @@ class TextureBaker:
         positions = self.renderer.positions.cpu().numpy().copy()
         positions[:, [1, 2]] = positions[:, [2, 1]]
         positions[:, [0, 1]] = -positions[:, [0, 1]]
-        uv = self.renderer.uv_flipped.cpu().numpy().copy()
+        uv = self.renderer.require_uv("inpainting").cpu().numpy().copy()
         uv[:, 1] = 1.0 - uv[:, 1]
         mask = (painted.cpu().numpy() * 255).astype(np.uint8)
         faces = self.renderer.faces.cpu().numpy().astype(np.int32)

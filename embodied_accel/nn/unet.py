@@ -2,13 +2,15 @@
 Hunyuan3D-Paint.
 
 The network is diffusers' ``UNet2DConditionModel`` for the block types Stable Diffusion 1.x / 2.x use: a sinusoidal
-time embedding and its MLP (plus an optional guidance condition, ``time_cond_proj_dim``, and an optional class
-embedding, which Hunyuan3D-Paint uses for camera ids), ``conv_in``, down blocks (ResNet blocks, spatial transformers,
+time embedding and its MLP (``time_embedding_dim`` wide, by default 4 × the first level's channels; plus an optional
+guidance condition, ``time_cond_proj_dim``, and an optional class embedding, which Hunyuan3D-Paint uses for camera
+ids), ``conv_in`` (``conv_in_kernel``), down blocks (ResNet blocks, spatial transformers,
 a stride-2 convolution), a middle block, up blocks (skip connections concatenated on the channels, nearest 2×
 upsampling and a convolution), ``GroupNorm → SiLU → conv_out``::
 
     temb = linear_2(silu(linear_1(sinusoid(t)) + cond_proj(c))) + class_embedding(camera)
     resnet(x)      = x' + conv2(silu(gn2(conv1(silu(gn1(x))) + time_proj(silu(temb)))))
+                     (scale_shift: silu(gn2(h) · (1 + scale) + shift), [scale | shift] = time_proj(silu(temb)))
     transformer(x) = x + proj_out(blocks(proj_in(gn(x))))          (tokens [images, H·W, C])
     block(x):  n = ln1(x);  x += attn1(n)                           self-attention within an image
                [2.5-D] x += ref(n, reference features);  x += multiview(n over the N views of a batch row)
@@ -48,6 +50,9 @@ CROSS_ATTENTION_MID = "UNetMidBlock2DCrossAttn"
 #: LayerNorm epsilon of the transformer blocks and GroupNorm epsilon of the spatial transformers (diffusers' defaults).
 BLOCK_NORM_EPS = 1e-5
 TRANSFORMER_GROUP_NORM_EPS = 1e-6
+#: How a ResNet block takes the time embedding: added before ``norm2`` (default), or as ``norm2(h) · (1 + scale) +
+#: shift`` from a projection twice as wide (``scale_shift``).
+TIME_SCALE_SHIFTS = ("default", "scale_shift")
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,10 @@ class UNetConfig:
     downsample_padding: int = 1
     time_cond_proj_dim: int | None = None
     num_class_embeds: int | None = None
+    time_embedding_dim: int | None = None  # the time embedding's width (default 4 × the first level's channels)
+    conv_in_kernel: int = 3
+    conv_out_kernel: int = 3
+    resnet_time_scale_shift: str = "default"  # "scale_shift": the time embedding scales and shifts norm2's output
     multiview: bool = False  # Hunyuan3D-Paint's 2.5-D blocks (reference + multiview attention)
 
     @property
@@ -80,7 +89,8 @@ class UNetConfig:
 
     @property
     def time_embed_dim(self) -> int:
-        return 4 * self.block_out_channels[0]
+        """The time embedding's width: what the ResNet blocks' time projections and the class embedding read."""
+        return self.time_embedding_dim or 4 * self.block_out_channels[0]
 
     @property
     def downscale(self) -> int:
@@ -102,6 +112,15 @@ class UNetConfig:
         if self.mid_block_type not in (CROSS_ATTENTION_MID, None):
             raise ValueError(f"mid_block_type: only {CROSS_ATTENTION_MID} (or none) is implemented, "
                              f"got {self.mid_block_type!r}")  # fmt: skip
+        if self.time_embedding_dim is not None and self.time_embedding_dim < 1:
+            raise ValueError(f"time_embedding_dim: expected a positive width, got {self.time_embedding_dim}")
+        if self.resnet_time_scale_shift not in TIME_SCALE_SHIFTS:
+            raise ValueError(f"resnet_time_scale_shift = {self.resnet_time_scale_shift!r}: only "
+                             f"{' and '.join(repr(m) for m in TIME_SCALE_SHIFTS)} are implemented")  # fmt: skip
+        for name in ("conv_in_kernel", "conv_out_kernel"):
+            kernel = getattr(self, name)
+            if kernel < 1 or kernel % 2 == 0:
+                raise ValueError(f"{name} = {kernel}: only odd kernel sizes are implemented (they keep the size)")
         for channels, heads in zip(self.block_out_channels, self.attention_heads, strict=True):
             if channels % self.norm_num_groups or channels % heads:
                 raise ValueError(f"block_out_channels {channels} must divide by norm_num_groups "
@@ -136,23 +155,30 @@ class GroupNorm(nn.Module):
 
 
 class ResnetBlock(nn.Module):
-    """diffusers' ``ResnetBlock2D`` (``time_embedding_norm="default"``, output scale 1); no time input when
-    ``temb_channels`` is ``None`` (the VAE's)."""
+    """diffusers' ``ResnetBlock2D`` (``time_embedding_norm`` ``"default"`` or ``"scale_shift"``, output scale 1); no
+    time input when ``temb_channels`` is ``None`` (the VAE's)."""
 
-    def __init__(self, in_ch: int, out_ch: int, temb_channels: int | None, groups: int, eps: float, ops: OpSet):
+    def __init__(self, in_ch: int, out_ch: int, temb_channels: int | None, groups: int, eps: float, ops: OpSet,
+                 scale_shift: bool = False):  # fmt: skip
         super().__init__()
+        self.scale_shift = scale_shift
         self.norm1 = GroupNorm(in_ch, groups, eps, ops)
         self.conv1 = Conv2d(in_ch, out_ch, 3)
-        self.time_emb_proj = Linear(temb_channels, out_ch, ops) if temb_channels else None
+        self.time_emb_proj = Linear(temb_channels, (2 if scale_shift else 1) * out_ch, ops) if temb_channels else None
         self.norm2 = GroupNorm(out_ch, groups, eps, ops)
         self.conv2 = Conv2d(out_ch, out_ch, 3)
         self.conv_shortcut = Conv2d(in_ch, out_ch, 1) if in_ch != out_ch else None
 
     def forward(self, x: torch.Tensor, temb_silu: torch.Tensor | None = None) -> torch.Tensor:
         h = self.conv1.conv(self.norm1(x, silu=True), padding=1)
-        if self.time_emb_proj is not None:
-            h = h + self.time_emb_proj(temb_silu)[:, :, None, None]
-        h = self.conv2.conv(self.norm2(h, silu=True), padding=1)
+        if self.scale_shift:
+            scale, shift = self.time_emb_proj(temb_silu)[:, :, None, None].chunk(2, dim=1)
+            h = F.silu(self.norm2(h) * (1 + scale) + shift)
+        else:
+            if self.time_emb_proj is not None:
+                h = h + self.time_emb_proj(temb_silu)[:, :, None, None]
+            h = self.norm2(h, silu=True)
+        h = self.conv2.conv(h, padding=1)
         return (x if self.conv_shortcut is None else self.conv_shortcut.conv(x)) + h
 
 
@@ -292,7 +318,8 @@ class UNetLevel(nn.Module):
                  cfg: UNetConfig, first_index: int, sampler: nn.Module | None, ops: OpSet):  # fmt: skip
         super().__init__()
         temb, groups, eps = cfg.time_embed_dim, cfg.norm_num_groups, cfg.norm_eps
-        self.resnets = nn.ModuleList(ResnetBlock(i, o, temb, groups, eps, ops) for i, o in resnet_channels)
+        shift = cfg.resnet_time_scale_shift == "scale_shift"
+        self.resnets = nn.ModuleList(ResnetBlock(i, o, temb, groups, eps, ops, shift) for i, o in resnet_channels)
         self.attentions = None
         if attention:
             self.attentions = nn.ModuleList(
@@ -371,7 +398,7 @@ class UNet2DCondition(nn.Module):
         cfg.validate()
         self.config, self.ops = cfg, ops
         ch, levels = cfg.block_out_channels, cfg.levels
-        self.conv_in = Conv2d(cfg.in_channels, ch[0], 3)
+        self.conv_in = Conv2d(cfg.in_channels, ch[0], cfg.conv_in_kernel)
         self.time_embedding = TimestepEmbedding(ch[0], cfg.time_embed_dim, cfg.time_cond_proj_dim, ops)
         self.class_embedding = nn.Embedding(cfg.num_class_embeds, cfg.time_embed_dim) if cfg.num_class_embeds else None
         index = 0
@@ -405,7 +432,7 @@ class UNet2DCondition(nn.Module):
             self.up_blocks.append(level)
         self.num_transformer_blocks = index
         self.conv_norm_out = GroupNorm(ch[0], cfg.norm_num_groups, cfg.norm_eps, ops)
-        self.conv_out = Conv2d(ch[0], cfg.out_channels, 3)
+        self.conv_out = Conv2d(ch[0], cfg.out_channels, cfg.conv_out_kernel)
 
     def transformer_blocks(self) -> list[TransformerBlock]:
         """Every transformer block, in forward order (``block.index`` is its position)."""
@@ -446,7 +473,7 @@ class UNet2DCondition(nn.Module):
         """``sample [images, in, H, W]`` (``H``, ``W`` any size; each level halves them, rounding up), ``timestep``
         a 0-d or 1-element tensor, ``guidance_condition [1, time_cond_proj_dim]`` (guidance features), ``class_labels
         [images]``."""
-        x = self.conv_in.conv(sample.to(self.conv_in.weight.dtype), padding=1)
+        x = self.conv_in.conv(sample.to(self.conv_in.weight.dtype), padding=self.config.conv_in_kernel // 2)
         temb_silu = self.time_embedding_silu(timestep, x.shape[0], guidance_condition, class_labels)
         skips = [x]
         for level in self.down_blocks:
@@ -462,7 +489,7 @@ class UNet2DCondition(nn.Module):
             x = level.up(x, temb_silu, level_skips, ctx, size)
         if features_only:
             return None
-        return self.conv_out.conv(self.conv_norm_out(x, silu=True), padding=1)
+        return self.conv_out.conv(self.conv_norm_out(x, silu=True), padding=self.config.conv_out_kernel // 2)
 
 
 class MidBlock(nn.Module):
@@ -471,7 +498,8 @@ class MidBlock(nn.Module):
     def __init__(self, channels: int, heads: int, depth: int, cfg: UNetConfig, first_index: int, ops: OpSet):
         super().__init__()
         temb, groups, eps = cfg.time_embed_dim, cfg.norm_num_groups, cfg.norm_eps
-        self.resnets = nn.ModuleList(ResnetBlock(channels, channels, temb, groups, eps, ops) for _ in range(2))
+        shift = cfg.resnet_time_scale_shift == "scale_shift"
+        self.resnets = nn.ModuleList(ResnetBlock(channels, channels, temb, groups, eps, ops, shift) for _ in range(2))
         self.attentions = nn.ModuleList([SpatialTransformer(channels, heads, depth, cfg, first_index, ops)])
         self.block_count = depth
 

@@ -64,7 +64,8 @@ class TextureSettings:
     render_size: int | None = None  # condition maps and baked views (2048)
     texture_size: int | None = None  # 2048
     face_reduce: int | None = None  # at most this many faces before unwrapping (no reduction by default)
-    view_size: int | None = None  # the delight image's and the generated views' side (the models' 512)
+    view_size: int | None = None  # the multiview model's views' side (the model's, 512 as upstream)
+    delight_size: int | None = None  # the delight model's image side (the model's, 512 as upstream)
 
 
 @dataclass
@@ -215,28 +216,59 @@ class TexturePipeline:
 
     # ---- stages
 
-    def delight(self, image: np.ndarray, settings: TextureSettings, progress: bool = False) -> np.ndarray:
-        """uint8 RGB / RGBA → the recentred, delighted uint8 RGB image (the delight size)."""
+    def check_settings(self, settings: TextureSettings) -> None:
+        """The sizes and step counts of ``settings`` that the models constrain (errors name the setting)."""
+        delight, multiview = self.delight_model.config, self.multiview_model.config
+        if multiview.turbo:
+            turbo_timesteps(multiview.scheduler, settings.steps or multiview.steps)
+        sizes = (("view size", settings.view_size, multiview, multiview.view_size),
+                 ("delight size", settings.delight_size, delight, delight.image_size))
+        for name, value, cfg, own in sizes:
+            multiple = cfg.vae.downscale * cfg.unet.downscale
+            if value is not None and (value < multiple or value % multiple):
+                raise ValueError(f"{name} {value}: expected a multiple of {multiple} (the VAE's and the UNet's "
+                                 f"downscaling) from {multiple} up (the model's own: {own})")  # fmt: skip
+
+    def delight(self, image: np.ndarray, settings: TextureSettings = TextureSettings(), progress: bool = False,
+                latents: torch.Tensor | None = None) -> np.ndarray:  # fmt: skip
+        """uint8 RGB / RGBA → the recentred, delighted uint8 RGB image (``settings.delight_size``, default the
+        model's). An RGBA image is handled as upstream's delight handles it: recentred on its alpha, its fully
+        transparent pixels (after a 3×3 erosion of the alpha) set to white, the alpha then dropped. ``latents``: the
+        sampler's starting latents (:meth:`DelightModel.denoise`), else drawn from the seed."""
         model, cfg = self.delight_model, self.delight_model.config
-        size = settings.view_size or cfg.image_size
+        self.check_settings(settings)
+        size = settings.delight_size or cfg.image_size
+        image = processor.check_image(image, "delight image")
         pixels, target, alpha = processor.delight_inputs(processor.recenter_image(image), size)
         schedule = euler_ancestral_schedule(cfg.scheduler, settings.delight_steps or cfg.steps, device=self.device)
         noise = generator_noise(torch.Generator().manual_seed(DELIGHT_SEED_OFFSET + settings.seed), self.device,
                                 model.compute_dtype)  # fmt: skip
         with torch.no_grad():
-            latents = model.image_latents(processor.to_model_image(pixels, self.device, model.compute_dtype))
-            latents = model.denoise(latents, schedule, noise, cfg.text_guidance, cfg.image_guidance, progress,
-                                    unet=self.delight_step)  # fmt: skip
-            generated = processor.to_uint8(model.vae.decode(latents / cfg.vae.scaling_factor))[0]
+            image_latents = model.image_latents(processor.to_model_image(pixels, self.device, model.compute_dtype))
+            out = model.denoise(image_latents, schedule, noise, cfg.text_guidance, cfg.image_guidance, progress,
+                                unet=self.delight_step, latents=latents)  # fmt: skip
+            generated = processor.to_uint8(model.vae.decode(out / cfg.vae.scaling_factor))[0]
         self.runner.synchronize()
         return processor.recorrect_colors(generated, target, alpha)
 
     def multiview(self, reference: np.ndarray, normals: list[np.ndarray], positions: list[np.ndarray],
-                  settings: TextureSettings, progress: bool = False) -> list[np.ndarray]:  # fmt: skip
-        """The delighted image and the 6 cameras' uint8 maps (any size) → 6 uint8 views at the model's view size."""
+                  settings: TextureSettings = TextureSettings(),
+                  progress: bool = False) -> list[np.ndarray]:  # fmt: skip
+        """The delighted image and the 6 cameras' uint8 maps (any size) → 6 uint8 views at ``settings.view_size``
+        (default the model's). Each image is resized to the view size first; an RGBA one is then composited as the
+        official multiview stage composites it: the reference onto grey 127 (8 bits), a map onto white."""
         model, cfg = self.multiview_model, self.multiview_model.config
+        self.check_settings(settings)
+        cameras = processor.camera_indices(CAMERA_AZIMUTHS, CAMERA_ELEVATIONS)
+        for name, maps in (("normals", normals), ("positions", positions)):
+            if len(maps) != len(cameras):
+                raise ValueError(f"{name}: expected one map per camera ({len(cameras)}), got {len(maps)}")
         size, dtype = settings.view_size or cfg.view_size, model.compute_dtype
-        images = [processor.resize(reference, size)] + [processor.resize(m, size) for m in normals + positions]
+        reference = processor.check_image(reference, "multiview reference image")
+        maps = [processor.check_image(m, f"{name} map {i}") for name, group in (("normal", normals),
+                ("position", positions)) for i, m in enumerate(group)]  # fmt: skip
+        images = [processor.composite(processor.resize(reference, size), processor.REFERENCE_BACKGROUND, True)]
+        images += [processor.composite(processor.resize(m, size), processor.MAP_BACKGROUND) for m in maps]
         pixels = torch.cat([processor.to_model_image(im, self.device, dtype, signed=False) for im in images])
         steps = settings.steps or cfg.steps
         if cfg.turbo:
@@ -246,7 +278,7 @@ class TexturePipeline:
         latent_noise = generator_noise(torch.Generator().manual_seed(settings.seed), self.device, dtype)
         posterior_noise = generator_noise(torch.Generator().manual_seed(settings.seed), self.device, dtype)
         views = len(normals)
-        cameras = torch.tensor(processor.camera_indices(CAMERA_AZIMUTHS, CAMERA_ELEVATIONS), device=self.device)
+        cameras = torch.tensor(cameras, device=self.device)
         with torch.no_grad():
             latent_size = size // cfg.vae.downscale
             latents = model.encode(pixels, posterior_noise((len(images), cfg.vae.latent_channels, latent_size,
@@ -272,14 +304,8 @@ class TexturePipeline:
         check_sizes(render_size, texture_size)
         if settings.face_reduce is not None and settings.face_reduce < 1:
             raise ValueError(f"face reduction: expected at least 1 face, got {settings.face_reduce}")
-        multiview = self.multiview_model.config
-        if multiview.turbo:  # the schedule's constraints checked before any stage runs
-            turbo_timesteps(multiview.scheduler, settings.steps or multiview.steps)
-        if settings.view_size is not None:
-            multiple = multiview.vae.downscale * multiview.unet.downscale
-            if settings.view_size < multiple or settings.view_size % multiple:
-                raise ValueError(f"view size {settings.view_size}: expected a multiple of {multiple} (the VAE's and "
-                                 f"the UNet's downscaling) from {multiple} up (the models' own: {multiview.view_size})")  # fmt: skip
+        self.check_settings(settings)  # before any stage runs
+        image = processor.check_image(image)
         clock = _StageClock(progress)
 
         def geometry():

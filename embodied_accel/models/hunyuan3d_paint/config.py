@@ -212,7 +212,11 @@ def _check_class(data: dict, path: Path, expected: tuple[str, ...], key: str = "
 
 
 def _refuse_unsupported(data: dict, path: Path, required: dict[str, tuple]) -> None:
+    """Each of ``required``'s keys absent or holding an allowed value (a per-level list: allowed at every level)."""
     for key, allowed in required.items():
+        value = data.get(key)
+        if isinstance(value, list) and value and all(v in allowed for v in value):
+            continue
         if key in data and data[key] not in allowed:
             raise CheckpointError(f"{path}: {key} = {data[key]!r} is not implemented (supported: "
                                   f"{', '.join(repr(a) for a in allowed)})")  # fmt: skip
@@ -243,25 +247,46 @@ def _per_level(value, levels: int, name: str, path: Path) -> tuple[int, ...]:
     raise CheckpointError(f"{path}: {name} must be an integer or one integer per level ({levels}), got {value!r}")
 
 
+#: ``UNet2DConditionModel`` options this library does not implement: refused, naming the option and its value,
+#: unless they hold the value given here. Each one adds or reshapes tensors (``class_embed_type``,
+#: ``addition_embed_type``, ``encoder_hid_dim``, ``dual_cross_attention``, ``only_cross_attention``,
+#: ``resnet_time_scale_shift = "spatial"``, ``time_embedding_type = "fourier"``, ``class_embeddings_concat``,
+#: ``attention_type``, ``num_class_embeds`` (a class embedding that the delight pipeline never feeds),
+#: ``reverse_transformer_layers_per_block``) or changes the arithmetic (the others). ``num_attention_heads`` is
+#: refused by diffusers itself (its ``attention_head_dim`` holds the head count).
 _UNET_REQUIRED = {
     "center_input_sample": (False,), "class_embed_type": (None,), "addition_embed_type": (None,),
     "encoder_hid_dim": (None,), "encoder_hid_dim_type": (None,), "dual_cross_attention": (False,),
-    "only_cross_attention": (False,), "resnet_time_scale_shift": ("default",), "time_embedding_type": ("positional",),
+    "only_cross_attention": (False,), "resnet_time_scale_shift": ("default", "scale_shift"),
+    "time_embedding_type": ("positional",),
     "timestep_post_act": (None,), "time_embedding_act_fn": (None,), "attention_type": ("default",),
-    "class_embeddings_concat": (False,), "conv_in_kernel": (3,), "conv_out_kernel": (3,), "act_fn": ("silu",),
-    "num_attention_heads": (None,), "resnet_skip_time_act": (False,), "resnet_out_scale_factor": (1, 1.0),
-    "mid_block_scale_factor": (1, 1.0), "cross_attention_norm": (None,), "mid_block_only_cross_attention": (None, False),
-    "reverse_transformer_layers_per_block": (None,), "time_embedding_dim": (None,), "num_class_embeds": (None,),
-    "projection_class_embeddings_input_dim": (None,), "addition_time_embed_dim": (None,),
+    "class_embeddings_concat": (False,), "act_fn": ("silu",), "num_attention_heads": (None,),
+    "resnet_skip_time_act": (False,), "resnet_out_scale_factor": (1, 1.0), "mid_block_scale_factor": (1, 1.0),
+    "cross_attention_norm": (None,), "mid_block_only_cross_attention": (None, False),
+    "reverse_transformer_layers_per_block": (None,), "num_class_embeds": (None,),
 }  # fmt: skip
-#: Read, or harmless at inference (``upcast_attention`` upcasts a half-precision softmax: SDPA's softmax is computed in
-#: float32 internally on every backend this library uses).
+#: Read (the shape-changing ones: widths, depths, block types, heads, ``cross_attention_dim``, ``norm_num_groups``,
+#: ``time_embedding_dim``, ``time_cond_proj_dim``, ``conv_in_kernel`` / ``conv_out_kernel``,
+#: ``resnet_time_scale_shift``, ``use_linear_projection``), or without effect here: ``sample_size`` and ``dropout`` at inference;
+#: ``upcast_attention`` (it upcasts a half-precision softmax in diffusers' classic attention processor; SDPA, which
+#: diffusers runs by default and this library's attention uses, computes its softmax in float32 internally);
+#: ``projection_class_embeddings_input_dim``, ``addition_time_embed_dim`` and ``addition_embed_type_num_heads`` are
+#: read by diffusers only for a ``class_embed_type`` / ``addition_embed_type``, which are refused above.
 _UNET_KNOWN = set(_UNET_REQUIRED) | {
     "in_channels", "out_channels", "block_out_channels", "down_block_types", "up_block_types", "mid_block_type",
     "layers_per_block", "attention_head_dim", "transformer_layers_per_block", "cross_attention_dim",
     "norm_num_groups", "norm_eps", "flip_sin_to_cos", "freq_shift", "use_linear_projection", "downsample_padding",
-    "time_cond_proj_dim", "sample_size", "dropout", "upcast_attention", "addition_embed_type_num_heads",
+    "time_cond_proj_dim", "time_embedding_dim", "conv_in_kernel", "conv_out_kernel", "sample_size", "dropout",
+    "upcast_attention", "addition_embed_type_num_heads", "projection_class_embeddings_input_dim",
+    "addition_time_embed_dim",
 }  # fmt: skip
+
+
+def _optional_int(data: dict, key: str, path: Path) -> int | None:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise CheckpointError(f"{path}: {key} must be an integer or null, got {value!r}")
+    return value
 
 
 def unet_config_from_json(path: Path) -> UNetConfig:
@@ -291,7 +316,12 @@ def unet_config_from_json(path: Path) -> UNetConfig:
         cross_attention_dim=int(cross), norm_num_groups=int(data.get("norm_num_groups", 32)),
         norm_eps=float(data.get("norm_eps", 1e-5)), flip_sin_to_cos=bool(data.get("flip_sin_to_cos", True)),
         freq_shift=int(data.get("freq_shift", 0)), use_linear_projection=bool(data.get("use_linear_projection", False)),
-        downsample_padding=int(data.get("downsample_padding", 1)), time_cond_proj_dim=data.get("time_cond_proj_dim"),
+        downsample_padding=int(data.get("downsample_padding", 1)),
+        resnet_time_scale_shift=data.get("resnet_time_scale_shift", "default"),
+        time_cond_proj_dim=_optional_int(data, "time_cond_proj_dim", path),
+        time_embedding_dim=_optional_int(data, "time_embedding_dim", path),
+        **{key: 3 if value is None else value for key, value in (
+            (key, _optional_int(data, key, path)) for key in ("conv_in_kernel", "conv_out_kernel"))},
     ))  # fmt: skip
 
 

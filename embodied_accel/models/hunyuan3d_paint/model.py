@@ -70,12 +70,19 @@ class DelightModel(nn.Module):
 
     @torch.no_grad()
     def denoise(self, image_latents: torch.Tensor, schedule, noise: NoiseFn, text_guidance: float = 1.0,
-                image_guidance: float = 1.5, progress: bool = False, unet: UNetFn | None = None) -> torch.Tensor:  # fmt: skip
-        """The InstructPix2Pix loop from fresh noise; returns the final latents ``[1, C, h, w]``. ``unet`` runs each
-        step's UNet call in place of ``self.unet`` (the same call, e.g. captured by a runner)."""
+                image_guidance: float = 1.5, progress: bool = False, unet: UNetFn | None = None,
+                latents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """The InstructPix2Pix loop; returns the final latents ``[1, C, h, w]``. It starts from ``latents [1, C, h,
+        w]`` when given (unscaled: multiplied by the schedule's initial sigma, as diffusers' ``latents=``; ``noise``
+        then draws only the steps' noise), else from fresh noise. ``unet`` runs each step's UNet call in place of
+        ``self.unet`` (the same call, e.g. captured by a runner)."""
         unet = self.unet if unet is None else unet
         if self.prompt_embedding is None:
             raise RuntimeError("the delight model has no prompt embedding: load it with load_delight_model")
+        shape = (1, self.config.vae.latent_channels, *image_latents.shape[-2:])
+        if latents is not None and tuple(latents.shape) != shape:
+            raise ValueError(f"latents: expected shape {list(shape)} (one image's latents, the image latents' size), "
+                             f"got {list(latents.shape)}")  # fmt: skip
         guided = self.guidance_on(text_guidance, image_guidance)
         rows = 3 if guided else 1
         kv = self.unet.cross_kv(self.prompt_embedding)  # one row: every row's prompt is the empty one
@@ -83,8 +90,8 @@ class DelightModel(nn.Module):
         condition = image_latents.to(self.compute_dtype)
         if guided:
             condition = torch.cat([condition, condition, torch.zeros_like(condition)])
-        shape = (1, self.config.vae.latent_channels, *image_latents.shape[-2:])
-        latents = noise(shape) * schedule.init_noise_sigma
+        start = noise(shape) if latents is None else latents.to(image_latents.device, self.compute_dtype)
+        latents = start * schedule.init_noise_sigma
         for i in tqdm(range(schedule.num_steps), desc="delight", unit="step", disable=not progress, leave=False):
             x = schedule.scale_input(latents.expand(rows, -1, -1, -1) if guided else latents, i)
             prediction = unet(torch.cat([x, condition], dim=1), schedule.timesteps[i], ctx)

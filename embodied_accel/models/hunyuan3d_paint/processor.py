@@ -7,6 +7,10 @@ same rounding and truncations).
 * :func:`delight_inputs`: resized to the delight size (Pillow's bicubic, premultiplied alpha); the alpha eroded by a
   3×3 square, fully transparent pixels set to white; the RGB channels (alpha dropped, not composited) are the
   model's input, the eroded RGBA its colour target.
+* :func:`composite`: an RGBA image flattened onto a uniform background, ``rgb · a + background · (1 − a)``: the
+  multiview stage's reference onto grey 127 rounded to 8 bits (the official pipeline pastes it with Pillow, which
+  rounds so), its condition maps onto white in floating point (as the official pipeline composites them). Delight
+  composites nothing: its input's fully transparent pixels are set to white and the alpha dropped.
 * :func:`recorrect_colors`: per channel over the foreground (alpha > 0.5), the generated image's mean and standard
   deviation moved to the input's, ``(src − 0.95 μ_s) σ_t / σ_s + 0.95 μ_t`` clipped to [0, 1], kept only if it is
   closer (mean squared error over the whole image) to the input than the generated image is; then composited on white.
@@ -20,6 +24,9 @@ import torch
 
 #: The texture pipeline's recentring border, a fraction of the foreground box on each side.
 RECENTER_BORDER = 0.2
+#: The multiview stage's backgrounds: the reference image's (8-bit grey) and the condition maps' (white, in [0, 1]).
+REFERENCE_BACKGROUND = 127
+MAP_BACKGROUND = 1.0
 #: The colour re-correction's shrink of the means.
 RECORRECT_SCALE = 0.95
 
@@ -51,6 +58,35 @@ def recenter_image(image: np.ndarray, border_ratio: float = RECENTER_BORDER) -> 
     top, left = (side - new_h) // 2 + border_h, (side - new_w) // 2 + border_w
     canvas[top : top + height, left : left + width] = crop
     return canvas
+
+
+def check_image(image: np.ndarray, what: str = "image") -> np.ndarray:
+    """``image`` as a uint8 ``[H, W, 3]`` (RGB) or ``[H, W, 4]`` (RGBA) array, else an error naming ``what``."""
+    image = np.asarray(image)
+    if image.ndim != 3 or image.shape[2] not in (3, 4) or image.dtype != np.uint8 or 0 in image.shape[:2]:
+        raise ValueError(f"{what}: expected a uint8 RGB or RGBA image [H, W, 3 or 4], got {image.dtype} "
+                         f"{list(image.shape)}")  # fmt: skip
+    return image
+
+
+def composite(image: np.ndarray, background: float, to_uint8: bool = False) -> np.ndarray:
+    """An RGBA uint8 ``[H, W, 4]`` image over a uniform ``background`` (in the image's 0-255 units when
+    ``to_uint8``, else in [0, 1]): ``rgb · a + background · (1 − a)``, as uint8 ``[H, W, 3]`` rounded to nearest
+    (``to_uint8``: what Pillow's ``paste(rgba, mask=alpha)`` computes on an 8-bit canvas) or float32 in [0, 1]. An
+    RGB image passes unchanged (uint8) or divided by 255 (float32)."""
+    image = check_image(image)
+    if image.shape[2] == 3:
+        return image if to_uint8 else image.astype(np.float32) / np.float32(255.0)
+    rgb, alpha = image[..., :3].astype(np.float64), image[..., 3:].astype(np.float64)
+    if to_uint8:  # exactly (rgb · a + background · (255 − a)) / 255: never within 1/510 of a tie, so rounded exactly
+        return np.floor(blend(rgb, alpha / 255.0, background) + 0.5).astype(np.uint8)
+    return blend(rgb / 255.0, alpha / 255.0, background).astype(np.float32)
+
+
+def blend(rgb: np.ndarray, alpha: np.ndarray, background: float) -> np.ndarray:
+    """``rgb · alpha + background · (1 − alpha)`` (float arrays; ``alpha [..., 1]`` in [0, 1]): every compositing
+    here is this formula."""
+    return rgb * alpha + background * (1.0 - alpha)
 
 
 def resize(image: np.ndarray, size: int) -> np.ndarray:
@@ -89,8 +125,10 @@ def delight_inputs(image: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray
 
 def to_model_image(image: np.ndarray, device, dtype=torch.float32, signed: bool = True) -> torch.Tensor:
     """uint8 ``[H, W, 3]`` → ``[1, 3, H, W]``: ``x / 255`` (float32, as diffusers' image processor divides), mapped to
-    [-1, 1] when ``signed``."""
-    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / np.float32(255.0)).permute(2, 0, 1)[None]
+    [-1, 1] when ``signed``; a floating-point image is taken as already in [0, 1]."""
+    image = np.asarray(image)
+    unit = image.astype(np.float32) if image.dtype.kind == "f" else image.astype(np.float32) / np.float32(255.0)
+    pixels = torch.from_numpy(unit).permute(2, 0, 1)[None]
     return (pixels * 2 - 1 if signed else pixels).to(device, dtype)
 
 
@@ -123,8 +161,7 @@ def recorrect_colors(generated: np.ndarray, target: np.ndarray, alpha: np.ndarra
                                              + scale * tgt_mean, 0, 1)  # fmt: skip
         if not torch.mean((source - target_t) ** 2) < torch.mean((corrected - target_t) ** 2):
             result = corrected
-    composite = result * alpha_t + torch.ones_like(result) * (1.0 - alpha_t)
-    return (composite.numpy() * 255).astype(np.uint8)
+    return (blend(result.numpy(), alpha, 1.0) * 255).astype(np.uint8)
 
 
 #: Per elevation: the camera-id block's start and how many azimuth steps of 30° one id spans (the poles: 3).
@@ -145,7 +182,12 @@ def camera_indices(azimuths, elevations) -> list[int]:
 
 __all__ = [
     "RECENTER_BORDER",
+    "MAP_BACKGROUND",
+    "REFERENCE_BACKGROUND",
+    "blend",
     "camera_indices",
+    "check_image",
+    "composite",
     "delight_inputs",
     "erode",
     "recenter_image",

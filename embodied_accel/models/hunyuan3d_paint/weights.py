@@ -27,6 +27,7 @@ from torch import nn
 
 from ...errors import CheckpointError
 from ...nn.clip_text import ClipTextEncoder
+from ...nn.unet import UNet2DCondition
 from ...ops import OpSet
 from ..hunyuan3d.weights import init_random_weights
 from ..loading import (
@@ -41,7 +42,13 @@ from ..loading import (
     reader_of_state_dict,
     rename,
 )
-from .config import DelightConfig, MultiviewConfig, delight_config_from_dir, multiview_config_from_dir
+from .config import (
+    DelightConfig,
+    MultiviewConfig,
+    delight_config_from_dir,
+    multiview_config_from_dir,
+    unet_config_from_json,
+)
 from .model import DelightModel, MultiviewModel
 
 logger = logging.getLogger(__name__)
@@ -189,6 +196,20 @@ def _clip_prompt_embedding(config: DelightConfig, ops: OpSet, directory: Path | 
         return encoder(ids)
 
 
+def load_unet(directory: Path, ops: OpSet, device, dtype: torch.dtype = torch.float32,
+              progress: bool = True) -> UNet2DCondition:  # fmt: skip
+    """A :class:`~embodied_accel.nn.unet.UNet2DCondition` from one diffusers ``UNet2DConditionModel`` folder
+    (``config.json`` and its weights file, e.g. a pipeline's ``unet/``), strictly."""
+    directory = Path(directory)
+    config = unet_config_from_json(directory / "config.json")
+    with torch.device("meta"):
+        unet = UNet2DCondition(config, ops)
+    reader = find_weights(directory, DIFFUSERS_WEIGHT_FILES)
+    rule = lambda n, shape: unet_rule(n, shape, "", False, config.use_linear_projection)  # noqa: E731
+    load_parts(unet, [_part(unet, "", reader, rule)], device, dtype, directory.name, progress)
+    return unet
+
+
 def load_delight_model(source: DelightConfig | Path, ops: OpSet, device, dtype: torch.dtype = torch.float32,
                        seed: int = 0, progress: bool = True) -> DelightModel:  # fmt: skip
     """A :class:`DelightModel` from a ``hunyuan3d-delight-v2-0`` folder, or from a preset config (seeded random
@@ -258,6 +279,7 @@ __all__ = [
     "clip_rule",
     "load_delight_model",
     "load_multiview_model",
+    "load_unet",
     "multiview_block_rule",
     "unet_rule",
     "vae_rule",
