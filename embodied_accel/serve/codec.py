@@ -33,6 +33,9 @@ MAX_DEPTH = 16
 #: Most elements an empty array may declare in its non-zero dimensions: an array with elements is bounded by its
 #: data's size, an empty one must not declare a shape numpy cannot make (a dimension >= 2**63).
 MAX_ARRAY_ELEMENTS = 2**40
+#: Largest element a dtype may declare (bytes): a 16 384-character ``<U`` string. An empty array's element size is
+#: not bounded by its data, and numpy allocates one element's worth when such an array is cast or converted.
+MAX_ITEMSIZE = 2**16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +114,18 @@ def _dtype(value: Any, where: str) -> np.dtype:
         raise WireError(f"{where}: dtype {value!r:.40} is not allowed (bool, int, uint, float, str or bytes only)")
     if dtype.itemsize == 0:
         raise WireError(f"{where}: dtype {value!r:.40} has zero-byte elements; give strings a length, e.g. '<U8'")
+    if dtype.itemsize > MAX_ITEMSIZE:
+        raise WireError(
+            f"{where}: dtype {value!r:.40} has {dtype.itemsize}-byte elements; at most {MAX_ITEMSIZE} are allowed"
+        )
     return dtype
+
+
+def check_dtype(value: Any, where: str) -> np.dtype:
+    """A dtype named on the wire (``'<f4'``, ``'|u1'``, ...) → numpy dtype, checked before anything is allocated:
+    a known numeric, bool, str or bytes kind, no objects, fields or sub-arrays, elements of 1 to
+    :data:`MAX_ITEMSIZE` bytes. Raises :class:`WireError` naming ``where``."""
+    return _dtype(value, where)
 
 
 def _array(tagged: dict, where: str) -> np.ndarray:
@@ -249,8 +263,10 @@ __all__ = [
     "ALLOWED_KINDS",
     "DEFAULT_LIMITS",
     "ERROR_FRAMES_PARAM",
+    "MAX_ITEMSIZE",
     "DecodeLimits",
     "WireError",
+    "check_dtype",
     "packb",
     "unpack_observation",
     "unpackb",
