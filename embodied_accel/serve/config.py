@@ -6,6 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+#: The wire protocols the server speaks: openpi's websocket protocol, Isaac-GR00T's ZeroMQ policy protocol.
+PROTOCOLS = ("openpi", "gr00t")
+#: Isaac-GR00T's policy server port.
+GR00T_PORT = 5555
+
 #: The environment variable ``serve`` reads the API key from when ``--api-key`` is not given.
 API_KEY_ENV = "EMBODIED_ACCEL_API_KEY"
 
@@ -28,6 +33,11 @@ class ServeConfig:
     max_inflight_per_connection: int = 8
     drain_timeout_s: float = 30.0  # shutdown: in-flight requests answered and connections closed within this
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # extra connect-time metadata
+    action_horizon: int | None = None  # answer the first N steps of each chunk (default: all the model returns)
+    # ---- front ends: openpi's websocket protocol on `port`, GR00T's ZeroMQ protocol on `gr00t_port`
+    protocols: tuple[str, ...] = ("openpi",)
+    gr00t_port: int = GR00T_PORT  # 0: any free port
+    allow_remote_kill: bool = False  # GR00T's `kill` endpoint stops the server (else it is refused)
     # ---- who may connect
     api_key: str | None = None  # required on the websocket handshake: "Authorization: Api-Key <key>" (openpi-client)
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed to connect (a handshake with another is refused)
@@ -62,8 +72,17 @@ class ServeConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.batch_wait_ms >= 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms!r}")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        for name in ("port", "gr00t_port"):
+            if not isinstance(getattr(self, name), int) or not 0 <= getattr(self, name) < 65536:
+                raise ValueError(f"{name} must be in 0..65535, got {getattr(self, name)!r}")
+        protocols = tuple(self.protocols)
+        if not protocols or len(set(protocols)) != len(protocols) or not set(protocols) <= set(PROTOCOLS):
+            raise ValueError(f"protocols must be one or more of {', '.join(PROTOCOLS)}, got {protocols!r}")
+        object.__setattr__(self, "protocols", protocols)
+        if self.action_horizon is not None and (
+            not isinstance(self.action_horizon, int) or isinstance(self.action_horizon, bool) or self.action_horizon < 1
+        ):
+            raise ValueError(f"action_horizon must be a positive int (or None: the whole chunk), got {self.action_horizon!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string (or None: no key)")
         if self.metrics_need_key and self.api_key is None:
@@ -81,4 +100,4 @@ class ServeConfig:
                 raise ValueError("give default_prompt or default_token_ids, not both")
 
 
-__all__ = ["API_KEY_ENV", "ServeConfig"]
+__all__ = ["API_KEY_ENV", "GR00T_PORT", "PROTOCOLS", "ServeConfig"]

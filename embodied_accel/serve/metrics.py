@@ -26,8 +26,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-#: Why a request failed (the ``kind`` label of ``errors_total``).
-ERROR_KINDS = ("decode", "observation", "oversized", "timeout", "internal", "shutdown")
+#: Why a request failed (the ``kind`` label of ``errors_total``); the last three are GR00T protocol requests with a
+#: wrong API token, an unknown or refused endpoint, or beyond a client's in-flight limit.
+ERROR_KINDS = (
+    "decode", "observation", "oversized", "timeout", "internal", "shutdown", "unauthorized", "endpoint", "limit",
+)  # fmt: skip
 #: Why a received request got no reply (the ``reason`` label of ``requests_dropped_total``): it was queued behind a
 #: refused request on a connection that the refusal closed (openpi's protocol); its client closed the connection
 #: (or the connection broke) before the reply was sent; it was still unanswered when the shutdown's drain timeout
@@ -35,8 +38,9 @@ ERROR_KINDS = ("decode", "observation", "oversized", "timeout", "internal", "shu
 DROP_REASONS = ("after_error", "client_gone", "drain_timeout")
 #: Why a websocket handshake was refused (the ``reason`` label of ``connections_refused_total``): no or a wrong API
 #: key (401), a browser page from an origin not allowed (403), ``--max-connections`` reached (503), shutting down
-#: (503).
-REFUSAL_REASONS = ("unauthorized", "forbidden_origin", "limit", "shutdown")
+#: (503), a connection whose first bytes are no HTTP request (e.g. a ZeroMQ client: closed at once), a handshake
+#: not completed within the opening timeout.
+REFUSAL_REASONS = ("unauthorized", "forbidden_origin", "limit", "shutdown", "not_websocket", "handshake_timeout")
 
 
 class Histogram:
