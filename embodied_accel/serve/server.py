@@ -4,7 +4,9 @@ Protocol (openpi-client 0.1.2's ``WebsocketClientPolicy``): on connect the serve
 metadata; then each binary frame is one observation (see :mod:`.codec`) and is answered by one binary frame
 ``{"actions": [horizon, action_dim] float32, "server_timing": {"infer_ms", "queue_ms", "batch_size",
 "prev_total_ms" (from the second answer on: the previous request's time in the server, receipt to reply sent)}}``,
-plus ``"warnings": [...]`` when the observation had keys the model did not use (openpi-client ignores it).
+plus ``"warnings": [...]`` when the observation had keys the model did not use (openpi-client ignores it), and for a
+GR00T model the same actions per action key, ``"action.<key>": [horizon, D]``, as GR00T's own clients read them.
+With ``action_horizon`` (``serve --action-horizon N``) every chunk is cut to its first N steps.
 A refused request is answered by a text frame with the error, then close code 1011 (1001 when the server is
 shutting down). A client that connects with ``?error_frames=1`` in its URL (our :class:`~.client.PolicyClient`)
 gets the refusal as a binary message ``{"error": {"kind": ..., "message": ...}}`` instead, and its connection
@@ -15,7 +17,10 @@ is read. ``GET /healthz`` answers 200 (503 while draining, or after repeated int
 Who may connect: with ``api_key``, a handshake must carry ``Authorization: Api-Key <key>`` (what openpi-client
 sends when given ``api_key=``; ``Bearer <key>`` works too), else HTTP 401; a handshake with an ``Origin`` header
 (a browser page) is refused with 403 unless the origin is in ``allowed_origins``; beyond ``max_connections`` open
-connections, 503. Each refusal is counted (``connections_refused_total``).
+connections, 503; a connection whose first bytes are no HTTP request (a ZeroMQ client dialling the wrong port) is
+closed at once. Each refusal is counted (``connections_refused_total``) and logged at WARNING with the peer.
+Isaac-GR00T's ZeroMQ protocol is a second front end over the same batcher, decoder threads, limits, metrics and
+drain (:mod:`.gr00t`; ``protocols``).
 
 Per connection, a reader task receives messages (at most ``max_inflight_per_connection`` unfinished), decodes,
 maps and validates each on a decoder thread (``Runner.prepare`` of :mod:`.batching`: tokenization included; a large
@@ -208,6 +213,19 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
     return meta
 
 
+def _named_action_keys(policy: Any) -> list[tuple[str, int]]:
+    """A GR00T policy's action keys and widths (replies carry ``action.<key>`` beside ``actions``); else none."""
+    from .gr00t import action_layout
+
+    if getattr(policy, "io", None) is None:
+        return []
+    try:
+        layout = action_layout(policy)
+    except AttributeError:
+        return []
+    return [] if [key for key, _ in layout] == ["actions"] else layout
+
+
 def _starts_like_http(data: bytes) -> bool:
     """Whether a connection's first bytes can begin an HTTP request line (a method: ASCII capital letters)."""
     return 0x41 <= data[0] <= 0x5A
@@ -320,6 +338,7 @@ class PolicyServer:
             max_keys=self.config.max_observation_keys,
         )
         self.unused_key_log = UnusedKeyLog(logger)
+        self.action_keys = _named_action_keys(policy)
         # a map with more entries than an observation may have keys is refused from its header, before it is built
         self.decode_limits = dataclasses.replace(
             DEFAULT_LIMITS, max_map_len=min(DEFAULT_LIMITS.max_collection_len, self.config.max_observation_keys)
@@ -855,6 +874,10 @@ class PolicyServer:
                 if conn.prev_total_ms is not None:
                     timing["prev_total_ms"] = conn.prev_total_ms
                 reply: dict[str, Any] = {"actions": result.actions, "server_timing": timing}
+                start = 0
+                for key, width in self.action_keys:  # GR00T: also per action key, as its own clients read them
+                    reply[f"action.{key}"] = result.actions[:, start : start + width]
+                    start += width
                 if item.warnings:
                     reply["warnings"] = item.warnings
                 await self._send(conn, item, packb(reply))
