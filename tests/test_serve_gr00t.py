@@ -449,3 +449,34 @@ def test_gr00t_shaped_observations_through_openpi_client(groot, pi0):
            "task": "open the drawer"}  # fmt: skip
     np.testing.assert_allclose(reply["actions"], pi0.infer(own, seed=0, num_steps=STEPS)["actions"],
                                rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+def test_gr00t_alone_serves_health_and_metrics_on_its_metrics_port(pi0):
+    with start(pi0, metrics_port=0) as running:
+        client = Gr00tWire(running.server.gr00t.url)
+        try:
+            assert client.call("ping")["status"] == "ok"
+            assert "unknown endpoint" in client.call("pong")["error"]
+        finally:
+            client.close()
+        assert http_get(running.url, "/healthz")[0] == 200
+        status, text = http_get(running.url, "/metrics")
+        counts = parse_metrics(text)
+        assert status == 200 and counts[PREFIX + 'gr00t_requests_total{endpoint="ping"}'] == 1
+        assert counts[PREFIX + 'gr00t_requests_total{endpoint="other"}'] == 1
+        status, text = http_get(running.url, "/")
+        assert status == 404 and "GR00T's protocol: tcp://127.0.0.1:" in text  # no openpi websocket here
+
+
+def test_a_handshake_that_never_completes_is_cut_and_counted(pi0, caplog):
+    with start(pi0, protocols=("openpi",), handshake_timeout_s=0.3) as running:
+        with caplog.at_level(logging.WARNING, logger="embodied_accel.serve.server"):
+            with socket.create_connection(("127.0.0.1", running.server.port), timeout=5) as raw:
+                raw.sendall(b"GET / HTTP/1.1\r\n")  # and nothing more
+                started = time.monotonic()
+                assert raw.recv(64) == b""
+                assert 0.2 < time.monotonic() - started < 3
+        assert any("handshake_timeout" in r.getMessage() for r in caplog.records)
+        assert parse_metrics(http_get(running.url, "/metrics")[1])[
+            PREFIX + 'connections_refused_total{reason="handshake_timeout"}'
+        ] == 1

@@ -87,6 +87,13 @@ def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> Non
             help=f"the GR00T protocol's port when both protocols are served (default: {GR00T_PORT})",
         )
         group.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="with --protocol gr00t alone: serve GET /healthz and /metrics on this port (with openpi they are on "
+            "--port)",
+        )
+        group.add_argument(
             "--allow-remote-kill",
             action="store_true",
             help="GR00T's 'kill' endpoint shuts the server down (gracefully); refused otherwise",
@@ -266,6 +273,7 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
             port=8000 if port is None else port,
             gr00t_port=GR00T_PORT if gr00t_port is None else gr00t_port,
             allow_remote_kill=getattr(args, "allow_remote_kill", False),
+            metrics_port=getattr(args, "metrics_port", None),
         )
     if hasattr(args, "default_token_ids"):
         fields["default_token_ids"] = args.default_token_ids
@@ -337,11 +345,11 @@ def run_serve(load_policy: Callable[[], Any], args: argparse.Namespace, announce
     map_large_allocations()  # clients' large messages go back to the system when freed (see its docstring)
     sock = gr00t_sock = None
     try:
-        if "openpi" in config.protocols:
+        if config.http_port is not None:
             try:
-                sock = bind_socket(config.host, config.port)
+                sock = bind_socket(config.host, config.http_port)
             except OSError as exc:
-                raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror or exc})") from None
+                raise ValueError(f"cannot listen on {config.host}:{config.http_port} ({exc.strerror or exc})") from None
         if "gr00t" in config.protocols:
             from .gr00t import bind_zmq
 
@@ -376,6 +384,8 @@ def _serve_on(
         where = []
         if "openpi" in config.protocols:
             where.append(f"{server.url} (openpi, keymap {server.mapper.name})")
+        elif config.http_port is not None:
+            where.append(f"{server.url.replace('ws://', 'http://')} (/healthz, /metrics)")
         if server.gr00t is not None:
             where.append(f"{server.gr00t.url} (gr00t)")
         announce(f"serving {name} on {' and '.join(where)}; Ctrl-C stops")
@@ -383,7 +393,7 @@ def _serve_on(
     try:
         asyncio.run(server.run(handle_signals=True, ready=ready))
     except OSError as exc:
-        raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror or exc})") from None
+        raise ValueError(f"cannot listen on {config.host}:{config.http_port} ({exc.strerror or exc})") from None
     announce("stopped")
     return 0
 

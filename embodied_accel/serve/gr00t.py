@@ -480,6 +480,7 @@ class Gr00tFrontEnd:
             if not hmac.compare_digest(token.encode("utf-8", "replace"), cfg.api_key.encode("utf-8")):
                 return _Outcome(error=RequestError("unauthorized", UNAUTHORIZED))
         endpoint = request.endpoint
+        server.metrics.gr00t_request(endpoint)
         if endpoint == "ping":
             return _Outcome(reply={"status": "ok", "message": "Server is running"})
         if endpoint == "get_modality_config":

@@ -400,9 +400,9 @@ class PolicyServer:
         self._started = True
         if self.gr00t is not None:
             self.gr00t.start()
-        if "openpi" not in cfg.protocols:
+        if cfg.http_port is None:
             return
-        where: dict[str, Any] = {"sock": self._sock} if self._sock is not None else {"host": cfg.host, "port": cfg.port}
+        where: dict[str, Any] = {"sock": self._sock} if self._sock is not None else {"host": cfg.host, "port": cfg.http_port}
         self._ws_server = await serve(
             self._handle,
             **where,
@@ -412,6 +412,7 @@ class PolicyServer:
             process_request=self._http,
             logger=logging.getLogger(f"{__name__}.websockets"),
             create_connection=self._connection_class(),
+            open_timeout=cfg.handshake_timeout_s,
         )
         address = self._ws_server.sockets[0].getsockname()
         self.port = address[1]
@@ -546,6 +547,9 @@ class PolicyServer:
             response.headers["Content-Type"] = CONTENT_TYPE
             return response
         # everything else: the websocket handshake
+        if "openpi" not in cfg.protocols:  # the listener serves /healthz and /metrics only
+            gr00t = f" (GR00T's protocol: {self.gr00t.url})" if self.gr00t is not None else ""
+            return connection.respond(http.HTTPStatus.NOT_FOUND, f"GET /healthz or /metrics here{gr00t}\n")
         if self._draining:  # no new websocket connections while draining
             return self._refuse(
                 connection, "shutdown", http.HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n"
