@@ -358,6 +358,10 @@ def test_serve_protocol_options():
     gr00t = config("--protocol", "gr00t")
     assert (gr00t.protocols, gr00t.gr00t_port, gr00t.allow_remote_kill) == (("gr00t",), 5555, False)
     assert config("--protocol", "gr00t", "--port", "6000").gr00t_port == 6000
+    limited = config("--protocol", "gr00t", "--metrics-port", "9100", "--max-inflight-per-connection", "2")
+    assert (limited.http_port, limited.max_inflight_per_connection) == (9100, 2)
+    with pytest.raises(ValueError, match="metrics_port is for a server without openpi"):
+        config("--metrics-port", "9100")
     both = config("--protocol", "openpi,gr00t", "--gr00t-port", "0", "--action-horizon", "10", "--allow-remote-kill")
     assert (both.protocols, both.port, both.gr00t_port, both.action_horizon) == (("openpi", "gr00t"), 8000, 0, 10)
     with pytest.raises(SystemExit):

@@ -122,6 +122,15 @@ def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> Non
             help=f"open websocket connections; more are refused with HTTP 503 (default: {ServeConfig.max_connections})",
         )
         group.add_argument(
+            "--max-inflight-per-connection",
+            type=positive_int,
+            default=ServeConfig.max_inflight_per_connection,
+            metavar="N",
+            help="requests one connection (a GR00T client: one ZeroMQ identity) may have in the server; a websocket "
+            f"connection is not read beyond them, a GR00T request is refused (default: "
+            f"{ServeConfig.max_inflight_per_connection})",
+        )
+        group.add_argument(
             "--max-buffered-bytes",
             type=positive_int,
             default=ServeConfig.max_buffered_bytes,
@@ -282,8 +291,8 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
     if hasattr(args, "allow_origin"):
         fields.update(api_key=api_key(args), allowed_origins=tuple(args.allow_origin))
     for name in (
-        "metrics_need_key", "max_connections", "max_buffered_bytes", "paced_byte_rate", "large_message_bytes",
-        "connection_byte_rate", "max_observation_keys", "strict_keys", "unhealthy_after",
+        "metrics_need_key", "max_connections", "max_inflight_per_connection", "max_buffered_bytes", "paced_byte_rate",
+        "large_message_bytes", "connection_byte_rate", "max_observation_keys", "strict_keys", "unhealthy_after",
     ):  # fmt: skip
         if hasattr(args, name):
             fields[name] = getattr(args, name)
