@@ -484,3 +484,26 @@ def test_a_handshake_that_never_completes_is_cut_and_counted(pi0, caplog):
         assert parse_metrics(http_get(running.url, "/metrics")[1])[
             PREFIX + 'connections_refused_total{reason="handshake_timeout"}'
         ] == 1
+
+
+def test_a_request_in_flight_at_shutdown_is_answered(pi0):
+    running = start(pi0)
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 30000)
+    sock.connect(running.server.gr00t.url)
+    try:
+        obs = {"video.base": Gr00tWire.array(np.zeros((1, 1, 16, 16, 3), np.uint8)),
+               "state.state": Gr00tWire.array(np.zeros((1, 1, pi0.io.state_dim), np.float32)), TASK_KEY: [["x"]]}  # fmt: skip
+        sock.send_multipart([b"", msgpack.packb({"endpoint": "get_action", "data": {"observation": obs}})])
+        deadline = time.monotonic() + 30
+        while running.server._inflight == 0 and time.monotonic() < deadline:  # received, not yet answered
+            time.sleep(0.001)
+        assert running.server._inflight == 1
+        running.stop()  # what SIGTERM does: drain, then stop
+        actions, info = msgpack.unpackb(sock.recv_multipart()[-1], object_hook=Gr00tWire._read)
+        assert actions["action.actions"].shape == (1, 50, pi0.io.action_dim)
+    finally:
+        sock.close(0)
+        context.term()

@@ -393,6 +393,7 @@ class Gr00tFrontEnd:
                 frames = await self._sock.recv_multipart()
             except zmq.ZMQError as exc:
                 log_event(logger, logging.WARNING, "gr00t_receive_failed", error=str(exc))
+                await asyncio.sleep(0.1)  # no busy loop on a failing socket
                 continue
             received = time.monotonic()
             try:
