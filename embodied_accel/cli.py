@@ -274,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(handler=cmd_profile)
     bench.set_defaults(handler=cmd_bench)
 
-    serve = add_command("serve", [policy], help="serve the policy over websockets (openpi protocol)")
+    serve = add_command(
+        "serve", [policy], help="serve the policy to robots: openpi's websocket protocol, GR00T's ZeroMQ protocol"
+    )
     serve_commands.add_server_options(serve, network=True)
     onnx_source.add_onnx_options(serve)
     serve.set_defaults(handler=cmd_serve)

@@ -1,6 +1,7 @@
 """The policy server under hostile or careless clients, at CI sizes: a huge prompt, floods of unknown keys, clients
 that push without reading, large messages beside small ones, misspelled keys, strangers (API key, browser origins,
-connection limit), a failing device, a port already taken; and GR00T served to openpi clients. The same attacks at
+connection limit), a failing device, a port already taken; GR00T served to openpi clients; an empty array declaring a
+huge element, on every family. The GR00T protocol's hostile messages are in ``test_serve_gr00t.py``. The same attacks at
 full size are measured by ``tools/measure_serve_attacks.py``."""
 
 import logging
@@ -478,3 +479,40 @@ def test_listening_beyond_loopback_without_a_key_is_warned_about(caplog):
             pass
     (record,) = [r for r in caplog.records if "no_api_key" in r.getMessage()]
     assert "--api-key" in record.getMessage()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# An empty array that declares a huge element: refused by name on every family, in both refusal modes
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["pi0-tiny", "pi05-tiny", pytest.param("groot-tiny", marks=requires_groot_extra)])
+def test_an_empty_array_declaring_a_huge_element_is_refused_by_name(model):
+    import msgpack
+
+    policy = load_policy(model, progress=False)
+    hostile = {b"__ndarray__": True, b"data": b"", b"dtype": "S1000000000", b"shape": [0]}
+    message = msgpack.packb({**msgpack.unpackb(codec.packb(libero(2))), "observation/state": hostile})
+    expected = (
+        "observation['observation/state']: dtype 'S1000000000' has 1000000000-byte elements; at most 65536 are allowed"
+    )
+    with start(policy) as running:
+        with connect(running.url, compression=None) as ws:  # openpi: a text frame, then close 1011
+            ws.recv()
+            ws.send(message)
+            refusal = ws.recv(timeout=30)
+            assert isinstance(refusal, str) and refusal.startswith("decode error: ") and expected in refusal
+        with connect(running.url + "/?error_frames=1", compression=None) as ws:  # the connection stays open
+            ws.recv()
+            ws.send(message)
+            assert codec.unpackb(ws.recv(timeout=30))["error"] == {"kind": "decode", "message": expected}
+            ws.send(codec.packb(libero(2)))
+            assert codec.unpackb(ws.recv(timeout=30))["actions"].shape[0] == running.server.metadata["action_horizon"]
+        assert metric(running.url, 'errors_total{kind="decode"}') == 2
+        assert metric(running.url, 'errors_total{kind="internal"}') == 0
+    if model == "groot-tiny":  # the processor itself checks a concatenated state's kind before converting it
+        obs = {**policy.sample_observation(), "state": np.zeros(0, "S1000000000")}
+        for key in ("state.arm", "state.gripper"):
+            obs.pop(key)
+        with pytest.raises(ObservationError, match=r"observation\['state'\]: expected numbers, got \|S1000000000"):
+            policy.validate(obs)

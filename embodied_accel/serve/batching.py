@@ -174,12 +174,42 @@ def merge_signatures(a: Hashable, b: Hashable) -> Hashable | None:
     return tuple(merged)
 
 
+class FirstSteps:
+    """A runner whose action chunks are cut to their first ``steps`` steps (``serve --action-horizon``)."""
+
+    def __init__(self, runner: Runner, steps: int) -> None:
+        self.runner, self.steps = runner, steps
+        self.prepare, self.signature = runner.prepare, runner.signature
+
+    def run(self, prepared: Sequence[Any]) -> np.ndarray:
+        return self.runner.run(prepared)[:, : self.steps]
+
+
+def model_action_horizon(policy: Any) -> int | None:
+    """The steps of the action chunks ``policy`` returns (GR00T's embodiment may return fewer than its model's)."""
+    horizon = getattr(getattr(policy, "io", None), "action_horizon", None)
+    return horizon or getattr(getattr(policy, "config", None), "action_horizon", None)
+
+
 def make_runner(
-    policy: Any, noise_seed: int | None = None, num_steps: int | None = None, max_batch: int | None = None
+    policy: Any,
+    noise_seed: int | None = None,
+    num_steps: int | None = None,
+    max_batch: int | None = None,
+    action_horizon: int | None = None,
 ) -> Runner:
+    """The runner for ``policy``; with ``action_horizon``, its chunks cut to that many steps (at most the policy's)."""
+    runner: Runner
     if ValidatedRowsRunner.supports(policy):
-        return ValidatedRowsRunner(policy, noise_seed, num_steps, max_batch)
-    return BatchInferRunner(policy, noise_seed, num_steps)
+        runner = ValidatedRowsRunner(policy, noise_seed, num_steps, max_batch)
+    else:
+        runner = BatchInferRunner(policy, noise_seed, num_steps)
+    if action_horizon is None:
+        return runner
+    horizon = model_action_horizon(policy)
+    if horizon is not None and action_horizon > horizon:
+        raise ValueError(f"--action-horizon {action_horizon}: the model returns chunks of {horizon} steps")
+    return FirstSteps(runner, action_horizon)
 
 
 def _request_error(exc: BaseException) -> RequestError:
@@ -431,10 +461,12 @@ def _deliver(loop: asyncio.AbstractEventLoop, future: asyncio.Future, result: An
 __all__ = [
     "BatchInferRunner",
     "Batcher",
+    "FirstSteps",
     "RequestError",
     "Result",
     "Runner",
     "ValidatedRowsRunner",
     "make_runner",
     "merge_signatures",
+    "model_action_horizon",
 ]

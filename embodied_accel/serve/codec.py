@@ -33,6 +33,9 @@ MAX_DEPTH = 16
 #: Most elements an empty array may declare in its non-zero dimensions: an array with elements is bounded by its
 #: data's size, an empty one must not declare a shape numpy cannot make (a dimension >= 2**63).
 MAX_ARRAY_ELEMENTS = 2**40
+#: Largest element a dtype may declare (bytes): a 16 384-character ``<U`` string. An empty array's element size is
+#: not bounded by its data, and numpy allocates one element's worth when such an array is cast or converted.
+MAX_ITEMSIZE = 2**16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +114,18 @@ def _dtype(value: Any, where: str) -> np.dtype:
         raise WireError(f"{where}: dtype {value!r:.40} is not allowed (bool, int, uint, float, str or bytes only)")
     if dtype.itemsize == 0:
         raise WireError(f"{where}: dtype {value!r:.40} has zero-byte elements; give strings a length, e.g. '<U8'")
+    if dtype.itemsize > MAX_ITEMSIZE:
+        raise WireError(
+            f"{where}: dtype {value!r:.40} has {dtype.itemsize}-byte elements; at most {MAX_ITEMSIZE} are allowed"
+        )
     return dtype
+
+
+def check_dtype(value: Any, where: str) -> np.dtype:
+    """A dtype named on the wire (``'<f4'``, ``'|u1'``, ...) → numpy dtype, checked before anything is allocated:
+    a known numeric, bool, str or bytes kind, no objects, fields or sub-arrays, elements of 1 to
+    :data:`MAX_ITEMSIZE` bytes. Raises :class:`WireError` naming ``where``."""
+    return _dtype(value, where)
 
 
 def _array(tagged: dict, where: str) -> np.ndarray:
@@ -152,10 +166,14 @@ def _scalar(tagged: dict, where: str) -> np.generic:
         raise WireError(f"{where}: cannot read {data!r:.40} as {dtype.name} ({exc})") from None
 
 
-def _decode(obj: Any, where: str, depth: int) -> Any:
+def _decode(obj: Any, where: str, depth: int, tagged: Any = None) -> Any:
     if depth > MAX_DEPTH:
         raise WireError(f"{where}: nested deeper than {MAX_DEPTH} levels")
     if isinstance(obj, dict):
+        if tagged is not None:
+            value = tagged(obj, where)
+            if value is not NOT_TAGGED:
+                return value
         if _ND in obj or "__ndarray__" in obj:
             return _array(obj, where)
         if _NG in obj or "__npgeneric__" in obj:
@@ -170,16 +188,18 @@ def _decode(obj: Any, where: str, depth: int) -> Any:
             if not isinstance(key, str):
                 raise WireError(f"{where}: map keys must be strings, got {type(key).__name__} {key!r:.40}")
             # a field name is built only for containers (it costs a copy of the key; a message may hold 16 384)
-            out[key] = value if type(value) in _PLAIN else _decode(value, _field(where, key), depth + 1)
+            out[key] = value if type(value) in _PLAIN else _decode(value, _field(where, key), depth + 1, tagged)
         return out
     if isinstance(obj, list):
-        return [_decode(value, f"{where}[{i}]", depth + 1) for i, value in enumerate(obj)]
+        return [_decode(value, f"{where}[{i}]", depth + 1, tagged) for i, value in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         return obj
     raise WireError(f"{where}: unsupported msgpack value of type {type(obj).__name__}")
 
 
 _PLAIN = frozenset((type(None), bool, int, float, str, bytes))  # what msgpack gives that needs no decoding
+#: What a ``tagged`` hook of :func:`unpackb` returns for a map that is not one of its tagged values.
+NOT_TAGGED = object()
 
 
 class _TooManyItems(Exception):
@@ -201,8 +221,9 @@ class _ItemCounter:
         return container
 
 
-def unpackb(data: bytes, where: str = "message", limits: DecodeLimits = DEFAULT_LIMITS) -> Any:
-    """Deserialize one message strictly; raises :class:`WireError` naming the offending field."""
+def unpackb(data: bytes, where: str = "message", limits: DecodeLimits = DEFAULT_LIMITS, *, tagged: Any = None) -> Any:
+    """Deserialize one message strictly; raises :class:`WireError` naming the offending field. ``tagged(map,
+    where)``: another protocol's tagged values (GR00T's ``.npy`` arrays), or :data:`NOT_TAGGED` for a plain map."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise WireError(f"{where}: expected a binary frame, got {type(data).__name__}")
     counter = _ItemCounter(limits.max_items)
@@ -234,7 +255,7 @@ def unpackb(data: bytes, where: str = "message", limits: DecodeLimits = DEFAULT_
         raise WireError(f"{where}: not a valid msgpack message ({type(exc).__name__}: {exc})"[:400]) from None
     except Exception as exc:  # msgpack raises ExtraData, FormatError, StackError, ...
         raise WireError(f"{where}: not a valid msgpack message ({type(exc).__name__}: {exc})"[:400]) from None
-    return _decode(obj, where, 0)
+    return _decode(obj, where, 0, tagged)
 
 
 def unpack_observation(data: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> dict[str, Any]:
@@ -249,8 +270,10 @@ __all__ = [
     "ALLOWED_KINDS",
     "DEFAULT_LIMITS",
     "ERROR_FRAMES_PARAM",
+    "MAX_ITEMSIZE",
     "DecodeLimits",
     "WireError",
+    "check_dtype",
     "packb",
     "unpack_observation",
     "unpackb",

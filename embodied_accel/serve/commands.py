@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import non_negative_float, positive_float, positive_int
-from .config import API_KEY_ENV, ServeConfig
+from .config import API_KEY_ENV, GR00T_PORT, PROTOCOLS, ServeConfig
 from .keymap import KEYMAP_CHOICES, can_tokenize_text
 
 logger = logging.getLogger(__name__)
@@ -48,6 +48,15 @@ def _token_ids(text: str) -> tuple[int, ...]:
     return ids
 
 
+def _protocols(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names or len(set(names)) != len(names) or not set(names) <= set(PROTOCOLS):
+        raise argparse.ArgumentTypeError(
+            f"expected {', '.join(PROTOCOLS)} or both comma-separated (openpi,gr00t), got {text!r}"
+        )
+    return names
+
+
 def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> None:
     """Batching and model-call options (both commands); ``network``: also where and how to listen (serve)."""
     group = parser.add_argument_group("server")
@@ -58,7 +67,37 @@ def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> Non
             help=f"interface to listen on (default: {ServeConfig.host}, this machine only; 0.0.0.0: every interface, "
             "for robots on the network: give an --api-key too)",
         )
-        group.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port)")
+        group.add_argument(
+            "--protocol",
+            type=_protocols,
+            default=("openpi",),
+            metavar="P",
+            help="openpi (websocket, openpi-client), gr00t (ZeroMQ, Isaac-GR00T's PolicyClient) or openpi,gr00t "
+            "(both from one process, one model and one batch queue; default: openpi)",
+        )
+        group.add_argument(
+            "--port",
+            type=int,
+            help="port (default: 8000 for openpi; with --protocol gr00t alone, the GR00T port, default "
+            f"{GR00T_PORT}; 0: any free port)",
+        )
+        group.add_argument(
+            "--gr00t-port",
+            type=int,
+            help=f"the GR00T protocol's port when both protocols are served (default: {GR00T_PORT})",
+        )
+        group.add_argument(
+            "--metrics-port",
+            type=int,
+            metavar="PORT",
+            help="with --protocol gr00t alone: serve GET /healthz and /metrics on this port (with openpi they are on "
+            "--port)",
+        )
+        group.add_argument(
+            "--allow-remote-kill",
+            action="store_true",
+            help="GR00T's 'kill' endpoint shuts the server down (gracefully); refused otherwise",
+        )
         group.add_argument(
             "--api-key",
             metavar="KEY",
@@ -81,6 +120,15 @@ def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> Non
             type=positive_int,
             default=ServeConfig.max_connections,
             help=f"open websocket connections; more are refused with HTTP 503 (default: {ServeConfig.max_connections})",
+        )
+        group.add_argument(
+            "--max-inflight-per-connection",
+            type=positive_int,
+            default=ServeConfig.max_inflight_per_connection,
+            metavar="N",
+            help="requests one connection (a GR00T client: one ZeroMQ identity) may have in the server; a websocket "
+            f"connection is not read beyond them, a GR00T request is refused (default: "
+            f"{ServeConfig.max_inflight_per_connection})",
         )
         group.add_argument(
             "--max-buffered-bytes",
@@ -179,6 +227,12 @@ def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> Non
         help=f"how long a request may wait for others to batch with (default: {ServeConfig.batch_wait_ms:g})",
     )
     group.add_argument("--num-steps", type=positive_int, metavar="N", help="denoising steps (default: the model's)")
+    group.add_argument(
+        "--action-horizon",
+        type=positive_int,
+        metavar="N",
+        help="answer the first N steps of each action chunk (default: all the model returns)",
+    )
     group.add_argument("--views", type=positive_int, metavar="N", help="number of camera slots (default: the model's)")
     group.add_argument(
         "--noise-seed", type=int, metavar="SEED", help="fixed initial noise: equal observations give equal actions"
@@ -213,9 +267,23 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
         "num_steps": args.num_steps,
         "noise_seed": args.noise_seed,
     }
-    for name in ("host", "port", "max_message_bytes", "request_timeout_s", "keymap", "default_prompt"):
+    for name in ("host", "max_message_bytes", "request_timeout_s", "keymap", "default_prompt", "action_horizon"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
+    if hasattr(args, "port"):
+        protocols = tuple(getattr(args, "protocol", ("openpi",)))
+        port, gr00t_port = args.port, getattr(args, "gr00t_port", None)
+        if protocols == ("gr00t",):
+            if port is not None and gr00t_port is not None and port != gr00t_port:
+                raise ValueError(f"--port {port} and --gr00t-port {gr00t_port}: with --protocol gr00t give one")
+            gr00t_port = port if port is not None else gr00t_port
+        fields.update(
+            protocols=protocols,
+            port=8000 if port is None else port,
+            gr00t_port=GR00T_PORT if gr00t_port is None else gr00t_port,
+            allow_remote_kill=getattr(args, "allow_remote_kill", False),
+            metrics_port=getattr(args, "metrics_port", None),
+        )
     if hasattr(args, "default_token_ids"):
         fields["default_token_ids"] = args.default_token_ids
     if hasattr(args, "drain_timeout"):
@@ -223,8 +291,8 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
     if hasattr(args, "allow_origin"):
         fields.update(api_key=api_key(args), allowed_origins=tuple(args.allow_origin))
     for name in (
-        "metrics_need_key", "max_connections", "max_buffered_bytes", "paced_byte_rate", "large_message_bytes",
-        "connection_byte_rate", "max_observation_keys", "strict_keys", "unhealthy_after",
+        "metrics_need_key", "max_connections", "max_inflight_per_connection", "max_buffered_bytes", "paced_byte_rate",
+        "large_message_bytes", "connection_byte_rate", "max_observation_keys", "strict_keys", "unhealthy_after",
     ):  # fmt: skip
         if hasattr(args, name):
             fields[name] = getattr(args, name)
@@ -284,22 +352,34 @@ def run_serve(load_policy: Callable[[], Any], args: argparse.Namespace, announce
         use_json_logs()
     config = serve_config(args)
     map_large_allocations()  # clients' large messages go back to the system when freed (see its docstring)
+    sock = gr00t_sock = None
     try:
-        sock = bind_socket(config.host, config.port)
-    except OSError as exc:
-        raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror or exc})") from None
-    try:
-        return _serve_on(sock, load_policy(), config, announce)
+        if config.http_port is not None:
+            try:
+                sock = bind_socket(config.host, config.http_port)
+            except OSError as exc:
+                raise ValueError(f"cannot listen on {config.host}:{config.http_port} ({exc.strerror or exc})") from None
+        if "gr00t" in config.protocols:
+            from .gr00t import bind_zmq
+
+            try:
+                gr00t_sock = bind_zmq(config.host, config.gr00t_port, config.max_message_bytes)
+            except OSError as exc:
+                raise ValueError(f"--protocol gr00t: {exc.strerror or exc}") from None
+        return _serve_on(sock, gr00t_sock, load_policy(), config, announce)
     finally:
-        sock.close()  # no-op once the server has closed it
+        if sock is not None:
+            sock.close()  # no-op once the server has closed it
 
 
-def _serve_on(sock: Any, policy: Any, config: ServeConfig, announce: Callable[[str], None]) -> int:
+def _serve_on(
+    sock: Any, gr00t_sock: Any, policy: Any, config: ServeConfig, announce: Callable[[str], None]
+) -> int:
     import asyncio
 
     from .server import PolicyServer
 
-    server = PolicyServer(policy, config, sock=sock)  # checks the key map
+    server = PolicyServer(policy, config, sock=sock, gr00t_sock=gr00t_sock)  # checks the key map
     check_instruction_source(policy, config)
     name = getattr(getattr(policy, "config", None), "name", type(policy).__name__)
     if config.default_token_ids is not None and not can_tokenize_text(policy):
@@ -310,12 +390,19 @@ def _serve_on(sock: Any, policy: Any, config: ServeConfig, announce: Callable[[s
         )
 
     def ready() -> None:
-        announce(f"serving {name} on {server.url} (keymap {server.mapper.name}); Ctrl-C stops")
+        where = []
+        if "openpi" in config.protocols:
+            where.append(f"{server.url} (openpi, keymap {server.mapper.name})")
+        elif config.http_port is not None:
+            where.append(f"{server.url.replace('ws://', 'http://')} (/healthz, /metrics)")
+        if server.gr00t is not None:
+            where.append(f"{server.gr00t.url} (gr00t)")
+        announce(f"serving {name} on {' and '.join(where)}; Ctrl-C stops")
 
     try:
         asyncio.run(server.run(handle_signals=True, ready=ready))
     except OSError as exc:
-        raise ValueError(f"cannot listen on {config.host}:{config.port} ({exc.strerror or exc})") from None
+        raise ValueError(f"cannot listen on {config.host}:{config.http_port} ({exc.strerror or exc})") from None
     announce("stopped")
     return 0
 

@@ -6,6 +6,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+#: The wire protocols the server speaks: openpi's websocket protocol, Isaac-GR00T's ZeroMQ policy protocol.
+PROTOCOLS = ("openpi", "gr00t")
+#: Isaac-GR00T's policy server port.
+GR00T_PORT = 5555
+
 #: The environment variable ``serve`` reads the API key from when ``--api-key`` is not given.
 API_KEY_ENV = "EMBODIED_ACCEL_API_KEY"
 
@@ -28,11 +33,19 @@ class ServeConfig:
     max_inflight_per_connection: int = 8
     drain_timeout_s: float = 30.0  # shutdown: in-flight requests answered and connections closed within this
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # extra connect-time metadata
+    action_horizon: int | None = None  # answer the first N steps of each chunk (default: all the model returns)
+    # ---- front ends: openpi's websocket protocol on `port`, GR00T's ZeroMQ protocol on `gr00t_port`
+    protocols: tuple[str, ...] = ("openpi",)
+    gr00t_port: int = GR00T_PORT  # 0: any free port
+    allow_remote_kill: bool = False  # GR00T's `kill` endpoint stops the server (else it is refused)
+    # without openpi among the protocols: serve GET /healthz and /metrics on this port (None: no HTTP listener)
+    metrics_port: int | None = None
     # ---- who may connect
     api_key: str | None = None  # required on the websocket handshake: "Authorization: Api-Key <key>" (openpi-client)
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed to connect (a handshake with another is refused)
     metrics_need_key: bool = False  # GET /metrics also needs the API key (GET /healthz never does)
     max_connections: int = 64  # open websocket connections; a handshake beyond them is refused with HTTP 503
+    handshake_timeout_s: float = 10.0  # a websocket handshake not completed within this is cut (and counted)
     # ---- how much a client may make the server hold
     max_queued_messages: int = 0  # the websocket layer stops reading a connection when more messages wait than this
     max_buffered_bytes: int = 64 * 2**20  # received and unanswered bytes, all connections (beyond one message each)
@@ -48,6 +61,11 @@ class ServeConfig:
     # ---- health
     unhealthy_after: int = 3  # consecutive internal errors in model calls that turn /healthz to 503
 
+    @property
+    def http_port(self) -> int | None:
+        """The port of the websocket / HTTP listener (openpi's protocol, /healthz, /metrics), or None: none."""
+        return self.port if "openpi" in self.protocols else self.metrics_port
+
     def __post_init__(self) -> None:
         for name in (
             "max_batch", "max_message_bytes", "max_inflight_per_connection", "max_connections", "max_buffered_bytes",
@@ -57,13 +75,27 @@ class ServeConfig:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
         if not isinstance(self.max_queued_messages, int) or self.max_queued_messages < 0:
             raise ValueError(f"max_queued_messages must be an int >= 0, got {self.max_queued_messages!r}")
-        for name in ("request_timeout_s", "drain_timeout_s", "connection_byte_rate", "paced_byte_rate"):
+        for name in (
+            "request_timeout_s", "drain_timeout_s", "connection_byte_rate", "paced_byte_rate", "handshake_timeout_s",
+        ):  # fmt: skip
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.batch_wait_ms >= 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms!r}")
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
+        for name in ("port", "gr00t_port", "metrics_port"):
+            value = getattr(self, name)
+            if (name != "metrics_port" or value is not None) and (not isinstance(value, int) or not 0 <= value < 65536):
+                raise ValueError(f"{name} must be in 0..65535, got {value!r}")
+        protocols = tuple(self.protocols)
+        if not protocols or len(set(protocols)) != len(protocols) or not set(protocols) <= set(PROTOCOLS):
+            raise ValueError(f"protocols must be one or more of {', '.join(PROTOCOLS)}, got {protocols!r}")
+        object.__setattr__(self, "protocols", protocols)
+        if self.metrics_port is not None and "openpi" in protocols:
+            raise ValueError("metrics_port is for a server without openpi's protocol (else /metrics is on its port)")
+        if self.action_horizon is not None and (
+            not isinstance(self.action_horizon, int) or isinstance(self.action_horizon, bool) or self.action_horizon < 1
+        ):
+            raise ValueError(f"action_horizon must be a positive int (or None: the whole chunk), got {self.action_horizon!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ValueError("api_key must be a non-empty string (or None: no key)")
         if self.metrics_need_key and self.api_key is None:
@@ -81,4 +113,4 @@ class ServeConfig:
                 raise ValueError("give default_prompt or default_token_ids, not both")
 
 
-__all__ = ["API_KEY_ENV", "ServeConfig"]
+__all__ = ["API_KEY_ENV", "GR00T_PORT", "PROTOCOLS", "ServeConfig"]

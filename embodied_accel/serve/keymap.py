@@ -243,6 +243,10 @@ class ObservationMapper:
             key in self.known_keys and key not in MODEL_OWN_KEYS and key not in TEXT_KEYS for key in flat
         ):
             return None  # the model's own keys in another form (GR00T's nested "video/<camera>", "state/<key>")
+        cameras = tuple(key for key in flat if key.startswith("video."))
+        state = tuple(key for key in flat if key.startswith("state."))
+        if cameras and state:  # a GR00T observation for a model with other cameras: in the order sent
+            return KeyMap("gr00t", cameras, state)
         for keymap in CONVENTIONS.values():
             if all(key in flat for key in keymap.state):
                 return keymap
@@ -266,14 +270,55 @@ class ObservationMapper:
         flat = flatten(observation)
         if self.max_keys is not None and len(flat) > self.max_keys:
             raise self._too_many_keys(len(flat))
+        renamed = self._gr00t_form(flat)
         keymap = self.resolve(flat)
         if keymap is None:
             out, origin, expected = self._identity(flat)
         else:
             out, origin, expected = self._mapped(flat, keymap)
+        for model_key, wire in renamed.items():
+            if model_key in out and origin.get(model_key, model_key) == model_key:
+                origin[model_key] = wire
         _regroup_leftover(flat, out)
         out = self._instruction(flat, out, origin)
         return MappedObservation(out, origin, *self._unused(flat, out, origin, keymap, expected))
+
+    def _gr00t_form(self, flat: dict[str, Any]) -> dict[str, str]:
+        """GR00T-shaped entries, in place: a batch axis of one dropped (``video.*`` ``[1, T, H, W, 3]``, ``state.*``
+        ``[1, T, D]``), an instruction ``[[str]]`` unwrapped, and an ``annotation.*`` instruction that the model
+        does not read by that name used as the ``prompt``; for a model without ``video.*`` cameras (pi0), the time
+        axis of one step dropped too. Returns {model key: wire key} of the renamed entries."""
+        time_axis = not any(key.startswith(CAMERA_PREFIXES[1]) for key in self.image_keys)
+        for key, value in flat.items():
+            video, state = key.startswith(("video.", "video/")), key.startswith(("state.", "state/"))
+            if isinstance(value, np.ndarray) and (video or state):
+                timed = 4 if video else 2  # dims of one timed row
+                if value.ndim == timed + 1:
+                    if value.shape[0] != 1:
+                        raise KeyMapError(
+                            f"observation[{key!r}]: a batch of {value.shape[0]} rows; send one observation per "
+                            "request here (GR00T's protocol, serve --protocol gr00t, takes batches)"
+                        )
+                    value = value[0]
+                if time_axis and value.ndim == timed:
+                    if value.shape[0] != 1:
+                        raise KeyMapError(
+                            f"observation[{key!r}]: {value.shape[0]} time steps; this model reads one (T = 1)"
+                        )
+                    value = value[0]
+                flat[key] = value
+            elif key.startswith("annotation.") or key in TEXT_KEYS:
+                while isinstance(value, (list, tuple)) and len(value) == 1:
+                    value = value[0]
+                flat[key] = value
+        renamed: dict[str, str] = {}
+        if not any(key in flat for key in TEXT_KEYS):
+            for key in list(flat):
+                if key.startswith("annotation.") and (self.known_keys is None or key not in self.known_keys):
+                    flat["prompt"] = flat.pop(key)
+                    renamed["prompt"] = key
+                    break
+        return renamed
 
     def _too_many_keys(self, count: int) -> KeyMapError:
         return KeyMapError(

@@ -26,8 +26,11 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-#: Why a request failed (the ``kind`` label of ``errors_total``).
-ERROR_KINDS = ("decode", "observation", "oversized", "timeout", "internal", "shutdown")
+#: Why a request failed (the ``kind`` label of ``errors_total``); the last three are GR00T protocol requests with a
+#: wrong API token, an unknown or refused endpoint, or beyond a client's in-flight limit.
+ERROR_KINDS = (
+    "decode", "observation", "oversized", "timeout", "internal", "shutdown", "unauthorized", "endpoint", "limit",
+)  # fmt: skip
 #: Why a received request got no reply (the ``reason`` label of ``requests_dropped_total``): it was queued behind a
 #: refused request on a connection that the refusal closed (openpi's protocol); its client closed the connection
 #: (or the connection broke) before the reply was sent; it was still unanswered when the shutdown's drain timeout
@@ -35,8 +38,11 @@ ERROR_KINDS = ("decode", "observation", "oversized", "timeout", "internal", "shu
 DROP_REASONS = ("after_error", "client_gone", "drain_timeout")
 #: Why a websocket handshake was refused (the ``reason`` label of ``connections_refused_total``): no or a wrong API
 #: key (401), a browser page from an origin not allowed (403), ``--max-connections`` reached (503), shutting down
-#: (503).
-REFUSAL_REASONS = ("unauthorized", "forbidden_origin", "limit", "shutdown")
+#: (503), a connection whose first bytes are no HTTP request (e.g. a ZeroMQ client: closed at once), a handshake
+#: not completed within the opening timeout.
+REFUSAL_REASONS = ("unauthorized", "forbidden_origin", "limit", "shutdown", "not_websocket", "handshake_timeout")
+#: The GR00T protocol's endpoints (the ``endpoint`` label of ``gr00t_requests_total``; ``other``: an unknown one).
+GR00T_ENDPOINTS = ("ping", "get_action", "reset", "get_modality_config", "kill", "other")
 
 
 class Histogram:
@@ -136,6 +142,7 @@ class Metrics:
         self.connections_total = 0
         self.connections_refused = dict.fromkeys(REFUSAL_REASONS, 0)
         self.unused_keys = dict.fromkeys(UNUSED_KINDS, 0)  # the kind label of observation_keys_unused_total
+        self.gr00t_requests = dict.fromkeys(GR00T_ENDPOINTS, 0)
         self.inflight = 0
         self.queue_depth = 0
         self.buffered_bytes = 0
@@ -182,6 +189,11 @@ class Metrics:
     def connection_refused(self, reason: str) -> None:
         with self._lock:
             self.connections_refused[reason] = self.connections_refused.get(reason, 0) + 1
+
+    def gr00t_request(self, endpoint: str) -> None:
+        with self._lock:
+            key = endpoint if endpoint in self.gr00t_requests else "other"
+            self.gr00t_requests[key] += 1
 
     def paced(self, seconds: float) -> None:
         with self._lock:
@@ -282,8 +294,15 @@ class Metrics:
                 "counter",
                 "Refused websocket handshakes by reason: unauthorized (no or a wrong API key, 401), forbidden_origin "
                 "(a browser page from an origin not allowed, 403), limit (--max-connections reached, 503), shutdown "
-                "(503).",
+                "(503), not_websocket (the first bytes were no HTTP request, e.g. a ZeroMQ client; closed at once), "
+                "handshake_timeout (no complete handshake within the opening timeout).",
                 (f'connections_refused_total{{reason="{k}"}} {v}' for k, v in self.connections_refused.items()),
+            )
+            metric(
+                "gr00t_requests_total",
+                "counter",
+                "GR00T protocol requests read (token checked), by endpoint; their outcomes are in requests_total.",
+                (f'gr00t_requests_total{{endpoint="{k}"}} {v}' for k, v in self.gr00t_requests.items()),
             )
             metric(
                 "observation_keys_unused_total",
@@ -374,6 +393,7 @@ __all__ = [
     "CONTENT_TYPE",
     "DROP_REASONS",
     "ERROR_KINDS",
+    "GR00T_ENDPOINTS",
     "REFUSAL_REASONS",
     "Histogram",
     "JsonFormatter",

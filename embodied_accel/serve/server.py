@@ -4,7 +4,9 @@ Protocol (openpi-client 0.1.2's ``WebsocketClientPolicy``): on connect the serve
 metadata; then each binary frame is one observation (see :mod:`.codec`) and is answered by one binary frame
 ``{"actions": [horizon, action_dim] float32, "server_timing": {"infer_ms", "queue_ms", "batch_size",
 "prev_total_ms" (from the second answer on: the previous request's time in the server, receipt to reply sent)}}``,
-plus ``"warnings": [...]`` when the observation had keys the model did not use (openpi-client ignores it).
+plus ``"warnings": [...]`` when the observation had keys the model did not use (openpi-client ignores it), and for a
+GR00T model the same actions per action key, ``"action.<key>": [horizon, D]``, as GR00T's own clients read them.
+With ``action_horizon`` (``serve --action-horizon N``) every chunk is cut to its first N steps.
 A refused request is answered by a text frame with the error, then close code 1011 (1001 when the server is
 shutting down). A client that connects with ``?error_frames=1`` in its URL (our :class:`~.client.PolicyClient`)
 gets the refusal as a binary message ``{"error": {"kind": ..., "message": ...}}`` instead, and its connection
@@ -15,7 +17,10 @@ is read. ``GET /healthz`` answers 200 (503 while draining, or after repeated int
 Who may connect: with ``api_key``, a handshake must carry ``Authorization: Api-Key <key>`` (what openpi-client
 sends when given ``api_key=``; ``Bearer <key>`` works too), else HTTP 401; a handshake with an ``Origin`` header
 (a browser page) is refused with 403 unless the origin is in ``allowed_origins``; beyond ``max_connections`` open
-connections, 503. Each refusal is counted (``connections_refused_total``).
+connections, 503; a connection whose first bytes are no HTTP request (a ZeroMQ client dialling the wrong port) is
+closed at once. Each refusal is counted (``connections_refused_total``) and logged at WARNING with the peer.
+Isaac-GR00T's ZeroMQ protocol is a second front end over the same batcher, decoder threads, limits, metrics and
+drain (:mod:`.gr00t`; ``protocols``).
 
 Per connection, a reader task receives messages (at most ``max_inflight_per_connection`` unfinished), decodes,
 maps and validates each on a decoder thread (``Runner.prepare`` of :mod:`.batching`: tokenization included; a large
@@ -202,8 +207,36 @@ def build_metadata(policy: Any, config: ServeConfig, mapper: ObservationMapper) 
         strict_keys=config.strict_keys,
         deterministic=config.noise_seed is not None,
     )
+    if config.action_horizon is not None:  # serve --action-horizon: the first N steps of each chunk
+        meta["action_horizon"] = config.action_horizon
     meta.update(config.metadata)
     return meta
+
+
+def _named_action_keys(policy: Any) -> list[tuple[str, int]]:
+    """A GR00T policy's action keys and widths (replies carry ``action.<key>`` beside ``actions``); else none."""
+    from .gr00t import action_layout
+
+    if getattr(policy, "io", None) is None:
+        return []
+    try:
+        layout = action_layout(policy)
+    except AttributeError:
+        return []
+    return [] if [key for key, _ in layout] == ["actions"] else layout
+
+
+def _starts_like_http(data: bytes) -> bool:
+    """Whether a connection's first bytes can begin an HTTP request line (a method: ASCII capital letters)."""
+    return 0x41 <= data[0] <= 0x5A
+
+
+def _hint(data: bytes) -> str:
+    if data[0] == 0xFF:
+        return "a ZeroMQ greeting (e.g. Isaac-GR00T's PolicyClient): serve with --protocol gr00t (port 5555)"
+    if data[0] == 0x16:
+        return "a TLS handshake: this server speaks plain ws://; put a TLS proxy in front of it"
+    return "not an HTTP request; openpi clients connect with ws://host:port"
 
 
 def _peer(ws: ServerConnection) -> str:
@@ -276,12 +309,22 @@ class PolicyServer:
     :class:`ServerThread` runs it on a background thread.
     """
 
-    def __init__(self, policy: Any, config: ServeConfig | None = None, *, sock: socket.socket | None = None) -> None:
-        """``sock``: a socket :func:`bind_socket` already bound (to the config's host and port) to listen on."""
+    def __init__(
+        self,
+        policy: Any,
+        config: ServeConfig | None = None,
+        *,
+        sock: socket.socket | None = None,
+        gr00t_sock: Any = None,
+    ) -> None:
+        """``sock``: a socket :func:`bind_socket` already bound (to the config's host and port) to listen on;
+        ``gr00t_sock``: the GR00T front end's, from :func:`.gr00t.bind_zmq` (with ``"gr00t"`` in the protocols)."""
         self.policy = policy
         self.config = config or ServeConfig()
         self.metrics = Metrics()
-        self.runner = make_runner(policy, self.config.noise_seed, self.config.num_steps, self.config.max_batch)
+        self.runner = make_runner(
+            policy, self.config.noise_seed, self.config.num_steps, self.config.max_batch, self.config.action_horizon
+        )
         io = getattr(policy, "io", None)
         self.mapper = ObservationMapper(
             self.config.keymap if io is not None else "identity",
@@ -295,6 +338,7 @@ class PolicyServer:
             max_keys=self.config.max_observation_keys,
         )
         self.unused_key_log = UnusedKeyLog(logger)
+        self.action_keys = _named_action_keys(policy)
         # a map with more entries than an observation may have keys is refused from its header, before it is built
         self.decode_limits = dataclasses.replace(
             DEFAULT_LIMITS, max_map_len=min(DEFAULT_LIMITS.max_collection_len, self.config.max_observation_keys)
@@ -322,6 +366,13 @@ class PolicyServer:
         self._inflight = 0
         self._draining = False
         self._stopped = False
+        self._started = False
+        #: Isaac-GR00T's ZeroMQ protocol over the same core (batcher, decoder threads, limits, metrics, drain)
+        self.gr00t = None
+        if "gr00t" in self.config.protocols:
+            from .gr00t import Gr00tFrontEnd
+
+            self.gr00t = Gr00tFrontEnd(self, sock=gr00t_sock)
 
     @property
     def url(self) -> str:
@@ -346,7 +397,12 @@ class PolicyServer:
         # lane's on a thread of its own, so that they never hold up the others.
         self._decoder = ThreadPoolExecutor(max_workers=cfg.decode_workers, thread_name_prefix="embodied-accel-decode")
         self._paced_decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embodied-accel-decode-paced")
-        where: dict[str, Any] = {"sock": self._sock} if self._sock is not None else {"host": cfg.host, "port": cfg.port}
+        self._started = True
+        if self.gr00t is not None:
+            self.gr00t.start()
+        if cfg.http_port is None:
+            return
+        where: dict[str, Any] = {"sock": self._sock} if self._sock is not None else {"host": cfg.host, "port": cfg.http_port}
         self._ws_server = await serve(
             self._handle,
             **where,
@@ -355,6 +411,8 @@ class PolicyServer:
             max_queue=cfg.max_queued_messages,
             process_request=self._http,
             logger=logging.getLogger(f"{__name__}.websockets"),
+            create_connection=self._connection_class(),
+            open_timeout=cfg.handshake_timeout_s,
         )
         address = self._ws_server.sockets[0].getsockname()
         self.port = address[1]
@@ -418,7 +476,7 @@ class PolicyServer:
            cut; their unanswered requests count as dropped (``drain_timeout``).
         4. The listener closes and the batcher stops.
         """
-        if self._draining or self._ws_server is None:
+        if self._draining or not self._started:
             return
         self._draining = True
         assert self._idle is not None and self._batcher is not None and self._decoder is not None
@@ -449,11 +507,14 @@ class PolicyServer:
         if stuck:
             log_event(logger, logging.WARNING, "connections_cut", count=len(stuck), conns=[c.id for c in stuck])
             await _wait_finished(stuck, 1.0)
-        self._ws_server.close(close_connections=False)
-        try:
-            await asyncio.wait_for(self._ws_server.wait_closed(), 1.0)
-        except TimeoutError:
-            log_event(logger, logging.WARNING, "listener_close_timeout")
+        if self._ws_server is not None:
+            self._ws_server.close(close_connections=False)
+            try:
+                await asyncio.wait_for(self._ws_server.wait_closed(), 1.0)
+            except TimeoutError:
+                log_event(logger, logging.WARNING, "listener_close_timeout")
+        if self.gr00t is not None:
+            await self.gr00t.close()
         await self._batcher.stop()
         self._decoder.shutdown(wait=False, cancel_futures=True)
         if self._paced_decoder is not None:
@@ -486,6 +547,9 @@ class PolicyServer:
             response.headers["Content-Type"] = CONTENT_TYPE
             return response
         # everything else: the websocket handshake
+        if "openpi" not in cfg.protocols:  # the listener serves /healthz and /metrics only
+            gr00t = f" (GR00T's protocol: {self.gr00t.url})" if self.gr00t is not None else ""
+            return connection.respond(http.HTTPStatus.NOT_FOUND, f"GET /healthz or /metrics here{gr00t}\n")
         if self._draining:  # no new websocket connections while draining
             return self._refuse(
                 connection, "shutdown", http.HTTPStatus.SERVICE_UNAVAILABLE, "server is shutting down\n"
@@ -514,15 +578,47 @@ class PolicyServer:
         self, connection: ServerConnection, reason: str, status: http.HTTPStatus, text: str, **fields: Any
     ) -> Response:
         """Refuse a handshake: count it, log it (at most once a minute per reason), answer ``status``."""
+        self._count_refusal(connection, reason, status=int(status), **fields)
+        return connection.respond(status, text)
+
+    def _count_refusal(self, connection: ServerConnection, reason: str, **fields: Any) -> None:
         self.metrics.connection_refused(reason)
         now = time.monotonic()
         if now - self._refusals_logged.get(reason, -60.0) >= 60.0:
             self._refusals_logged[reason] = now
             log_event(
-                logger, logging.WARNING, "connection_refused", reason=reason, status=int(status),
-                peer=_peer(connection), **fields, note="logged at most once a minute per reason; counts in /metrics",
+                logger, logging.WARNING, "connection_refused", reason=reason, peer=_peer(connection), **fields,
+                note="logged at most once a minute per reason; counts in /metrics",
             )  # fmt: skip
-        return connection.respond(status, text)
+
+    def _connection_class(self) -> type[ServerConnection]:
+        """The websocket layer's connection, watched for clients that do not speak HTTP: a connection whose first
+        bytes are no HTTP request line (a ZeroMQ client such as GR00T's ``PolicyClient``, a TLS client) is closed
+        at once, and one that does not finish its handshake within the opening timeout is counted; both logged
+        at WARNING with the peer (``connections_refused_total``: ``not_websocket``, ``handshake_timeout``)."""
+        server = self
+
+        class WatchedConnection(ServerConnection):
+            first_bytes_seen = False
+
+            def data_received(self, data: bytes) -> None:
+                if not self.first_bytes_seen and data:
+                    self.first_bytes_seen = True
+                    if not _starts_like_http(data):
+                        server._count_refusal(self, "not_websocket", first_bytes=data[:10].hex(), hint=_hint(data))
+                        self.transport.abort()
+                        return
+                super().data_received(data)
+
+            async def handshake(self, *args: Any, **kwargs: Any) -> None:
+                try:
+                    await super().handshake(*args, **kwargs)
+                except asyncio.CancelledError:  # the websocket layer's opening timeout
+                    if self.protocol.state is State.CONNECTING and self.transport is not None:
+                        server._count_refusal(self, "handshake_timeout", bytes_received=self.first_bytes_seen)
+                    raise
+
+        return WatchedConnection
 
     # ---- connections
 
@@ -704,7 +800,18 @@ class PolicyServer:
         returned, not raised: an exception crossing into the event loop's future would keep the message (its
         traceback's frames) alive in a reference cycle until the garbage collector runs."""
         try:
-            mapped = self.mapper.map(unpack_observation(data, self.decode_limits))
+            return self.prepare_observation(conn_id, unpack_observation(data, self.decode_limits))
+        except WireError as exc:
+            return RequestError("decode", str(exc))
+        except Exception as exc:
+            logger.error("connection %d: reading a message failed", conn_id, exc_info=exc)
+            return RequestError("internal", f"internal server error while reading the message ({type(exc).__name__})")
+
+    def prepare_observation(self, conn_id: Any, observation: Mapping[str, Any]) -> _Prepared | RequestError:
+        """Decoder thread: one decoded observation → model keys → the runner's prepared observation; or the
+        refusal, naming the field (both front ends)."""
+        try:
+            mapped = self.mapper.map(observation)
             if mapped.unused_total:
                 self.metrics.keys_unused(mapped.unused_counts)
                 self.unused_key_log.report(mapped.unused, mapped.unused_total)
@@ -725,7 +832,7 @@ class PolicyServer:
         except (KeyMapError, ValueError, TypeError) as exc:  # the observation's content (e.g. a ragged list)
             return RequestError("observation", str(exc))
         except Exception as exc:
-            logger.error("connection %d: reading a message failed", conn_id, exc_info=exc)
+            logger.error("connection %s: reading a message failed", conn_id, exc_info=exc)
             return RequestError("internal", f"internal server error while reading the message ({type(exc).__name__})")
 
     async def _answer(self, conn: _Connection) -> None:
@@ -771,6 +878,10 @@ class PolicyServer:
                 if conn.prev_total_ms is not None:
                     timing["prev_total_ms"] = conn.prev_total_ms
                 reply: dict[str, Any] = {"actions": result.actions, "server_timing": timing}
+                start = 0
+                for key, width in self.action_keys:  # GR00T: also per action key, as its own clients read them
+                    reply[f"action.{key}"] = result.actions[:, start : start + width]
+                    start += width
                 if item.warnings:
                     reply["warnings"] = item.warnings
                 await self._send(conn, item, packb(reply))

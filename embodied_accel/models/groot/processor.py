@@ -687,7 +687,10 @@ class GrootProcessor:
         if isinstance(concatenated, Mapping):
             concatenated = None
         if concatenated is not None and all(self._lookup(obs, "state", s.key) is None for s in self.spec.state):
-            vector = np.asarray(concatenated, dtype=np.float32)
+            vector = np.asarray(concatenated)  # its kind checked before any conversion (a cast allocates)
+            if vector.dtype.kind not in "biuf":
+                raise ObservationError(f"observation['state']: expected numbers, got {vector.dtype}")
+            vector = vector.astype(np.float32)
             if vector.ndim == 1:
                 vector = vector[None]
             if vector.shape != (horizon, self.spec.state_dim):
