@@ -97,9 +97,9 @@ class EmbodiedPi0Policy(PreTrainedPolicy):
             raise ValueError(
                 f"checkpoint: {checkpoint} holds a {engine.family} policy; use --policy.type=embodied_{engine.family}"
             )
-        # A plain attribute, not a submodule: LeRobot's ``policy.to(device)`` must not move the engine's weights
-        # behind its buffers and captured graphs.
-        object.__setattr__(self, "engine", engine)
+        # The engine is not an nn.Module (so not a submodule): LeRobot's ``policy.to(device)`` does not move its
+        # weights away from the buffers and captured graphs it owns on ``config.device``.
+        self.engine = engine
         self.checkpoint = checkpoint
         action_dim = config.output_features[ACTION].shape[0]
         if action_dim > engine.config.max_action_dim:
