@@ -34,7 +34,9 @@ def _run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complet
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.pop("PYTHONPATH", None)  # the LeRobot environment imports its own installs (embodied-accel is editable)
     done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    assert done.returncode == 0, (
+        f"{' '.join(args)} exited {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
+    )
     return done
 
 

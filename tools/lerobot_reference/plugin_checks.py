@@ -188,7 +188,8 @@ def _pusht_checkpoints(work: Path, tokenizer_dir: Path) -> dict:
              for key in ("observation.state", "action")}  # fmt: skip
     made = {}
     for kind, policy_cls, make_processors in (
-        ("pi0", PI0Policy, make_pi0_pre_post_processors), ("pi05", PI05Policy, make_pi05_pre_post_processors)
+        ("pi0", PI0Policy, make_pi0_pre_post_processors),
+        ("pi05", PI05Policy, make_pi05_pre_post_processors),
     ):
         config = mf.make_config(kind)
         config.input_features = dict(inputs)
@@ -219,11 +220,10 @@ def async_round(work: Path, policy_dir: Path) -> dict:
     from concurrent import futures
 
     import grpc
+    import lerobot_policy_embodied_accel  # noqa: F401  (registers the types, as LeRobot's tools do)
     from lerobot.async_inference.configs import PolicyServerConfig
     from lerobot.async_inference.helpers import RemotePolicyConfig
     from lerobot.transport import services_pb2, services_pb2_grpc
-
-    import lerobot_policy_embodied_accel  # noqa: F401  (registers the types, as LeRobot's tools do)
 
     config = PolicyServerConfig(host="127.0.0.1", port=8080, fps=30, inference_latency=0.0, obs_queue_timeout=1.0)
     previous = os.getcwd()
@@ -317,7 +317,9 @@ def main() -> None:
         elif check == "errors":
             results[check] = errors(work)
         else:
-            policy_dir = args.policy_dir or Path(results.get("pusht-checkpoint", {}).get("pi0", {}).get("policy_dir", ""))
+            policy_dir = args.policy_dir or Path(
+                results.get("pusht-checkpoint", {}).get("pi0", {}).get("policy_dir", "")
+            )
             if not (policy_dir / "config.json").is_file():
                 parser.error("async: pass --policy-dir, or run pusht-checkpoint first")
             results[check] = async_round(work, policy_dir)

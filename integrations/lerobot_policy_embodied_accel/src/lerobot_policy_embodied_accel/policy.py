@@ -256,9 +256,7 @@ class EmbodiedPi0Policy(PreTrainedPolicy):
         width = self.engine.config.max_state_dim
         state = self._batch_tensor(batch, OBS_STATE, device).to(torch.float32)
         if state.ndim != 2 or state.shape[0] != batch_size or state.shape[1] > width:
-            raise ValueError(
-                f"batch: {OBS_STATE!r} expected [{batch_size}, <= {width}], got {tuple(state.shape)}"
-            )
+            raise ValueError(f"batch: {OBS_STATE!r} expected [{batch_size}, <= {width}], got {tuple(state.shape)}")
         return torch.nn.functional.pad(state, (0, width - state.shape[1]))
 
 
