@@ -1,0 +1,3 @@
+from .wrap import main
+
+raise SystemExit(main())
