@@ -164,14 +164,19 @@ def chunk_for_budget(
     return fit_chunk(config, frames, image_hw, max_memory, **args)
 
 
+def format_bytes(value: float) -> str:
+    return f"{value / GB:.1f} GB" if value >= 0.1 * GB else f"{value / 1e6:.1f} MB"
+
+
 def fit_chunk(config: VggtConfig, frames: int, image_hw: tuple[int, int], max_memory: float, **args) -> int:
+    """:func:`chunk_for_budget` for a config (``args``: those of :func:`estimate_memory` but the chunk)."""
     budget = max_memory * GB
     one = estimate_memory(config, frames, image_hw, 1, **args)
     if one.peak > budget:
         raise ValueError(
             f"max_memory {max_memory:g} GB: {frames} frames of {image_hw[0]}x{image_hw[1]} need at least "
-            f"{one.peak / GB:.1f} GB (kept layers {one.layers / GB:.1f} GB, one aggregator round "
-            f"{one.aggregator_round / GB:.1f} GB); give more memory or fewer frames"
+            f"{format_bytes(one.peak)} (kept layers {format_bytes(one.layers)}, one aggregator round "
+            f"{format_bytes(one.aggregator_round)}); give more memory or fewer frames"
         )
     per_frame = estimate_memory(config, frames, image_hw, 2, **args).dense_chunk - one.dense_chunk
     if per_frame <= 0:
@@ -179,4 +184,5 @@ def fit_chunk(config: VggtConfig, frames: int, image_hw: tuple[int, int], max_me
     return max(1, min(frames, int((budget - (one.heads_peak - one.dense_chunk)) // per_frame)))
 
 
-__all__ = ["MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk", "meta_weight_bytes", "weight_bytes"]
+__all__ = ["MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk", "format_bytes", "meta_weight_bytes",
+           "weight_bytes"]
