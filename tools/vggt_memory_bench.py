@@ -17,6 +17,11 @@ and image size (``--width``, ``--image-size``), seeded random weights. Writes ``
 <device>.json`` and the plot ``docs/vggt_memory.png``::
 
     python tools/vggt_memory_bench.py --frames 16,32,64,128,256
+    python tools/vggt_memory_bench.py --plot-only bench/results/<stamp>_vggt_memory_cpu.json
+
+Each record: ``peak_rss_mb``, ``growth_mb`` (peak minus the RSS before the call: weights and frames already there),
+``predicted_peak_growth_mb`` (:func:`~embodied_accel.models.vggt.memory.estimate_memory`'s peak without the
+weights, the frames included).
 """
 
 from __future__ import annotations
@@ -166,7 +171,11 @@ def main() -> None:
     p.add_argument("--child", choices=("every-layer", "held", "streamed"), help=argparse.SUPPRESS)
     p.add_argument("--frames-one", type=int, help=argparse.SUPPRESS)
     p.add_argument("--no-write", action="store_true", help="print the records only")
+    p.add_argument("--plot-only", type=Path, metavar="JSON", help="draw docs/vggt_memory.png from a results file")
     args = p.parse_args()
+    if args.plot_only:
+        plot(json.loads(args.plot_only.read_text()), REPO / "docs" / "vggt_memory.png")
+        return
     if args.child:
         args.impl, args.frames = args.child, args.frames_one
         child(args)
@@ -254,7 +263,10 @@ def plot(result: dict, path: Path) -> None:
             ax.plot([r["frames"] for r in rows], [r["peak_rss_mb"] for r in rows], "o-", label=labels[impl])
     ax.set_xlabel("frames")
     ax.set_ylabel("peak RSS (MiB)")
-    ax.set_title(f"VGGT peak memory per process, {result['preset']}\n{result['device']}, fp32, 1 thread", fontsize=7)
+    import textwrap
+
+    title = f"VGGT peak memory per process, {result['preset']}; {result['device']}, fp32, 1 thread"
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=7)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -344,7 +344,11 @@ def print_memory_plan(args: argparse.Namespace, print_fn=print) -> int:
              f"{2 * config.width}-wide layers, {len(config.dense_layers)} dense + "
              f"{len(set(config.kept_layers) - set(config.dense_layers))} camera-only kept of {config.depth}), "
              f"budget {budget:g} GB")  # fmt: skip
-    print_fn(f"{'frames':>7} {'chunk':>5} {'weights':>8} {'layers':>8} {'round':>8} {'dense':>8} {'peak':>8}  fits")
+    print_fn("frames: per call; chunk: dense-head frames per pass (what the budget allows); layers: those the heads "
+             "read; round: one aggregator round's activations; dense: one chunk of the dense heads; aggregator: the "
+             "peak before the heads (the floor); peak: the call's")
+    print_fn(f"{'frames':>7} {'chunk':>5} {'weights':>8} {'layers':>8} {'round':>8} {'dense':>8} {'aggreg.':>8} "
+             f"{'peak':>8}  fits")  # fmt: skip
     for count in counts:
         try:
             chunk = fit_chunk(config, count, image_hw, budget, **common) if args.frames_chunk_size is None else (
@@ -355,7 +359,8 @@ def print_memory_plan(args: argparse.Namespace, print_fn=print) -> int:
         est = estimate_memory(config, count, image_hw, chunk, **common)
         fits = fits and est.peak <= budget * GB
         print_fn(f"{count:>7} {chunk:>5} {est.weights / GB:>6.1f}GB {est.layers / GB:>6.1f}GB "
-                 f"{est.aggregator_round / GB:>6.1f}GB {est.dense_chunk / GB:>6.1f}GB {est.peak / GB:>6.1f}GB  "
+                 f"{est.aggregator_round / GB:>6.1f}GB {est.dense_chunk / GB:>6.1f}GB "
+                 f"{est.aggregator_peak / GB:>6.1f}GB {est.peak / GB:>6.1f}GB  "
                  f"{'yes' if fits else 'no'}")  # fmt: skip
     return 0
 

@@ -130,7 +130,7 @@ def estimate_memory(
         frames=frames,
         chunk=chunk,
         weights=int(weights),
-        images=int(n * 3 * h * w * 4),
+        images=int(n * 3 * h * w * (4 + (e if e != 4 else 0))),  # fp32 frames, and their compute-dtype copy
         layers=int(layers),
         patch_embed=int(patch_embed),
         aggregator_round=int(n * tokens * round_rows * e),
