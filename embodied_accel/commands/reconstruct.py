@@ -1,8 +1,11 @@
 """``embodied-accel reconstruct IMAGES_DIR -o scene.ply``: images of one scene → cameras, depth, coloured points.
 
-Outputs next to ``-o`` (``scene.ply``): ``scene_cameras.json`` (per image: extrinsics, intrinsics), ``scene_depth/``
-(per image: ``<name>_depth.png`` / ``_conf.png`` previews and ``.npy`` arrays), the point cloud ``scene.ply``
-(filtered by confidence) and, with ``--glb``, ``scene.glb``. Under ``torchrun --nproc-per-node N`` with ``--sp``,
+Outputs next to ``-o`` (``scene.ply``), written as the run goes: ``scene_cameras.json`` (per image: extrinsics,
+intrinsics) once the camera head is done (``--colmap``: also ``scene_colmap/`` in COLMAP's text format), then per
+chunk of frames ``scene_depth/<name>_{depth,conf,points,points_conf}.npy``, then the ``<name>_depth.png`` /
+``_conf.png`` previews, the point cloud ``scene.ply`` (filtered by confidence, assembled frame by frame) and, with
+``--glb``, ``scene.glb``. ``--max-memory GB`` sizes the dense heads' frame chunk; ``--plan`` prints the memory
+estimate and exits (docs/vggt.md). Under ``torchrun --nproc-per-node N`` with ``--sp``,
 the frames are split across the processes (sequence-parallel global attention); rank 0 writes the outputs.
 """
 
@@ -218,7 +221,7 @@ def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: b
     chunk = args.frames_chunk_size
     if chunk is None:
         chunk = 8 if args.max_memory is None else chunk_for_budget(
-            runner.model, frames, image_hw, args.max_memory, device=runner.device
+            runner.model, frames, image_hw, args.max_memory
         )
     if args.max_memory is not None:
         say(f"--max-memory {args.max_memory:g} GB: dense heads {chunk} frame(s) per pass")
@@ -321,10 +324,10 @@ def print_memory_plan(args: argparse.Namespace, print_fn=print) -> int:
     """``--plan``: the peak memory of the streamed run (:func:`~embodied_accel.models.vggt.memory.estimate_memory`)
     at the frames of IMAGES_DIR and at ``--plan-frames``, with the dense-head chunk ``--max-memory`` (default
     80 GB) allows; nothing is loaded or run."""
+    import torch
+
     from ..models.vggt.memory import GB, estimate_memory, fit_chunk, meta_weight_bytes
     from ..platform import resolve_dtype
-
-    import torch
 
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_PRESET)
     name = args.preset if args.preset is not None else source if source in PRESETS else "vggt"

@@ -208,7 +208,7 @@ class VggtRunner:
         bucket = self.bucket_of(images, first_frame)
         if frames_chunk_size is None:
             frames_chunk_size = 8 if max_memory is None else chunk_for_budget(
-                self.model, bucket.batch * bucket.frames, bucket.image_hw, max_memory, device=self.device
+                self.model, bucket.batch * bucket.frames, bucket.image_hw, max_memory
             )
         host = HostOutputs(self.device, bucket.batch * bucket.frames) if on_chunk is None else None
         on_chunk = host.add if host is not None else on_chunk

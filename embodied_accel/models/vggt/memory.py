@@ -151,7 +151,7 @@ def meta_weight_bytes(config: VggtConfig, dtype: torch.dtype) -> int:
 
 
 def chunk_for_budget(
-    model, frames: int, image_hw: tuple[int, int], max_memory: float, *, device=None, tracking: bool = False
+    model, frames: int, image_hw: tuple[int, int], max_memory: float, *, tracking: bool = False
 ) -> int:
     """The largest dense-head chunk (frames per pass, at most ``frames``) whose :func:`estimate_memory` peak fits
     ``max_memory`` GB (``max_memory=`` / ``--max-memory``); an error naming the budget when even the aggregator does
