@@ -159,3 +159,9 @@ def test_reconstruct_streams_per_frame_files_and_the_whole_call_point_cloud(tmp_
     assert np.allclose(rotation, np.array(cameras["cameras"][0]["extrinsics"])[:, :3], atol=1e-6)
     assert math.isclose(qw * qw + qx * qx + qy * qy + qz * qz, 1.0, rel_tol=1e-9)
     assert len((colmap / "cameras.txt").read_text().splitlines()) == 3 + len(names)
+
+
+def test_reconstruct_names_a_budget_too_small_by_its_flag(tmp_path, capsys):
+    code = cli.main(["reconstruct", "-o", str(tmp_path / "s.ply"), "--no-progress", "--max-memory", "0.000001"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--max-memory 1e-06 GB: 4 frames of" in err and "need at least" in err

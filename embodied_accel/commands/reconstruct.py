@@ -220,9 +220,10 @@ def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: b
     frames, image_hw = images.shape[0], tuple(images.shape[-2:])
     chunk = args.frames_chunk_size
     if chunk is None:
-        chunk = 8 if args.max_memory is None else chunk_for_budget(
-            runner.model, frames, image_hw, args.max_memory
-        )
+        try:
+            chunk = 8 if args.max_memory is None else chunk_for_budget(runner.model, frames, image_hw, args.max_memory)
+        except ValueError as exc:  # the flag's name for the budget
+            raise ValueError(str(exc).replace("max_memory", "--max-memory", 1)) from None
     if args.max_memory is not None:
         say(f"--max-memory {args.max_memory:g} GB: dense heads {chunk} frame(s) per pass")
     names = [p.stem for p in paths]
