@@ -60,7 +60,12 @@ def _vggt_errors(world, rank, ops):
     errors = {}
     for mode, degree in _modes(world):
         shards, local = shard_frames(images, tokens, mode, ops, degree, cfg.num_heads)
-        out = VggtRunner(model, torch.device("cpu"), shards)(local, query, first_frame=shards.first_frame)
+        runner = VggtRunner(model, torch.device("cpu"), shards)
+        out = runner(local, query, first_frame=shards.first_frame)
+        # streamed on the shard (the layers of this process's frames only): the same outputs, bit for bit
+        streamed = runner.stream(local, frames_chunk_size=8, query_points=query, first_frame=shards.first_frame)
+        same = all(torch.equal(v, getattr(streamed, k)) for k, v in out.as_dict().items())
+        errors[f"vggt_stream/{mode}"] = 0.0 if same and streamed.as_dict().keys() == out.as_dict().keys() else 1.0
         frames = slice(shards.first_frame, min(shards.first_frame + shards.local_frames, 3))
         n = frames.stop - frames.start
         pairs = [(getattr(out, k), getattr(single, k)) for k in ("pose_enc", "track", "vis", "conf")]
@@ -100,6 +105,7 @@ TOLERANCES = {
     "attention": rounding_tolerance(terms=16, chain=4),
     "vggt": rounding_tolerance(terms=288, chain=80) * 5.7,
     "refuses_indivisible_heads": 0.0,
+    "vggt_stream": 0.0,
 }
 
 

@@ -8,6 +8,7 @@
 # STEP:
 #   vggt                       full-size VGGT, 1/10/50/100 frames of 518x518: aggregator time and peak memory
 #   vggt-w8a8                  the same with the W8A8 plan, 1/10/50 frames
+#   vggt-long                  full-size VGGT streamed, 100/500/1,000 frames: time, peak memory and its estimate
 #   hunyuan3d [CAPTURE [DECODING [CACHE]]]   Hunyuan3D-2, one configuration (default: eager hierarchical none;
 #                              CAPTURE eager|compile|cudagraph, DECODING hierarchical|dense, CACHE none|taylorseer-o1n5)
 #   texture [CAPTURE]          Hunyuan3D-Paint's whole texture stage at full size (20k faces, 2048), stage by stage
@@ -22,7 +23,7 @@ set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,20p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" "$@"
+gpu_arguments '2,21p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-long vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
@@ -57,6 +58,12 @@ case $STEP in
     vggt)
         gpu_step vggt 480 "$FIGURES" "$PY" tools/vggt_gpu_bench.py --preset "$(tiny vggt)" --size "$VGGT_SIZE" \
             --frames "${VGGT_FRAMES[@]}" --runs 5 --out-dir "$RESULTS" "${CPU[@]}"
+        ;;
+    vggt-long)
+        LONG_FRAMES=(100 500 1000)
+        [ "$CPU_MODE" = 1 ] && LONG_FRAMES=(4 16)
+        gpu_step vggt-long 520 "$FIGURES|estimate" "$PY" tools/vggt_long_gpu_bench.py --preset "$(tiny vggt)" \
+            --size "$VGGT_SIZE" --frames "${LONG_FRAMES[@]}" --out-dir "$RESULTS" "${CPU[@]}"
         ;;
     vggt-w8a8)
         gpu_step vggt-w8a8 480 "$FIGURES" "$PY" tools/vggt_gpu_bench.py --preset "$(tiny vggt)" --size "$VGGT_SIZE" \
@@ -109,7 +116,7 @@ case $STEP in
         fi
         ;;
     *)
-        echo "unknown step $STEP (steps: vggt vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" >&2
+        echo "unknown step $STEP (steps: vggt vggt-long vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" >&2
         exit 2
         ;;
 esac

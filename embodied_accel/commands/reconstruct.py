@@ -1,8 +1,11 @@
 """``embodied-accel reconstruct IMAGES_DIR -o scene.ply``: images of one scene → cameras, depth, coloured points.
 
-Outputs next to ``-o`` (``scene.ply``): ``scene_cameras.json`` (per image: extrinsics, intrinsics), ``scene_depth/``
-(per image: ``<name>_depth.png`` / ``_conf.png`` previews and ``.npy`` arrays), the point cloud ``scene.ply``
-(filtered by confidence) and, with ``--glb``, ``scene.glb``. Under ``torchrun --nproc-per-node N`` with ``--sp``,
+Outputs next to ``-o`` (``scene.ply``), written as the run goes: ``scene_cameras.json`` (per image: extrinsics,
+intrinsics) once the camera head is done (``--colmap``: also ``scene_colmap/`` in COLMAP's text format), then per
+chunk of frames ``scene_depth/<name>_{depth,conf,points,points_conf}.npy``, then the ``<name>_depth.png`` /
+``_conf.png`` previews, the point cloud ``scene.ply`` (filtered by confidence, assembled frame by frame) and, with
+``--glb``, ``scene.glb``. ``--max-memory GB`` sizes the dense heads' frame chunk; ``--plan`` prints the memory
+estimate and exits (docs/vggt.md). Under ``torchrun --nproc-per-node N`` with ``--sp``,
 the frames are split across the processes (sequence-parallel global attention); rank 0 writes the outputs.
 """
 
@@ -18,7 +21,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..argtypes import positive_int
+from ..argtypes import positive_float, positive_int
 from ..models.vggt.config import PRESETS
 from ..models.vggt.processor import MODES, list_images, load_frames
 from ..pipelines.reconstruction import SAMPLE_DIR
@@ -38,6 +41,16 @@ def _percentile(text: str) -> float:
     if not 0.0 <= value <= 100.0:
         raise argparse.ArgumentTypeError(f"expected a percentile in [0, 100], got {value}")
     return value
+
+
+def _frame_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive frame counts separated by commas, got {text!r}")
+    return counts
 
 
 def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.ArgumentParser:
@@ -64,9 +77,15 @@ def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.Arg
     p.add_argument(
         "--image-size", type=positive_int, metavar="PX", help="frame width (crop) / side (pad), default: the model's"
     )
-    p.add_argument(
-        "--frames-chunk-size", type=positive_int, default=8, help="frames per dense-head chunk (default: 8)"
-    )
+    p.add_argument("--frames-chunk-size", type=positive_int,
+                   help="frames per dense-head chunk (default: what --max-memory allows, else 8)")  # fmt: skip
+    p.add_argument("--max-memory", type=positive_float, metavar="GB",
+                   help="memory budget of the run: the dense heads' frame chunk is the largest that fits")  # fmt: skip
+    p.add_argument("--plan", action="store_true",
+                   help="print the memory estimate (at the frames of IMAGES_DIR and at --plan-frames) and exit")  # fmt: skip
+    p.add_argument("--plan-frames", type=_frame_counts, default=(1000, 2000), metavar="N,N",
+                   help="frame counts --plan also estimates (default: 1000,2000)")  # fmt: skip
+    p.add_argument("--colmap", action="store_true", help="also write COLMAP text files (cameras, images)")
     p.add_argument("--conf-percentile", type=_percentile, default=50.0,
                    help="keep points at or above this percentile of confidence (default: 50)")  # fmt: skip
     p.add_argument("--points-from", choices=("depth", "pointmap"), default="depth",
@@ -115,17 +134,18 @@ def _outputs(path: Path) -> dict[str, Path]:
         "glb": stem.with_suffix(".glb"),
         "cameras": Path(f"{stem}_cameras.json"),
         "depth": Path(f"{stem}_depth"),
+        "colmap": Path(f"{stem}_colmap"),
     }
 
 
 def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
-    from ..models.vggt import export
-    from ..models.vggt.geometry import depth_to_world_points, pose_encoding_to_cameras
     from ..models.vggt.loading import load_vggt_model
     from ..pipelines.reconstruction import VggtRunner
     from ..platform import normalize_device
     from ..runtime import check_capture, prepare_capture
 
+    if args.plan:
+        return print_memory_plan(args, print_fn)
     outputs = _outputs(args.output)
     check_capture(args.capture)  # a mode this machine cannot run fails before the frames are read
     if args.sp is not None and args.capture != "eager":
@@ -183,21 +203,96 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         )
         first = parallel.first_frame
     runner = VggtRunner(model, device, parallel, capture=args.capture)
-    with tqdm(total=2, desc="reconstruct", unit="stage", disable=not progress or rank != 0) as bar:
-
-        def stage_done(name: str) -> None:
-            bar.set_postfix_str(f"{name} done")
-            bar.update(1)
-
-        out = runner(local, frames_chunk_size=args.frames_chunk_size, first_frame=first, on_stage=stage_done)
-    times = runner.last_times
     if world is not None:
-        for name in ("depth", "depth_conf", "world_points", "world_points_conf"):
-            setattr(out, name, parallel.gather_frames(getattr(out, name), dim=1))
-        if rank != 0:
-            return 0
-    say(f"stages: aggregator {times.aggregator_s * 1e3:.1f} ms, heads {times.heads_s * 1e3:.1f} ms"
-        + ("" if world is None else f" (rank 0 of {world.size}, --sp {args.sp})"))  # fmt: skip
+        return _reconstruct_parallel(args, runner, parallel, world, local, first, images, paths, outputs, say)
+    return _reconstruct_streamed(args, runner, images, paths, outputs, say, progress)
+
+
+def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: bool) -> int:
+    """One process: the heads stream their outputs chunk by chunk to per-frame files, the point cloud is assembled
+    from them (:class:`~embodied_accel.models.vggt.export.FrameWriter`, :func:`~.export.write_ply_frames`)."""
+    import torch
+
+    from ..models.vggt import export
+    from ..models.vggt.geometry import depth_to_world_points, pose_encoding_to_cameras
+    from ..models.vggt.memory import chunk_for_budget
+
+    frames, image_hw = images.shape[0], tuple(images.shape[-2:])
+    chunk = args.frames_chunk_size
+    if chunk is None:
+        try:
+            chunk = 8 if args.max_memory is None else chunk_for_budget(runner.model, frames, image_hw, args.max_memory)
+        except ValueError as exc:  # the flag's name for the budget
+            raise ValueError(str(exc).replace("max_memory", "--max-memory", 1)) from None
+    if args.max_memory is not None:
+        say(f"--max-memory {args.max_memory:g} GB: dense heads {chunk} frame(s) per pass")
+    names = [p.stem for p in paths]
+    outputs["ply"].parent.mkdir(parents=True, exist_ok=True)
+    writer = export.FrameWriter(outputs["depth"], names)
+    cameras: dict[str, torch.Tensor] = {}
+    written = [outputs["ply"], outputs["cameras"], outputs["depth"]]
+
+    def on_cameras(poses) -> None:
+        extrinsics, intrinsics = pose_encoding_to_cameras(poses[-1][0].float().cpu(), image_hw)
+        cameras.update(extrinsics=extrinsics, intrinsics=intrinsics)
+        export.write_cameras(outputs["cameras"], [p.name for p in paths], extrinsics.numpy(), intrinsics.numpy(),
+                             image_hw)  # fmt: skip
+        if args.colmap:
+            export.write_colmap_text(outputs["colmap"], [p.name for p in paths], extrinsics.numpy(),
+                                     intrinsics.numpy(), image_hw)  # fmt: skip
+
+    with tqdm(total=frames, desc="reconstruct", unit="frame", disable=not progress) as bar:
+        bar.set_postfix_str("aggregator")
+
+        def on_stage(name: str) -> None:
+            bar.set_postfix_str("heads" if name == "aggregator" else "done")
+
+        def on_chunk(start: int, chunk_out: dict[str, torch.Tensor]) -> None:
+            depth = chunk_out["depth"][..., 0].float().cpu()
+            depth_conf = chunk_out["depth_conf"].float().cpu()
+            n = depth.shape[0]
+            if args.points_from == "depth":
+                ext, intr = cameras["extrinsics"][start : start + n], cameras["intrinsics"][start : start + n]
+                points, conf = depth_to_world_points(depth, ext, intr), depth_conf
+            else:
+                points, conf = chunk_out["world_points"].float().cpu(), chunk_out["world_points_conf"].float().cpu()
+            for k in range(n):
+                writer.write(start + k, depth[k].numpy(), depth_conf[k].numpy(), points[k].numpy(), conf[k].numpy())
+            bar.update(n)
+
+        runner.stream(images, on_chunk, frames_chunk_size=chunk, on_cameras=on_cameras, on_stage=on_stage)
+    times = runner.last_times
+    say(f"stages: aggregator {times.aggregator_s * 1e3:.1f} ms, heads {times.heads_s * 1e3:.1f} ms")
+    writer.write_previews()
+
+    def load(frame: int):
+        colors = (images[frame].permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        return writer.load(frame, "points"), colors, writer.load(frame, "points_conf")
+
+    count = export.write_ply_frames(outputs["ply"], frames, load, args.conf_percentile, args.max_points)
+    if args.glb:
+        export.write_glb(outputs["glb"], *export.read_ply(outputs["ply"]))
+        written.append(outputs["glb"])
+    if args.colmap:
+        written.append(outputs["colmap"])
+    say(f"{count} points (confidence >= p{args.conf_percentile:g}); wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _reconstruct_parallel(args, runner, parallel, world, local, first, images, paths, outputs, say) -> int:
+    """Under ``--sp``: every process runs its shard of the frames, rank 0 gathers the dense outputs and writes."""
+    from ..models.vggt import export
+    from ..models.vggt.geometry import depth_to_world_points, pose_encoding_to_cameras
+
+    chunk = args.frames_chunk_size or 8
+    out = runner(local, frames_chunk_size=chunk, first_frame=first)
+    times = runner.last_times
+    for name in ("depth", "depth_conf", "world_points", "world_points_conf"):
+        setattr(out, name, parallel.gather_frames(getattr(out, name), dim=1))
+    if world.rank != 0:
+        return 0
+    say(f"stages: aggregator {times.aggregator_s * 1e3:.1f} ms, heads {times.heads_s * 1e3:.1f} ms "
+        f"(rank 0 of {world.size}, --sp {args.sp})")  # fmt: skip
     image_hw = tuple(images.shape[-2:])
     extrinsics, intrinsics = pose_encoding_to_cameras(out.pose_enc[0].float().cpu(), image_hw)
     depth = out.depth[0, ..., 0].float().cpu()
@@ -210,6 +305,9 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
     names = [p.stem for p in paths]
     outputs["ply"].parent.mkdir(parents=True, exist_ok=True)
     export.write_cameras(outputs["cameras"], [p.name for p in paths], extrinsics.numpy(), intrinsics.numpy(), image_hw)
+    if args.colmap:
+        export.write_colmap_text(outputs["colmap"], [p.name for p in paths], extrinsics.numpy(), intrinsics.numpy(),
+                                 image_hw)  # fmt: skip
     export.write_depth_previews(outputs["depth"], depth.numpy(), depth_conf.numpy(), names)
     kept, kept_colors = export.filter_points(
         points.numpy(), colors, conf.numpy(), args.conf_percentile, args.max_points
@@ -220,6 +318,54 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         export.write_glb(outputs["glb"], kept, kept_colors)
         written.append(outputs["glb"])
     say(f"{len(kept)} points (confidence >= p{args.conf_percentile:g}); wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def print_memory_plan(args: argparse.Namespace, print_fn=print) -> int:
+    """``--plan``: the peak memory of the streamed run (:func:`~embodied_accel.models.vggt.memory.estimate_memory`)
+    at the frames of IMAGES_DIR and at ``--plan-frames``, with the dense-head chunk ``--max-memory`` (default
+    80 GB) allows; nothing is loaded or run."""
+    import torch
+
+    from ..models.vggt.memory import GB, estimate_memory, fit_chunk, meta_weight_bytes
+    from ..platform import resolve_dtype
+
+    source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_PRESET)
+    name = args.preset if args.preset is not None else source if source in PRESETS else "vggt"
+    config = PRESETS[name]
+    dtype = resolve_dtype(args.dtype)
+    size, patch = _expected_frame_size(args, source)
+    counts, image_hw = list(args.plan_frames), (size, size)
+    if args.images is not None:
+        frames = load_frames(list_images(args.images), args.mode, size, patch)
+        image_hw = tuple(frames.images.shape[-2:])
+        counts.insert(0, frames.images.shape[0])
+    budget = args.max_memory if args.max_memory is not None else 80.0
+    e = torch.empty((), dtype=dtype).element_size()
+    common = dict(dtype_bytes=e, weights=meta_weight_bytes(config, dtype))
+    tokens = config.patch_start + (image_hw[0] // config.patch_size) * (image_hw[1] // config.patch_size)
+    print_fn(f"memory plan: {config.name} ({args.dtype}), {image_hw[0]}x{image_hw[1]} frames ({tokens} tokens, "
+             f"{2 * config.width}-wide layers, {len(config.dense_layers)} dense + "
+             f"{len(set(config.kept_layers) - set(config.dense_layers))} camera-only kept of {config.depth}), "
+             f"budget {budget:g} GB")  # fmt: skip
+    print_fn("frames: per call; chunk: dense-head frames per pass (what the budget allows); layers: those the heads "
+             "read; round: one aggregator round's activations; dense: one chunk of the dense heads; aggregator: the "
+             "peak before the heads (the floor); peak: the call's")
+    print_fn(f"{'frames':>7} {'chunk':>5} {'weights':>8} {'layers':>8} {'round':>8} {'dense':>8} {'aggreg.':>8} "
+             f"{'peak':>8}  fits")  # fmt: skip
+    for count in counts:
+        try:
+            chunk = fit_chunk(config, count, image_hw, budget, **common) if args.frames_chunk_size is None else (
+                args.frames_chunk_size)  # fmt: skip
+            fits = True
+        except ValueError:
+            chunk, fits = 1, False
+        est = estimate_memory(config, count, image_hw, chunk, **common)
+        fits = fits and est.peak <= budget * GB
+        print_fn(f"{count:>7} {chunk:>5} {est.weights / GB:>6.1f}GB {est.layers / GB:>6.1f}GB "
+                 f"{est.aggregator_round / GB:>6.1f}GB {est.dense_chunk / GB:>6.1f}GB "
+                 f"{est.aggregator_peak / GB:>6.1f}GB {est.peak / GB:>6.1f}GB  "
+                 f"{'yes' if fits else 'no'}")  # fmt: skip
     return 0
 
 

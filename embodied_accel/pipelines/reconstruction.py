@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, fields
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,9 @@ class VggtRunner:
         self.last_times = StageTimes()
         self.aggregator_call = runner.call(self._aggregate, self.plan, self._assemble)
         self.heads_call = runner.call(self._heads, self.plan, self._assemble)
+        # the streamed path (:meth:`stream`): the camera head, then the dense heads one chunk of frames per call
+        self.camera_call = runner.call(self._camera, self.plan, self._assemble)
+        self.dense_call = runner.call(self._dense_chunk, self.plan, self._assemble)
 
     def with_capture(self, capture: str, **runtime_options: Any) -> VggtRunner:
         """The same model on a fresh runner in another capture mode (weights loaded once, wrapped per mode)."""
@@ -117,6 +121,12 @@ class VggtRunner:
                frames_chunk_size: int | None) -> dict[str, Any]:  # fmt: skip
         out = self.model.run_heads(layers, buffers, query_points, frames_chunk_size)
         return {name: getattr(out, name) for name in OUTPUT_FIELDS}  # a dict of tensors: what a graph returns
+
+    def _camera(self, buffers: VggtBuffers, camera_tokens: torch.Tensor) -> list[torch.Tensor]:
+        return self.model.camera_poses({self.config.depth - 1: camera_tokens})
+
+    def _dense_chunk(self, buffers: VggtBuffers, dense: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        return self.model.dense_frames(dense, buffers, None)  # one pass over the chunk it is handed
 
     # ---- one call
 
@@ -163,6 +173,95 @@ class VggtRunner:
         self.last_times = StageTimes(middle - start, time.perf_counter() - middle)
         return out
 
+    @torch.inference_mode()
+    def stream(
+        self,
+        images: torch.Tensor,
+        on_chunk: Callable[[int, dict[str, torch.Tensor]], None] | None = None,
+        *,
+        frames_chunk_size: int | None = None,
+        max_memory: float | None = None,
+        query_points: torch.Tensor | None = None,
+        first_frame: int = 0,
+        on_cameras: Callable[[list[torch.Tensor]], None] | None = None,
+        on_stage=None,
+    ) -> VggtOutputs:
+        """The call of :meth:`__call__` with the dense heads streamed: outputs equal to ``self(images,
+        frames_chunk_size=chunk)`` bit for bit (the same ops in the same order), at the memory of
+        :func:`~embodied_accel.models.vggt.memory.plan_memory`.
+
+        The aggregator keeps the layers the heads read (:attr:`VggtConfig.kept_layers`); the camera head runs first
+        (``on_cameras(pose_enc_list)``), then the layer only it reads is freed; the depth / point heads run one
+        chunk of frames at a time (frames of the flattened ``B * S``), each chunk's outputs handed to
+        ``on_chunk(first_flat_frame, {name: [n, ...]})`` as soon as it is done (default: copied into host memory,
+        pinned and without blocking on a GPU, returned in the :class:`VggtOutputs`); the layers are freed after the
+        last chunk (and the tracker, which reads every frame's features). The chunk is ``frames_chunk_size``, or
+        the largest that fits ``max_memory`` GB (:func:`~embodied_accel.models.vggt.memory.chunk_for_budget`),
+        else 8.
+        """
+        from ..models.vggt.memory import chunk_for_budget
+
+        if images.dim() == 4:
+            images = images[None]
+        if query_points is not None and query_points.dim() == 2:
+            query_points = query_points[None]
+        bucket = self.bucket_of(images, first_frame)
+        if frames_chunk_size is None:
+            frames_chunk_size = 8 if max_memory is None else chunk_for_budget(
+                self.model, bucket.batch * bucket.frames, bucket.image_hw, max_memory
+            )
+        host = HostOutputs(self.device, bucket.batch * bucket.frames) if on_chunk is None else None
+        on_chunk = host.add if host is not None else on_chunk
+        images = images.to(self.device, non_blocking=True)
+        start = time.perf_counter()
+        buffers = self.buffers(bucket)
+        if self.parallel is None:
+            layers = dict(self.aggregator_call(bucket, images))  # its own dict: entries are dropped below
+        else:
+            layers = self.model.aggregate(images, buffers, self.parallel)
+        del images  # the frames are dead once aggregated (the caller's copy aside)
+        self.runner.synchronize()
+        middle = time.perf_counter()
+        if on_stage is not None:
+            on_stage("aggregator")
+        model, out = self.model, VggtOutputs()
+        if model.camera_head is not None:
+            if self.parallel is None:  # handed the camera tokens only (a graph copies its inputs)
+                poses = self.camera_call(bucket, layers[self.config.depth - 1][:, :, :1])
+            else:
+                poses = model.camera_poses(layers, self.parallel)
+            out.pose_enc_list, out.pose_enc = poses, poses[-1]
+            if on_cameras is not None:
+                on_cameras(poses)
+        for i in set(layers) - set(self.config.dense_layers):
+            del layers[i]  # read by the camera head alone
+        tracking = model.track_head is not None and query_points is not None
+        if model.dense_head_list() or tracking:
+            dense = model.dense_tokens(layers)
+            if tracking:
+                query_points = query_points.to(self.device, torch.float32)
+                out.track_list, out.vis, out.conf = model.track(
+                    dense, buffers, query_points, frames_chunk_size, self.parallel
+                )
+                out.track = out.track_list[-1]
+            if model.dense_head_list():
+                total = dense[0].shape[0]
+                for s in range(0, total, frames_chunk_size):
+                    part = [t[s : s + frames_chunk_size] for t in dense]
+                    chunk = self.dense_call(bucket, part) if self.parallel is None else model.dense_frames(part, buffers)
+                    on_chunk(s, chunk)
+                    del part, chunk
+            del dense
+        layers.clear()
+        if host is not None:
+            for name, value in host.finish().items():
+                setattr(out, name, value.view(bucket.batch, bucket.frames, *value.shape[1:]))
+        self.runner.synchronize()
+        if on_stage is not None:
+            on_stage("heads")
+        self.last_times = StageTimes(middle - start, time.perf_counter() - middle)
+        return out
+
     def stage_fns(self, images: torch.Tensor, frames_chunk_size: int | None = 8) -> dict[str, Any]:
         """Callables for timing the stages apart, eagerly: the aggregator, and the heads on its output."""
         images = (images[None] if images.dim() == 4 else images).to(self.device)
@@ -181,6 +280,29 @@ class VggtRunner:
         return {"aggregator": aggregator, "heads": heads}
 
 
+class HostOutputs:
+    """The dense heads' outputs gathered in host memory chunk by chunk (:meth:`VggtRunner.stream`'s default sink):
+    on a GPU into pinned tensors, each chunk copied without blocking (:meth:`finish` waits for the copies)."""
+
+    def __init__(self, device: torch.device, frames: int):
+        self.device, self.frames = torch.device(device), frames
+        self.values: dict[str, torch.Tensor] = {}
+
+    def add(self, start: int, chunk: dict[str, torch.Tensor]) -> None:
+        pinned = self.device.type == "cuda"
+        for name, value in chunk.items():
+            target = self.values.get(name)
+            if target is None:
+                target = torch.empty((self.frames, *value.shape[1:]), dtype=value.dtype, pin_memory=pinned)
+                self.values[name] = target
+            target[start : start + value.shape[0]].copy_(value, non_blocking=pinned)
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return self.values
+
+
 def load_vggt_pipeline(source: str | Path, *, capture: str = "eager", device=None, plat=None,
                        graph_backend: GraphBackend | None = None, **options: Any) -> VggtRunner:  # fmt: skip
     """A :class:`VggtRunner` from a preset name (seeded random weights) or a checkpoint (``options``: those of
@@ -191,4 +313,4 @@ def load_vggt_pipeline(source: str | Path, *, capture: str = "eager", device=Non
     return VggtRunner(model, source=str(source), random_weights=random_weights, runner=runner)
 
 
-__all__ = ["SAMPLE_DIR", "Bucket", "StageTimes", "VggtRunner", "load_vggt_pipeline"]
+__all__ = ["SAMPLE_DIR", "Bucket", "HostOutputs", "StageTimes", "VggtRunner", "load_vggt_pipeline"]

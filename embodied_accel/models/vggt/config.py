@@ -115,6 +115,13 @@ class VggtConfig:
         return self.dpt(features=self.track.features, feature_only=True, down_ratio=2, pos_embed=False)
 
     @property
+    def dense_layers(self) -> tuple[int, ...]:
+        """Aggregator layers whose patch tokens a head reads (the DPT heads and the tracker's feature extractor)."""
+        if self.enable_depth or self.enable_point or self.enable_track:
+            return tuple(sorted(set(self.dpt_layers)))
+        return ()
+
+    @property
     def kept_layers(self) -> tuple[int, ...]:
         """Aggregator layers whose outputs a head reads (the others are never stored)."""
         layers = set()

@@ -134,3 +134,129 @@ def filter_points(
         step = int(np.ceil(len(points) / max_points))
         points, colors = points[::step], colors[::step]
     return points, colors
+
+
+# ---- streamed outputs: written frame by frame as the heads finish, the point cloud assembled from them
+
+
+class FrameWriter:
+    """Per-frame arrays written as each chunk of frames finishes: ``<name>_depth.npy``, ``<name>_conf.npy`` and the
+    world points ``<name>_points.npy`` / their confidence ``<name>_points_conf.npy`` (those the point cloud is built
+    from) in ``directory``."""
+
+    def __init__(self, directory: Path, names: list[str]):
+        self.directory, self.names = Path(directory), names
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def write(self, frame: int, depth: np.ndarray, conf: np.ndarray, points: np.ndarray, points_conf: np.ndarray):
+        name = self.names[frame]
+        np.save(self.directory / f"{name}_depth.npy", depth.astype(np.float32))
+        np.save(self.directory / f"{name}_conf.npy", conf.astype(np.float32))
+        np.save(self.directory / f"{name}_points.npy", points.astype(np.float32))
+        np.save(self.directory / f"{name}_points_conf.npy", points_conf.astype(np.float32))
+
+    def load(self, frame: int, kind: str) -> np.ndarray:
+        return np.load(self.directory / f"{self.names[frame]}_{kind}.npy")
+
+    def write_previews(self) -> None:
+        """``<name>_depth.png`` / ``<name>_conf.png`` on the scene's 2nd-98th percentile range (what
+        :func:`write_depth_previews` draws), from the arrays on disk."""
+        ranges = {}
+        for kind in ("depth", "conf"):
+            values = np.stack([self.load(i, kind) for i in range(len(self.names))])
+            ranges[kind] = np.percentile(values, [2, 98]) if values.size else (0.0, 1.0)
+            del values
+        (low, high), (c_low, c_high) = ranges["depth"], ranges["conf"]
+        for frame, name in enumerate(self.names):
+            write_png(self.directory / f"{name}_depth.png", colorize(self.load(frame, "depth"), low, high))
+            conf = self.load(frame, "conf")
+            grey = (np.clip((conf - c_low) / max(c_high - c_low, 1e-12), 0, 1) * 255).round().astype(np.uint8)
+            write_png(self.directory / f"{name}_conf.png", grey)
+
+
+def write_ply_frames(path: Path, frames: int, load, percentile: float, max_points: int | None) -> int:
+    """The point cloud of :func:`filter_points` + :func:`write_ply` over all frames, built frame by frame:
+    ``load(frame)`` gives ``(points [H, W, 3], colors [H, W, 3] uint8, confidence [H, W])``. Two passes (the
+    confidence threshold is a percentile of the whole scene, then the kept points are strided and written);
+    only the confidences of the scene are held at once. Returns the number of points written."""
+    confidences, finite_masks = [], []
+    for frame in range(frames):
+        points, _, conf = load(frame)
+        points, conf = points.reshape(-1, 3), conf.reshape(-1)
+        finite = np.isfinite(points).all(axis=1) & np.isfinite(conf)
+        confidences.append(conf[finite])
+        finite_masks.append(finite)
+    finite_conf = np.concatenate(confidences) if confidences else np.zeros(0, np.float32)
+    threshold = np.percentile(finite_conf, percentile) if finite_conf.size else np.inf
+    del finite_conf
+    kept_per_frame = [int((c >= threshold).sum()) for c in confidences]
+    del confidences
+    total = sum(kept_per_frame)
+    step = int(np.ceil(total / max_points)) if max_points is not None and total > max_points else 1
+    count = len(range(0, total, step))
+    header = (
+        "ply\nformat binary_little_endian 1.0\n"
+        f"element vertex {count}\n"
+        "property float x\nproperty float y\nproperty float z\n"
+        "property uchar red\nproperty uchar green\nproperty uchar blue\nend_header\n"
+    )
+    vertex_type = [("x", "<f4"), ("y", "<f4"), ("z", "<f4"), ("r", "u1"), ("g", "u1"), ("b", "u1")]
+    offset = 0
+    with open(path, "wb") as f:
+        f.write(header.encode("ascii"))
+        for frame in range(frames):
+            points, colors, conf = load(frame)
+            points, colors, conf = points.reshape(-1, 3), colors.reshape(-1, 3), conf.reshape(-1)
+            keep = finite_masks[frame] & (conf >= threshold)
+            points, colors = points[keep], colors[keep]
+            first = (-offset) % step  # the first kept point of this frame on the global stride
+            points, colors = points[first::step], colors[first::step]
+            offset += kept_per_frame[frame]
+            vertex = np.empty(len(points), dtype=vertex_type)
+            vertex["x"], vertex["y"], vertex["z"] = points[:, 0], points[:, 1], points[:, 2]
+            vertex["r"], vertex["g"], vertex["b"] = colors[:, 0], colors[:, 1], colors[:, 2]
+            f.write(vertex.tobytes())
+    return count
+
+
+def write_colmap_text(directory: Path, names: list[str], extrinsics: np.ndarray, intrinsics: np.ndarray, image_hw):
+    """COLMAP's text model: ``cameras.txt`` (one PINHOLE camera per image, in pixels of the model's input frame),
+    ``images.txt`` (camera-from-world rotation as a quaternion ``qw qx qy qz`` and translation; no 2-D points) and
+    an empty ``points3D.txt``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    height, width = image_hw
+    cameras = ["# Camera list with one line of data per camera:", "#   CAMERA_ID, MODEL, WIDTH, HEIGHT, PARAMS[]",
+               f"# Number of cameras: {len(names)}"]  # fmt: skip
+    images = ["# Image list with two lines of data per image:", "#   IMAGE_ID, QW, QX, QY, QZ, TX, TY, TZ, CAMERA_ID, NAME",
+              "#   POINTS2D[] as (X, Y, POINT3D_ID)", f"# Number of images: {len(names)}"]  # fmt: skip
+    for i, (name, ext, intr) in enumerate(zip(names, extrinsics, intrinsics, strict=True), start=1):
+        cameras.append(f"{i} PINHOLE {width} {height} {intr[0, 0]:.10g} {intr[1, 1]:.10g} {intr[0, 2]:.10g} "
+                       f"{intr[1, 2]:.10g}")  # fmt: skip
+        qw, qx, qy, qz = rotation_to_quaternion(ext[:, :3])
+        tx, ty, tz = ext[:, 3]
+        images.append(f"{i} {qw:.10g} {qx:.10g} {qy:.10g} {qz:.10g} {tx:.10g} {ty:.10g} {tz:.10g} {i} {name}")
+        images.append("")
+    (directory / "cameras.txt").write_text("\n".join(cameras) + "\n", encoding="utf-8")
+    (directory / "images.txt").write_text("\n".join(images) + "\n", encoding="utf-8")
+    (directory / "points3D.txt").write_text("# 3D point list (empty: dense points are in the .ply)\n", encoding="utf-8")
+
+
+def rotation_to_quaternion(rotation: np.ndarray) -> tuple[float, float, float, float]:
+    """A 3×3 rotation → unit quaternion ``(w, x, y, z)`` with ``w >= 0`` (Shepperd's method, float64)."""
+    m = np.asarray(rotation, dtype=np.float64)
+    trace = m[0, 0] + m[1, 1] + m[2, 2]
+    if trace > 0:
+        s = 2.0 * np.sqrt(trace + 1.0)
+        q = (0.25 * s, (m[2, 1] - m[1, 2]) / s, (m[0, 2] - m[2, 0]) / s, (m[1, 0] - m[0, 1]) / s)
+    elif m[0, 0] > m[1, 1] and m[0, 0] > m[2, 2]:
+        s = 2.0 * np.sqrt(1.0 + m[0, 0] - m[1, 1] - m[2, 2])
+        q = ((m[2, 1] - m[1, 2]) / s, 0.25 * s, (m[0, 1] + m[1, 0]) / s, (m[0, 2] + m[2, 0]) / s)
+    elif m[1, 1] > m[2, 2]:
+        s = 2.0 * np.sqrt(1.0 + m[1, 1] - m[0, 0] - m[2, 2])
+        q = ((m[0, 2] - m[2, 0]) / s, (m[0, 1] + m[1, 0]) / s, 0.25 * s, (m[1, 2] + m[2, 1]) / s)
+    else:
+        s = 2.0 * np.sqrt(1.0 + m[2, 2] - m[0, 0] - m[1, 1])
+        q = ((m[1, 0] - m[0, 1]) / s, (m[0, 2] + m[2, 0]) / s, (m[1, 2] + m[2, 1]) / s, 0.25 * s)
+    q = np.array(q) / np.linalg.norm(q)
+    return tuple(float(v) for v in (q if q[0] >= 0 else -q))

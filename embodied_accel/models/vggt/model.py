@@ -80,9 +80,10 @@ class PatchEmbed(nn.Module):
         patches = torch.baddbmm(
             buffers.patch_pos_embed, patches.view(n, -1, kernel_t.shape[0]), kernel_t.expand(n, -1, -1)
         )  # [N, patches, C]
-        tokens = torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
-        seq = tokens.shape[1]
-        hidden = tokens.reshape(n * seq, width)
+        hidden = torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
+        del patches  # each block's input dies with the block: one block's activations at a time
+        seq = hidden.shape[1]
+        hidden = hidden.view(n * seq, width)
         for block in self.blocks:
             hidden = block(hidden, groups=n)
         prefix = buffers.prefix_tokens.shape[0]
@@ -104,22 +105,29 @@ class Aggregator(nn.Module):
     def forward(
         self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
     ) -> dict[int, torch.Tensor]:
-        """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read."""
+        """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read
+        (:attr:`~.config.VggtConfig.kept_layers`; a layer only the camera head reads keeps its camera tokens alone,
+        ``[B, S, 1, 2C]``). Nothing else outlives its last reader: one round's input and output at a time."""
         config = self.config
         batch, frames, _, height, width = images.shape
         patches = self.patch_embed(images.reshape(batch * frames, 3, height, width), buffers)
         special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
-        tokens = torch.cat([special, patches], dim=1)  # [B*S, P, C]
-        per_frame, c = tokens.shape[1], config.width
-        hidden = tokens.reshape(-1, c)
-        kept = set(config.kept_layers)
+        hidden = torch.cat([special, patches], dim=1)  # [B*S, P, C]
+        del patches, special  # nothing reads them past the concatenation
+        per_frame, c = hidden.shape[1], config.width
+        hidden = hidden.view(-1, c)
+        dense, camera_only = set(config.dense_layers), set(config.kept_layers) - set(config.dense_layers)
+        shape = (batch, frames, per_frame, c)
         outputs = {}
         for i in range(config.depth):
             frame_out = self.frame_blocks[i](hidden, groups=batch * frames, rope=buffers.rope)
+            del hidden  # the round's input is dead once the frame block has run (not held through the global block)
             hidden = self.global_blocks[i](frame_out, groups=batch, rope=buffers.rope, attend=global_attend)
-            if i in kept:
-                shape = (batch, frames, per_frame, c)
+            if i in dense:
                 outputs[i] = torch.cat([frame_out.view(shape), hidden.view(shape)], dim=-1)
+            elif i in camera_only:  # the camera head reads the camera token of each frame, nothing else
+                outputs[i] = torch.cat([frame_out.view(shape)[:, :, :1], hidden.view(shape)[:, :, :1]], dim=-1)
+            del frame_out
         return outputs
 
 
@@ -255,37 +263,75 @@ class VggtModel(nn.Module):
         frames_chunk_size: int | None = 8,
         parallel: FrameParallel | None = None,
     ) -> VggtOutputs:
-        config, out = self.config, VggtOutputs()
-        batch = buffers.batch
-        start = config.patch_start
+        """Every enabled head on the aggregator's ``layers``, outputs of all frames at once (see
+        :meth:`dense_frames` for one chunk of frames at a time)."""
+        out = VggtOutputs()
+        batch, frames = buffers.batch, buffers.frames
         if self.camera_head is not None:
-            camera_tokens = layers[config.depth - 1][:, :, 0].float()
-            if parallel is not None:
-                camera_tokens = parallel.gather_frames(camera_tokens, dim=1)
-            out.pose_enc_list = self.camera_head(camera_tokens)
+            out.pose_enc_list = self.camera_poses(layers, parallel)
             out.pose_enc = out.pose_enc_list[-1]
-        dense = None
+        tracking = self.track_head is not None and query_points is not None
+        dense = self.dense_tokens(layers) if self.dense_head_list() or tracking else None
+        if self.dense_head_list():
+            for name, value in self.dense_frames(dense, buffers, frames_chunk_size).items():
+                setattr(out, name, value.view(batch, frames, *value.shape[1:]))
+        if tracking:
+            out.track_list, out.vis, out.conf = self.track(dense, buffers, query_points, frames_chunk_size, parallel)
+            out.track = out.track_list[-1]
+        return out
+
+    def camera_poses(self, layers: dict[int, torch.Tensor], parallel: FrameParallel | None = None):
+        """The camera head on the last layer's camera tokens: the pose encoding ``[B, S, 9]`` of every iteration
+        (all frames of the scene under sequence parallelism)."""
+        camera_tokens = layers[self.config.depth - 1][:, :, 0].float()
+        if parallel is not None:
+            camera_tokens = parallel.gather_frames(camera_tokens, dim=1)
+        return self.camera_head(camera_tokens)
+
+    def dense_tokens(self, layers: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+        """The patch tokens of the layers the DPT heads read, ``[B * S, patches, 2C]`` each (views)."""
+        start = self.config.patch_start
+        return [
+            layers[i][:, :, start:].reshape(-1, layers[i].shape[2] - start, layers[i].shape[3])
+            for i in self.config.dpt_layers
+        ]
+
+    def dense_head_list(self) -> list[tuple[DptHead, tuple[str, ...]]]:
         heads = [(self.dense_heads, ("depth", "world_points")), (self.depth_head, ("depth",)),
                  (self.point_head, ("world_points",))]  # fmt: skip
-        heads = [(head, names) for head, names in heads if head is not None]
-        if heads or (self.track_head is not None and query_points is not None):
-            dense = [
-                layers[i][:, :, start:].reshape(-1, layers[i].shape[2] - start, layers[i].shape[3])
-                for i in config.dpt_layers
-            ]
-        frames = buffers.frames
-        for head, names in heads:
+        return [(head, names) for head, names in heads if head is not None]
+
+    def dense_frames(
+        self, dense: list[torch.Tensor], buffers: VggtBuffers, frames_chunk_size: int | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The depth / point heads on ``dense`` (:meth:`dense_tokens`, or frames ``s : s + n`` of it) →
+        ``{depth, depth_conf, world_points, world_points_conf}`` of those frames, ``[n, H, W, ...]``.
+
+        Each frame is independent: the heads run ``frames_chunk_size`` frames per pass, so frames ``s : s + n`` of
+        a call with chunk ``n`` run exactly the ops of the same pass of the whole call.
+        """
+        out = {}
+        for head, names in self.dense_head_list():
             results = head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)
             for name, (values, conf) in zip(names, results if len(names) > 1 else [results], strict=True):
-                setattr(out, name, values.view(batch, frames, *values.shape[1:]))
-                setattr(out, f"{name}_conf", conf.view(batch, frames, *conf.shape[1:]))
-        if self.track_head is not None and query_points is not None:
-            if query_points.dim() != 3 or query_points.shape[0] != batch or query_points.shape[-1] != 2:
-                raise ValueError(f"query_points must be [B={batch}, N, 2] pixels; got {list(query_points.shape)}")
-            fmaps = self.track_head.feature_extractor(dense, buffers.patch_hw, None, frames_chunk_size)
-            fmaps = fmaps.view(batch, frames, *fmaps.shape[1:]).float()
-            if parallel is not None:
-                fmaps = parallel.gather_frames(fmaps, dim=1)
-            tracks, out.vis, out.conf = self.track_head.tracker(query_points.float(), fmaps, buffers)
-            out.track_list, out.track = tracks, tracks[-1]
+                out[name], out[f"{name}_conf"] = values, conf
         return out
+
+    def track(
+        self,
+        dense: list[torch.Tensor],
+        buffers: VggtBuffers,
+        query_points: torch.Tensor,
+        frames_chunk_size: int | None = 8,
+        parallel: FrameParallel | None = None,
+    ):
+        """The track head: ``(tracks of every iteration [B, S, N, 2], vis [B, S, N], conf [B, S, N])``. The tracker
+        attends across frames: it reads the feature maps of all frames (extracted ``frames_chunk_size`` at a time)."""
+        batch, frames = buffers.batch, buffers.frames
+        if query_points.dim() != 3 or query_points.shape[0] != batch or query_points.shape[-1] != 2:
+            raise ValueError(f"query_points must be [B={batch}, N, 2] pixels; got {list(query_points.shape)}")
+        fmaps = self.track_head.feature_extractor(dense, buffers.patch_hw, None, frames_chunk_size)
+        fmaps = fmaps.view(batch, frames, *fmaps.shape[1:]).float()
+        if parallel is not None:
+            fmaps = parallel.gather_frames(fmaps, dim=1)
+        return self.track_head.tracker(query_points.float(), fmaps, buffers)

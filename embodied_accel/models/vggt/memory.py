@@ -1,0 +1,188 @@
+"""How much memory a streamed VGGT call needs (:meth:`~embodied_accel.pipelines.reconstruction.VggtRunner.stream`),
+and the dense heads' frame chunk that fits a budget. One formula serves both the budget (``--max-memory``) and the
+estimate ``reconstruct --plan`` prints.
+
+A call holds, besides the weights and the frames:
+
+* **the layers the heads read** (:attr:`~.config.VggtConfig.kept_layers`): per frame ``P`` tokens of ``2C``
+  values for each layer the DPT heads read, one token for a layer only the camera head reads. This is the part that
+  grows with the frame count and stays: the official implementation keeps all ``depth`` layers.
+* **one aggregator round's activations**, transient, over every token of the scene: the block's input, its
+  normalized copy, QKV, the rotated Q/K, the attention output and its projection (10 ``C``-wide rows per token), or
+  in the MLP the input, the residual sum, the normalized copy, the hidden layer and its activation (``2 * ratio``)
+  and the output (``5 + 2 * ratio``), whichever is larger. Global attention goes through fused scaled-dot-product
+  attention: no score matrix.
+* **the DINOv2 patch embedding's activations** before that, the same count at its own width over its own tokens.
+* **one chunk of the dense heads**: per frame the DPT's feature maps (the largest: the full-resolution maps of the
+  last convolutions, the 8x-upsampled fusion stage) and the chunk's outputs before they leave the device.
+* with query points, the tracker's feature maps of every frame (it attends across frames).
+
+The figures are in elements times the element size of the compute dtype (the camera head and the tracker run in
+fp32); they are an upper estimate of what the allocator holds at once, not of its fragmentation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from .config import VggtConfig
+
+GB = 1e9
+
+
+def round_activations(width: int, mlp_ratio: float) -> float:
+    """``C``-wide rows per token alive at once inside one transformer block (see the module docstring)."""
+    return max(10.0, 5.0 + 2.0 * mlp_ratio) * width
+
+
+def tokens_per_frame(config: VggtConfig, image_hw: tuple[int, int]) -> tuple[int, int]:
+    """(aggregator tokens, DINOv2 tokens) per frame of ``image_hw`` pixels."""
+    patches = (image_hw[0] // config.patch_size) * (image_hw[1] // config.patch_size)
+    return config.patch_start + patches, 1 + config.patch_embed.num_register_tokens + patches
+
+
+def dense_frame_elements(config: VggtConfig, image_hw: tuple[int, int]) -> float:
+    """Elements the depth / point heads hold at once for one frame (activations and outputs)."""
+    heads = int(config.enable_depth) + int(config.enable_point)
+    if heads == 0:
+        return 0.0
+    dpt = config.point_dpt()
+    h, w = image_hw
+    ph, pw = h // config.patch_size, w // config.patch_size
+    f = dpt.features
+    full = h * w * (f // 2 + f // 2 + 2 * dpt.head_hidden + 4)  # output_conv1 upsampled, conv2a (+ relu), conv2b
+    fused = 64 * ph * pw * 3 * f  # the last fusion stage at 8x the patch grid: its residual units
+    scales = ph * pw * (sum(dpt.out_channels) + 16 * dpt.out_channels[0] + 4 * dpt.out_channels[1] + 21.25 * f)
+    outputs = h * w * 6  # depth + confidence, points + confidence
+    return heads * (full + fused + scales) + outputs
+
+
+def track_elements(config: VggtConfig, image_hw: tuple[int, int]) -> float:
+    """Elements of the tracker's feature maps per frame (fp32: it reads every frame's)."""
+    if not config.enable_track:
+        return 0.0
+    h, w = image_hw
+    return config.track.features * (h // 2) * (w // 2)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak bytes of a streamed call, by part (see the module docstring)."""
+
+    frames: int
+    chunk: int
+    weights: int
+    images: int
+    layers: int
+    patch_embed: int
+    aggregator_round: int
+    dense_chunk: int
+    track: int
+
+    @property
+    def aggregator_peak(self) -> int:
+        return self.weights + self.images + max(self.patch_embed, self.layers + self.aggregator_round)
+
+    @property
+    def heads_peak(self) -> int:
+        return self.weights + self.images + self.layers + self.track + self.dense_chunk
+
+    @property
+    def peak(self) -> int:
+        return max(self.aggregator_peak, self.heads_peak)
+
+    def as_dict(self) -> dict[str, int]:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**values, "aggregator_peak": self.aggregator_peak, "heads_peak": self.heads_peak, "peak": self.peak}
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters and buffers (a model on the meta device counts as loaded)."""
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def estimate_memory(
+    config: VggtConfig,
+    frames: int,
+    image_hw: tuple[int, int],
+    chunk: int,
+    *,
+    dtype_bytes: int,
+    weights: int,
+    tracking: bool = False,
+    batch: int = 1,
+) -> MemoryEstimate:
+    """The peak of a streamed call of ``batch`` scenes of ``frames`` frames (dense heads ``chunk`` frames a pass)."""
+    n = batch * frames
+    tokens, dino_tokens = tokens_per_frame(config, image_hw)
+    h, w = image_hw
+    e = dtype_bytes
+    dense_layers = len(config.dense_layers)
+    camera_only = len(set(config.kept_layers) - set(config.dense_layers))
+    layers = n * 2 * config.width * (dense_layers * tokens + camera_only) * e
+    round_rows = round_activations(config.width, config.mlp_ratio) + 2 * config.width  # + the kept layer's concat
+    pe = config.patch_embed
+    patch_embed = n * (dino_tokens * round_activations(config.width, pe.mlp_ratio) + 2 * 3 * h * w) * e
+    return MemoryEstimate(
+        frames=frames,
+        chunk=chunk,
+        weights=int(weights),
+        images=int(n * 3 * h * w * (4 + (e if e != 4 else 0))),  # fp32 frames, and their compute-dtype copy
+        layers=int(layers),
+        patch_embed=int(patch_embed),
+        aggregator_round=int(n * tokens * round_rows * e),
+        dense_chunk=int(min(chunk, n) * dense_frame_elements(config, image_hw) * e),
+        track=int(n * track_elements(config, image_hw) * 4) if tracking else 0,
+    )
+
+
+def meta_weight_bytes(config: VggtConfig, dtype: torch.dtype) -> int:
+    """Weight bytes of ``config`` in ``dtype`` (camera head and tracker in fp32), counted on the meta device."""
+    from ...ops import get_ops
+    from .model import FP32_PREFIXES, VggtModel
+
+    with torch.device("meta"):
+        model = VggtModel(config, get_ops("reference"), dtype)
+    size = torch.empty((), dtype=dtype).element_size()
+    return sum(p.numel() * (4 if name.startswith(FP32_PREFIXES) else size) for name, p in model.named_parameters())
+
+
+def chunk_for_budget(
+    model, frames: int, image_hw: tuple[int, int], max_memory: float, *, tracking: bool = False
+) -> int:
+    """The largest dense-head chunk (frames per pass, at most ``frames``) whose :func:`estimate_memory` peak fits
+    ``max_memory`` GB (``max_memory=`` / ``--max-memory``); an error naming the budget when even the aggregator does
+    not fit."""
+    if not max_memory or max_memory <= 0:
+        raise ValueError(f"max_memory: expected a positive number of GB, got {max_memory!r}")
+    config: VggtConfig = model.config
+    e = torch.empty((), dtype=model.compute_dtype).element_size()
+    args = dict(dtype_bytes=e, weights=weight_bytes(model), tracking=tracking)
+    return fit_chunk(config, frames, image_hw, max_memory, **args)
+
+
+def format_bytes(value: float) -> str:
+    return f"{value / GB:.1f} GB" if value >= 0.1 * GB else f"{value / 1e6:.1f} MB"
+
+
+def fit_chunk(config: VggtConfig, frames: int, image_hw: tuple[int, int], max_memory: float, **args) -> int:
+    """:func:`chunk_for_budget` for a config (``args``: those of :func:`estimate_memory` but the chunk)."""
+    budget = max_memory * GB
+    one = estimate_memory(config, frames, image_hw, 1, **args)
+    if one.peak > budget:
+        raise ValueError(
+            f"max_memory {max_memory:g} GB: {frames} frames of {image_hw[0]}x{image_hw[1]} need at least "
+            f"{format_bytes(one.peak)} (kept layers {format_bytes(one.layers)}, one aggregator round "
+            f"{format_bytes(one.aggregator_round)}); give more memory or fewer frames"
+        )
+    per_frame = estimate_memory(config, frames, image_hw, 2, **args).dense_chunk - one.dense_chunk
+    if per_frame <= 0:
+        return frames
+    return max(1, min(frames, int((budget - (one.heads_peak - one.dense_chunk)) // per_frame)))
+
+
+__all__ = ["MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk", "format_bytes", "meta_weight_bytes",
+           "weight_bytes"]
