@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,14 +41,43 @@ def ordered_captures(captures: list[str]) -> list[str]:
 
 def measure_call(call: Callable[[], Any], plat: Platform, warmup: int, runs: int) -> dict[str, Any]:
     """First call (compile / capture) apart, then ``runs`` timed calls after ``warmup``; peak memory over all of
-    them; kernel launches and the device-busy fraction (:func:`~embodied_accel.bench.harness.device_activity`)."""
+    them. Kernel launches and the device-busy fraction are left ``None`` here: :func:`device_activity_step` fills
+    them after the record is written (the profiler pass is the least exercised part of a GPU run)."""
     plat.reset_peak_memory()
     first = harness.time_calls(call, warmup=0, runs=1, synchronize=plat.synchronize, progress=False)[0]
     times = harness.time_calls(call, warmup=warmup, runs=runs, synchronize=plat.synchronize, progress=False)
     peak_mem_mb = plat.peak_memory_mb()
-    kernels, busy = harness.device_activity(call, plat)
     return {"first_call_ms": first * 1e3, "times": times, "peak_mem_mb": peak_mem_mb,
-            "kernel_launches_per_call": kernels, "device_busy_fraction": busy}  # fmt: skip
+            "kernel_launches_per_call": None, "device_busy_fraction": None}  # fmt: skip
+
+
+def device_activity_step(call: Callable[[], Any], plat: Platform) -> Callable[[], dict[str, Any]]:
+    """The profiler pass as a step of :func:`write_then_complete`: kernel launches and the device-busy fraction
+    (:func:`~embodied_accel.bench.harness.device_activity`)."""
+
+    def step() -> dict[str, Any]:
+        kernels, busy = harness.device_activity(call, plat)
+        return {"kernel_launches_per_call": kernels, "device_busy_fraction": busy}
+
+    return step
+
+
+def write_then_complete(
+    record: dict[str, Any], out_dir: str | Path, steps: list[tuple[str, Callable[[], dict[str, Any]]]]
+) -> Path:
+    """Write ``record`` now (its timing is done), then run each optional ``(name, step)`` in turn and rewrite the file
+    with the fields it returns. A step that fails leaves its fields as they are (``None``) and records why under
+    ``<name>_error``; the steps after it still run. A run stopped at its time limit keeps what was written."""
+    path = harness.write_result(record, out_dir)
+    for name, step in steps:
+        try:
+            record.update(step())
+        except Exception as error:  # a late failure must not throw away the figures measured before it
+            reason = f"{type(error).__name__}: {error}".strip()[:500]
+            record[f"{name}_error"] = reason
+            print(f"{record['preset']} {record['capture']}: {name} failed, recorded as null ({reason})", flush=True)
+        harness.rewrite_result(record, path)
+    return path
 
 
 def max_abs_diff(out: torch.Tensor, reference: torch.Tensor | None) -> float | None:

@@ -416,11 +416,22 @@ def write_result(record: dict[str, Any], out_dir: str | Path = DEFAULT_OUT_DIR) 
     while path.exists():
         path = out / f"{name[: -len('.json')]}-{suffix}.json"
         suffix += 1
+    rewrite_result(record, path)
+    logger.info("wrote %s", path)
+    return path
+
+
+def rewrite_result(record: dict[str, Any], path: str | Path) -> Path:
+    """Write ``record`` to ``path`` (replacing it atomically): a record completed after :func:`write_result` wrote
+    its first figures keeps its file."""
+    path = Path(path)
+    missing = [key for key in RESULT_KEYS if key not in record]
+    if missing:
+        raise ValueError(f"result record: missing keys {', '.join(missing)}")
     text = json.dumps(record, indent=2, allow_nan=False, default=_json_default) + "\n"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
-    logger.info("wrote %s", path)
     return path
 
 
