@@ -238,6 +238,7 @@ def test_custom_op_has_a_working_fake_implementation():
     torch.library.opcheck(attention_kernel.mqa_attention_rows, (q, k, v, None, 0.25), test_utils=checks)
 
 
+@pytest.mark.compile
 def test_torch_compile_traces_the_op_without_graph_breaks():
     """fullgraph=True raises on a graph break; the second call must not recompile."""
     torch._dynamo.reset()

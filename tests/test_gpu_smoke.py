@@ -1,6 +1,7 @@
 """The first GPU session's script (``tools/gpu_smoke.sh``) in its ``--cpu`` mode: the same steps on the tiny presets, so
 that the script a GPU machine runs cannot rot; and a step stopped at its time limit still reports and keeps its log."""
 
+import ast
 import json
 import os
 import re
@@ -106,3 +107,38 @@ def test_a_record_is_written_when_its_timing_is_done_and_a_failed_profiler_pass_
     assert written["profiler_error"] == "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"
     assert written["max_abs_diff_vs_eager"] == 0.0  # the steps after a failed one still run
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # completed in place, no second file
+
+
+COMPILING = ("torch.compile(", 'capture="compile"', '"--capture", "compile"')
+
+
+def _is_compile_mark(node) -> bool:
+    return ast.unparse(node) == "pytest.mark.compile"
+
+
+def test_every_test_that_compiles_carries_the_compile_mark():
+    """The smoke run's test step leaves out ``-m compile``: a test that compiles without the mark would run cold
+    inductor compiles under the per-test timeout. Checked on the source of every test module."""
+    unmarked = []
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        module_marked = any(
+            isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+            and "pytest.mark.compile" in ast.unparse(node.value) for node in tree.body
+        )  # fmt: skip
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")) or module_marked:
+                continue
+            marked = any(_is_compile_mark(d) for d in node.decorator_list)
+            body = "".join(ast.unparse(statement) for statement in node.body)
+            if any(pattern.replace('"', "'") in body for pattern in COMPILING) and not marked:
+                unmarked.append(f"{path.name}::{node.name}")
+            for decorator in node.decorator_list:  # a compiling parameter: pytest.param(..., marks=pytest.mark.compile)
+                text = ast.unparse(decorator)
+                params = [n for n in ast.walk(decorator) if isinstance(n, ast.Call) and ast.unparse(n.func) == "pytest.param"]
+                bare = text.count("'compile+cudagraph'") + text.count("'compile'")
+                covered = sum(1 for n in params if any(_is_compile_mark(k.value) for k in n.keywords if k.arg == "marks")
+                              and any(isinstance(a, ast.Constant) and str(a.value).startswith("compile") for a in n.args))  # fmt: skip
+                if "parametrize" in text and bare > covered and not marked:
+                    unmarked.append(f"{path.name}::{node.name} (parameter)")
+    assert not unmarked, f"tests that compile without @pytest.mark.compile: {unmarked}"
