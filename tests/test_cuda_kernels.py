@@ -11,14 +11,22 @@ from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
     DEVICE,
     GPU,
     TOLERANCE,
+    interpreter_dots_in_fp32,
     requires_triton,
 )
 
 pytestmark = [requires_triton, pytest.mark.kernels]  # on the GPU where there is one: not pinned to the CPU
 
-from embodied_accel.ops import get_ops, reference  # noqa: E402
+from embodied_accel.ops import fallbacks, get_ops, reference  # noqa: E402
 
 cuda_ops = get_ops("cuda", GPU)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_dots_in_fp32():  # bf16 tl.dot under the interpreter (the attention kernel serves GQA here)
+    with interpreter_dots_in_fp32():
+        yield
+
 # (rows, width): real model shapes (pi0 suffix rows x expert width, prefix x VLM width) and odd ones
 NORM_SHAPES = [(50, 1024), (5, 123), (1, 7), (3, 2048)]
 
@@ -40,10 +48,12 @@ def test_backend_lists_fused_and_fallback_ops():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "batch,heads,kv_heads,sq,sk,dim",
-    [(1, 8, 1, 51, 870, 256), (2, 8, 1, 37, 37, 64), (1, 5, 1, 3, 123, 16), (2, 4, 2, 7, 19, 32), (1, 1, 1, 5, 9, 8)],
+    [(1, 8, 1, 51, 870, 256), (2, 8, 1, 37, 37, 64), (1, 5, 1, 3, 123, 16), (2, 4, 2, 7, 19, 32), (1, 1, 1, 5, 9, 8),
+     (1, 6, 3, 5, 23, 24), (2, 16, 8, 3, 11, 16), (1, 3, 3, 4, 6, 8)],
 )
 def test_packed_mqa_attention(batch, heads, kv_heads, sq, sk, dim, dtype):
-    """pi0's suffix (51 queries over the cached prefix) and prefix shapes, odd ones, GQA and MHA fallbacks."""
+    """pi0's suffix (51 queries over the cached prefix) and prefix shapes, odd ones; masked grouped-query attention
+    (several K/V heads: GR00T's Qwen3, odd group sizes, MHA) on the Triton kernel; none runs the reference."""
     torch.manual_seed(0)
     q, k, v = randn(batch, heads, sq, dim, dtype=dtype), randn(batch, kv_heads, sk, dim, dtype=dtype), randn(
         batch, kv_heads, sk, dim, dtype=dtype
@@ -53,8 +63,10 @@ def test_packed_mqa_attention(batch, heads, kv_heads, sq, sk, dim, dtype):
     may_attend[0, -1] = False  # a fully masked row stays finite (uniform), as in the reference
     mask = reference.prepare_attention_mask(may_attend, dtype, heads)
     cuda_mask = cuda_ops.prepare_attention_mask(may_attend, dtype, heads)
-    out = cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5)
-    assert torch.equal(cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5), out)  # the packed mask, reused
+    with fallbacks.counting() as seen:
+        out = cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5)
+        assert torch.equal(cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5), out)  # the packed mask, reused
+    assert seen == {}
     fp32_mask = reference.prepare_attention_mask(may_attend, torch.float32, heads)
     expected = reference.attention(q.float(), k.float(), v.float(), fp32_mask, dim**-0.5)
     # bf16: at most about twice the error of the same-dtype reference
@@ -179,3 +191,18 @@ def test_pi0_models_on_the_cuda_backend_match_lerobot(family, preset):
     err = (actions.cpu() - io["actions_model"][b]).abs().max().item()
     # LeRobot's call and ours (the Triton kernels) round differently: a pi0 call's bound, relative to its actions
     assert err <= pi0_tolerance(get_preset(preset)) * io["actions_model"][b].abs().max().item(), err
+
+
+def test_a_call_a_fused_op_hands_to_the_reference_is_logged_once_and_counted(caplog):
+    """fp8_linear with K = 24 (not a multiple of the FP8 GEMM's 16): the reference serves it, and says so."""
+    x_q, x_scale = reference.quantize_rows_fp8(randn(3, 24))
+    w_q, w_scale = reference.quantize_rows_fp8(randn(32, 24))
+    with caplog.at_level("WARNING", logger="embodied_accel.ops.fallbacks"), fallbacks.counting() as seen:
+        for _ in range(2):
+            out = cuda_ops.fp8_linear(x_q, x_scale, w_q, w_scale, None, torch.bfloat16)
+    assert seen == {"fp8_linear": 2}
+    torch.testing.assert_close(out, reference.fp8_linear(x_q, x_scale, w_q, w_scale, None, torch.bfloat16))
+    lines = [r.getMessage() for r in caplog.records if "fp8_linear" in r.getMessage()]
+    assert len(lines) <= 1  # once per process: an earlier test may have logged this reason already
+    if lines:
+        assert "x_q (3, 24) float8_e4m3fn" in lines[0] and "K / N not multiples of 16" in lines[0]

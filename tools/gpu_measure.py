@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from embodied_accel.bench import harness
+from embodied_accel.ops import fallbacks
 from embodied_accel.platform import Platform
 from embodied_accel.runtime.cudagraph import ReplayByCalling
 
@@ -41,14 +42,17 @@ def ordered_captures(captures: list[str]) -> list[str]:
 
 def measure_call(call: Callable[[], Any], plat: Platform, warmup: int, runs: int) -> dict[str, Any]:
     """First call (compile / capture) apart, then ``runs`` timed calls after ``warmup``; peak memory over all of
-    them. Kernel launches and the device-busy fraction are left ``None`` here: :func:`device_activity_step` fills
-    them after the record is written (the profiler pass is the least exercised part of a GPU run)."""
+    them; the calls the fused ops handed to the reference (``reference_fallbacks``). Kernel launches and the
+    device-busy fraction are left ``None`` here: :func:`device_activity_step` fills them after the record is
+    written (the profiler pass is the least exercised part of a GPU run)."""
     plat.reset_peak_memory()
-    first = harness.time_calls(call, warmup=0, runs=1, synchronize=plat.synchronize, progress=False)[0]
-    times = harness.time_calls(call, warmup=warmup, runs=runs, synchronize=plat.synchronize, progress=False)
+    with fallbacks.counting() as reference_fallbacks:  # a CUDA graph's: those of its capture (the first call)
+        first = harness.time_calls(call, warmup=0, runs=1, synchronize=plat.synchronize, progress=False)[0]
+        times = harness.time_calls(call, warmup=warmup, runs=runs, synchronize=plat.synchronize, progress=False)
     peak_mem_mb = plat.peak_memory_mb()
     return {"first_call_ms": first * 1e3, "times": times, "peak_mem_mb": peak_mem_mb,
-            "kernel_launches_per_call": None, "device_busy_fraction": None}  # fmt: skip
+            "kernel_launches_per_call": None, "device_busy_fraction": None,
+            **fallbacks.record_fields(reference_fallbacks)}  # fmt: skip
 
 
 def device_activity_step(call: Callable[[], Any], plat: Platform) -> Callable[[], dict[str, Any]]:
@@ -94,7 +98,14 @@ def summary_line(record: dict[str, Any]) -> str:
             f"p50 {record['p50_ms']:.2f} ms, first {record.get('first_call_ms', float('nan')):.0f} ms, "
             f"launches {launches}, busy {'-' if busy is None else f'{busy:.3f}'}"
             f"{' (host-bound)' if busy is not None and busy < 0.5 else ''}, "
-            f"max|diff| vs eager {'-' if diff is None else f'{diff:.3g}'}, peak {record['peak_mem_mb']:.0f} MB")  # fmt: skip
+            f"max|diff| vs eager {'-' if diff is None else f'{diff:.3g}'}, peak {record['peak_mem_mb']:.0f} MB"
+            f"{fallback_note(record)}")  # fmt: skip
+
+
+def fallback_note(record: dict[str, Any]) -> str:
+    """``, reference fallbacks attention=3`` when fused ops handed calls to the reference, else nothing."""
+    ops = record.get("reference_fallback_ops")
+    return f", reference fallbacks {' '.join(ops)}" if ops else ""
 
 
 def release(plat: Platform) -> None:

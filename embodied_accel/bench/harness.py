@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm.auto import tqdm
 
 from .. import platform as platform_mod
+from ..ops import fallbacks
 
 logger = logging.getLogger(__name__)
 
@@ -488,5 +489,8 @@ def result_record(
     }
     record.update(stats)  # min_ms, max_ms, std_ms
     record.update(env)  # device_type, git_dirty, cpu_count, threads
+    # calls the fused ops handed to the reference (ops/fallbacks.py): those of the measurement when the caller
+    # counted them, else every one since the process started
+    record.update(fallbacks.record_fields(fallbacks.counts()))
     record.update(extra)
     return record

@@ -13,8 +13,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import reference
+from .. import fallbacks, reference
 from ..contract import CUDA_ATTENTION_KERNELS, AttentionMask, RopeTables
+from . import attention as attention_kernel  # imports Triton: this package is imported once the backend is chosen
 
 
 def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_heads: int) -> AttentionMask:
@@ -42,21 +43,28 @@ def packed_mqa_attention(q, k, v, mask: AttentionMask | None, scale: float) -> t
     would send the call to the unfused math path; packing the heads into rows keeps it on the fused
     mask-capable kernels (memory-efficient, cuDNN) and reads each K/V block once for all heads. Rows are
     ordered (query, head), so the output comes back as a ``[B, H, Sq, D]`` view of ``[B, Sq, H, D]`` memory:
-    the caller's ``transpose(1, 2).reshape(B * Sq, H * D)`` is then free. Other head layouts go to the reference.
+    the caller's ``transpose(1, 2).reshape(B * Sq, H * D)`` is then free.
+
+    Other layouts: unmasked calls with several K/V heads (or one head) go to SDPA as they are (its flash kernel
+    serves them); masked calls with several K/V heads (Qwen3's grouped-query attention in GR00T), or a mask
+    packed for another head count, go to the Triton kernel (:func:`.attention.mqa_attention`, any ``H % Hkv
+    == 0``), which reads the boolean mask; none runs the unfused math path.
     """
     batch, heads, seq, dim = q.shape
     packed_mask = None if mask is None else mask.kernel_mask
-    if k.shape[1] != 1 or heads == 1 or (packed_mask is not None and packed_mask.shape[-2] != seq * heads):
-        return reference.attention(q, k, v, mask, scale)
-    packed_q = q.transpose(1, 2).reshape(batch, 1, seq * heads, dim)
-    out = F.scaled_dot_product_attention(packed_q, k, v, attn_mask=packed_mask, scale=scale)
-    return out.view(batch, seq, heads, dim).transpose(1, 2)
+    if k.shape[1] == 1 and (mask is None or (packed_mask is not None and packed_mask.shape[-2] == seq * heads)):
+        packed_q = q.transpose(1, 2).reshape(batch, 1, seq * heads, dim)
+        out = F.scaled_dot_product_attention(packed_q, k, v, attn_mask=packed_mask, scale=scale)
+        return out.view(batch, seq, heads, dim).transpose(1, 2)
+    if mask is None:
+        return reference.attention(q, k, v, None, scale)  # SDPA's flash kernel (GQA included)
+    return attention_kernel.mqa_attention(q, k, v, mask.may_attend, scale)
 
 
 ATTENTION_NOTES = {
     "sdpa": "PyTorch SDPA with the MQA query heads packed as rows of one head (fused mask-capable kernels: "
-    "memory-efficient, cuDNN), mask rows built once per pass, padded to 8 keys (no per-call copy in SDPA); other "
-    "head layouts and unmasked calls on the reference SDPA",
+    "memory-efficient, cuDNN), mask rows built once per pass, padded to 8 keys (no per-call copy in SDPA); masked "
+    "grouped-query attention (several K/V heads) on the Triton kernel; unmasked calls on SDPA (flash)",
     "triton": "Triton flash attention (ops/cuda/attention.py): one program per block of (query, head) rows of a "
     "K/V group, boolean mask read per tile, keys split over programs when the grid is small; unmasked calls "
     "(SigLIP) on the reference SDPA",
@@ -68,7 +76,6 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     :data:`~embodied_accel.ops.CUDA_ATTENTION_KERNELS`."""
     if attention not in CUDA_ATTENTION_KERNELS:
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
-    from . import attention as attention_kernel
     from . import fp8_gemm, groot_kernels, int8_gemm, kernels
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
@@ -80,11 +87,15 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     def rope_store_kv(qkv, tables, kv_write):
         """Q comes back as a ``[B, H, S, D]`` view of ``[B, S, H, D]`` memory (what packed attention reads)."""
         if kv_write.stride(-1) != 1 or tables.rotated_heads != qkv.shape[1] - kv_write.shape[2]:
+            fallbacks.record("rope_store_kv", "cache slot not contiguous in its last dim, or rotated heads other "
+                             "than Q + K", qkv=qkv, kv_write=kv_write, rotated_heads=tables.rotated_heads)  # fmt: skip
             return reference.split_store_kv(rope(qkv, tables), kv_write)
         return kernels.rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
 
     def qk_rms_norm_rope(qkv, norm_weight, eps, tables):
         if tables.rotated_heads != norm_weight.shape[0]:
+            fallbacks.record("qk_rms_norm_rope", "rotated heads other than the normed Q + K heads", qkv=qkv,
+                             norm_weight=norm_weight, rotated_heads=tables.rotated_heads)  # fmt: skip
             return reference.qk_rms_norm_rope(qkv, norm_weight, eps, reference.prepare_rope(
                 tables.cos, tables.sin, tables.rotated_heads, qkv.shape[1]))  # fmt: skip
         return groot_kernels.qk_rms_norm_rope(qkv, norm_weight, eps, tables.cos, tables.sin)

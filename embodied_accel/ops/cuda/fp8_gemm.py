@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import reference
+from .. import fallbacks, reference
 
 #: cuBLASLt's FP8 GEMM needs both inner and output dimensions in multiples of 16 elements.
 FP8_GEMM_ALIGNMENT = 16
@@ -53,6 +53,8 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``x_q [M, K]`` E4M3 with scales ``[M]``, ``weight_q [N, K]`` E4M3 with scales ``[N]`` → ``[M, N]``."""
     if not serves(x_q, weight_q, out_dtype):
+        fallbacks.record("fp8_linear", "not a CUDA tensor, output not bfloat16, K / N not multiples of 16 or the "
+                         "weight not contiguous", x_q=x_q, weight_q=weight_q, out_dtype=out_dtype)  # fmt: skip
         return reference.fp8_linear(x_q, x_scale, weight_q, weight_scale, bias, out_dtype)
     out = scaled_mm_rowwise(x_q, x_scale, weight_q, weight_scale)
     if bias is not None:
