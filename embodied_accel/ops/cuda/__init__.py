@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from .. import fallbacks, reference
 from ..contract import CUDA_ATTENTION_KERNELS, AttentionMask, RopeTables
-from . import attention as attention_kernel  # imports Triton: this package is imported once the backend is chosen
 
 
 def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_heads: int) -> AttentionMask:
@@ -58,7 +57,14 @@ def packed_mqa_attention(q, k, v, mask: AttentionMask | None, scale: float) -> t
         return out.view(batch, seq, heads, dim).transpose(1, 2)
     if mask is None:
         return reference.attention(q, k, v, None, scale)  # SDPA's flash kernel (GQA included)
-    return attention_kernel.mqa_attention(q, k, v, mask.may_attend, scale)
+    return _attention_kernel().mqa_attention(q, k, v, mask.may_attend, scale)
+
+
+def _attention_kernel():
+    """:mod:`.attention` (imports Triton, so not at this package's import: ``fp8_gemm`` needs none)."""
+    from . import attention
+
+    return attention
 
 
 ATTENTION_NOTES = {
@@ -76,6 +82,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     :data:`~embodied_accel.ops.CUDA_ATTENTION_KERNELS`."""
     if attention not in CUDA_ATTENTION_KERNELS:
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
+    from . import attention as attention_kernel  # noqa: F401  (imported with the backend: Triton)
     from . import fp8_gemm, groot_kernels, int8_gemm, kernels
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
@@ -109,7 +116,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         """
         if mask is None:
             return reference.attention(q, k, v, None, scale)
-        return attention_kernel.mqa_attention(q, k, v, mask.may_attend, scale)
+        return _attention_kernel().mqa_attention(q, k, v, mask.may_attend, scale)
 
     ops = {
         "rms_norm": kernels.rms_norm,
