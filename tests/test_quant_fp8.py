@@ -127,3 +127,28 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_by_name():
     else:
         with pytest.raises(ValueError, match="quant: fp8 needs an NVIDIA GPU of compute capability 8.9"):
             FP8Linear.from_linear(layer)
+
+
+@pytest.mark.parametrize(
+    "capability,version,refusal",
+    [
+        ((9, 0), "2.5.1+cu124", None),  # Hopper: the row-wise kernel on every supported torch
+        ((10, 0), "2.13.0", None),
+        ((8, 9), "2.13.0", None),  # Ada: torch's CUTLASS sm89 row-wise kernel
+        ((8, 9), "2.7.0", None),
+        ((8, 9), "2.6.0+cu126", "fp8 on compute capability 8.9 \\(Ada, Test GPU\\) needs torch 2.7 or newer"),
+        ((8, 6), "2.13.0", "fp8 needs an NVIDIA GPU of compute capability 8.9 or newer .*Test GPU is 8.6"),
+        ((8, 0), "2.5.0", "fp8 needs .*; Test GPU is 8.0: use --quant w8a8 or none"),
+    ],
+)
+def test_fp8_capability_follows_torchs_row_wise_scaled_gemm(monkeypatch, capability, version, refusal):
+    from embodied_accel.quant import fp8
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    if refusal is None:
+        fp8.check_fp8_device(torch.device("cuda", 0), torch_version=version)
+    else:
+        with pytest.raises(ValueError, match=f"^quant: {refusal}"):
+            fp8.check_fp8_device(torch.device("cuda", 0), torch_version=version)
+    assert fp8.check_fp8_device(torch.device("cpu"), torch_version="2.5.0") is None  # off CUDA: the reference GEMM
