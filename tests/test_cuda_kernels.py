@@ -40,7 +40,7 @@ def test_backend_lists_fused_and_fallback_ops():
     assert set(cuda_ops.fused) == {
         "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_add_ada_rms_norm", "geglu", "prepare_rope", "rope",
         "rope_store_kv", "prepare_attention_mask", "attention", "swiglu", "qk_rms_norm_rope", "ada_layer_norm", "int8_linear",
-        "fp8_linear",
+        "fp8_linear", "quantize_rows_int8", "quantize_rows_fp8",
     }
     assert "linear" in cuda_ops.fallback
 
@@ -206,3 +206,34 @@ def test_a_call_a_fused_op_hands_to_the_reference_is_logged_once_and_counted(cap
     assert len(lines) <= 1  # once per process: an earlier test may have logged this reason already
     if lines:
         assert "x_q (3, 24) float8_e4m3fn" in lines[0] and "K / N not multiples of 16" in lines[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,width", [(5, 123), (2, 3000), (1, 1), (3, 2048)])
+def test_fused_row_quantization_is_the_references_bit_for_bit(rows, width, dtype):
+    """One kernel (max, scale, cast) for W8A8's int8 and FP8's E4M3 rows: rows spanning six orders of magnitude,
+    rows wider than one block (3000), a row of zeros, ties at half steps, values that round up into the next
+    binade, tiny negatives that round to -0."""
+    torch.manual_seed(0)
+    x = randn(rows, width) * torch.logspace(-3, 3, rows, device=DEVICE)[:, None]
+    x[0, : min(width, 4)] = torch.tensor([1.0, 0.5, -0.25, -1e-7], device=DEVICE)[: min(width, 4)] * x[0].abs().max()
+    if rows > 2:
+        x[1] = 0.0
+    x = x.to(dtype)
+    for fused, reference_op in ((cuda_ops.quantize_rows_int8, reference.quantize_rows_int8),
+                                (cuda_ops.quantize_rows_fp8, reference.quantize_rows_fp8)):  # fmt: skip
+        q, scale = fused(x)
+        expected_q, expected_scale = reference_op(x)
+        assert q.dtype == expected_q.dtype and scale.dtype == torch.float32 and q.shape == x.shape
+        assert torch.equal(scale, expected_scale)
+        assert torch.equal(q.view(torch.uint8), expected_q.view(torch.uint8))  # bits: -0 and +0 apart
+    q, scale = cuda_ops.quantize_rows_int8(x.t().contiguous().t())  # a column-major view: made row-major first
+    assert torch.equal(q, reference.quantize_rows_int8(x)[0])
+
+
+def test_row_quantization_custom_op_has_a_working_fake_implementation():
+    from embodied_accel.ops.cuda import row_quant
+
+    checks = ("test_schema", "test_faketensor")
+    for fp8 in (False, True):
+        torch.library.opcheck(row_quant.quantize_rows, (randn(4, 40), fp8), test_utils=checks)

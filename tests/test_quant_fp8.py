@@ -78,6 +78,17 @@ def test_scaled_mm_call_of_the_cuda_backend_equals_the_reference():
     assert ((out.float() - expected).abs() <= 2.0**-8 * expected.abs() + 2 * k * U32 * magnitude).all()
 
 
+def test_scaled_mm_adds_the_bias_in_its_epilogue():
+    """The bias goes into ``torch._scaled_mm`` (``bias=``): one rounding to bfloat16 of the fp32 sum, not two."""
+    m, k, n = 5, 32, 48
+    x_q, x_scale, w_q, w_scale, bias = random_fp8_operands(m, k, n, seed=4)
+    out = fp8_gemm.scaled_mm_rowwise(x_q, x_scale, w_q, w_scale, bias)
+    exact = reference.fp8_linear(x_q, x_scale, w_q, w_scale, bias.to(torch.bfloat16).float(), torch.float32)
+    magnitude = (x_q.float().abs() @ w_q.float().abs().t()) * x_scale[:, None] * w_scale[None, :] + bias.abs()
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert ((out.float() - exact).abs() <= 2.0**-8 * exact.abs() + 2 * k * U32 * magnitude).all()
+
+
 def test_cuda_fp8_linear_serves_only_aligned_bf16_gpu_calls():
     x_q, _, w_q, _, _ = random_fp8_operands(4, 64, 48, seed=3)
     assert not fp8_gemm.serves(x_q, w_q, torch.bfloat16)  # host tensors: the reference

@@ -83,7 +83,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     if attention not in CUDA_ATTENTION_KERNELS:
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
     from . import attention as attention_kernel  # noqa: F401  (imported with the backend: Triton)
-    from . import fp8_gemm, groot_kernels, int8_gemm, kernels
+    from . import fp8_gemm, groot_kernels, int8_gemm, kernels, row_quant
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
         return RopeTables(cos, sin, rotated_heads, total_heads)  # the kernels read cos / sin themselves
@@ -134,8 +134,10 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         "qk_rms_norm_rope": qk_rms_norm_rope,
         "ada_layer_norm": groot_kernels.ada_layer_norm,
         # ---- ops first used by VGGT
+        "quantize_rows_int8": row_quant.quantize_rows_int8,
         "int8_linear": int8_gemm.int8_linear,
         # ---- FP8 linear layers
+        "quantize_rows_fp8": row_quant.quantize_rows_fp8,
         "fp8_linear": fp8_gemm.fp8_linear,
     }
     return ops, {"attention": ATTENTION_NOTES[attention]}
