@@ -169,8 +169,9 @@ def test_key_splits_combine_to_the_reference(key_splits):
 def test_key_split_plan():
     plan = attention_kernel.key_split_plan
     assert plan(7, 28, 132) == (14, 2)  # pi0 suffix, batch 1, bf16: 7 row blocks -> 98 programs
-    assert plan(56, 28, 132) == (3, 10)  # batch 8: 56 row blocks, 3 splits of 10, 10, 8 key blocks
-    assert plan(109, 28, 132) == (1, 28)  # the prefix pass fills the GPU: no split
+    assert plan(56, 28, 132) == (7, 4)  # batch 8: 56 row blocks x 7 splits of 4 key blocks: 3 waves, 12 blocks
+    assert plan(109, 28, 132) == (7, 4)  # a prefix pass leaving 23 SMs idle: 6 waves of 4 blocks (24) beat 28
+    assert plan(132, 28, 132) == (1, 28)  # the row blocks fill the GPU: no split
     assert plan(1, 3, 132) == (1, 3)  # too few key blocks to split
     assert plan(1, 10, 132, requested=4) == (4, 3)  # forced: 3 + 3 + 3 + 1 blocks, none empty
     assert plan(1, 10, 132, requested=50) == (10, 1)  # at most one split per key block
@@ -178,6 +179,9 @@ def test_key_split_plan():
         for key_blocks in range(1, 60):
             splits, per_split = plan(programs, key_blocks, 132)
             assert (splits - 1) * per_split < key_blocks <= splits * per_split  # every split has a key block
+            waves = -(-programs * splits // 132)
+            assert waves * per_split <= -(-programs // 132) * key_blocks  # never slower than no split (in waves)
+            assert splits == 1 or (programs < 132 and per_split >= 2)
 
 
 def test_output_is_a_view_of_bshd_memory():

@@ -26,7 +26,9 @@ def test_swiglu(rows, width, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("batch,heads,kv_heads,seq,dim", [(1, 16, 8, 2, 128), (2, 4, 2, 7, 16), (1, 5, 1, 3, 8)])
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,seq,dim", [(1, 16, 8, 2, 128), (2, 4, 2, 7, 16), (1, 5, 1, 3, 8), (2, 2, 1, 70, 128)]
+)  # the last: 70 positions in blocks of 32 rows, the last block partial
 def test_qk_rms_norm_rope_on_merged_qkv_views(batch, heads, kv_heads, seq, dim, dtype):
     total, normed = heads + 2 * kv_heads, heads + kv_heads
     qkv = (randn(batch, seq, total, dim) * 4).to(dtype).transpose(1, 2)  # the model's strided view
