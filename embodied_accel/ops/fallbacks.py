@@ -2,8 +2,9 @@
 
 A fused op (cuda, npu) that cannot take a call (a layout, dtype or alignment its kernel does not serve) runs the
 reference for it and says so through :func:`record`: the first time per ``(op, reason)`` a warning names the op,
-the shapes and the reason; every such call adds one to the op's count. ``info`` and every benchmark record carry the
-counts (``reference_fallbacks``: calls in all; ``reference_fallback_ops``: ``op=calls`` each), so a figure measured on a slow path says it was.
+the shapes and the reason; every such call adds one to the op's count. ``info`` and every benchmark record carry
+the counts (``reference_fallbacks``: calls in all; ``reference_fallback_ops``: ``op=calls`` each), so a figure
+measured on a slow path says it was.
 
 Counts are of calls the Python code of the op sees: an eager call, the one call a CUDA graph is captured from (its
 replays run no Python), the eager calls before a compiled graph exists. Under ``torch.compile`` tracing nothing is

@@ -27,8 +27,8 @@ from .w8a8 import QuantizedLinear, replace_linears
 #: recipe (``_scaled_mm_allowed_device`` in aten/src/ATen/native/cuda/Blas.cpp): major >= 9, or exactly 8.9.
 FP8_MIN_CAPABILITY = (8, 9)
 #: Row-wise scaling (per-token and per-channel scales, what ``fp8_linear`` uses) runs a CUTLASS kernel
-#: (RowwiseScaledMM.cu) that torch 2.7 and newer also build for 8.9 (``f8f8bf16_rowwise_sm89``); torch 2.5 / 2.6 build it
-#: for ``cutlass::arch::Sm90`` only and raise "Rowwise scaling is not currently supported on your device" on Ada.
+#: (RowwiseScaledMM.cu) that torch 2.7 and newer also build for 8.9 (``f8f8bf16_rowwise_sm89``); torch 2.5 / 2.6
+#: build it for ``cutlass::arch::Sm90`` only and raise "Rowwise scaling is not currently supported on your device" on Ada.
 ROWWISE_SM89_MIN_TORCH = (2, 7)
 
 
