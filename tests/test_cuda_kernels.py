@@ -6,6 +6,7 @@ kernels are imported); on a GPU the same tests run on the device.
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from tolerances import pi0_tolerance  # noqa: E402
 from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
     DEVICE,
@@ -237,3 +238,49 @@ def test_row_quantization_custom_op_has_a_working_fake_implementation():
     checks = ("test_schema", "test_faketensor")
     for fp8 in (False, True):
         torch.library.opcheck(row_quant.quantize_rows, (randn(4, 40), fp8), test_utils=checks)
+
+
+class DispatchedOps(TorchDispatchMode):
+    """The names of the ops that go through the dispatcher while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_fused_ops_launch_their_kernels_without_a_dispatcher_hop():
+    """In eager mode each fused op runs its kernel's Python launcher directly: no custom-op call (schema check,
+    boxing, re-entry) per call; the custom op remains what torch.compile traces (its fake tests above)."""
+    from embodied_accel.ops.cuda import kernels
+
+    x, r, w = randn(5, 64), randn(5, 64), randn(64)
+    qkv = randn(1, 3, 2 + 2 * 1, 16).transpose(1, 2)  # [B, H + 2 Hkv, S, D] view of [B, S, heads, D]
+    tables = cuda_ops.prepare_rope(randn(1, 3, 16), randn(1, 3, 16), 3, 4)
+    q, k, v = randn(1, 4, 3, 16), randn(1, 2, 6, 16), randn(1, 2, 6, 16)
+    mask = cuda_ops.prepare_attention_mask(torch.ones(1, 3, 6, dtype=torch.bool, device=DEVICE), torch.float32, 4)
+    x_q, x_scale = reference.quantize_rows_int8(x)
+    w_q, w_scale = reference.quantize_rows_int8(randn(32, 64))
+    calls = {
+        "rms_norm": lambda: cuda_ops.rms_norm(x, w, 1e-6),
+        "add_rms_norm": lambda: cuda_ops.add_rms_norm(x, r, w, 1e-6),
+        "geglu": lambda: cuda_ops.geglu(x),
+        "swiglu": lambda: cuda_ops.swiglu(x),
+        "ada_layer_norm": lambda: cuda_ops.ada_layer_norm(x, w, w, 1e-6),
+        "qk_rms_norm_rope": lambda: cuda_ops.qk_rms_norm_rope(qkv, randn(3, 16), 1e-6, tables),
+        "attention": lambda: cuda_ops.attention(q, k, v, mask, 0.25),
+        "quantize_rows_int8": lambda: cuda_ops.quantize_rows_int8(x),
+        "int8_linear": lambda: cuda_ops.int8_linear(x_q, x_scale, w_q.t(), w_scale, None, torch.float32),
+    }
+    for name, call in calls.items():
+        call()  # first call: caches filled
+        with DispatchedOps() as seen:
+            call()
+        hops = [op for op in seen.names if op.startswith("embodied_accel")]
+        assert hops == [], (name, hops)
+    with DispatchedOps() as seen:  # the same kernel through its custom op: one hop, seen by the same count
+        kernels.rms_norm(x, w, 1e-6)
+    assert [op for op in seen.names if op.startswith("embodied_accel")] == ["embodied_accel.rms_norm.default"]

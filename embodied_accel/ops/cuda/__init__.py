@@ -84,12 +84,16 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
     from . import attention as attention_kernel  # noqa: F401  (imported with the backend: Triton)
     from . import fp8_gemm, groot_kernels, int8_gemm, kernels, row_quant
+    from .dispatch import eager_direct
+
+    kernel_rope, kernel_rope_store_kv = eager_direct(kernels.rope), eager_direct(kernels.rope_store_kv)
+    kernel_qk_rms_norm_rope = eager_direct(groot_kernels.qk_rms_norm_rope)
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
         return RopeTables(cos, sin, rotated_heads, total_heads)  # the kernels read cos / sin themselves
 
     def rope(x, tables):
-        return kernels.rope(x, tables.cos, tables.sin, tables.rotated_heads)
+        return kernel_rope(x, tables.cos, tables.sin, tables.rotated_heads)
 
     def rope_store_kv(qkv, tables, kv_write):
         """Q comes back as a ``[B, H, S, D]`` view of ``[B, S, H, D]`` memory (what packed attention reads)."""
@@ -97,7 +101,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
             fallbacks.record("rope_store_kv", "cache slot not contiguous in its last dim, or rotated heads other "
                              "than Q + K", qkv=qkv, kv_write=kv_write, rotated_heads=tables.rotated_heads)  # fmt: skip
             return reference.split_store_kv(rope(qkv, tables), kv_write)
-        return kernels.rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
+        return kernel_rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
 
     def qk_rms_norm_rope(qkv, norm_weight, eps, tables):
         if tables.rotated_heads != norm_weight.shape[0]:
@@ -105,7 +109,7 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
                              norm_weight=norm_weight, rotated_heads=tables.rotated_heads)  # fmt: skip
             return reference.qk_rms_norm_rope(qkv, norm_weight, eps, reference.prepare_rope(
                 tables.cos, tables.sin, tables.rotated_heads, qkv.shape[1]))  # fmt: skip
-        return groot_kernels.qk_rms_norm_rope(qkv, norm_weight, eps, tables.cos, tables.sin)
+        return kernel_qk_rms_norm_rope(qkv, norm_weight, eps, tables.cos, tables.sin)
 
     def triton_attention(q, k, v, mask: AttentionMask | None, scale: float) -> torch.Tensor:
         """Masked attention on the Triton kernel (:func:`.attention.mqa_attention`): any ``H % Hkv == 0`` layout,
@@ -119,18 +123,18 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         return _attention_kernel().mqa_attention(q, k, v, mask.may_attend, scale)
 
     ops = {
-        "rms_norm": kernels.rms_norm,
-        "add_rms_norm": kernels.add_rms_norm,
-        "ada_rms_norm": kernels.ada_rms_norm,
-        "gated_add_ada_rms_norm": kernels.gated_add_ada_rms_norm,
-        "geglu": kernels.geglu,
+        "rms_norm": eager_direct(kernels.rms_norm),
+        "add_rms_norm": eager_direct(kernels.add_rms_norm),
+        "ada_rms_norm": eager_direct(kernels.ada_rms_norm),
+        "gated_add_ada_rms_norm": eager_direct(kernels.gated_add_ada_rms_norm),
+        "geglu": eager_direct(kernels.geglu),
         "prepare_rope": prepare_rope,
         "rope": rope,
         "rope_store_kv": rope_store_kv,
         "prepare_attention_mask": prepare_attention_mask if attention == "sdpa" else prepare_boolean_attention_mask,
         "attention": packed_mqa_attention if attention == "sdpa" else triton_attention,
         # first used by GR00T
-        "swiglu": groot_kernels.swiglu,
+        "swiglu": eager_direct(groot_kernels.swiglu),
         "qk_rms_norm_rope": qk_rms_norm_rope,
         "ada_layer_norm": groot_kernels.ada_layer_norm,
         # ---- ops first used by VGGT

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..reference import MASKED_SCORE
+from .dispatch import eager_direct
 
 _MASKED_SCORE = tl.constexpr(MASKED_SCORE)
 
@@ -338,6 +339,9 @@ def _(q, k, v, may_attend, scale, block_m=0, block_n=0, num_warps=0, num_stages=
     return q.new_empty(batch, seq, heads, dim)
 
 
+_mqa_attention_rows = eager_direct(mqa_attention_rows)
+
+
 def mqa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -353,9 +357,9 @@ def mqa_attention(
     ``launch`` overrides :func:`default_launch`.
     """
     if launch is None:
-        out = mqa_attention_rows(q, k, v, may_attend, scale)
+        out = _mqa_attention_rows(q, k, v, may_attend, scale)
     else:
-        out = mqa_attention_rows(
+        out = _mqa_attention_rows(
             q, k, v, may_attend, scale, launch.block_m, launch.block_n, launch.num_warps, launch.num_stages,
             launch.key_splits,
         )  # fmt: skip

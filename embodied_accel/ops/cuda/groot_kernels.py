@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernels import _rows
+from .dispatch import eager_direct
+from .kernels import _rope_row_block, _rows
 
 
 @triton.jit
@@ -148,10 +149,13 @@ def _(x, scale_plus_one, shift, eps):
     return x.new_empty(x.shape)  # contiguous, as the kernel's output
 
 
+_ada_layer_norm = eager_direct(ada_layer_norm_op)
+
+
 def ada_layer_norm(x, scale_plus_one, shift, eps):
     """The op's contract: ``scale_plus_one`` / ``shift`` broadcast against ``x``'s rows (one per row or shared)."""
     if scale_plus_one is not None and scale_plus_one.dim() > 1:
         rows = x.numel() // x.shape[-1]
         scale_plus_one = scale_plus_one.expand(*x.shape[:-1], x.shape[-1]).reshape(rows, -1)
         shift = shift.expand(*x.shape[:-1], x.shape[-1]).reshape(rows, -1)
-    return ada_layer_norm_op(x, scale_plus_one, shift, eps)
+    return _ada_layer_norm(x, scale_plus_one, shift, eps)

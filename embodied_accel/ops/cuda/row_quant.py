@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from ..reference import FP8_E4M3_MAX
+from .dispatch import eager_direct
 
 INT8_MAX = 127.0
 #: 1.5 * 2^23: adding then subtracting it rounds an fp32 of magnitude below 2^22 to an integer, half to even.
@@ -85,11 +86,14 @@ def _(x, fp8):
     return x.new_empty(x.shape, dtype=dtype), x.new_empty(x.shape[0], dtype=torch.float32)
 
 
+_quantize_rows = eager_direct(quantize_rows)
+
+
 def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The cuda backend's ``quantize_rows_int8``: :func:`embodied_accel.ops.reference.quantize_rows_int8`, fused."""
-    return quantize_rows(x, False)
+    return _quantize_rows(x, False)
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The cuda backend's ``quantize_rows_fp8``: :func:`embodied_accel.ops.reference.quantize_rows_fp8`, fused."""
-    return quantize_rows(x, True)
+    return _quantize_rows(x, True)
