@@ -20,7 +20,7 @@ from .dispatch import eager_direct
 
 INT8_MAX = 127.0
 #: 1.5 * 2^23: adding then subtracting it rounds an fp32 of magnitude below 2^22 to an integer, half to even.
-_ROUND_HALF_EVEN = 12582912.0
+_ROUND_HALF_EVEN = tl.constexpr(12582912.0)
 
 
 @triton.jit
