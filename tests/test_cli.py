@@ -348,6 +348,7 @@ def test_info_names_the_tokenizer(capsys):
     assert f"tokenizer:   {cli.SAMPLE_OBSERVATION.parent / 'tiny_tokenizer.model'} (512 pieces)" in out
 
 
+@pytest.mark.compile
 @needs_policy
 def test_captured_modes_announce_the_first_call_before_it_runs(capsys, monkeypatch):
     from embodied_accel.families import policy as policy_family

@@ -8,10 +8,8 @@ the device.
 
 import json
 import logging
-import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,6 +19,7 @@ from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
     GPU,
     ON_GPU,
     TOLERANCE,
+    interpreter_dots_in_fp32,
     requires_triton,
 )
 
@@ -38,35 +37,7 @@ from embodied_accel.ops.cuda import attention as attention_kernel  # noqa: E402
 
 @pytest.fixture(autouse=True, scope="module")
 def _interpreter_dots_in_fp32():
-    """Under the interpreter, compute ``tl.dot`` the way a tensor core does: operands as fp32, fp32 sums.
-
-    The interpreter stores bf16 as its uint16 bit pattern and its ``create_dot`` multiplies those bits
-    (triton-lang/triton#11584; bf16 is unsupported there, the maintainers say), and its ``np.matmul(dtype=...)``
-    bypasses BLAS (slow on big tiles). bf16 x bf16 products are exact in fp32, so converting the operands and
-    multiplying in fp32 is what the GPU computes, up to summation order. Nothing changes on a GPU.
-    """
-    if ON_GPU or os.environ.get("TRITON_INTERPRET") != "1":
-        yield
-        return
-    import triton.language as tl
-    from triton.runtime import interpreter
-
-    original = interpreter.InterpreterBuilder.create_dot
-    floats = (tl.bfloat16, tl.float16, tl.float32)
-
-    def as_fp32(handle) -> torch.Tensor:
-        if handle.dtype == tl.bfloat16:  # uint16 bits -> the high half of an fp32
-            return torch.from_numpy(handle.data.astype(np.int32) << 16).view(torch.float32)
-        return torch.from_numpy(handle.data.astype(np.float32, copy=False))
-
-    def create_dot(self, a, b, acc, input_precision, max_num_imprecise_acc):
-        if acc.dtype != tl.float32 or a.dtype not in floats or b.dtype not in floats:
-            return original(self, a, b, acc, input_precision, max_num_imprecise_acc)
-        product = torch.addmm(torch.from_numpy(acc.data), as_fp32(a), as_fp32(b))
-        return interpreter.TensorHandle(product.numpy(), tl.float32)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
+    with interpreter_dots_in_fp32():
         yield
 
 
@@ -198,8 +169,9 @@ def test_key_splits_combine_to_the_reference(key_splits):
 def test_key_split_plan():
     plan = attention_kernel.key_split_plan
     assert plan(7, 28, 132) == (14, 2)  # pi0 suffix, batch 1, bf16: 7 row blocks -> 98 programs
-    assert plan(56, 28, 132) == (3, 10)  # batch 8: 56 row blocks, 3 splits of 10, 10, 8 key blocks
-    assert plan(109, 28, 132) == (1, 28)  # the prefix pass fills the GPU: no split
+    assert plan(56, 28, 132) == (7, 4)  # batch 8: 56 row blocks x 7 splits of 4 key blocks: 3 waves, 12 blocks
+    assert plan(109, 28, 132) == (7, 4)  # a prefix pass leaving 23 SMs idle: 6 waves of 4 blocks (24) beat 28
+    assert plan(132, 28, 132) == (1, 28)  # the row blocks fill the GPU: no split
     assert plan(1, 3, 132) == (1, 3)  # too few key blocks to split
     assert plan(1, 10, 132, requested=4) == (4, 3)  # forced: 3 + 3 + 3 + 1 blocks, none empty
     assert plan(1, 10, 132, requested=50) == (10, 1)  # at most one split per key block
@@ -207,6 +179,9 @@ def test_key_split_plan():
         for key_blocks in range(1, 60):
             splits, per_split = plan(programs, key_blocks, 132)
             assert (splits - 1) * per_split < key_blocks <= splits * per_split  # every split has a key block
+            waves = -(-programs * splits // 132)
+            assert waves * per_split <= -(-programs // 132) * key_blocks  # never slower than no split (in waves)
+            assert splits == 1 or (programs < 132 and per_split >= 2)
 
 
 def test_output_is_a_view_of_bshd_memory():
@@ -238,6 +213,7 @@ def test_custom_op_has_a_working_fake_implementation():
     torch.library.opcheck(attention_kernel.mqa_attention_rows, (q, k, v, None, 0.25), test_utils=checks)
 
 
+@pytest.mark.compile
 def test_torch_compile_traces_the_op_without_graph_breaks():
     """fullgraph=True raises on a graph break; the second call must not recompile."""
     torch._dynamo.reset()
@@ -359,3 +335,6 @@ def test_bench_records_the_attention_kernel(capsys, tmp_path, cuda_backend_here)
     record = json.loads(path.read_text())
     assert record["backend"] == "cuda" and record["cuda_attention"] == "triton"
     assert "cuda-triton-attention" in path.name and "cuda (attention triton)" in out
+    # every call of the measurement on the fused kernels: no fused op handed one to the reference
+    assert record["reference_fallbacks"] == 0 and record["reference_fallback_ops"] == []
+    assert "reference fallbacks of fused ops: none" in out

@@ -1,6 +1,7 @@
 """The cuda backend's GR00T kernels (SwiGLU, Qwen3 q/k-norm + RoPE, DiT AdaLN) against the reference, and the
 GR00T parity fixture on the cuda backend. Under the Triton interpreter on a machine without a GPU."""
 
+import numpy as np
 import pytest
 import torch
 from tolerances import groot_tolerance  # noqa: E402
@@ -25,7 +26,9 @@ def test_swiglu(rows, width, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("batch,heads,kv_heads,seq,dim", [(1, 16, 8, 2, 128), (2, 4, 2, 7, 16), (1, 5, 1, 3, 8)])
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,seq,dim", [(1, 16, 8, 2, 128), (2, 4, 2, 7, 16), (1, 5, 1, 3, 8), (2, 2, 1, 70, 128)]
+)  # the last: 70 positions in blocks of 32 rows, the last block partial
 def test_qk_rms_norm_rope_on_merged_qkv_views(batch, heads, kv_heads, seq, dim, dtype):
     total, normed = heads + 2 * kv_heads, heads + kv_heads
     qkv = (randn(batch, seq, total, dim) * 4).to(dtype).transpose(1, 2)  # the model's strided view
@@ -89,3 +92,28 @@ def test_groot_on_the_cuda_backend_matches_isaac_groot():
         err = abs(out[f"action.{key.key}"][0] - expected).max()
         # Isaac-GR00T's call and ours (the Triton kernels) round differently: a GR00T call's bound
         assert err <= groot_tolerance() * abs(expected).max(), (key.key, err)
+
+
+def test_groot_tiny_on_the_cuda_backend_runs_no_attention_on_the_reference(monkeypatch):
+    """A whole GR00T call (tiny preset: Qwen3 with 4 query / 2 K/V heads, masked): its grouped-query attention runs
+    the Triton kernel, and no fused op hands a call to the reference."""
+    from embodied_accel.ops import fallbacks
+    from embodied_accel.ops.cuda import attention as attention_kernel
+    from embodied_accel.policies import groot as groot_policy
+
+    monkeypatch.setattr(groot_policy, "get_ops", lambda backend, **kw: get_ops(backend, GPU, **kw))
+    policy = groot_policy.load_groot_policy("groot-tiny", backend="cuda", device=DEVICE, progress=False)
+    assert policy.model.ops.backend == "cuda"
+    grouped = []
+    real = attention_kernel.mqa_attention
+
+    def spy(q, k, v, may_attend, scale, launch=None):
+        grouped.append((q.shape[1], k.shape[1], may_attend is not None))
+        return real(q, k, v, may_attend, scale, launch)
+
+    monkeypatch.setattr(attention_kernel, "mqa_attention", spy)
+    with fallbacks.counting() as seen:
+        out = policy.infer(policy.sample_observation(height=64, width=64), seed=0)
+    assert seen.get("attention", 0) == 0 and seen == {}, seen
+    assert (4, 2, True) in grouped  # the backbone's masked GQA, on the fused kernel
+    assert all(np.isfinite(value).all() for key, value in out.items() if key.startswith("action."))

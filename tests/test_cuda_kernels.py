@@ -6,19 +6,28 @@ kernels are imported); on a GPU the same tests run on the device.
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from tolerances import pi0_tolerance  # noqa: E402
 from triton_setup import (  # before embodied_accel: sets TRITON_INTERPRET
     DEVICE,
     GPU,
     TOLERANCE,
+    interpreter_dots_in_fp32,
     requires_triton,
 )
 
 pytestmark = [requires_triton, pytest.mark.kernels]  # on the GPU where there is one: not pinned to the CPU
 
-from embodied_accel.ops import get_ops, reference  # noqa: E402
+from embodied_accel.ops import fallbacks, get_ops, reference  # noqa: E402
 
 cuda_ops = get_ops("cuda", GPU)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _interpreter_dots_in_fp32():  # bf16 tl.dot under the interpreter (the attention kernel serves GQA here)
+    with interpreter_dots_in_fp32():
+        yield
+
 # (rows, width): real model shapes (pi0 suffix rows x expert width, prefix x VLM width) and odd ones
 NORM_SHAPES = [(50, 1024), (5, 123), (1, 7), (3, 2048)]
 
@@ -32,7 +41,7 @@ def test_backend_lists_fused_and_fallback_ops():
     assert set(cuda_ops.fused) == {
         "rms_norm", "add_rms_norm", "ada_rms_norm", "gated_add_ada_rms_norm", "geglu", "prepare_rope", "rope",
         "rope_store_kv", "prepare_attention_mask", "attention", "swiglu", "qk_rms_norm_rope", "ada_layer_norm", "int8_linear",
-        "fp8_linear",
+        "fp8_linear", "quantize_rows_int8", "quantize_rows_fp8",
     }
     assert "linear" in cuda_ops.fallback
 
@@ -40,10 +49,12 @@ def test_backend_lists_fused_and_fallback_ops():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "batch,heads,kv_heads,sq,sk,dim",
-    [(1, 8, 1, 51, 870, 256), (2, 8, 1, 37, 37, 64), (1, 5, 1, 3, 123, 16), (2, 4, 2, 7, 19, 32), (1, 1, 1, 5, 9, 8)],
+    [(1, 8, 1, 51, 870, 256), (2, 8, 1, 37, 37, 64), (1, 5, 1, 3, 123, 16), (2, 4, 2, 7, 19, 32), (1, 1, 1, 5, 9, 8),
+     (1, 6, 3, 5, 23, 24), (2, 16, 8, 3, 11, 16), (1, 3, 3, 4, 6, 8)],
 )
 def test_packed_mqa_attention(batch, heads, kv_heads, sq, sk, dim, dtype):
-    """pi0's suffix (51 queries over the cached prefix) and prefix shapes, odd ones, GQA and MHA fallbacks."""
+    """pi0's suffix (51 queries over the cached prefix) and prefix shapes, odd ones; masked grouped-query attention
+    (several K/V heads: GR00T's Qwen3, odd group sizes, MHA) on the Triton kernel; none runs the reference."""
     torch.manual_seed(0)
     q, k, v = randn(batch, heads, sq, dim, dtype=dtype), randn(batch, kv_heads, sk, dim, dtype=dtype), randn(
         batch, kv_heads, sk, dim, dtype=dtype
@@ -53,8 +64,10 @@ def test_packed_mqa_attention(batch, heads, kv_heads, sq, sk, dim, dtype):
     may_attend[0, -1] = False  # a fully masked row stays finite (uniform), as in the reference
     mask = reference.prepare_attention_mask(may_attend, dtype, heads)
     cuda_mask = cuda_ops.prepare_attention_mask(may_attend, dtype, heads)
-    out = cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5)
-    assert torch.equal(cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5), out)  # the packed mask, reused
+    with fallbacks.counting() as seen:
+        out = cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5)
+        assert torch.equal(cuda_ops.attention(q, k, v, cuda_mask, dim**-0.5), out)  # the packed mask, reused
+    assert seen == {}
     fp32_mask = reference.prepare_attention_mask(may_attend, torch.float32, heads)
     expected = reference.attention(q.float(), k.float(), v.float(), fp32_mask, dim**-0.5)
     # bf16: at most about twice the error of the same-dtype reference
@@ -179,3 +192,95 @@ def test_pi0_models_on_the_cuda_backend_match_lerobot(family, preset):
     err = (actions.cpu() - io["actions_model"][b]).abs().max().item()
     # LeRobot's call and ours (the Triton kernels) round differently: a pi0 call's bound, relative to its actions
     assert err <= pi0_tolerance(get_preset(preset)) * io["actions_model"][b].abs().max().item(), err
+
+
+def test_a_call_a_fused_op_hands_to_the_reference_is_logged_once_and_counted(caplog):
+    """fp8_linear with K = 24 (not a multiple of the FP8 GEMM's 16): the reference serves it, and says so."""
+    x_q, x_scale = reference.quantize_rows_fp8(randn(3, 24))
+    w_q, w_scale = reference.quantize_rows_fp8(randn(32, 24))
+    with caplog.at_level("WARNING", logger="embodied_accel.ops.fallbacks"), fallbacks.counting() as seen:
+        for _ in range(2):
+            out = cuda_ops.fp8_linear(x_q, x_scale, w_q, w_scale, None, torch.bfloat16)
+    assert seen == {"fp8_linear": 2}
+    torch.testing.assert_close(out, reference.fp8_linear(x_q, x_scale, w_q, w_scale, None, torch.bfloat16))
+    lines = [r.getMessage() for r in caplog.records if "fp8_linear" in r.getMessage()]
+    assert len(lines) <= 1  # once per process: an earlier test may have logged this reason already
+    if lines:
+        assert "x_q (3, 24) float8_e4m3fn" in lines[0] and "K / N not multiples of 16" in lines[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,width", [(5, 123), (2, 3000), (1, 1), (3, 2048)])
+def test_fused_row_quantization_is_the_references_bit_for_bit(rows, width, dtype):
+    """One kernel (max, scale, cast) for W8A8's int8 and FP8's E4M3 rows: rows spanning six orders of magnitude,
+    rows wider than one block (3000), a row of zeros, ties at half steps, values that round up into the next
+    binade, tiny negatives that round to -0."""
+    torch.manual_seed(0)
+    x = randn(rows, width) * torch.logspace(-3, 3, rows, device=DEVICE)[:, None]
+    x[0, : min(width, 4)] = torch.tensor([1.0, 0.5, -0.25, -1e-7], device=DEVICE)[: min(width, 4)] * x[0].abs().max()
+    if rows > 2:
+        x[1] = 0.0
+    x = x.to(dtype)
+    for fused, reference_op in ((cuda_ops.quantize_rows_int8, reference.quantize_rows_int8),
+                                (cuda_ops.quantize_rows_fp8, reference.quantize_rows_fp8)):  # fmt: skip
+        q, scale = fused(x)
+        expected_q, expected_scale = reference_op(x)
+        assert q.dtype == expected_q.dtype and scale.dtype == torch.float32 and q.shape == x.shape
+        assert torch.equal(scale, expected_scale)
+        assert torch.equal(q.view(torch.uint8), expected_q.view(torch.uint8))  # bits: -0 and +0 apart
+    q, scale = cuda_ops.quantize_rows_int8(x.t().contiguous().t())  # a column-major view: made row-major first
+    assert torch.equal(q, reference.quantize_rows_int8(x)[0])
+
+
+def test_row_quantization_custom_op_has_a_working_fake_implementation():
+    from embodied_accel.ops.cuda import row_quant
+
+    checks = ("test_schema", "test_faketensor")
+    for fp8 in (False, True):
+        torch.library.opcheck(row_quant.quantize_rows, (randn(4, 40), fp8), test_utils=checks)
+
+
+class DispatchedOps(TorchDispatchMode):
+    """The names of the ops that go through the dispatcher while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_eager_fused_ops_launch_their_kernels_without_a_dispatcher_hop():
+    """In eager mode each fused op runs its kernel's Python launcher directly: no custom-op call (schema check,
+    boxing, re-entry) per call; the custom op remains what torch.compile traces (its fake tests above)."""
+    from embodied_accel.ops.cuda import kernels
+
+    x, r, w = randn(5, 64), randn(5, 64), randn(64)
+    qkv = randn(1, 3, 2 + 2 * 1, 16).transpose(1, 2)  # [B, H + 2 Hkv, S, D] view of [B, S, heads, D]
+    tables = cuda_ops.prepare_rope(randn(1, 3, 16), randn(1, 3, 16), 3, 4)
+    q, k, v = randn(1, 4, 3, 16), randn(1, 2, 6, 16), randn(1, 2, 6, 16)
+    mask = cuda_ops.prepare_attention_mask(torch.ones(1, 3, 6, dtype=torch.bool, device=DEVICE), torch.float32, 4)
+    x_q, x_scale = reference.quantize_rows_int8(x)
+    w_q, w_scale = reference.quantize_rows_int8(randn(32, 64))
+    calls = {
+        "rms_norm": lambda: cuda_ops.rms_norm(x, w, 1e-6),
+        "add_rms_norm": lambda: cuda_ops.add_rms_norm(x, r, w, 1e-6),
+        "geglu": lambda: cuda_ops.geglu(x),
+        "swiglu": lambda: cuda_ops.swiglu(x),
+        "ada_layer_norm": lambda: cuda_ops.ada_layer_norm(x, w, w, 1e-6),
+        "qk_rms_norm_rope": lambda: cuda_ops.qk_rms_norm_rope(qkv, randn(3, 16), 1e-6, tables),
+        "attention": lambda: cuda_ops.attention(q, k, v, mask, 0.25),
+        "quantize_rows_int8": lambda: cuda_ops.quantize_rows_int8(x),
+        "int8_linear": lambda: cuda_ops.int8_linear(x_q, x_scale, w_q.t(), w_scale, None, torch.float32),
+    }
+    for name, call in calls.items():
+        call()  # first call: caches filled
+        with DispatchedOps() as seen:
+            call()
+        hops = [op for op in seen.names if op.startswith("embodied_accel")]
+        assert hops == [], (name, hops)
+    with DispatchedOps() as seen:  # the same kernel through its custom op: one hop, seen by the same count
+        kernels.rms_norm(x, w, 1e-6)
+    assert [op for op in seen.names if op.startswith("embodied_accel")] == ["embodied_accel.rms_norm.default"]

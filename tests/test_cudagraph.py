@@ -171,7 +171,7 @@ def test_cudagraph_modes_need_a_gpu():
 
 @requires_cuda
 @pytest.mark.parametrize("preset", ["pi0-tiny", "pi05-tiny"])
-@pytest.mark.parametrize("mode", ["cudagraph", "compile+cudagraph"])
+@pytest.mark.parametrize("mode", ["cudagraph", pytest.param("compile+cudagraph", marks=pytest.mark.compile)])
 def test_cuda_graph_call_equals_eager_on_the_gpu(preset, mode):
     eager = load_policy(preset, device="cuda", progress=False)
     graphed = load_policy(preset, device="cuda", capture=mode, progress=False)

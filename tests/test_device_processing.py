@@ -146,6 +146,7 @@ def test_whole_device_call_equals_host_path(family, preset):
     np.testing.assert_array_equal(mixed_out[0], host[0])
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("family,preset", [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")])
 def test_compiled_whole_call_is_one_graph_and_equals_eager(family, preset):
     directory, io, observations = fixture_observations(family)

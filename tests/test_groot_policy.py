@@ -71,6 +71,7 @@ def test_whole_call_has_no_capture_unsafe_op():
     assert not safety.unsafe, sorted(set(safety.unsafe))
 
 
+@pytest.mark.compile
 def test_compiled_whole_call_is_one_graph_without_recompiles():
     policy = load("gr1")
     inputs = policy.prepare(observations("gr1", policy.processor.spec))
@@ -141,7 +142,7 @@ requires_cuda = pytest.mark.gpu  # skipped with a reason without one (conftest.p
 
 
 @requires_cuda
-@pytest.mark.parametrize("mode", ["cudagraph", "compile+cudagraph"])
+@pytest.mark.parametrize("mode", ["cudagraph", pytest.param("compile+cudagraph", marks=pytest.mark.compile)])
 @pytest.mark.parametrize("backend", ["reference", "cuda"])
 def test_cuda_graph_call_equals_eager_on_the_gpu(mode, backend):
     """The fixture on a GPU: the whole call captured as CUDA graphs (one per bucket, replayed) equals eager."""

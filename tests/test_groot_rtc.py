@@ -197,6 +197,7 @@ def test_rows_with_and_without_rtc_share_one_call():
     assert np.abs(both[1, :4] - leftover[1][1:5]).max() < np.abs(plain[1, :4] - leftover[1][1:5]).max()
 
 
+@pytest.mark.compile
 def test_captured_guided_call_equals_eager_and_a_new_delay_is_not_a_new_graph():
     """compile (one graph, no break, no recompile for a new delay, leftover or row mix) and the CUDA-graph path
     through the replay stand-in (one capture; a new delay is copied into it) equal the eager call."""
@@ -235,7 +236,7 @@ def test_captured_guided_call_equals_eager_and_a_new_delay_is_not_a_new_graph():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["cudagraph", "compile+cudagraph"])
+@pytest.mark.parametrize("mode", ["cudagraph", pytest.param("compile+cudagraph", marks=pytest.mark.compile)])
 def test_guided_cuda_graph_equals_eager_on_the_gpu(mode):
     """Real CUDA graphs: guided calls with other delays, leftovers and row mixes replay one capture per bucket."""
     settings = RtcSettings("exp", 5.0, 4)

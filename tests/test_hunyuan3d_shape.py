@@ -459,6 +459,7 @@ def test_cache_sweep_command_writes_speed_against_quality_and_a_chart(tmp_path, 
     assert "not with --cache" in capsys.readouterr().err
 
 
+@pytest.mark.compile
 def test_compile_on_a_cpu_leaves_the_grid_form_decoder_eager():
     """Compiled on a CPU the grid form would allocate its intermediates per chunk again (2.3x slower, measured):
     the conditioner and the DiT compile, the decoder runs eagerly with its workspace."""

@@ -430,6 +430,7 @@ def torchair(torch_npu, monkeypatch):
     return module
 
 
+@pytest.mark.compile
 def test_torchair_capture_compiles_the_whole_call_as_asked(ops, torchair, no_alloc_conf, monkeypatch):
     compile_calls = []
     real_compile = torch.compile

@@ -78,6 +78,17 @@ def test_scaled_mm_call_of_the_cuda_backend_equals_the_reference():
     assert ((out.float() - expected).abs() <= 2.0**-8 * expected.abs() + 2 * k * U32 * magnitude).all()
 
 
+def test_scaled_mm_adds_the_bias_in_its_epilogue():
+    """The bias goes into ``torch._scaled_mm`` (``bias=``): one rounding to bfloat16 of the fp32 sum, not two."""
+    m, k, n = 5, 32, 48
+    x_q, x_scale, w_q, w_scale, bias = random_fp8_operands(m, k, n, seed=4)
+    out = fp8_gemm.scaled_mm_rowwise(x_q, x_scale, w_q, w_scale, bias)
+    exact = reference.fp8_linear(x_q, x_scale, w_q, w_scale, bias.to(torch.bfloat16).float(), torch.float32)
+    magnitude = (x_q.float().abs() @ w_q.float().abs().t()) * x_scale[:, None] * w_scale[None, :] + bias.abs()
+    assert out.dtype == torch.bfloat16 and out.shape == (m, n)
+    assert ((out.float() - exact).abs() <= 2.0**-8 * exact.abs() + 2 * k * U32 * magnitude).all()
+
+
 def test_cuda_fp8_linear_serves_only_aligned_bf16_gpu_calls():
     x_q, _, w_q, _, _ = random_fp8_operands(4, 64, 48, seed=3)
     assert not fp8_gemm.serves(x_q, w_q, torch.bfloat16)  # host tensors: the reference
@@ -127,3 +138,28 @@ def test_fp8_on_a_gpu_without_fp8_tensor_cores_is_refused_by_name():
     else:
         with pytest.raises(ValueError, match="quant: fp8 needs an NVIDIA GPU of compute capability 8.9"):
             FP8Linear.from_linear(layer)
+
+
+@pytest.mark.parametrize(
+    "capability,version,refusal",
+    [
+        ((9, 0), "2.5.1+cu124", None),  # Hopper: the row-wise kernel on every supported torch
+        ((10, 0), "2.13.0", None),
+        ((8, 9), "2.13.0", None),  # Ada: torch's CUTLASS sm89 row-wise kernel
+        ((8, 9), "2.7.0", None),
+        ((8, 9), "2.6.0+cu126", "fp8 on compute capability 8.9 \\(Ada, Test GPU\\) needs torch 2.7 or newer"),
+        ((8, 6), "2.13.0", "fp8 needs an NVIDIA GPU of compute capability 8.9 or newer .*Test GPU is 8.6"),
+        ((8, 0), "2.5.0", "fp8 needs .*; Test GPU is 8.0: use --quant w8a8 or none"),
+    ],
+)
+def test_fp8_capability_follows_torchs_row_wise_scaled_gemm(monkeypatch, capability, version, refusal):
+    from embodied_accel.quant import fp8
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    if refusal is None:
+        fp8.check_fp8_device(torch.device("cuda", 0), torch_version=version)
+    else:
+        with pytest.raises(ValueError, match=f"^quant: {refusal}"):
+            fp8.check_fp8_device(torch.device("cuda", 0), torch_version=version)
+    assert fp8.check_fp8_device(torch.device("cpu"), torch_version="2.5.0") is None  # off CUDA: the reference GEMM

@@ -143,6 +143,7 @@ def test_the_frozen_prefix_follows_the_previous_chunk():
     np.testing.assert_allclose(guided[:, :delay], left[:, :delay], atol=0.05 * np.abs(left).max())
 
 
+@pytest.mark.compile
 def test_captured_rtc_equals_eager_and_a_new_delay_is_not_a_new_graph():
     directory, io = fixture("pi0")
     eager = load_policy(str(directory), progress=False)

@@ -20,6 +20,7 @@ def inputs_of(io, family):
     return ModelInputs(io["images"], io["image_masks"], io["tokens"], io["token_masks"], state)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("family,preset", [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")])
 def test_compiled_call_is_one_graph_reused_and_equals_eager(family, preset):
     directory = FIXTURES / f"{family}_tiny"

@@ -114,6 +114,7 @@ def test_a_device_with_an_index_allocates_one_cache_for_100_calls(monkeypatch):
     assert len(allocations) == 1, f"{len(allocations)} KV caches allocated in 100 calls"
 
 
+@pytest.mark.compile
 def test_compile_does_not_recompile_across_calls_and_buckets():
     policy = load_policy("pi0-tiny", device="cpu:0", capture="compile", progress=False)
     short, long = observation(1, tokens=12), observation(2, tokens=20)  # prompt buckets 16 and 32

@@ -35,6 +35,7 @@ def affine(x):
     return torch.sin(x) * 2 + 1
 
 
+@pytest.mark.compile
 def test_more_shape_buckets_than_dynamos_default_limit_are_all_compiled():
     """dynamo's default allows 8 graphs per function, then runs it eagerly without an error: every bucket here
     (10) gets its graph, and repeated calls compile nothing new."""
@@ -49,6 +50,7 @@ def test_more_shape_buckets_than_dynamos_default_limit_are_all_compiled():
     assert len(graphs) == buckets
 
 
+@pytest.mark.compile
 def test_buckets_beyond_the_limit_run_eagerly_counted_and_logged(caplog):
     backend, graphs = counting_backend()
     call = CompiledCall(affine, max_buckets=2, backend=backend)

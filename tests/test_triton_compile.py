@@ -45,13 +45,15 @@ def test_every_kernel_compiles_at_model_shapes(tmp_path, arch, dtypes):
     assert {
         "_rms_norm_kernel", "_geglu_kernel", "_rope_kernel", "_rope_store_kv_kernel", "_mqa_attention_kernel",
         "_combine_key_splits_kernel", "_swiglu_kernel", "_qk_rms_norm_rope_kernel", "_ada_layer_norm_kernel",
-        "_int8_gemm_kernel",
+        "_int8_gemm_kernel", "_quantize_rows_kernel",
     } <= launched  # fmt: skip
-    # at depth 2 the prefix pass's attention runs (queries = keys under the prefix-LM mask, no key split, pi0's head
-    # dim 256), and GR00T's Qwen3 attention (16 query / 8 K/V heads of 128) through the model itself
+    # at depth 2 the prefix pass's attention runs (queries = keys under the prefix-LM mask, pi0's head dim 256; at
+    # batch 1 split over keys, its unsplit variant launched by the tool), and GR00T's Qwen3 attention (16 query /
+    # 8 K/V heads of 128) through the model itself
     assert result["depth"] >= 2
     attention = [v["constants"] for v in variants if v["kernel"] == "_mqa_attention_kernel" and "*bf16" in v["signature"]]
     assert any("SPLIT=False" in c and "HEAD_DIM=256" in c for c in attention), attention
+    assert any("SPLIT=True" in c and "HEAD_DIM=256" in c for c in attention), attention
     assert any("HEAD_DIM=128" in c for c in attention), attention
     for v in variants:
         assert v["arch"] == arch and v["cubin_bytes"] > 0 and v["problems"] == [], v

@@ -36,6 +36,7 @@ def reconstruct(tmp_path, name, *extra):
     return cameras, depth
 
 
+@pytest.mark.compile
 def test_reconstruct_capture_compile_writes_what_eager_writes(tmp_path, capsys):
     cameras, depth = reconstruct(tmp_path, "eager")
     compiled_cameras, compiled_depth = reconstruct(tmp_path, "compiled", "--capture", "compile")
@@ -66,6 +67,7 @@ def test_graph_modes_capture_each_stage_once_per_bucket(mode):
     assert graphed.runner.capture_seconds >= 0
 
 
+@pytest.mark.compile
 def test_sequence_parallel_runs_are_eager_only(tmp_path, capsys):
     code = cli.main(["reconstruct", "-o", str(tmp_path / "s.ply"), "--sp", "ulysses", "--capture", "compile"])
     assert code == 2 and "--sp) is eager only" in capsys.readouterr().err

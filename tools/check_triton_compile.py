@@ -282,11 +282,13 @@ def groot_model_launches(dtype: torch.dtype, batch: int) -> None:
                                  noise, buffers)  # fmt: skip
 
 
-def op_launches(dtype: torch.dtype, batch: int, seq: int = 51) -> None:
+def op_launches(dtype: torch.dtype, batch: int, seq: int = 51, arch: int = 90) -> None:
     """Ops of the cuda backend that pi0 and pi0.5 do not call themselves, at their models' shapes.
 
     ``rope`` (rotate Q and K of a merged ``[B, 8 + 2, S, 256]`` projection, no cache write) is served for
-    callers without a static cache; the adaRMS norms with per-row modulation for a training step's conditioning.
+    callers without a static cache; the adaRMS norms with per-row modulation for a training step's conditioning;
+    the W8A8 / FP8 row quantization (FP8 from sm_89 on, the first with float8 conversions); the attention
+    kernel's unsplit variant at a prefix pass's shape.
     """
     from embodied_accel.ops.cuda import kernels
 
@@ -306,6 +308,21 @@ def op_launches(dtype: torch.dtype, batch: int, seq: int = 51) -> None:
         x_q = torch.randint(-127, 128, (tokens, fan_in), dtype=torch.int8)
         w_q = torch.randint(-127, 128, (fan_out, fan_in), dtype=torch.int8).t()
         int8_gemm.int8_linear(x_q, torch.rand(tokens), w_q, torch.rand(fan_out), torch.randn(fan_out, dtype=dtype), dtype)
+    # the attention kernel without key splits at pi0's prefix shape (816 tokens, 8 query heads of 256 over one K/V
+    # head): at batch 1 the automatic plan splits every pi0 / GR00T pass (their row blocks leave SMs idle)
+    from embodied_accel.ops.cuda import attention
+
+    prefix = 816
+    q = torch.randn(batch, prefix, 8, 256, dtype=dtype).transpose(1, 2)
+    kv = torch.randn(batch, 1, prefix, 256, dtype=dtype)
+    unsplit = attention.AttentionLaunch(block_m=0, block_n=0, num_warps=0, num_stages=0, key_splits=1)
+    attention.mqa_attention(q, kv, kv, torch.ones(batch, prefix, prefix, dtype=torch.bool), 256**-0.5, unsplit)
+    from embodied_accel.ops.cuda import row_quant
+
+    for width in (1024, 4096):  # the aggregator MLP's inputs (int8); pi0's expert widths (FP8)
+        row_quant.quantize_rows_int8(torch.randn(tokens, width, dtype=dtype))
+        if arch >= 89:
+            row_quant.quantize_rows_fp8(torch.randn(batch * seq, width, dtype=dtype))
 
 
 def groot_launches(dtype: torch.dtype, batch: int, prompt: int = 128, tokens: int = 51) -> None:
@@ -349,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
                 for batch in batches:
                     model_launches(dtype, batch)
                     groot_model_launches(dtype, batch)
-                    op_launches(dtype, batch)
+                    op_launches(dtype, batch, arch=arch)
                     groot_launches(dtype, batch)
     seconds = time.perf_counter() - started
 

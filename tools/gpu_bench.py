@@ -37,12 +37,14 @@ from gpu_measure import (  # noqa: E402
     CAPTURES,
     DEFAULT_CAPTURES,
     capture_options,
+    device_activity_step,
     max_abs_diff,
     measure_call,
     ordered_captures,
     release,
     summary_line,
     timed,
+    write_then_complete,
 )
 
 from embodied_accel import load_policy  # noqa: E402
@@ -127,28 +129,35 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def measure_bucket(args, plat, policy, capture, views, batch, dtype, load_s, eager_out, quant="none") -> None:
+    """Time one bucket and write its record at once; the comparison with eager, the stage split and the profiler
+    pass then complete it one by one (a failure there is recorded as null with its reason)."""
     observations = observations_for(policy, views, batch)
     call, measured_views = policy.measured_call(observations, None)
     measured = measure_call(call, plat, args.warmup, args.runs)
-    raw = policy.prepare_raw(observations)
-    out = policy.run(raw, policy.make_noise(batch, seed=0)).float().cpu()
-    if capture == "eager":
-        eager_out[(views, batch)] = out
-    stages = {}
-    if args.stages and capture == "eager":
-        stages = stage_split(policy.stage_fns(policy.prepare(observations)), 3, max(args.runs // 2, 10), plat, False)
     record = harness.result_record(
         model=policy.config.family, preset=policy.config.name, backend=policy.backend, capture=capture, dtype=dtype,
         batch=batch, views=measured_views, steps=policy.config.num_steps, times=measured.pop("times"),
         aten_ops_per_call=None, plat=plat, **measured, source=policy.source, random_weights=True,
         num_parameters=policy.num_parameters(), warmup=args.warmup, capture_s=policy.capture_seconds, load_s=load_s,
-        cuda_attention=policy.ops.settings.get("cuda_attention"), quant=quant,
-        max_abs_diff_vs_eager=max_abs_diff(out, eager_out.get((views, batch))),
+        cuda_attention=policy.ops.settings.get("cuda_attention"), quant=quant, max_abs_diff_vs_eager=None,
         graphs_captured=None if policy.graph_cache is None else policy.graph_cache.captures,
         measured_call="observation bytes uploaded -> device pre-processing + model + un-normalization -> "
-        "actions on host", note=args.note, **stages,
+        "actions on host", note=args.note,
     )  # fmt: skip
-    path = harness.write_result(record, args.out_dir)
+
+    def compare_with_eager():
+        out = policy.run(policy.prepare_raw(observations), policy.make_noise(batch, seed=0)).float().cpu()
+        if capture == "eager":
+            eager_out[(views, batch)] = out
+        return {"max_abs_diff_vs_eager": max_abs_diff(out, eager_out.get((views, batch)))}
+
+    steps = [("compare_with_eager", compare_with_eager)]
+    if args.stages and capture == "eager":
+        stages = functools.partial(stage_split, policy.stage_fns(policy.prepare(observations)), 3,
+                                   max(args.runs // 2, 10), plat, False)  # fmt: skip
+        steps.append(("stages", stages))
+    steps.append(("device_activity", device_activity_step(call, plat)))
+    path = write_then_complete(record, args.out_dir, steps)
     print(f"{summary_line(record)} -> {path.name}", flush=True)
 
 

@@ -9,6 +9,26 @@
 #   results.jsonl  every result record the steps wrote, one JSON object per line, rewritten after each step
 # Raw result files live in a temporary folder outside OUT_DIR.
 
+KILL_GRACE=5 # seconds between a step's SIGINT at its limit and its SIGKILL
+RESERVE=10   # seconds kept for the last bundling
+
+gpu_worst_case() {  # gpu_worst_case CAP...: the session's worst case, every step cap, one kill grace each, bundling
+    local total=$RESERVE cap
+    for cap in "$@"; do
+        total=$((total + cap + KILL_GRACE))
+    done
+    echo "$total"
+}
+
+gpu_cap_terms() {  # gpu_cap_terms NAMES_ARRAY CAPS_ARRAY: "env 15 + pi0 115 + ... + 4 kill graces of 5 s + bundling 10"
+    local -n names=$1 caps=$2
+    local i terms=""
+    for i in "${!caps[@]}"; do
+        terms+="${names[$i]} ${caps[$i]} + "
+    done
+    echo "${terms}${#caps[@]} kill graces of $KILL_GRACE + bundling $RESERVE"
+}
+
 gpu_arguments() {  # gpu_arguments HELP_LINES MIN_ARGS USAGE "$@": sets CPU_MODE (--cpu) and ARGS (the rest)
     local help=$1 min=$2 usage=$3 arg
     shift 3
@@ -45,7 +65,6 @@ gpu_setup() {  # gpu_setup OUT_DIR CAP_SECONDS CPU_MODE(0|1); then the working d
     : >"$LOG"
     : >"$SUMMARY"
     DEADLINE=$((SECONDS + CAP))
-    RESERVE=10 # seconds kept for the last bundling
     PY=${PYTHON:-python3}
     export PYTHONUNBUFFERED=1
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -69,14 +88,16 @@ gpu_install_wheels() {  # wheels the GPU image lacks, from tools/fetch_gpu_wheel
     done
 }
 
-gpu_environment() {
+gpu_environment() {  # gpu_environment [LIMIT_SECONDS]: env.txt, each probe under the limit (default 30 s)
+    local limit=${1:-30}
     {
         if [ "$CPU_MODE" = 1 ]; then
             echo "CPU mode (tiny presets, graphs through the CPU replay stand-in): $(nproc) cores"
         else
-            nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1
+            timeout -k "$KILL_GRACE" "$limit" nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
+                --format=csv,noheader 2>&1
         fi
-        "$PY" - <<'PYEOF' 2>&1
+        timeout -k "$KILL_GRACE" "$limit" "$PY" - <<'PYEOF' 2>&1
 import importlib.util, platform, torch
 triton = "absent"
 if importlib.util.find_spec("triton") is not None:
@@ -103,13 +124,14 @@ PYEOF
 }
 
 # gpu_step NAME LIMIT_SECONDS PATTERN COMMAND...
-#   Runs COMMAND under `timeout -s INT` (at most LIMIT seconds, less when the session's cap is near; SIGKILL 10 s later
-#   if it does not stop), its output appended to log.txt as it comes and kept for the summary, whose lines are the
+#   Runs COMMAND under `timeout -s INT` (at most LIMIT seconds, less when the session's cap is near; SIGKILL
+#   KILL_GRACE seconds later if it does not stop), its output appended to log.txt as it comes and kept for the
+#   summary, whose lines are the
 #   step's status and the output lines matching PATTERN (an extended regular expression).
 gpu_step() {
     local name=$1 limit=$2 pattern=$3
     shift 3
-    local left=$((DEADLINE - SECONDS - RESERVE))
+    local left=$((DEADLINE - SECONDS - RESERVE - KILL_GRACE))
     if [ "$left" -lt "$limit" ]; then
         limit=$left
     fi
@@ -119,7 +141,7 @@ gpu_step() {
     fi
     local step_out=$WORK/$name.out start=$SECONDS status rc
     echo "== $name (limit ${limit} s) $(date -u +%H:%M:%S)" >>"$LOG"
-    timeout -s INT -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG" >"$step_out"
+    timeout -s INT -k "$KILL_GRACE" "$limit" "$@" 2>&1 | tee -a "$LOG" >"$step_out"
     rc=${PIPESTATUS[0]}
     case $rc in
         0) status="ok" ;;
@@ -134,20 +156,21 @@ gpu_step() {
     gpu_bundle
 }
 
-# gpu_pytest NAME LIMIT [MARKEXPR]: the tests selected by MARKEXPR (all without one), in parallel and with a
-# per-test timeout where the plugins are installed; the full report goes to tests.txt (and log.txt).
+# gpu_pytest NAME LIMIT [MARKEXPR]: the tests selected by MARKEXPR (all without one), in parallel (4 workers) and
+# with a per-test timeout where the plugins are installed; the full report goes to tests.txt (and log.txt). Inductor
+# compiles in each test process itself (TORCHINDUCTOR_COMPILE_THREADS=1: no pool of compile workers per xdist worker).
 gpu_pytest() {
     local name=$1 limit=$2 marks=${3:-} extra=()
     if [ -n "$marks" ]; then
         extra+=(-m "$marks")
     fi
     if "$PY" -c "import xdist" 2>/dev/null && [ "$CPU_MODE" = 0 ]; then
-        extra+=(-n 8)
+        extra+=(-n 4)
     fi
     if "$PY" -c "import pytest_timeout" 2>/dev/null; then
         extra+=(--timeout 60)
     fi
     gpu_step "$name" "$limit" '(passed|failed|error|skipped|no tests ran)|^(FAILED|ERROR) ' \
-        "$PY" -m pytest -q -rfE -p no:cacheprovider "${extra[@]}" tests
+        env TORCHINDUCTOR_COMPILE_THREADS=1 "$PY" -m pytest -q -rfE -p no:cacheprovider "${extra[@]}" tests
     cp "$WORK/$name.out" "$OUT/tests.txt"
 }

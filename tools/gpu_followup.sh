@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The GPU steps after tools/gpu_smoke.sh, one step per call (each fits a short session), with the same rules: the
-# step under its own time limit (SIGINT, then SIGKILL 10 s later; at most 9 minutes), logs written as they go,
+# step under its own time limit (SIGINT, then SIGKILL 5 s later; at most 9 minutes), logs written as they go,
 # summary.txt / env.txt / log.txt / results.jsonl (and tests.txt for the tests step) in OUT_DIR, nothing else.
 #
 #   bash tools/gpu_followup.sh [--cpu] OUT_DIR STEP [ARGS]
 #
 # STEP:
+#   pi05                       pi0.5 bf16, 2 views batch 1, eager and CUDA graph
+#   triton-attention [MODEL]   pi0 (or pi05) with the Triton attention kernel, eager and CUDA graph, 2 views batch 1
 #   vggt                       full-size VGGT, 1/10/50/100 frames of 518x518: aggregator time and peak memory
 #   vggt-w8a8                  the same with the W8A8 plan, 1/10/50 frames
 #   vggt-long                  full-size VGGT streamed, 100/500/1,000 frames: time, peak memory and its estimate
@@ -17,13 +19,13 @@
 #   groot-compile              GR00T N1.6 eager, compile and compile+cudagraph
 #   buckets MODEL              pi0 / pi05 / groot eager and CUDA graph over every shape bucket (1-3 views x batch 1, 8)
 #   train [PRESET]             full-size pi0.5 (or pi0) training steps: samples/s and peak memory per batch size
-#   tests                      every test with the GPU visible (the whole suite; kernels and GPU tests included)
+#   tests                      every test with the GPU visible (the whole suite; kernels, GPU and compile tests)
 # --cpu runs the step on the tiny presets (graphs through the CPU replay stand-in), to check the script anywhere.
 set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,21p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: vggt vggt-long vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" "$@"
+gpu_arguments '2,23p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
@@ -55,6 +57,14 @@ FIGURES=' p50 [0-9.]+ ms|loaded in|frames|out of memory|samples/s'
 PIX=(--buckets 2x1 --runs "$RUNS" --warmup 3 --out-dir "$RESULTS" "${CPU[@]}")
 
 case $STEP in
+    pi05)
+        gpu_step pi05 240 "$FIGURES" "$PY" tools/gpu_bench.py --model "$(tiny pi05)" --captures eager cudagraph \
+            "${PIX[@]}"
+        ;;
+    triton-attention)
+        gpu_step "triton-attention-${STEP_ARGS[0]:-pi0}" 240 "$FIGURES" "$PY" tools/gpu_bench.py \
+            --model "$(tiny "${STEP_ARGS[0]:-pi0}")" --attention triton --captures eager cudagraph "${PIX[@]}"
+        ;;
     vggt)
         gpu_step vggt 480 "$FIGURES" "$PY" tools/vggt_gpu_bench.py --preset "$(tiny vggt)" --size "$VGGT_SIZE" \
             --frames "${VGGT_FRAMES[@]}" --runs 5 --out-dir "$RESULTS" "${CPU[@]}"
@@ -116,7 +126,7 @@ case $STEP in
         fi
         ;;
     *)
-        echo "unknown step $STEP (steps: vggt vggt-long vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" >&2
+        echo "unknown step $STEP (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" >&2
         exit 2
         ;;
 esac

@@ -130,30 +130,39 @@ def measure(args, plat, policy, capture: str, views: int, batch: int, dtype: str
         return policy.sample(to_device(host, policy.device), noise.to(policy.device)).to("cpu")
 
     measured = gpu_measure.measure_call(call, plat, args.warmup, args.runs)
-    out = call().float()
-    if capture == "eager":
-        eager_out[(views, batch)] = out
-    stages = {}
-    if args.stages and capture == "eager":
-        device_inputs = to_device(host, policy.device)
-        for name, fn in policy.stage_fns(device_inputs).items():
-            stage_times = harness.time_calls(fn, warmup=3, runs=max(args.runs // 2, 10), synchronize=plat.synchronize,
-                                             progress=False)  # fmt: skip
-            stages[f"stage_{name}_ms"] = harness.summarize(stage_times)["p50_ms"]
     record = harness.result_record(
         model="groot", preset=policy.config.name, backend=policy.backend, capture=capture, dtype=dtype, batch=batch,
         views=views, steps=policy.config.num_steps, times=measured.pop("times"), aten_ops_per_call=None, plat=plat,
         **measured, source=policy.source, random_weights=True, num_parameters=policy.num_parameters(),
         warmup=args.warmup, capture_s=policy.capture_seconds, load_s=load_s,
-        cuda_attention=policy.ops.settings.get("cuda_attention"),
-        max_abs_diff_vs_eager=gpu_measure.max_abs_diff(out, eager_out.get((views, batch))),
+        cuda_attention=policy.ops.settings.get("cuda_attention"), max_abs_diff_vs_eager=None,
         graphs_captured=None if policy.graph_cache is None else policy.graph_cache.captures,
         prompt_tokens=int(host.valid[0].sum()), seq_len_bucket=host.bucket.seq_len, frame_side=args.side,
         target_p50_ms=15.0 if policy.config.name == "groot-n1.6" and views == batch == 1 else None,
         measured_call="model inputs uploaded -> whole (captured) GR00T call -> normalized chunk on host",
-        note=args.note, **stages,
+        note=args.note,
     )  # fmt: skip
-    path = harness.write_result(record, args.out_dir)
+
+    def compare_with_eager():
+        out = call().float()
+        if capture == "eager":
+            eager_out[(views, batch)] = out
+        return {"max_abs_diff_vs_eager": gpu_measure.max_abs_diff(out, eager_out.get((views, batch)))}
+
+    def stages():
+        device_inputs = to_device(host, policy.device)
+        split = {}
+        for name, fn in policy.stage_fns(device_inputs).items():
+            stage_times = harness.time_calls(fn, warmup=3, runs=max(args.runs // 2, 10), synchronize=plat.synchronize,
+                                             progress=False)  # fmt: skip
+            split[f"stage_{name}_ms"] = harness.summarize(stage_times)["p50_ms"]
+        return split
+
+    steps = [("compare_with_eager", compare_with_eager)]
+    if args.stages and capture == "eager":
+        steps.append(("stages", stages))
+    steps.append(("device_activity", gpu_measure.device_activity_step(call, plat)))
+    path = gpu_measure.write_then_complete(record, args.out_dir, steps)
     print(f"{gpu_measure.summary_line(record)} -> {path.name}", flush=True)
 
 

@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm.auto import tqdm
 
 from .. import platform as platform_mod
+from ..ops import fallbacks
 
 logger = logging.getLogger(__name__)
 
@@ -416,11 +417,22 @@ def write_result(record: dict[str, Any], out_dir: str | Path = DEFAULT_OUT_DIR) 
     while path.exists():
         path = out / f"{name[: -len('.json')]}-{suffix}.json"
         suffix += 1
+    rewrite_result(record, path)
+    logger.info("wrote %s", path)
+    return path
+
+
+def rewrite_result(record: dict[str, Any], path: str | Path) -> Path:
+    """Write ``record`` to ``path`` (replacing it atomically): a record completed after :func:`write_result` wrote
+    its first figures keeps its file."""
+    path = Path(path)
+    missing = [key for key in RESULT_KEYS if key not in record]
+    if missing:
+        raise ValueError(f"result record: missing keys {', '.join(missing)}")
     text = json.dumps(record, indent=2, allow_nan=False, default=_json_default) + "\n"
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
-    logger.info("wrote %s", path)
     return path
 
 
@@ -477,5 +489,8 @@ def result_record(
     }
     record.update(stats)  # min_ms, max_ms, std_ms
     record.update(env)  # device_type, git_dirty, cpu_count, threads
+    # calls the fused ops handed to the reference (ops/fallbacks.py): those of the measurement when the caller
+    # counted them, else every one since the process started
+    record.update(fallbacks.record_fields(fallbacks.counts()))
     record.update(extra)
     return record

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..families import CLIError, LoadedModel, family_of, load_model
 from ..families.policy import DEFAULT_MODEL
+from ..ops import fallbacks
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fallback_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{op} {n} call(s)" for op, n in counts.items()) or "none"
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     model = _load(args)
     ops, n = model.ops, model.num_parameters()
@@ -90,6 +95,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"fallback:    {', '.join(ops.fallback) or 'none'} (pure-PyTorch reference)")
         for op, note in ops.notes.items():
             print(f"  {op + ':':<24}{note}")
+        print(f"reference fallbacks of fused ops so far: {_fallback_text(fallbacks.counts())} (each logged once; "
+              "bench records count those of their calls)")  # fmt: skip
     else:
         print("fused ops:   none (every op is the pure-PyTorch reference)")
     for line in model.info_lines():
@@ -153,6 +160,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     plat.reset_peak_memory()
     first_call_ms = None
+    before = fallbacks.counts()  # reference fallbacks of the measured calls (a CUDA graph: of its capture)
     _announce_first_call(args, model)  # with --warmup 0 the first timed run compiles
     if args.warmup:  # the first call apart: compile / capture / allocator warm-up show here, not in the mean
         _say(args, "first call (warm-up, timed apart) ...")
@@ -163,6 +171,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     times = harness.time_calls(call, warmup=warmup_left, runs=args.runs, synchronize=plat.synchronize,
                                progress=progress)  # fmt: skip
     peak_mem_mb = plat.peak_memory_mb()
+    reference_fallbacks = fallbacks.since(before)
     _say(args, "counting the aten ops of one call ...")
     aten_ops, aten_ops_method, profiled_aten_ops = aten_op_counts(model, call)
     if plat.device_type == "cuda":  # kernel launches and busy time exist only on the GPU
@@ -194,7 +203,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         first_call_ms=first_call_ms, capture_s=model.capture_seconds, end_to_end_p50_ms=end_to_end_p50_ms,
         measured_call=measured.description, aten_ops_method=aten_ops_method,
         profiled_aten_ops_per_call=profiled_aten_ops, load_s=model.load_seconds, note=args.note,
-        fused_ops=list(model.ops.fused), fallback_ops=list(model.ops.fallback), **measured.fields, **stages,
+        fused_ops=list(model.ops.fused), fallback_ops=list(model.ops.fallback),
+        **fallbacks.record_fields(reference_fallbacks), **measured.fields, **stages,
     )  # fmt: skip
     path = harness.write_result(record, args.out_dir)
     print(_bench_line(record))
@@ -206,6 +216,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               "+ host validation, tokenization and packing)")  # fmt: skip
     if model.ops.fused:
         print(f"ops: fused {', '.join(model.ops.fused)}; reference {', '.join(model.ops.fallback) or 'none'}")
+        print(f"reference fallbacks of fused ops: {_fallback_text(reference_fallbacks)}")
     if stages:
         print("stages: " + ", ".join(f"{k[6:-3]} {v:.2f} ms" for k, v in stages.items() if k.endswith("_ms")))
     print(f"wrote {path}")

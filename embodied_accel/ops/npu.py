@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import reference
+from . import fallbacks, reference
 from .contract import AttentionMask, RopeTables
 
 logger = logging.getLogger(__name__)
@@ -143,6 +143,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
     """``npu_add_rms_norm``: returns ``(rms_norm(x + residual), x + residual)``."""
     if x.dtype != residual.dtype:
+        fallbacks.record("add_rms_norm", "x and residual of different dtypes", x=x, residual=residual)
         return reference.add_rms_norm(x, residual, weight, eps)
     normed, _rstd, total = _npu.npu_add_rms_norm(x, residual, _as_dtype(weight, x.dtype), epsilon=eps)
     return normed, total
@@ -169,6 +170,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: f
 def add_layer_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float):
     """``npu_add_layer_norm(..., additional_output=True)``: returns ``(layer_norm(x + residual), x + residual)``."""
     if x.dtype != residual.dtype:
+        fallbacks.record("add_layer_norm", "x and residual of different dtypes", x=x, residual=residual)
         return reference.add_layer_norm(x, residual, weight, bias, eps)
     normed, _mean, _rstd, total = _npu.npu_add_layer_norm(
         x, residual, _as_dtype(weight, x.dtype), _as_dtype(bias, x.dtype), epsilon=eps, additional_output=True
@@ -196,6 +198,7 @@ def prepare_rope(cos: torch.Tensor, sin: torch.Tensor, rotated_heads: int, total
         )
     batch, seq, dim = cos.shape
     if not _rotary_supported(batch, total_heads, dim):
+        fallbacks.record("prepare_rope", "shapes npu_rotary_mul does not take", cos=cos, total_heads=total_heads)
         return reference.prepare_rope(cos, sin, rotated_heads, total_heads)
     r1 = cos.new_ones(batch, seq, total_heads, dim)  # cos on rotated heads, 1 on passed-through heads
     r2 = cos.new_zeros(batch, seq, total_heads, dim)  # sin on rotated heads, 0 elsewhere (the operator signs it)
@@ -208,6 +211,7 @@ def rope(x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
     """Rotary embedding on ``x: [B, heads, S, D]`` (the model's view of a BSND tensor); returns the same view shape.
     Tables that :func:`prepare_rope` left to the reference (``BHSD``) run the reference."""
     if tables.layout != "BSHD":
+        fallbacks.record("rope", "tables prepare_rope left to the reference", x=x)
         return reference.rope(x, tables)
     r1, r2 = tables.multipliers
     rows = x.transpose(1, 2).contiguous()  # [B, S, heads, D]; no copy for the model's merged QKV
@@ -264,6 +268,8 @@ def attention(
     """``npu_fused_infer_attention_score`` on ``q: [B, H, Sq, D]``, ``k, v: [B, Hkv, Sk, D]``; returns ``[B, H, Sq, D]``.
     A mask without the operator's form, or shapes the operator cannot take, run the reference."""
     if (mask is not None and mask.kernel_mask is None) or not _fia_supported(q, k, v):
+        fallbacks.record("attention", "a mask without the operator's form, or shapes / dtypes the fused attention "
+                         "operator does not take", q=q, k=k, v=v)  # fmt: skip
         return reference.attention(q, k, v, mask, scale)
     batch, heads, q_len, dim = q.shape
     pad = _head_dim_padding(dim, q.element_size(), batch, q_len)
@@ -340,7 +346,8 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
 def qk_rms_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, tables) -> torch.Tensor:
     """Qwen3's per-head q/k RMSNorm (``npu_rms_norm`` with a unit gamma; the per-head weights ``[H + Hkv, D]``
     differ between Q and K heads, so they multiply afterwards) then :func:`rope` on the merged tensor."""
-    if tables.layout != "BSHD":  # tables prepare_rope left to the reference
+    if tables.layout != "BSHD":
+        fallbacks.record("qk_rms_norm_rope", "tables prepare_rope left to the reference", qkv=qkv)
         return reference.qk_rms_norm_rope(qkv, norm_weight, eps, tables)
     heads = norm_weight.shape[0]
     unit = torch.ones(qkv.shape[-1], dtype=qkv.dtype, device=qkv.device)
@@ -352,6 +359,8 @@ def ada_layer_norm(x: torch.Tensor, scale_plus_one, shift, eps: float) -> torch.
     """The DiT's AdaLN: ``npu_layer_norm_eval`` with ``1 + scale`` / ``shift`` as its affine parameters when one
     modulation serves every row (GR00T: one timestep per step), parameter-free with none."""
     if scale_plus_one is not None and scale_plus_one.dim() != 1:
+        fallbacks.record("ada_layer_norm", "per-row modulation (the operator takes one per call)", x=x,
+                         scale_plus_one=scale_plus_one)  # fmt: skip
         return reference.ada_layer_norm(x, scale_plus_one, shift, eps)
     return _npu.npu_layer_norm_eval(
         x, [x.shape[-1]], weight=_as_dtype(scale_plus_one, x.dtype), bias=_as_dtype(shift, x.dtype), eps=eps

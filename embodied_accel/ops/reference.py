@@ -308,8 +308,19 @@ def qk_layer_norm_rope_2d(
     return out
 
 
+#: The most fp32 scores :func:`attention_lse` holds at once off the CPU (2^24: 64 MiB per block of scores).
+ATTENTION_LSE_BLOCK_ELEMENTS = 1 << 24
+#: Keys per block of :func:`attention_lse`'s blocked path, at most (wide blocks keep its GEMMs efficient).
+ATTENTION_LSE_MAX_KEY_BLOCK = 4096
+
+
 def attention_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_bias: torch.Tensor | None,
+    scale: float,
+    block_elements: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax attention that also returns the log-sum-exp of each query row, for merging partial results.
 
@@ -317,17 +328,64 @@ def attention_lse(
     count, a large negative finite number for padding) or ``None``. Returns ``(out [B, H, Sq, D] in q.dtype,
     lse [B, H, Sq] in fp32)``, ``lse = log(sum_k exp(scale * q.k + bias))``. A row whose keys are all padding
     gets a finite, very negative ``lse``, so merging it contributes exactly nothing.
+
+    No full ``[Sq, Sk]`` score matrix is built: on the CPU PyTorch's flash-attention kernel returns the LSE itself;
+    elsewhere (or with ``block_elements`` given) :func:`blocked_attention_lse` walks blocks of queries and keys with
+    a running max and sum in fp32, at most ``block_elements`` scores at once (default
+    :data:`ATTENTION_LSE_BLOCK_ELEMENTS`).
     """
-    mask = None if key_bias is None else key_bias.to(q.dtype).view(1, 1, 1, -1)
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and block_elements is None:
+        mask = None if key_bias is None else key_bias.to(q.dtype).view(1, 1, 1, -1)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
         return out, lse.float()
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale)
-    if mask is not None:
-        scores = scores + mask.float()
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse[..., None]), v.float())
-    return out.to(q.dtype), lse
+    return blocked_attention_lse(q, k, v, key_bias, scale, block_elements or ATTENTION_LSE_BLOCK_ELEMENTS)
+
+
+def attention_lse_blocks(batch_heads: int, queries: int, keys: int, block_elements: int) -> tuple[int, int]:
+    """``(query_block, key_block)`` of :func:`blocked_attention_lse`: as many keys as fit (at most
+    :data:`ATTENTION_LSE_MAX_KEY_BLOCK`) with one query row per head, then as many queries as fit beside them."""
+    if block_elements < 1:
+        raise ValueError(f"block_elements: expected a positive number of scores, got {block_elements}")
+    key_block = max(1, min(keys, ATTENTION_LSE_MAX_KEY_BLOCK, block_elements // batch_heads))
+    query_block = max(1, min(queries, block_elements // (batch_heads * key_block)))
+    return query_block, key_block
+
+
+def blocked_attention_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_bias: torch.Tensor | None, scale: float,
+    block_elements: int = ATTENTION_LSE_BLOCK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`attention_lse` over blocks of queries and keys (sizes from :func:`attention_lse_blocks`), fp32
+    throughout: per query block, a running row max ``m``, sum ``s = sum exp(score - m)`` and unnormalized output,
+    rescaled by ``exp(m_old - m_new)`` as each key block comes in; ``lse = m + log(s)``. The largest intermediate is
+    one block of scores (``block_elements``; a single row per head when fewer do not fit) besides the output."""
+    batch, heads, queries, dim = q.shape
+    keys = k.shape[2]
+    query_block, key_block = attention_lse_blocks(batch * heads, queries, keys, block_elements)
+    bias = None if key_bias is None else key_bias.to(q.dtype).float()  # rounded as the fused kernels see it
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, queries, dtype=torch.float32, device=q.device)
+    for q0 in range(0, queries, query_block):
+        q_rows = q[:, :, q0 : q0 + query_block].float()
+        row_max = torch.full(q_rows.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
+        row_sum = torch.zeros_like(row_max)
+        acc = torch.zeros_like(q_rows)
+        for k0 in range(0, keys, key_block):
+            scores = torch.matmul(q_rows, k[:, :, k0 : k0 + key_block].float().transpose(-1, -2)).mul_(scale)
+            if bias is not None:
+                scores.add_(bias[k0 : k0 + key_block])
+            new_max = torch.maximum(row_max, scores.amax(dim=-1))
+            correction = torch.exp(row_max - new_max)
+            probs = scores.sub_(new_max[..., None]).exp_()
+            row_sum = torch.addcmul(probs.sum(dim=-1), row_sum, correction)
+            acc = torch.baddbmm(
+                (acc * correction[..., None]).flatten(0, 1), probs.flatten(0, 1),
+                v[:, :, k0 : k0 + key_block].float().flatten(0, 1),
+            ).view_as(acc)  # fmt: skip
+            row_max = new_max
+        lse[:, :, q0 : q0 + query_block] = row_max + torch.log(row_sum)
+        out[:, :, q0 : q0 + query_block] = (acc / row_sum[..., None]).to(q.dtype)
+    return out, lse
 
 
 def quantize_rows_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

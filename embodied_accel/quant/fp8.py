@@ -5,9 +5,9 @@ per-output-channel scales (computed once, at attach time) and float8 activations
 The same plans as W8A8 pick the layers (:func:`~embodied_accel.quant.w8a8.replace_linears`). Scales map each row's or
 channel's largest magnitude to E4M3's largest finite value, 448; a value then keeps 3 mantissa bits, a relative
 rounding error of at most 2⁻⁴, against int8's absolute step of ``max / 127``: FP8 loses less on a row whose values
-span several orders of magnitude. The GEMM is the backend's ``fp8_linear``: on the cuda backend cuBLASLt's FP8 GEMM
-(``torch._scaled_mm``, compute capability 8.9 and newer), elsewhere the reference (the same float8 values, the product
-in fp32).
+span several orders of magnitude. The GEMM is the backend's ``fp8_linear``: on the cuda backend the row-wise scaled
+FP8 GEMM of ``torch._scaled_mm`` (compute capability 9.0 and newer; 8.9 with torch 2.7 or newer, see
+:func:`check_fp8_device`), elsewhere the reference (the same float8 values, the product in fp32).
 """
 
 from __future__ import annotations
@@ -23,8 +23,25 @@ from ..ops.reference import FP8_E4M3_MAX
 from ..plans import QuantPlan
 from .w8a8 import QuantizedLinear, replace_linears
 
-#: The oldest NVIDIA GPUs with FP8 tensor cores (Ada: 8.9; Hopper: 9.0).
+#: The oldest NVIDIA GPUs with FP8 tensor cores (Ada: 8.9; Hopper: 9.0). torch's own gate for every scaled-GEMM
+#: recipe (``_scaled_mm_allowed_device`` in aten/src/ATen/native/cuda/Blas.cpp): major >= 9, or exactly 8.9.
 FP8_MIN_CAPABILITY = (8, 9)
+#: Row-wise scaling (per-token and per-channel scales, what ``fp8_linear`` uses) runs a CUTLASS kernel
+#: (RowwiseScaledMM.cu) that torch 2.7 and newer also build for 8.9 (``f8f8bf16_rowwise_sm89``); torch 2.5 / 2.6
+#: build it for ``cutlass::arch::Sm90`` only and raise "Rowwise scaling is not currently supported on your device" on Ada.
+ROWWISE_SM89_MIN_TORCH = (2, 7)
+
+
+def _torch_release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def fp8_min_capability(torch_version: str | None = None) -> tuple[int, int]:
+    """The oldest compute capability on which this torch runs row-wise scaled ``torch._scaled_mm``: 8.9 from torch
+    2.7 on, else 9.0."""
+    release = _torch_release(torch_version or torch.__version__)
+    return FP8_MIN_CAPABILITY if release >= ROWWISE_SM89_MIN_TORCH else (9, 0)
 
 
 def quantize_weight_fp8(weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,17 +54,26 @@ def quantize_weight_fp8(weight_t: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return q, scale
 
 
-def check_fp8_device(device: torch.device) -> None:
-    """A ``ValueError`` naming ``quant`` when ``device`` is a CUDA GPU without FP8 tensor cores."""
+def check_fp8_device(device: torch.device, *, torch_version: str | None = None) -> None:
+    """A ``ValueError`` naming ``quant`` when ``device`` is a CUDA GPU on which this torch has no row-wise scaled FP8
+    GEMM: no FP8 tensor cores (before 8.9), or 8.9 (Ada) with a torch older than 2.7."""
     if device.type != "cuda":
         return
-    capability = torch.cuda.get_device_capability(device)
-    if capability < FP8_MIN_CAPABILITY:
-        name = torch.cuda.get_device_name(device)
+    capability = tuple(torch.cuda.get_device_capability(device))
+    torch_version = torch_version or torch.__version__
+    if capability >= fp8_min_capability(torch_version):
+        return
+    name = torch.cuda.get_device_name(device)
+    if capability >= FP8_MIN_CAPABILITY:  # 8.9 with an older torch
         raise ValueError(
-            f"quant: fp8 needs an NVIDIA GPU of compute capability {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or "
-            f"newer (Ada, Hopper, Blackwell); {name} is {capability[0]}.{capability[1]}: use --quant w8a8 or none"
+            f"quant: fp8 on compute capability 8.9 (Ada, {name}) needs torch {ROWWISE_SM89_MIN_TORCH[0]}."
+            f"{ROWWISE_SM89_MIN_TORCH[1]} or newer: torch {torch_version} builds row-wise scaled torch._scaled_mm for "
+            "sm_90 and newer only; upgrade torch, or use --quant w8a8 or none"
         )
+    raise ValueError(
+        f"quant: fp8 needs an NVIDIA GPU of compute capability {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or "
+        f"newer (Ada, Hopper, Blackwell); {name} is {capability[0]}.{capability[1]}: use --quant w8a8 or none"
+    )
 
 
 class FP8Linear(QuantizedLinear):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import reference
+from .. import fallbacks, reference
 from ..contract import CUDA_ATTENTION_KERNELS, AttentionMask, RopeTables
 
 
@@ -42,21 +42,35 @@ def packed_mqa_attention(q, k, v, mask: AttentionMask | None, scale: float) -> t
     would send the call to the unfused math path; packing the heads into rows keeps it on the fused
     mask-capable kernels (memory-efficient, cuDNN) and reads each K/V block once for all heads. Rows are
     ordered (query, head), so the output comes back as a ``[B, H, Sq, D]`` view of ``[B, Sq, H, D]`` memory:
-    the caller's ``transpose(1, 2).reshape(B * Sq, H * D)`` is then free. Other head layouts go to the reference.
+    the caller's ``transpose(1, 2).reshape(B * Sq, H * D)`` is then free.
+
+    Other layouts: unmasked calls with several K/V heads (or one head) go to SDPA as they are (its flash kernel
+    serves them); masked calls with several K/V heads (Qwen3's grouped-query attention in GR00T), or a mask
+    packed for another head count, go to the Triton kernel (:func:`.attention.mqa_attention`, any ``H % Hkv
+    == 0``), which reads the boolean mask; none runs the unfused math path.
     """
     batch, heads, seq, dim = q.shape
     packed_mask = None if mask is None else mask.kernel_mask
-    if k.shape[1] != 1 or heads == 1 or (packed_mask is not None and packed_mask.shape[-2] != seq * heads):
-        return reference.attention(q, k, v, mask, scale)
-    packed_q = q.transpose(1, 2).reshape(batch, 1, seq * heads, dim)
-    out = F.scaled_dot_product_attention(packed_q, k, v, attn_mask=packed_mask, scale=scale)
-    return out.view(batch, seq, heads, dim).transpose(1, 2)
+    if k.shape[1] == 1 and (mask is None or (packed_mask is not None and packed_mask.shape[-2] == seq * heads)):
+        packed_q = q.transpose(1, 2).reshape(batch, 1, seq * heads, dim)
+        out = F.scaled_dot_product_attention(packed_q, k, v, attn_mask=packed_mask, scale=scale)
+        return out.view(batch, seq, heads, dim).transpose(1, 2)
+    if mask is None:
+        return reference.attention(q, k, v, None, scale)  # SDPA's flash kernel (GQA included)
+    return _attention_kernel().mqa_attention(q, k, v, mask.may_attend, scale)
+
+
+def _attention_kernel():
+    """:mod:`.attention` (imports Triton, so not at this package's import: ``fp8_gemm`` needs none)."""
+    from . import attention
+
+    return attention
 
 
 ATTENTION_NOTES = {
     "sdpa": "PyTorch SDPA with the MQA query heads packed as rows of one head (fused mask-capable kernels: "
-    "memory-efficient, cuDNN), mask rows built once per pass, padded to 8 keys (no per-call copy in SDPA); other "
-    "head layouts and unmasked calls on the reference SDPA",
+    "memory-efficient, cuDNN), mask rows built once per pass, padded to 8 keys (no per-call copy in SDPA); masked "
+    "grouped-query attention (several K/V heads) on the Triton kernel; unmasked calls on SDPA (flash)",
     "triton": "Triton flash attention (ops/cuda/attention.py): one program per block of (query, head) rows of a "
     "K/V group, boolean mask read per tile, keys split over programs when the grid is small; unmasked calls "
     "(SigLIP) on the reference SDPA",
@@ -68,26 +82,34 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
     :data:`~embodied_accel.ops.CUDA_ATTENTION_KERNELS`."""
     if attention not in CUDA_ATTENTION_KERNELS:
         raise ValueError(f"cuda_attention must be one of {', '.join(CUDA_ATTENTION_KERNELS)}; got {attention!r}")
-    from . import attention as attention_kernel
-    from . import fp8_gemm, groot_kernels, int8_gemm, kernels
+    from . import attention as attention_kernel  # noqa: F401  (imported with the backend: Triton)
+    from . import fp8_gemm, groot_kernels, int8_gemm, kernels, row_quant
+    from .dispatch import eager_direct
+
+    kernel_rope, kernel_rope_store_kv = eager_direct(kernels.rope), eager_direct(kernels.rope_store_kv)
+    kernel_qk_rms_norm_rope = eager_direct(groot_kernels.qk_rms_norm_rope)
 
     def prepare_rope(cos, sin, rotated_heads, total_heads):
         return RopeTables(cos, sin, rotated_heads, total_heads)  # the kernels read cos / sin themselves
 
     def rope(x, tables):
-        return kernels.rope(x, tables.cos, tables.sin, tables.rotated_heads)
+        return kernel_rope(x, tables.cos, tables.sin, tables.rotated_heads)
 
     def rope_store_kv(qkv, tables, kv_write):
         """Q comes back as a ``[B, H, S, D]`` view of ``[B, S, H, D]`` memory (what packed attention reads)."""
         if kv_write.stride(-1) != 1 or tables.rotated_heads != qkv.shape[1] - kv_write.shape[2]:
+            fallbacks.record("rope_store_kv", "cache slot not contiguous in its last dim, or rotated heads other "
+                             "than Q + K", qkv=qkv, kv_write=kv_write, rotated_heads=tables.rotated_heads)  # fmt: skip
             return reference.split_store_kv(rope(qkv, tables), kv_write)
-        return kernels.rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
+        return kernel_rope_store_kv(qkv, tables.cos, tables.sin, kv_write).transpose(1, 2)
 
     def qk_rms_norm_rope(qkv, norm_weight, eps, tables):
         if tables.rotated_heads != norm_weight.shape[0]:
+            fallbacks.record("qk_rms_norm_rope", "rotated heads other than the normed Q + K heads", qkv=qkv,
+                             norm_weight=norm_weight, rotated_heads=tables.rotated_heads)  # fmt: skip
             return reference.qk_rms_norm_rope(qkv, norm_weight, eps, reference.prepare_rope(
                 tables.cos, tables.sin, tables.rotated_heads, qkv.shape[1]))  # fmt: skip
-        return groot_kernels.qk_rms_norm_rope(qkv, norm_weight, eps, tables.cos, tables.sin)
+        return kernel_qk_rms_norm_rope(qkv, norm_weight, eps, tables.cos, tables.sin)
 
     def triton_attention(q, k, v, mask: AttentionMask | None, scale: float) -> torch.Tensor:
         """Masked attention on the Triton kernel (:func:`.attention.mqa_attention`): any ``H % Hkv == 0`` layout,
@@ -98,26 +120,28 @@ def impls(attention: str = "sdpa") -> tuple[dict[str, Callable], dict[str, str]]
         """
         if mask is None:
             return reference.attention(q, k, v, None, scale)
-        return attention_kernel.mqa_attention(q, k, v, mask.may_attend, scale)
+        return _attention_kernel().mqa_attention(q, k, v, mask.may_attend, scale)
 
     ops = {
-        "rms_norm": kernels.rms_norm,
-        "add_rms_norm": kernels.add_rms_norm,
-        "ada_rms_norm": kernels.ada_rms_norm,
-        "gated_add_ada_rms_norm": kernels.gated_add_ada_rms_norm,
-        "geglu": kernels.geglu,
+        "rms_norm": eager_direct(kernels.rms_norm),
+        "add_rms_norm": eager_direct(kernels.add_rms_norm),
+        "ada_rms_norm": eager_direct(kernels.ada_rms_norm),
+        "gated_add_ada_rms_norm": eager_direct(kernels.gated_add_ada_rms_norm),
+        "geglu": eager_direct(kernels.geglu),
         "prepare_rope": prepare_rope,
         "rope": rope,
         "rope_store_kv": rope_store_kv,
         "prepare_attention_mask": prepare_attention_mask if attention == "sdpa" else prepare_boolean_attention_mask,
         "attention": packed_mqa_attention if attention == "sdpa" else triton_attention,
         # first used by GR00T
-        "swiglu": groot_kernels.swiglu,
+        "swiglu": eager_direct(groot_kernels.swiglu),
         "qk_rms_norm_rope": qk_rms_norm_rope,
         "ada_layer_norm": groot_kernels.ada_layer_norm,
         # ---- ops first used by VGGT
+        "quantize_rows_int8": row_quant.quantize_rows_int8,
         "int8_linear": int8_gemm.int8_linear,
         # ---- FP8 linear layers
+        "quantize_rows_fp8": row_quant.quantize_rows_fp8,
         "fp8_linear": fp8_gemm.fp8_linear,
     }
     return ops, {"attention": ATTENTION_NOTES[attention]}

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..reference import MASKED_SCORE
+from .dispatch import eager_direct
 
 _MASKED_SCORE = tl.constexpr(MASKED_SCORE)
 
@@ -93,15 +94,23 @@ def _device_limits(device: torch.device) -> tuple[int, int]:
 def key_split_plan(programs: int, key_blocks: int, sm_count: int, requested: int = 0) -> tuple[int, int]:
     """``(splits, key blocks per split)`` for a grid of ``programs`` row blocks over ``key_blocks`` key blocks.
 
-    ``requested`` > 0 forces that many splits (at most one per key block). Automatically (0): no split while
-    the row blocks alone fill at least half the SMs; otherwise enough splits to cover the SMs, each still
-    walking at least two key blocks (a split costs a write and a re-read of its fp32 partial rows). Every
+    ``requested`` > 0 forces that many splits (at most one per key block). Automatically (0): whenever the row
+    blocks alone leave SMs idle (``programs < sm_count``), the split count whose grid takes the least time in
+    key blocks walked, ``ceil(programs * splits / sm_count) * blocks per split`` (waves of one program per SM: the
+    tiles take most of an SM's shared memory), the fewest splits among equals, each split still walking at least two
+    key blocks (a split costs a write and a re-read of its fp32 partial rows, which this count leaves out). Every
     split gets at least one key block, so each partial softmax has a finite maximum.
     """
     if requested > 0:
         splits = min(requested, key_blocks)
-    elif 2 * programs <= sm_count:
-        splits = max(1, min(triton.cdiv(sm_count, programs), key_blocks // 2))
+    elif programs < sm_count and key_blocks >= 4:
+
+        def cost(n: int) -> tuple[int, int]:  # (waves x key blocks per program, splits) of n requested splits
+            per = triton.cdiv(key_blocks, n)
+            actual = triton.cdiv(key_blocks, per)
+            return triton.cdiv(programs * actual, sm_count) * per, actual
+
+        splits = cost(min(range(1, key_blocks // 2 + 1), key=cost))[1]
     else:
         splits = 1
     per_split = triton.cdiv(key_blocks, splits)
@@ -330,6 +339,9 @@ def _(q, k, v, may_attend, scale, block_m=0, block_n=0, num_warps=0, num_stages=
     return q.new_empty(batch, seq, heads, dim)
 
 
+_mqa_attention_rows = eager_direct(mqa_attention_rows)
+
+
 def mqa_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -345,9 +357,9 @@ def mqa_attention(
     ``launch`` overrides :func:`default_launch`.
     """
     if launch is None:
-        out = mqa_attention_rows(q, k, v, may_attend, scale)
+        out = _mqa_attention_rows(q, k, v, may_attend, scale)
     else:
-        out = mqa_attention_rows(
+        out = _mqa_attention_rows(
             q, k, v, may_attend, scale, launch.block_m, launch.block_n, launch.num_warps, launch.num_stages,
             launch.key_splits,
         )  # fmt: skip

@@ -1,9 +1,9 @@
 """The cuda backend's ``fp8_linear``: cuBLASLt's FP8 GEMM (``torch._scaled_mm``) with row-wise scales.
 
 ``out = (x_q @ w_qᵀ) * x_scale[:, None] * w_scale[None, :] (+ bias)``: the per-token and per-channel scales are
-applied in the GEMM's epilogue, the accumulation is fp32 on the tensor cores (compute capability 8.9 and newer,
-checked when the layers are attached). The row-wise-scaled GEMM writes bfloat16; a call it cannot serve runs the
-reference (:func:`embodied_accel.ops.reference.fp8_linear`, the same float8 values with the product in fp32):
+applied in the GEMM's epilogue (the bias too), the accumulation is fp32 on the tensor cores (compute capability
+8.9 and newer, checked when the layers are attached). The row-wise-scaled GEMM writes bfloat16; a call it cannot
+serve runs the reference (:func:`embodied_accel.ops.reference.fp8_linear`, the same float8 values with the product in fp32):
 another output dtype, or ``K`` / ``N`` not multiples of 16 (the FP8 GEMM's alignment).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import reference
+from .. import fallbacks, reference
 
 #: cuBLASLt's FP8 GEMM needs both inner and output dimensions in multiples of 16 elements.
 FP8_GEMM_ALIGNMENT = 16
@@ -30,15 +30,19 @@ def serves(x_q: torch.Tensor, weight_q: torch.Tensor, out_dtype: torch.dtype) ->
 
 
 def scaled_mm_rowwise(
-    x_q: torch.Tensor, x_scale: torch.Tensor, weight_q: torch.Tensor, weight_scale: torch.Tensor
+    x_q: torch.Tensor, x_scale: torch.Tensor, weight_q: torch.Tensor, weight_scale: torch.Tensor,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``torch._scaled_mm`` with per-row scales of ``x_q`` and per-output-channel scales of ``weight_q``, bfloat16 out
-    (PyTorch runs it on the CPU too, which is how its operand layout is tested without a GPU)."""
+    """``torch._scaled_mm`` with per-row scales of ``x_q`` and per-output-channel scales of ``weight_q``, bfloat16 out,
+    the bias (as bfloat16, what the row-wise kernel takes with a bfloat16 output) added in the GEMM's fp32 epilogue
+    before the one rounding to bfloat16 (PyTorch runs it on the CPU too, which is how its operand layout is tested
+    without a GPU)."""
     return torch._scaled_mm(
         x_q.contiguous(),
         weight_q.t(),  # [K, N] column-major: the layout the FP8 GEMM takes
         scale_a=x_scale.float()[:, None].contiguous(),
         scale_b=weight_scale.float()[None, :].contiguous(),
+        bias=None if bias is None else bias.to(torch.bfloat16).contiguous(),
         out_dtype=torch.bfloat16,
     )
 
@@ -53,8 +57,7 @@ def fp8_linear(
 ) -> torch.Tensor:
     """``x_q [M, K]`` E4M3 with scales ``[M]``, ``weight_q [N, K]`` E4M3 with scales ``[N]`` → ``[M, N]``."""
     if not serves(x_q, weight_q, out_dtype):
+        fallbacks.record("fp8_linear", "not a CUDA tensor, output not bfloat16, K / N not multiples of 16 or the "
+                         "weight not contiguous", x_q=x_q, weight_q=weight_q, out_dtype=out_dtype)  # fmt: skip
         return reference.fp8_linear(x_q, x_scale, weight_q, weight_scale, bias, out_dtype)
-    out = scaled_mm_rowwise(x_q, x_scale, weight_q, weight_scale)
-    if bias is not None:
-        out = out + bias.to(out.dtype)
-    return out
+    return scaled_mm_rowwise(x_q, x_scale, weight_q, weight_scale, bias)

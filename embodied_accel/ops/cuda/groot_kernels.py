@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernels import _rows
+from .dispatch import eager_direct
+from .kernels import _rope_row_block, _rows
 
 
 @triton.jit
@@ -44,36 +45,36 @@ def _(gate_up):
 def _qk_rms_norm_rope_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr,
     sx_b, sx_h, sx_s, sx_d, sc_b, sc_s, so_b, so_h, so_s,
-    n_heads, seq, normed_heads, eps, HALF: tl.constexpr, BLOCK: tl.constexpr,
+    n_heads, seq, normed_heads, eps, HALF: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)  # one program per (b, h, s) row of the merged tensor
-    s = pid % seq
-    h = (pid // seq) % n_heads
-    b = pid // (seq * n_heads)
+    s = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # a block of ROWS positions of one (b, h) of the merged tensor
+    h = tl.program_id(1) % n_heads
+    b = tl.program_id(1) // n_heads
     cols = tl.arange(0, BLOCK)
-    mask = cols < HALF
-    x_row = x_ptr + b * sx_b + h * sx_h + s * sx_s
-    x1 = tl.load(x_row + cols * sx_d, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_row + (cols + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
+    mask = (s < seq)[:, None] & (cols < HALF)[None, :]
+    x_rows = x_ptr + b * sx_b + h * sx_h + s[:, None] * sx_s
+    x1 = tl.load(x_rows + cols[None, :] * sx_d, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_rows + (cols[None, :] + HALF) * sx_d, mask=mask, other=0.0).to(tl.float32)
     if h < normed_heads:  # Q and K rows: RMSNorm with this head's weight, then rotate; V rows pass through
-        inv_rms = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / (2 * HALF) + eps)
-        w1 = tl.load(w_ptr + h * 2 * HALF + cols, mask=mask, other=0.0).to(tl.float32)
-        w2 = tl.load(w_ptr + h * 2 * HALF + HALF + cols, mask=mask, other=0.0).to(tl.float32)
+        inv_rms = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)
+        w1 = tl.load(w_ptr + h * 2 * HALF + cols, mask=cols < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + h * 2 * HALF + HALF + cols, mask=cols < HALF, other=0.0).to(tl.float32)[None, :]
         # round to the I/O dtype between the norm and the rotation, as the reference does
-        n1 = (x1 * inv_rms * w1).to(out_ptr.dtype.element_ty).to(tl.float32)
-        n2 = (x2 * inv_rms * w2).to(out_ptr.dtype.element_ty).to(tl.float32)
-        c_row, s_row = cos_ptr + b * sc_b + s * sc_s, sin_ptr + b * sc_b + s * sc_s
-        c1 = tl.load(c_row + cols, mask=mask, other=0.0).to(tl.float32)
-        c2 = tl.load(c_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
-        s1 = tl.load(s_row + cols, mask=mask, other=0.0).to(tl.float32)
-        s2 = tl.load(s_row + cols + HALF, mask=mask, other=0.0).to(tl.float32)
+        n1 = (x1 * inv_rms[:, None] * w1).to(out_ptr.dtype.element_ty).to(tl.float32)
+        n2 = (x2 * inv_rms[:, None] * w2).to(out_ptr.dtype.element_ty).to(tl.float32)
+        c_rows = cos_ptr + b * sc_b + s[:, None] * sc_s + cols[None, :]
+        s_rows = sin_ptr + b * sc_b + s[:, None] * sc_s + cols[None, :]
+        c1 = tl.load(c_rows, mask=mask, other=0.0).to(tl.float32)
+        c2 = tl.load(c_rows + HALF, mask=mask, other=0.0).to(tl.float32)
+        s1 = tl.load(s_rows, mask=mask, other=0.0).to(tl.float32)
+        s2 = tl.load(s_rows + HALF, mask=mask, other=0.0).to(tl.float32)
         y1 = n1 * c1 - n2 * s1  # rotate_half(x) = cat(-x2, x1)
         y2 = n2 * c2 + n1 * s2
     else:
         y1, y2 = x1, x2
-    out_row = out_ptr + b * so_b + h * so_h + s * so_s
-    tl.store(out_row + cols, y1.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(out_row + cols + HALF, y2.to(out_ptr.dtype.element_ty), mask=mask)
+    out_rows = out_ptr + b * so_b + h * so_h + s[:, None] * so_s + cols[None, :]
+    tl.store(out_rows, y1.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_rows + HALF, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @torch.library.custom_op("embodied_accel::qk_rms_norm_rope", mutates_args=())
@@ -81,16 +82,19 @@ def qk_rms_norm_rope(qkv: torch.Tensor, norm_weight: torch.Tensor, eps: float, c
                  sin: torch.Tensor) -> torch.Tensor:  # fmt: skip
     """``qkv: [B, H + 2*Hkv, S, D]`` (any strides), ``norm_weight: [H + Hkv, D]``, ``cos/sin: [B, S, D]``: per-head
     RMSNorm then RoPE on the Q and K heads, V copied; returns ``[B, H + 2*Hkv, S, D]`` in ``[B, S, heads, D]``
-    memory (the attention's ``transpose(1, 2).reshape`` of its output stays a view downstream)."""
+    memory (the attention's ``transpose(1, 2).reshape`` of its output stays a view downstream). One program per
+    block of positions of a head (:func:`~.kernels._rope_row_block`: 32 rows of Qwen3's 128-wide heads)."""
     batch, heads, seq, dim = qkv.shape
     cos, sin, weight = cos.contiguous(), sin.contiguous(), norm_weight.contiguous()
     out = torch.empty(batch, seq, heads, dim, dtype=qkv.dtype, device=qkv.device).transpose(1, 2)
     half = dim // 2
-    _qk_rms_norm_rope_kernel[(batch * heads * seq,)](
+    block = triton.next_power_of_2(half)
+    rows = _rope_row_block(block, seq)
+    _qk_rms_norm_rope_kernel[(triton.cdiv(seq, rows), batch * heads)](
         qkv, weight, cos, sin, out,
         qkv.stride(0), qkv.stride(1), qkv.stride(2), qkv.stride(3), cos.stride(0), cos.stride(1),
         out.stride(0), out.stride(1), out.stride(2),
-        heads, seq, weight.shape[0], eps, HALF=half, BLOCK=triton.next_power_of_2(half),
+        heads, seq, weight.shape[0], eps, HALF=half, BLOCK=block, ROWS=rows,
     )  # fmt: skip
     return out
 
@@ -145,10 +149,13 @@ def _(x, scale_plus_one, shift, eps):
     return x.new_empty(x.shape)  # contiguous, as the kernel's output
 
 
+_ada_layer_norm = eager_direct(ada_layer_norm_op)
+
+
 def ada_layer_norm(x, scale_plus_one, shift, eps):
     """The op's contract: ``scale_plus_one`` / ``shift`` broadcast against ``x``'s rows (one per row or shared)."""
     if scale_plus_one is not None and scale_plus_one.dim() > 1:
         rows = x.numel() // x.shape[-1]
         scale_plus_one = scale_plus_one.expand(*x.shape[:-1], x.shape[-1]).reshape(rows, -1)
         shift = shift.expand(*x.shape[:-1], x.shape[-1]).reshape(rows, -1)
-    return ada_layer_norm_op(x, scale_plus_one, shift, eps)
+    return _ada_layer_norm(x, scale_plus_one, shift, eps)

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .dispatch import eager_direct
+
 _OUT_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
@@ -85,9 +87,12 @@ def _(x_q, x_scale, weight_q_t, weight_scale, bias, out_dtype_code):
     return x_q.new_empty(x_q.shape[0], weight_q_t.shape[1], dtype=dtype)
 
 
+_int8_linear = eager_direct(int8_linear_op)
+
+
 def int8_linear(x_q, x_scale, weight_q_t, weight_scale, bias, out_dtype):
     """The op layer's ``int8_linear`` on the Triton kernel."""
-    return int8_linear_op(x_q, x_scale, weight_q_t, weight_scale, bias, _OUT_DTYPES[out_dtype])
+    return _int8_linear(x_q, x_scale, weight_q_t, weight_scale, bias, _OUT_DTYPES[out_dtype])
 
 
 def int8_matmul_accumulator(x_q: torch.Tensor, weight_q_t: torch.Tensor) -> torch.Tensor:

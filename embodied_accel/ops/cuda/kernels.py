@@ -8,6 +8,9 @@ how CI checks them against the reference.
 
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -65,18 +68,26 @@ def _modulation_rows(x: torch.Tensor, op: str, **tensors: torch.Tensor | None) -
     """
     n_cols = x.shape[-1]
     present = {name: t for name, t in tensors.items() if t is not None}
-    for name, t in present.items():
-        try:
-            shape = torch.broadcast_shapes(t.shape, x.shape)
-        except RuntimeError:
-            shape = None
-        if shape != x.shape:
-            raise ValueError(f"{op}: {name} of shape {list(t.shape)} does not broadcast against x of shape "
-                             f"{list(x.shape)} (expected [D] or one row per row of x)")  # fmt: skip
-    if all(t.numel() == n_cols for t in present.values()):
+    if not _per_row(op, tuple(x.shape), tuple((name, tuple(t.shape)) for name, t in present.items())):
         return {name: t.reshape(n_cols).contiguous() for name, t in present.items()}, False
     rows = {name: t.expand(x.shape).reshape(-1, n_cols).contiguous() for name, t in present.items()}
     return rows, True
+
+
+@functools.lru_cache(maxsize=1024)
+def _per_row(op: str, x_shape: tuple[int, ...], shapes: tuple[tuple[str, tuple[int, ...]], ...]) -> bool:
+    """Whether the modulation of these shapes is per row (checked once per shape: every call of a model's layers
+    repeats a handful of them)."""
+    n_cols = x_shape[-1]
+    for name, shape in shapes:
+        try:
+            broadcast = tuple(torch.broadcast_shapes(shape, x_shape))
+        except RuntimeError:
+            broadcast = None
+        if broadcast != x_shape:
+            raise ValueError(f"{op}: {name} of shape {list(shape)} does not broadcast against x of shape "
+                             f"{list(x_shape)} (expected [D] or one row per row of x)")  # fmt: skip
+    return not all(math.prod(shape) == n_cols for _, shape in shapes)
 
 
 def _launch_rms(x, residual, weight, shift, eps, gate=None, op="rms_norm"):
