@@ -73,7 +73,7 @@ def latency_data(results: Path) -> dict:
             continue  # load tests (``clients``) time a server under concurrent requests, not one call
         key = tuple(rec[k] for k in CONFIG_FIELDS)
         row = {k: rec[k] for k in CONFIG_FIELDS}
-        row.update(p50_ms=rec["p50_ms"], threads=_threads(rec), file=name)
+        row.update(p50_ms=rec["p50_ms"], threads=_threads(rec), device_type=rec.get("device_type"), file=name)
         entries.append((key, name, row))
     rows = [row for _, row in _latest(entries)]
     devices: dict[str, list] = {}
@@ -236,7 +236,8 @@ def _draw_latency(plt, data):
                              gridspec_kw={"height_ratios": heights}, layout="constrained")  # fmt: skip
     colors = {"eager": "tab:blue", "compile": "tab:orange", "graph": "tab:green"}
     for ax, (device, rows) in zip(axes[:, 0], devices.items(), strict=True):
-        labels = [f"{r['preset']} ({r['model']}) {r['dtype']} b{r['batch']} v{r['views']} | {r['backend']}" for r in rows]
+        labels = [f"{r['preset']} ({r['model']}) {r['dtype']} b{r['batch']} v{r['views']} | {r['backend']}, "
+                  f"{r['threads']} thr" for r in rows]  # fmt: skip
         values = [r["p50_ms"] for r in rows]
         ax.barh(range(len(rows)), values, color=[colors.get(r["capture"], "tab:gray") for r in rows])
         for i, (v, r) in enumerate(zip(values, rows, strict=True)):
@@ -244,10 +245,10 @@ def _draw_latency(plt, data):
         ax.set_yticks(range(len(rows)), labels, fontsize=7)
         ax.invert_yaxis()
         ax.set_xscale("log")
-        threads = sorted({str(r["threads"]) for r in rows})
-        ax.set_title(f"{device} (CPU, {'/'.join(threads)} thread(s)): p50 latency per call", fontsize=9)
+        kinds = "/".join(sorted({r["device_type"] for r in rows if r["device_type"]}))
+        ax.set_title(f"{device} ({kinds + '; ' if kinds else ''}thr = torch threads): p50 latency per call", fontsize=9)
         ax.set_xlabel("p50 ms (log scale); colour = capture mode", fontsize=8)
-        ax.set_xlim(right=max(values) * 4)
+        ax.set_xlim(min(values) / 2, max(values) * 4)
     fig.suptitle("Latency per capture mode and backend (latest record per configuration and device)", fontsize=10)
     return fig
 
