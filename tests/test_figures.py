@@ -47,7 +47,7 @@ def test_check_fails_when_a_value_changes(figures, tmp_path):
     record["records"][0]["growth_mb"] += 1.0
     (results / name).write_text(json.dumps(record), encoding="utf-8")
     problems = figures.check(results, ROOT / "docs" / "figures")
-    assert any(p.startswith("vggt_memory: the data") for p in problems), problems
+    assert any(p.startswith("vggt_memory: the plotted data differs") and name in p for p in problems), problems
     assert any("vggt_memory.png: embedded data hash" in p for p in problems), problems
     assert not any(p.startswith("latency") for p in problems), problems
 

@@ -214,6 +214,11 @@ def data_hash(data) -> str:
     return hashlib.sha256(canonical(data)).hexdigest()
 
 
+def _source_hash(path: Path) -> str:
+    """SHA-256 of a results file's parsed content (canonical JSON: independent of line endings and indentation)."""
+    return data_hash(json.loads(path.read_text(encoding="utf-8")))
+
+
 def collect(results: Path) -> dict:
     """Every figure's plotted data, its sources and hash, as ``figures.json`` holds them."""
     if not results.is_dir():
@@ -221,8 +226,10 @@ def collect(results: Path) -> dict:
     figures = {}
     for name, extract in FIGURES.items():
         data = extract(results)
-        figures[name] = {"png": f"{name}.png", "sources": data.pop("sources"), "data": data}
-        figures[name]["sha256"] = data_hash({"sources": figures[name]["sources"], "data": data})
+        sources = data.pop("sources")
+        figures[name] = {"png": f"{name}.png", "sources": sources, "data": data,
+                         "sha256": data_hash({"sources": sources, "data": data}),
+                         "source_sha256": {s: _source_hash(results / s) for s in sources}}  # fmt: skip
     return figures
 
 
@@ -382,7 +389,9 @@ def check(results: Path, out: Path) -> list[str]:
             gone = sorted(set(old.get("sources", [])) - set(entry["sources"]))
             problems.append(f"{name}: source files changed (new: {added or '-'}; no longer used: {gone or '-'})")
         elif old.get("data") != entry["data"] or old.get("sha256") != entry["sha256"]:
-            problems.append(f"{name}: the data in {', '.join(entry['sources'])} differs from what {index} holds")
+            changed = [s for s in entry["sources"] if old.get("source_sha256", {}).get(s) != entry["source_sha256"][s]]
+            problems.append(f"{name}: the plotted data differs from what {index} holds (changed files: "
+                            f"{', '.join(changed) or 'none; the extraction changed'})")  # fmt: skip
         png = out / entry["png"]
         if not png.is_file():
             problems.append(f"{png}: missing")
