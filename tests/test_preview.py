@@ -83,6 +83,16 @@ def test_point_cloud_nearest_point_wins_and_cameras_are_marked():
     assert two.shape == (96, 192, 3)
 
 
+def test_mesh_grid_refuses_bad_input():
+    mesh = sample_mesh(1)
+    with pytest.raises(ValueError, match="no faces"):
+        render_mesh_grid(mesh.vertices, np.zeros((0, 3), np.int64))
+    with pytest.raises(ValueError, match="texture coordinate per vertex"):
+        render_mesh_grid(mesh.vertices, mesh.faces, uv=np.zeros((3, 2)), texture=np.zeros((4, 4, 3), np.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        render_mesh_grid(mesh.vertices, mesh.faces, uv=np.zeros((len(mesh.vertices), 2)), texture=np.zeros((4, 4)))
+
+
 def test_point_cloud_refuses_bad_input():
     with pytest.raises(ValueError, match="points"):
         render_point_cloud(np.zeros((0, 3)), np.zeros((0, 3), np.uint8))

@@ -113,6 +113,13 @@ def render_mesh_grid(vertices: np.ndarray, faces: np.ndarray, size: int = 256, u
     """The mesh from azimuths 0, 90, 180 and 270° in a 2×2 grid, uint8 ``[2·size, 2·size, 3]``."""
     if len(faces) == 0:
         raise ValueError("preview: the mesh has no faces")
+    if uv is not None and np.shape(uv) != (len(vertices), 2):
+        raise ValueError(f"preview: expected one texture coordinate per vertex [{len(vertices)}, 2], got "
+                         f"{list(np.shape(uv))}")  # fmt: skip
+    if texture is not None and (np.asarray(texture).dtype != np.uint8 or np.ndim(texture) != 3 or
+                                np.shape(texture)[2] != 3):  # fmt: skip
+        raise ValueError(f"preview: expected a uint8 [H, W, 3] texture, got {np.asarray(texture).dtype} "
+                         f"{list(np.shape(texture))}")  # fmt: skip
     sphere = _bounding_sphere(np.asarray(vertices, dtype=np.float64))
     views = [render_mesh_view(vertices, faces, a, elevation, size, uv, texture, sphere) for a in (0, 90, 180, 270)]
     return np.concatenate([np.concatenate(views[:2], axis=1), np.concatenate(views[2:], axis=1)], axis=0)
