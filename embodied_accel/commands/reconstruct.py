@@ -26,6 +26,7 @@ from ..models.vggt.config import PRESETS
 from ..models.vggt.processor import MODES, list_images, load_frames
 from ..pipelines.reconstruction import SAMPLE_DIR
 from ..runtime import CAPTURE_MODES
+from .preview import add_preview_option
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.Arg
     p.add_argument("--quant", choices=("w8a8",), help="int8 weights and activations for the planned linear layers")
     p.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_preview_option(p, "the point cloud and the cameras from two viewpoints")
     return p
 
 
@@ -204,8 +206,14 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         first = parallel.first_frame
     runner = VggtRunner(model, device, parallel, capture=args.capture)
     if world is not None:
-        return _reconstruct_parallel(args, runner, parallel, world, local, first, images, paths, outputs, say)
-    return _reconstruct_streamed(args, runner, images, paths, outputs, say, progress)
+        code = _reconstruct_parallel(args, runner, parallel, world, local, first, images, paths, outputs, say)
+    else:
+        code = _reconstruct_streamed(args, runner, images, paths, outputs, say, progress)
+    if args.preview is not None and rank == 0:
+        from .preview import write_reconstruction_preview
+
+        say(f"preview: {write_reconstruction_preview(outputs['ply'], outputs['cameras'], args.preview)}")
+    return code
 
 
 def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: bool) -> int:

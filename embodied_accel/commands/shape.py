@@ -18,6 +18,7 @@ from ..models.hunyuan3d.config import PRESETS
 from ..models.hunyuan3d.mesh import MARCHING_CUBES_METHODS, MESH_FORMATS, _skimage_measure, export_mesh, load_mesh
 from ..models.hunyuan3d.volume import MAX_OCTREE_RESOLUTION, MIN_OCTREE_RESOLUTION
 from ..pipelines.shape import SAMPLE_IMAGE
+from .preview import add_preview_option
 from .texture import DEFAULT_PRESET as DEFAULT_TEXTURE_PRESET
 from .texture import add_texture_options, check_texture_args, texture_mesh
 
@@ -79,6 +80,7 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
     p.add_argument("--texture-checkpoint", type=Path, metavar="DIR",
                    help="with --texture: the folder holding hunyuan3d-delight-v2-0 and hunyuan3d-paint-v2-0[-turbo]")  # fmt: skip
     add_texture_options(p, prefix="texture-")
+    add_preview_option(p, "the mesh (textured with --texture) from four views")
     return p
 
 
@@ -190,6 +192,10 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
         print_fn(f"  cache: {summary['computed_steps']} steps computed, {summary['reused_steps']} reused, "
                  f"≈{summary['estimated_saved_s'] * 1e3:.1f} ms of DiT time saved")  # fmt: skip
         record["cache"] = summary
+    if args.preview is not None and not args.texture:  # with --texture, texture_mesh draws the textured mesh
+        from ..geometry.preview import write_mesh_preview
+
+        print_fn(f"preview: {write_mesh_preview(result.mesh, args.preview)}")
     if args.compare_to is not None:
         from ..models.hunyuan3d.metrics import compare_meshes
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..models.hunyuan3d_paint.config import TEXTURE_PRESETS
 from ..runtime import CAPTURE_MODES
+from .preview import add_preview_option
 
 DEFAULT_PRESET = "hunyuan3d-paint-tiny"
 TEXTURED_SUFFIXES = (".glb", ".obj")
@@ -76,6 +77,7 @@ def add_texture_parser(commands, backend_names) -> argparse.ArgumentParser:
                    help="also write the delighted image and the 6 generated views there (PNG)")  # fmt: skip
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the stage times as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_preview_option(p, "the textured mesh from four views")
     return p
 
 
@@ -126,6 +128,10 @@ def texture_mesh(mesh, image_path: Path, args: argparse.Namespace, source: str, 
     seconds = dict(result.stage_seconds, export=time.perf_counter() - start)
     if getattr(args, "views_dir", None) is not None:
         files += _write_views(args.views_dir, result)
+    if getattr(args, "preview", None) is not None:
+        from ..geometry.preview import write_mesh_preview
+
+        print_fn(f"preview: {write_mesh_preview(result.mesh, args.preview, texture=result.texture)}")
     multiview = pipeline.multiview_model.config
     print_fn(f"{files[0]}: {len(result.mesh.vertices)} vertices, {len(result.mesh.faces)} faces "
              f"(from {result.input_faces}), texture {result.texture.shape[0]}² ({multiview.name}, "
