@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
+from . import __version__, _command_env  # noqa: F401  (_command_env: first, before PyTorch loads)
 from .argtypes import non_negative_float, non_negative_int, positive_int
 from .commands import reconstruct as vggt_commands
 from .commands import shape as shape_command

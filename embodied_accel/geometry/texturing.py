@@ -1,6 +1,7 @@
 """The non-diffusion stages of Hunyuan3D-Paint 2.0 as one object: condition maps for the 6 cameras, baking the
 generated views into the UV texture, inpainting what no view painted. Each camera is rasterized once for all three
-uses (the official code rasterizes it three times)."""
+uses (the official code rasterizes it three times). The maps and the bake run on the intra-op threads that
+:func:`~embodied_accel.geometry.threads.geometry_threads` picks (one while OpenMP's workers spin between ops)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .bake import back_project, merge_views
 from .camera import Camera
 from .inpaint import inpaint_texture
 from .mesh_maps import MeshRenderer, UVMesh
+from .threads import geometry_threads
 
 #: Hunyuan3D-Paint 2.0's cameras (front, right, back, left, top, bottom) and their weights in the merge.
 CAMERA_AZIMUTHS = (0, 90, 180, 270, 0, 180)
@@ -30,12 +32,18 @@ class ConditionMaps:
 
 
 class TextureBaker:
-    """A UV-mapped mesh placed for the paint cameras: ``condition_maps()``, ``bake(views)``, ``inpaint(...)``."""
+    """A UV-mapped mesh placed for the paint cameras: ``condition_maps()``, ``bake(views)``, ``inpaint(...)``.
+    ``threads``: the intra-op threads of the maps and the bake (default: :func:`~embodied_accel.geometry.threads.geometry_threads`'
+    choice)."""
 
     def __init__(self, mesh: UVMesh, render_size: int = 2048, texture_size: int = 2048, device="cpu",
-                 cameras: tuple[Camera, ...] = PAINT_CAMERAS, view_weights=VIEW_WEIGHTS):  # fmt: skip
+                 cameras: tuple[Camera, ...] = PAINT_CAMERAS, view_weights=VIEW_WEIGHTS,
+                 threads: int | None = None):  # fmt: skip
         if len(view_weights) != len(cameras):
             raise ValueError(f"view_weights: expected one per camera ({len(cameras)}), got {len(view_weights)}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads: expected an integer >= 1, got {threads}")
+        self.threads = threads
         self.mesh = mesh
         self.renderer = MeshRenderer(mesh, render_size, texture_size, device)
         self.cameras = tuple(cameras)
@@ -43,7 +51,8 @@ class TextureBaker:
 
     def condition_maps(self) -> ConditionMaps:
         """The normal and position maps of every camera (one rasterization and one interpolation per camera)."""
-        maps = [self.renderer.condition_maps(c) for c in self.cameras]
+        with geometry_threads(self.threads):
+            maps = [self.renderer.condition_maps(c) for c in self.cameras]
         return ConditionMaps([normal for normal, _ in maps], [position for _, position in maps])
 
     def bake(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,8 +60,10 @@ class TextureBaker:
         ``texture [T, T, 3]`` and the ``painted [T, T]`` mask."""
         if len(views) != len(self.cameras):
             raise ValueError(f"views: expected one per camera ({len(self.cameras)}), got {len(views)}")
-        bakes = [back_project(self.renderer, view, camera) for view, camera in zip(views, self.cameras, strict=True)]
-        return merge_views(bakes, list(self.view_weights))
+        with geometry_threads(self.threads):
+            bakes = [back_project(self.renderer, view, camera)
+                     for view, camera in zip(views, self.cameras, strict=True)]  # fmt: skip
+            return merge_views(bakes, list(self.view_weights))
 
     def inpaint(self, texture: torch.Tensor, painted: torch.Tensor) -> np.ndarray:
         """Vertex-colour propagation then Navier–Stokes on what stays unpainted: uint8 ``[T, T, 3]``. Vertex

@@ -1,0 +1,56 @@
+"""How many threads the geometry stages run PyTorch's intra-op work on.
+
+The geometry stages (rasterization, interpolation, baking) are thousands of small and medium tensor ops. PyTorch's
+CPU build runs each op's parallel region on an OpenMP team; between regions libgomp's workers spin on the CPU
+before they sleep (``OMP_WAIT_POLICY`` unset or ``ACTIVE``). With back-to-back small ops the workers spin almost all
+the time, and where the cores are shared (other processes, or this process's second Python thread, which the
+texture pipeline runs delight in) the spinning threads take the cores the working ones need: measured on 2 shared
+cores, the condition maps took 4.8x the CPU time and 4x the wall time at 2 threads that they take at 1. With
+``OMP_WAIT_POLICY=PASSIVE`` the workers sleep at once and 2 threads are faster than 1 at the same CPU time.
+
+libgomp reads the policy once, when PyTorch loads it, so a library cannot change it afterwards: the
+``embodied-accel`` command sets it (unless the environment already does) before it imports PyTorch. Here,
+:func:`geometry_threads` runs a stage on every intra-op thread when the workers sleep between regions, and on one
+thread when they spin; ``threads=`` overrides the choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+
+def openmp_workers_sleep() -> bool:
+    """Whether OpenMP's workers sleep between parallel regions (``OMP_WAIT_POLICY=PASSIVE`` in the environment, or
+    ``GOMP_SPINCOUNT=0``); as the environment says now, which is what libgomp read unless it was changed later."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    return policy == "passive" or os.environ.get("GOMP_SPINCOUNT", "").strip() == "0"
+
+
+def geometry_thread_count() -> int:
+    """The intra-op threads a geometry stage runs on: all of PyTorch's when OpenMP's workers sleep between parallel
+    regions, else one (see the module's docstring)."""
+    return torch.get_num_threads() if openmp_workers_sleep() else 1
+
+
+@contextlib.contextmanager
+def geometry_threads(threads: int | None = None) -> Iterator[int]:
+    """Run the body on ``threads`` intra-op threads (default :func:`geometry_thread_count`), restoring PyTorch's
+    thread count afterwards; yields the count used."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads: expected an integer >= 1, got {threads}")
+    before = torch.get_num_threads()
+    count = geometry_thread_count() if threads is None else threads
+    if count != before:
+        torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+__all__ = ["geometry_thread_count", "geometry_threads", "openmp_workers_sleep"]
