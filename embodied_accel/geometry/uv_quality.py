@@ -97,7 +97,7 @@ def _stretch(mesh: UVMesh) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     jacobian = np.zeros_like(local)
     jacobian[valid] = uv_edges[valid] @ np.linalg.inv(local[valid])
     sigma = np.linalg.svd(jacobian, compute_uv=False)  # [F, 2], σ₁ ≥ σ₂
-    area_uv = 0.5 * np.abs(np.cross(uv_edges[:, :, 0], uv_edges[:, :, 1]))
+    area_uv = 0.5 * np.abs(uv_edges[:, 0, 0] * uv_edges[:, 1, 1] - uv_edges[:, 1, 0] * uv_edges[:, 0, 1])
     scale = np.sqrt(area_uv.sum() / max(area3.sum(), 1e-30))
     sigma = sigma / max(scale, 1e-30)
     return sigma[valid, 0], sigma[valid, 1], area3[valid]
@@ -113,7 +113,8 @@ def _island_coverage(mesh: UVMesh, islands: np.ndarray, size: int) -> tuple[np.n
     shift = 4
     uv = np.asarray(mesh.uv, dtype=np.float64)
     corners = np.round(uv[mesh.faces] * size * (1 << shift) - 0.5 * (1 << shift)).astype(np.int64)  # [F, 3, 2]
-    signed = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    e1, e2 = corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]
+    signed = e1[:, 0] * e2[:, 1] - e1[:, 1] * e2[:, 0]
     order = np.argsort(islands, kind="stable")
     bounds = np.searchsorted(islands[order], np.arange(islands.max() + 2))
     count = np.zeros((size, size), dtype=np.uint16)
