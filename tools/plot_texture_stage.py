@@ -30,7 +30,7 @@ def _parts(paths: list[Path]) -> dict:
     parts: dict = {}
     for path in paths:
         record = json.loads(path.read_text(encoding="utf-8"))
-        for name in ("unwrap", "threads", "end_to_end"):
+        for name in ("unwrap", "geometry_threads", "end_to_end"):
             if name in record:
                 parts[name] = (record, path.name)
     return parts
@@ -56,12 +56,12 @@ def main() -> None:
         ax.set_ylabel("CPU seconds (median)")
         ax.set_title("UV unwrap (xatlas)")
         ax.legend(fontsize=8)
-    if "threads" in parts:
-        record, _ = parts["threads"]
+    if "geometry_threads" in parts:
+        record, _ = parts["geometry_threads"]
         ax = axes[1]
         width = 0.8 / len(THREAD_RUNS)
         for k, (policy, run, label) in enumerate(THREAD_RUNS):
-            median = record["threads"][policy]["median"][run]
+            median = record["geometry_threads"][policy]["median"][run]
             x = [i + width * k for i in range(len(GEOMETRY_STAGES))]
             bars = ax.bar(x, [median[s]["cpu_s"] for s in GEOMETRY_STAGES], width, label=label)
             ax.bar_label(bars, fmt="%.1f", fontsize=7)

@@ -196,8 +196,8 @@ def main() -> None:
     if "unwrap" in parts:
         record["unwrap"] = bench_unwrap(args.size, args.repeats)
     if "threads" in parts:
-        record["threads"] = {policy: _run_child("threads", policy, args.size, args.repeats) for policy in POLICIES}
-        print(json.dumps({p: r["median"] for p, r in record["threads"].items()}, indent=1), flush=True)
+        record["geometry_threads"] = {policy: _run_child("threads", policy, args.size, args.repeats) for policy in POLICIES}
+        print(json.dumps({p: r["median"] for p, r in record["geometry_threads"].items()}, indent=1), flush=True)
     if "end_to_end" in parts:
         record["end_to_end"] = {policy: _run_child("end_to_end", policy, args.size, args.end_to_end_repeats)
                                 for policy in POLICIES}  # fmt: skip
