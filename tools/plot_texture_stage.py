@@ -3,7 +3,7 @@ the geometry stages' CPU and wall time at 1 and 2 threads under each OpenMP wait
 per-stage wall time end to end.
 
     python tools/plot_texture_stage.py bench/results/*_hunyuan3d_paint_texture_stage_cpu_2048.json \
-        -o docs/images/texture_stage_cpu.png
+        -o docs/images/texture_stage_cpu.png [--markdown]
 
 Each part is taken from the last record given that holds it.
 """
@@ -36,12 +36,60 @@ def _parts(paths: list[Path]) -> dict:
     return parts
 
 
+def markdown_tables(parts: dict) -> str:
+    """The figures of the chart as Markdown tables (for docs/texture_performance.md)."""
+    lines = []
+    if "unwrap" in parts:
+        record, name = parts["unwrap"]
+        lines += [f"UV unwrap (`{name}`; CPU and wall seconds: medians of {record['repeats']}):", "",
+                  "| mesh | mode | CPU s | wall s | islands | utilization | overlapping texels | seam length | "
+                  "max stretch | p99 stretch | max anisotropy |", "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for mesh, entry in record["unwrap"].items():
+            for mode in ("default", "fast"):
+                q = entry[mode]["quality"]
+                lines.append(f"| {mesh} ({entry['faces']} faces) | {mode} | {entry[mode]['cpu_s_median']:.2f} | "
+                             f"{entry[mode]['wall_s_median']:.2f} | {q['islands']} | {q['utilization']:.3f} | "
+                             f"{q['overlapping_texels']} | {q['seam_length']:.1f} | {q['max_stretch']:.2f} | "
+                             f"{q['p99_stretch']:.3f} | {q['max_anisotropy']:.2f} |")  # fmt: skip
+        lines.append("")
+    if "geometry_threads" in parts:
+        record, name = parts["geometry_threads"]
+        lines += [f"Geometry stages at {record['size']}² (`{name}`; CPU s / wall s, medians of {record['repeats']}; "
+                  "2 threads forced: one run):", "",
+                  "| workers | threads | " + " | ".join(GEOMETRY_STAGES) + " | CPU ratio to 1 thread |",
+                  "|---|---|" + "---|" * (len(GEOMETRY_STAGES) + 1)]  # fmt: skip
+        for policy, run, label in THREAD_RUNS:
+            median = record["geometry_threads"][policy]["median"]
+            cells = [f"{median[run][s]['cpu_s']:.2f} / {median[run][s]['wall_s']:.1f}" for s in GEOMETRY_STAGES]
+            ratios = [median[run][s]["cpu_s"] / median["1"][s]["cpu_s"] for s in GEOMETRY_STAGES]
+            lines.append(f"| {'spinning' if policy == 'spin' else 'sleeping'} | {label} | " + " | ".join(cells)
+                         + " | " + ", ".join(f"{r:.2f}" for r in ratios) + " |")  # fmt: skip
+        lines.append("")
+    if "end_to_end" in parts:
+        record, name = parts["end_to_end"]
+        lines += [f"Whole stage, `{'` + `'.join(record['end_to_end']['passive']['models'])}`, {record['size']}² "
+                  f"(`{name}`; wall seconds per stage, one run each):", "",
+                  "| workers | unwrap | " + " | ".join(PIPELINE_STAGES) + " | total wall | total CPU |",
+                  "|---|---|" + "---|" * (len(PIPELINE_STAGES) + 2)]  # fmt: skip
+        for policy in ("spin", "passive"):
+            for mode in ("default", "fast"):
+                entry = record["end_to_end"][policy][mode]
+                cells = [f"{entry['stage_wall_s_median'].get(s, 0.0):.1f}" for s in PIPELINE_STAGES]
+                lines.append(f"| {'spinning' if policy == 'spin' else 'sleeping'} | {mode} | " + " | ".join(cells)
+                             + f" | {entry['wall_s_median']:.1f} | {entry['cpu_s_median']:.1f} |")  # fmt: skip
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("records", type=Path, nargs="+")
     parser.add_argument("-o", "--output", type=Path, required=True)
+    parser.add_argument("--markdown", action="store_true", help="also print the figures as Markdown tables")
     args = parser.parse_args()
     parts = _parts(args.records)
+    if args.markdown:
+        print(markdown_tables(parts))
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [1, 2.2, 1.6]})
     if "unwrap" in parts:
         record, _ = parts["unwrap"]
@@ -77,7 +125,7 @@ def main() -> None:
         labels, bottoms = [], []
         columns = [(p, m) for p in ("spin", "passive") for m in ("default", "fast")]
         bottoms = [0.0] * len(columns)
-        for stage in PIPELINE_STAGES:
+        for stage in (s for s in PIPELINE_STAGES if s != "delight"):  # delight runs beside unwrap + maps
             values = [record["end_to_end"][p][m]["stage_wall_s_median"].get(stage, 0.0) for p, m in columns]
             ax.bar(range(len(columns)), values, 0.6, bottom=bottoms, label=stage)
             bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
@@ -86,7 +134,7 @@ def main() -> None:
             ax.text(i, bottoms[i], f"{total:.0f} s", ha="center", va="bottom", fontsize=8)
         labels = [f"{'spinning' if p == 'spin' else 'sleeping'}\nworkers\nunwrap {m}" for p, m in columns]
         ax.set_xticks(range(len(columns)), labels, fontsize=8)
-        ax.set_ylabel("wall seconds per stage (delight overlaps unwrap + maps)")
+        ax.set_ylabel("wall seconds per stage (delight, beside unwrap + maps, not stacked)")
         ax.set_title(f"whole stage, tiny diffusion models, {record['size']}²")
         ax.legend(fontsize=7)
     device = next(iter(parts.values()))[0]
