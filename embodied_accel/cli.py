@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__, _command_env  # noqa: F401  (_command_env: first, before PyTorch loads)
+from . import __version__
 from .argtypes import non_negative_float, non_negative_int, positive_int
+from .commands import process_env  # noqa: F401  (before anything that loads PyTorch)
 from .commands import reconstruct as vggt_commands
 from .commands import shape as shape_command
 from .commands import texture as texture_command

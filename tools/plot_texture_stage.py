@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 GEOMETRY_STAGES = ("maps", "bake", "inpaint")
-THREAD_RUNS = (("spin", "2_forced", "2 threads, spinning workers (before)"), ("spin", "1", "1 thread"),
+THREAD_RUNS = (("spin", "2_forced", "2 threads, spinning workers (before)"), ("spin", "1", "1 thread, spinning workers"),
                ("spin", "2", "2 threads asked, spinning workers (stages pick 1)"),
                ("passive", "1", "1 thread, sleeping workers"), ("passive", "2", "2 threads, sleeping workers"))  # fmt: skip
 PIPELINE_STAGES = ("UV unwrap", "condition maps", "delight", "multiview diffusion", "baking", "inpainting")
@@ -68,7 +68,7 @@ def markdown_tables(parts: dict) -> str:
     if "end_to_end" in parts:
         record, name = parts["end_to_end"]
         lines += [f"Whole stage, `{'` + `'.join(record['end_to_end']['passive']['models'])}`, {record['size']}² "
-                  f"(`{name}`; wall seconds per stage, one run each):", "",
+                  f"(`{name}`; wall seconds per stage, medians of {record['end_to_end_repeats']}):", "",
                   "| workers | unwrap | " + " | ".join(PIPELINE_STAGES) + " | total wall | total CPU |",
                   "|---|---|" + "---|" * (len(PIPELINE_STAGES) + 2)]  # fmt: skip
         for policy in ("spin", "passive"):
