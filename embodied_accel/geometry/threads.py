@@ -5,8 +5,9 @@ CPU build runs each op's parallel region on an OpenMP team; between regions libg
 before they sleep (``OMP_WAIT_POLICY`` unset or ``ACTIVE``). With back-to-back small ops the workers spin almost all
 the time, and where the cores are shared (other processes, or this process's second Python thread, which the
 texture pipeline runs delight in) the spinning threads take the cores the working ones need: measured on 2 shared
-cores, the condition maps took 4.8x the CPU time and 4x the wall time at 2 threads that they take at 1. With
-``OMP_WAIT_POLICY=PASSIVE`` the workers sleep at once and 2 threads are faster than 1 at the same CPU time.
+cores at 2048², the condition maps took 5.7x the CPU time and 3.7x the wall time at 2 threads that they take at 1
+(docs/texture_performance.md). With ``OMP_WAIT_POLICY=PASSIVE`` the workers sleep at once, and 2 threads cost
+about the CPU time of one (1.0-1.3x). The outputs do not depend on the thread count.
 
 libgomp reads the policy once, when PyTorch loads it, so a library cannot change it afterwards: the
 ``embodied-accel`` command sets it (unless the environment already does) before it imports PyTorch. Here,
