@@ -27,10 +27,10 @@ def unwrap(vertices: np.ndarray, faces: np.ndarray, mode: str = "default") -> UV
     Needs ``pip install 'embodied-accel[texture]'``.
 
     ``mode="default"`` runs xatlas with its default options, as upstream does. ``mode="fast"`` bounds every chart's
-    area to :data:`FAST_CHART_AREA_FRACTION` of the surface: xatlas grows charts from seeds until a cost (normal
-    deviation, roundness, straightness) says stop, and unbounded charts on a bumpy surface grow into shapes whose
-    flattening folds or stretches, which xatlas then repairs by re-splitting (most of its time). Bounded charts flatten
-    cleanly at once; the packing options stay xatlas's defaults."""
+    area to :data:`FAST_CHART_AREA_FRACTION` of the surface; the packing options stay xatlas's defaults. On bumpy
+    meshes unbounded charts grow into shapes whose flattening folds or stretches and gets redone; bounded ones
+    flatten at once (6-7x less CPU time on a 21k-face marching-cubes mesh, less stretch, about 15 % fewer texels
+    used; on smooth meshes the default layout has fewer seams: docs/texture_performance.md)."""
     try:
         import xatlas
     except ImportError:
