@@ -93,7 +93,15 @@ def test_fast_unwrap_gives_a_valid_layout_beside_the_default():
         unwrap(positions, faces, mode="quick")
 
 
-def test_geometry_threads_follow_the_openmp_wait_policy(monkeypatch):
+@pytest.fixture
+def _two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_geometry_threads_follow_the_openmp_wait_policy(monkeypatch, _two_threads):
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
@@ -103,8 +111,12 @@ def test_geometry_threads_follow_the_openmp_wait_policy(monkeypatch):
     assert torch.get_num_threads() == before
     monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
     assert openmp_workers_sleep() and geometry_thread_count() == before
-    with geometry_threads(2) as count:
-        assert count == 2 and torch.get_num_threads() == 2
+    assert geometry_thread_count(splits_well=False) == 1
+    with geometry_threads(splits_well=False) as count:
+        assert count == 1 and torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with geometry_threads(3) as count:
+        assert count == 3 and torch.get_num_threads() == 3
     assert torch.get_num_threads() == before
     with pytest.raises(ValueError, match="threads"):
         with geometry_threads(0):

@@ -1,7 +1,8 @@
 """The non-diffusion stages of Hunyuan3D-Paint 2.0 as one object: condition maps for the 6 cameras, baking the
 generated views into the UV texture, inpainting what no view painted. Each camera is rasterized once for all three
 uses (the official code rasterizes it three times). The maps and the bake run on the intra-op threads that
-:func:`~embodied_accel.geometry.threads.geometry_threads` picks (one while OpenMP's workers spin between ops)."""
+:func:`~embodied_accel.geometry.threads.geometry_threads` picks (one while OpenMP's workers spin between ops; the maps,
+whose ops are too small to gain from a second thread, on one always)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ class TextureBaker:
 
     def condition_maps(self) -> ConditionMaps:
         """The normal and position maps of every camera (one rasterization and one interpolation per camera)."""
-        with geometry_threads(self.threads):
+        with geometry_threads(self.threads, splits_well=False):
             maps = [self.renderer.condition_maps(c) for c in self.cameras]
         return ConditionMaps([normal for normal, _ in maps], [position for _, position in maps])
 

@@ -12,7 +12,9 @@ about the CPU time of one (1.0-1.3x). The outputs do not depend on the thread co
 libgomp reads the policy once, when PyTorch loads it, so a library cannot change it afterwards: the
 ``embodied-accel`` command sets it (unless the environment already does) before it imports PyTorch. Here,
 :func:`geometry_threads` runs a stage on every intra-op thread when the workers sleep between regions, and on one
-thread when they spin; ``threads=`` overrides the choice.
+thread when they spin or when the stage does not split well (``splits_well=False``: the condition maps, whose
+interpolation and image conversion are small ops that took up to 1.3x the CPU time on 2 threads without finishing
+sooner); ``threads=`` overrides the choice.
 """
 
 from __future__ import annotations
@@ -31,20 +33,20 @@ def openmp_workers_sleep() -> bool:
     return policy == "passive" or os.environ.get("GOMP_SPINCOUNT", "").strip() == "0"
 
 
-def geometry_thread_count() -> int:
+def geometry_thread_count(splits_well: bool = True) -> int:
     """The intra-op threads a geometry stage runs on: all of PyTorch's when OpenMP's workers sleep between parallel
-    regions, else one (see the module's docstring)."""
-    return torch.get_num_threads() if openmp_workers_sleep() else 1
+    regions and the stage splits well, else one (see the module's docstring)."""
+    return torch.get_num_threads() if splits_well and openmp_workers_sleep() else 1
 
 
 @contextlib.contextmanager
-def geometry_threads(threads: int | None = None) -> Iterator[int]:
+def geometry_threads(threads: int | None = None, splits_well: bool = True) -> Iterator[int]:
     """Run the body on ``threads`` intra-op threads (default :func:`geometry_thread_count`), restoring PyTorch's
     thread count afterwards; yields the count used."""
     if threads is not None and threads < 1:
         raise ValueError(f"threads: expected an integer >= 1, got {threads}")
     before = torch.get_num_threads()
-    count = geometry_thread_count() if threads is None else threads
+    count = geometry_thread_count(splits_well) if threads is None else threads
     if count != before:
         torch.set_num_threads(count)
     try:
