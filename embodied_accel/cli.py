@@ -17,6 +17,7 @@ from typing import Any
 
 from . import __version__
 from .argtypes import non_negative_float, non_negative_int, positive_int
+from .commands import process_env  # noqa: F401  (before anything that loads PyTorch)
 from .commands import reconstruct as vggt_commands
 from .commands import shape as shape_command
 from .commands import texture as texture_command

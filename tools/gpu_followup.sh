@@ -14,6 +14,7 @@
 #   hunyuan3d [CAPTURE [DECODING [CACHE]]]   Hunyuan3D-2, one configuration (default: eager hierarchical none;
 #                              CAPTURE eager|compile|cudagraph, DECODING hierarchical|dense, CACHE none|taylorseer-o1n5)
 #   texture [CAPTURE]          Hunyuan3D-Paint's whole texture stage at full size (20k faces, 2048), stage by stage
+#   texture-unwrap             the same (eager) with each UV unwrap mode, default and fast
 #   compile MODEL              pi0 / pi05 eager, compile and compile+cudagraph, 2 views batch 1
 #   quant MODEL                pi0 / pi05 with W8A8 and FP8 linear layers, eager and CUDA graph, 2 views batch 1
 #   groot-compile              GR00T N1.6 eager, compile and compile+cudagraph
@@ -25,7 +26,7 @@ set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,23p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" "$@"
+gpu_arguments '2,24p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile buckets train tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
@@ -88,6 +89,12 @@ case $STEP in
         gpu_step "texture-${STEP_ARGS[0]:-eager}" 520 "$FIGURES|total" "$PY" tools/hunyuan3d_paint_gpu_bench.py \
             --capture "${STEP_ARGS[0]:-eager}" --out-dir "$RESULTS" "${PAINT[@]}"
         ;;
+    texture-unwrap)
+        for mode in default fast; do
+            gpu_step "texture-unwrap-$mode" 260 "$FIGURES|total" "$PY" tools/hunyuan3d_paint_gpu_bench.py \
+                --unwrap "$mode" --out-dir "$RESULTS" "${PAINT[@]}"
+        done
+        ;;
     compile)
         gpu_step "compile-${STEP_ARGS[0]:-pi0}" 520 "$FIGURES" "$PY" tools/gpu_bench.py \
             --model "$(tiny "${STEP_ARGS[0]:-pi0}")" --captures eager compile compile+cudagraph "${PIX[@]}"
@@ -126,7 +133,7 @@ case $STEP in
         fi
         ;;
     *)
-        echo "unknown step $STEP (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture compile quant groot-compile buckets train tests)" >&2
+        echo "unknown step $STEP (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile buckets train tests)" >&2
         exit 2
         ;;
 esac

@@ -45,13 +45,14 @@ def main() -> None:
     parser.add_argument("--render-size", type=int)
     parser.add_argument("--texture-size", type=int)
     parser.add_argument("--capture", default="eager", help="how the UNet steps run (eager, compile, cudagraph, ...)")
+    parser.add_argument("--unwrap", default="default", choices=("default", "fast"), help="UV unwrap mode")
     args = parser.parse_args()
     device = torch.device(args.device)
     source = str(args.checkpoint) if args.checkpoint else args.preset
     pipeline = load_texture_pipeline(source, backend=args.backend, dtype=args.dtype, device=device, progress=False,
                                      capture=args.capture)  # fmt: skip
     mesh, image = sample_mesh(args.subdivisions), read_image(SAMPLE_IMAGE)
-    settings = TextureSettings(render_size=args.render_size, texture_size=args.texture_size)
+    settings = TextureSettings(render_size=args.render_size, texture_size=args.texture_size, unwrap=args.unwrap)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     pipeline.generate(mesh, image, settings)  # warm-up: allocator, kernels, lazy initialization
     if device.type == "cuda":
@@ -77,7 +78,7 @@ def main() -> None:
         dtype=args.dtype, batch=1, views=6, steps=multiview.steps, times=times, aten_ops_per_call=None,
         peak_mem_mb=peak, faces=results[0].input_faces, render_size=settings.render_size or pipeline.render_size,
         texture_size=results[0].texture.shape[0], delight_steps=pipeline.delight_model.config.steps,
-        random_weights=pipeline.random_weights, **stages,
+        random_weights=pipeline.random_weights, unwrap=args.unwrap, **stages,
     )  # fmt: skip
     path = write_result(record, args.out_dir)
     print(path)

@@ -40,6 +40,9 @@ def add_texture_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
                         "preset)")  # fmt: skip
     p.add_argument("--face-reduce", type=int, metavar="F",
                    help="decimate the mesh to at most F faces before unwrapping (large meshes unwrap slowly)")  # fmt: skip
+    p.add_argument("--unwrap", choices=("default", "fast"), default="default",
+                   help="UV unwrapping: default (xatlas's default options, as upstream) or fast (charts bounded in "
+                        "area: several times faster, less stretch, fewer texels used)")  # fmt: skip
     p.add_argument("--view-size", type=int, metavar="S",
                    help="side of the multiview model's generated views (default: the model's, 512; smaller is "
                         "faster and not what it was trained for)")  # fmt: skip
@@ -119,7 +122,8 @@ def texture_mesh(mesh, image_path: Path, args: argparse.Namespace, source: str, 
     settings = TextureSettings(steps=args.texture_steps, delight_steps=args.delight_steps, seed=args.seed,
                                render_size=args.render_size, texture_size=args.texture_size,
                                face_reduce=args.face_reduce, view_size=args.view_size,
-                               delight_size=args.delight_size)  # fmt: skip
+                               delight_size=args.delight_size,
+                               unwrap=getattr(args, "unwrap", "default"))  # fmt: skip
     start = time.perf_counter()
     result = pipeline.generate(mesh, image, settings, progress=progress)
     generate_seconds = time.perf_counter() - start

@@ -1,6 +1,8 @@
 """The non-diffusion stages of Hunyuan3D-Paint 2.0 as one object: condition maps for the 6 cameras, baking the
 generated views into the UV texture, inpainting what no view painted. Each camera is rasterized once for all three
-uses (the official code rasterizes it three times)."""
+uses (the official code rasterizes it three times). The maps and the bake run on the intra-op threads that
+:func:`~embodied_accel.geometry.threads.geometry_threads` picks (one while OpenMP's workers spin between ops; the maps,
+whose ops are too small to gain from a second thread, on one always)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from .bake import ViewBake, back_project, merge_views
 from .camera import Camera
 from .inpaint import inpaint_texture
 from .mesh_maps import MeshRenderer, UVMesh
+from .threads import geometry_threads
 
 #: Hunyuan3D-Paint 2.0's cameras (front, right, back, left, top, bottom) and their weights in the merge.
 CAMERA_AZIMUTHS = (0, 90, 180, 270, 0, 180)
@@ -32,12 +35,17 @@ class ConditionMaps:
 class TextureBaker:
     """A UV-mapped mesh placed for the paint cameras: ``condition_maps()``, ``bake(views)``, ``inpaint(...)``. A mesh
     without texture coordinates (``vertices`` and ``faces`` only) gives the condition maps; baking and inpainting
-    need a :class:`UVMesh`."""
+    need a :class:`UVMesh`. ``threads``: the intra-op threads of the maps and the bake (default:
+    :func:`~embodied_accel.geometry.threads.geometry_threads`' choice)."""
 
     def __init__(self, mesh: UVMesh, render_size: int = 2048, texture_size: int = 2048, device="cpu",
-                 cameras: tuple[Camera, ...] = PAINT_CAMERAS, view_weights=VIEW_WEIGHTS):  # fmt: skip
+                 cameras: tuple[Camera, ...] = PAINT_CAMERAS, view_weights=VIEW_WEIGHTS,
+                 threads: int | None = None):  # fmt: skip
         if len(view_weights) != len(cameras):
             raise ValueError(f"view_weights: expected one per camera ({len(cameras)}), got {len(view_weights)}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads: expected an integer >= 1, got {threads}")
+        self.threads = threads
         self.mesh = mesh
         self.renderer = MeshRenderer(mesh, render_size, texture_size, device)
         self.cameras = tuple(cameras)
@@ -45,7 +53,8 @@ class TextureBaker:
 
     def condition_maps(self) -> ConditionMaps:
         """The normal and position maps of every camera (one rasterization and one interpolation per camera)."""
-        maps = [self.renderer.condition_maps(c) for c in self.cameras]
+        with geometry_threads(self.threads, splits_well=False):
+            maps = [self.renderer.condition_maps(c) for c in self.cameras]
         return ConditionMaps([normal for normal, _ in maps], [position for _, position in maps])
 
     def back_project(self, views: list[torch.Tensor]) -> list[ViewBake]:
@@ -53,13 +62,17 @@ class TextureBaker:
         :class:`~embodied_accel.geometry.bake.ViewBake`'s ``texture``, ``cosine`` and ``boundary`` maps)."""
         if len(views) != len(self.cameras):
             raise ValueError(f"views: expected one per camera ({len(self.cameras)}), got {len(views)}")
-        return [back_project(self.renderer, view, camera) for view, camera in zip(views, self.cameras, strict=True)]
+        with geometry_threads(self.threads):
+            return [back_project(self.renderer, view, camera)
+                    for view, camera in zip(views, self.cameras, strict=True)]  # fmt: skip
 
     def bake(self, views: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """``views``: one float32 ``[S, S, 3]`` image in [0, 1] per camera, at the render size. Returns the merged
         ``texture [T, T, 3]`` and the ``painted [T, T]`` mask (``merge_views(self.back_project(views),
         self.view_weights)``: a caller that wants the per-view maps too merges them itself)."""
-        return merge_views(self.back_project(views), list(self.view_weights))
+        bakes = self.back_project(views)
+        with geometry_threads(self.threads):
+            return merge_views(bakes, list(self.view_weights))
 
     def inpaint(self, texture: torch.Tensor, painted: torch.Tensor) -> np.ndarray:
         """Vertex-colour propagation then Navier–Stokes on what stays unpainted: uint8 ``[T, T, 3]``. Vertex

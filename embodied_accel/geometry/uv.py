@@ -15,19 +15,45 @@ from .mesh_maps import UVMesh
 TEXTURED_FORMATS = (".glb", ".obj")
 
 
-def unwrap(vertices: np.ndarray, faces: np.ndarray) -> UVMesh:
-    """xatlas's chart-and-pack parametrization (default options, as upstream): vertices are split along seams, so
-    the result has one UV per vertex. Needs ``pip install 'embodied-accel[texture]'``."""
+#: ``default``: xatlas's default options (upstream's ``mesh_uv_wrap``, the official pipeline's layout); ``fast``: charts
+#: bounded in area (see :func:`unwrap`), several times faster and with less stretch, at a lower texel utilization.
+UNWRAP_MODES = ("default", "fast")
+#: The fast mode's bound on a chart's area, as a fraction of the mesh's surface area.
+FAST_CHART_AREA_FRACTION = 1 / 40
+
+
+def unwrap(vertices: np.ndarray, faces: np.ndarray, mode: str = "default") -> UVMesh:
+    """xatlas's chart-and-pack parametrization: vertices are split along seams, so the result has one UV per vertex.
+    Needs ``pip install 'embodied-accel[texture]'``.
+
+    ``mode="default"`` runs xatlas with its default options, as upstream does. ``mode="fast"`` bounds every chart's
+    area to :data:`FAST_CHART_AREA_FRACTION` of the surface; the packing options stay xatlas's defaults. On bumpy
+    meshes unbounded charts grow into shapes whose flattening folds or stretches and gets redone; bounded ones
+    flatten at once (6-7x less CPU time on a 21k-face marching-cubes mesh, less stretch, about 15 % fewer texels
+    used; on smooth meshes the default layout has fewer seams: docs/texture_performance.md)."""
     try:
         import xatlas
     except ImportError:
         raise ImportError("UV unwrapping needs xatlas: pip install 'embodied-accel[texture]'") from None
+    if mode not in UNWRAP_MODES:
+        raise ValueError(f"unwrap mode {mode!r}: expected one of {', '.join(UNWRAP_MODES)}")
     vertices = np.asarray(vertices)
     faces = np.asarray(faces)
     if faces.ndim != 2 or faces.shape[1] != 3 or faces.shape[0] == 0:
         raise ValueError(f"mesh: expected [F, 3] triangles with F >= 1, got faces of shape {faces.shape}")
-    vmapping, indices, uvs = xatlas.parametrize(vertices.astype(np.float32), faces.astype(np.uint32))
-    return UVMesh(vertices[vmapping], indices.astype(np.int64), uvs.astype(np.float32))
+    positions, indices = vertices.astype(np.float32), faces.astype(np.uint32)
+    if mode == "default":
+        vmapping, new_faces, uvs = xatlas.parametrize(positions, indices)
+    else:
+        corners = positions.astype(np.float64)[faces]  # [F, 3, 3]
+        area = 0.5 * np.linalg.norm(np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0]), axis=1)
+        charts = xatlas.ChartOptions()
+        charts.max_chart_area = float(area.sum() * FAST_CHART_AREA_FRACTION)
+        atlas = xatlas.Atlas()
+        atlas.add_mesh(positions, indices)
+        atlas.generate(charts, xatlas.PackOptions())
+        vmapping, new_faces, uvs = atlas[0]
+    return UVMesh(vertices[vmapping], new_faces.astype(np.int64), uvs.astype(np.float32))
 
 
 def _png_bytes(image: np.ndarray) -> bytes:
@@ -109,4 +135,4 @@ def export_textured_mesh(mesh: UVMesh, texture: np.ndarray, path: str | Path) ->
     return write_textured_obj(mesh, texture, path)
 
 
-__all__ = ["TEXTURED_FORMATS", "export_textured_mesh", "unwrap", "write_textured_glb", "write_textured_obj"]
+__all__ = ["FAST_CHART_AREA_FRACTION", "TEXTURED_FORMATS", "UNWRAP_MODES", "export_textured_mesh", "unwrap", "write_textured_glb", "write_textured_obj"]

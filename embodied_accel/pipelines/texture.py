@@ -66,6 +66,7 @@ class TextureSettings:
     face_reduce: int | None = None  # at most this many faces before unwrapping (no reduction by default)
     view_size: int | None = None  # the multiview model's views' side (the model's, 512 as upstream)
     delight_size: int | None = None  # the delight model's image side (the model's, 512 as upstream)
+    unwrap: str = "default"  # UV unwrapping: "default" (xatlas's defaults, as upstream) or "fast" (see geometry.uv)
 
 
 @dataclass
@@ -296,9 +297,11 @@ class TexturePipeline:
     def generate(self, mesh: Mesh, image: np.ndarray, settings: TextureSettings = TextureSettings(),
                  progress: bool = False) -> TextureResult:  # fmt: skip
         """``mesh`` (vertices, faces) and a uint8 RGB / RGBA ``image`` → :class:`TextureResult`."""
-        from ..geometry.uv import unwrap
+        from ..geometry.uv import UNWRAP_MODES, unwrap
 
         mesh = check_mesh(mesh)
+        if settings.unwrap not in UNWRAP_MODES:
+            raise ValueError(f"unwrap mode {settings.unwrap!r}: expected one of {', '.join(UNWRAP_MODES)}")
         render_size = settings.render_size or self.render_size
         texture_size = settings.texture_size or self.texture_size
         check_sizes(render_size, texture_size)
@@ -311,7 +314,7 @@ class TexturePipeline:
         def geometry():
             reduced = mesh if settings.face_reduce is None else clock.run("face reduction", reduce_faces, mesh,
                                                                           settings.face_reduce)  # fmt: skip
-            unwrapped = clock.run("UV unwrap", unwrap, reduced.vertices, reduced.faces)
+            unwrapped = clock.run("UV unwrap", unwrap, reduced.vertices, reduced.faces, settings.unwrap)
             baker = TextureBaker(unwrapped, render_size=render_size, texture_size=texture_size, device=self.device)
             return unwrapped, baker, clock.run("condition maps", baker.condition_maps)
 

@@ -1,0 +1,59 @@
+"""How many threads the geometry stages run PyTorch's intra-op work on.
+
+The geometry stages (rasterization, interpolation, baking) are thousands of small and medium tensor ops. PyTorch's
+CPU build runs each op's parallel region on an OpenMP team; between regions libgomp's workers spin on the CPU
+before they sleep (``OMP_WAIT_POLICY`` unset or ``ACTIVE``). With back-to-back small ops the workers spin almost all
+the time, and where the cores are shared (other processes, or this process's second Python thread, which the
+texture pipeline runs delight in) the spinning threads take the cores the working ones need: measured on 2 shared
+cores at 2048², the condition maps took 5.7x the CPU time and 3.7x the wall time at 2 threads that they take at 1
+(docs/texture_performance.md). With ``OMP_WAIT_POLICY=PASSIVE`` the workers sleep at once, and 2 threads cost
+about the CPU time of one (1.0-1.3x). The outputs do not depend on the thread count.
+
+libgomp reads the policy once, when PyTorch loads it, so a library cannot change it afterwards: the
+``embodied-accel`` command sets it (unless the environment already does) before it imports PyTorch. Here,
+:func:`geometry_threads` runs a stage on every intra-op thread when the workers sleep between regions, and on one
+thread when they spin or when the stage does not split well (``splits_well=False``: the condition maps, whose
+interpolation and image conversion are small ops that took up to 1.3x the CPU time on 2 threads without finishing
+sooner); ``threads=`` overrides the choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import torch
+
+
+def openmp_workers_sleep() -> bool:
+    """Whether OpenMP's workers sleep between parallel regions (``OMP_WAIT_POLICY=PASSIVE`` in the environment, or
+    ``GOMP_SPINCOUNT=0``); as the environment says now, which is what libgomp read unless it was changed later."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    return policy == "passive" or os.environ.get("GOMP_SPINCOUNT", "").strip() == "0"
+
+
+def geometry_thread_count(splits_well: bool = True) -> int:
+    """The intra-op threads a geometry stage runs on: all of PyTorch's when OpenMP's workers sleep between parallel
+    regions and the stage splits well, else one (see the module's docstring)."""
+    return torch.get_num_threads() if splits_well and openmp_workers_sleep() else 1
+
+
+@contextlib.contextmanager
+def geometry_threads(threads: int | None = None, splits_well: bool = True) -> Iterator[int]:
+    """Run the body on ``threads`` intra-op threads (default :func:`geometry_thread_count`), restoring PyTorch's
+    thread count afterwards; yields the count used."""
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads: expected an integer >= 1, got {threads}")
+    before = torch.get_num_threads()
+    count = geometry_thread_count(splits_well) if threads is None else threads
+    if count != before:
+        torch.set_num_threads(count)
+    try:
+        yield count
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+__all__ = ["geometry_thread_count", "geometry_threads", "openmp_workers_sleep"]

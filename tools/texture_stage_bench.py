@@ -1,0 +1,215 @@
+"""The texture stage on the CPU, stage by stage: UV unwrapping (default vs fast, with the layouts' quality), the
+geometry stages at 1 and 2 intra-op threads under both OpenMP wait policies, and the whole stage end to end with the
+tiny diffusion presets at full render and texture size.
+
+* ``unwrap``: per mesh (the 21,252-face procedural shape of ``hunyuan3d_paint_reference/compare_cpu.py`` and the
+  built-in icosphere at 20,480 faces), each mode's process CPU time (xatlas's worker threads included) and wall time,
+  ``--repeats`` times (medians reported), and :func:`~embodied_accel.geometry.uv_quality.uv_quality` of its layout
+  rasterized into the texture-size atlas.
+* ``threads``: condition maps, bake and inpainting of the default layout at ``--size``, in a fresh process per OpenMP
+  wait policy (libgomp reads it once, at load): ``spin`` (the variable unset, libgomp's default) and ``passive``.
+  In each, the stages run ``--repeats`` times at 1 thread and at 2 threads with the library's own choice
+  (``geometry_threads``), and once at 2 threads forced (``TextureBaker(threads=2)``, what the stages did before they
+  chose). CPU time is the process's (``time.process_time``: every thread), the primary figure on a shared machine.
+* ``end_to_end``: ``TexturePipeline.generate`` on the 21k-face mesh with the ``hunyuan3d-paint-tiny`` presets (random
+  weights; diffusion stand-ins of the real stages' structure), render and texture size ``--size``, each unwrap mode,
+  in a fresh process per wait policy; per-stage wall seconds (delight overlaps unwrap and maps) and the call's CPU
+  time.
+
+    python tools/texture_stage_bench.py --out bench/results [--size 2048 --repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+POLICIES = {"spin": None, "passive": "PASSIVE"}
+
+
+def benchmark_meshes() -> dict:
+    """name → (vertices, faces): the comparison tool's 21k-face shape and the built-in icosphere at 20k faces."""
+    from embodied_accel.models.hunyuan3d.marching_cubes import marching_cubes
+    from embodied_accel.pipelines.texture import sample_mesh
+
+    grid = 80
+    g = np.linspace(-1, 1, grid + 1)
+    x, y, z = np.meshgrid(g, g, g, indexing="ij")
+    sdf = 0.6 - np.sqrt(x**2 + (1.3 * y) ** 2 + z**2) + 0.15 * np.sin(5 * x) * np.cos(4 * z) + 0.1 * np.sin(6 * y)
+    surface = marching_cubes(sdf.astype(np.float32), 0.0)
+    sphere = sample_mesh(5)
+    return {"procedural_21k": (surface.vertices / grid * 2 - 1, surface.faces),
+            "icosphere_20k": (sphere.vertices, sphere.faces)}  # fmt: skip
+
+
+def _timed(fn, *args):
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn(*args)
+    return result, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _median(values):
+    return float(statistics.median(values))
+
+
+def bench_unwrap(size: int, repeats: int) -> dict:
+    from embodied_accel.geometry.uv import UNWRAP_MODES, unwrap
+    from embodied_accel.geometry.uv_quality import uv_quality
+
+    record = {}
+    for name, (vertices, faces) in benchmark_meshes().items():
+        entry = {"faces": int(len(faces))}
+        for mode in UNWRAP_MODES:
+            walls, cpus = [], []
+            for _ in range(repeats):
+                mesh, wall, cpu = _timed(unwrap, vertices, faces, mode)
+                walls.append(wall)
+                cpus.append(cpu)
+            entry[mode] = {"cpu_s": cpus, "wall_s": walls, "cpu_s_median": _median(cpus),
+                           "wall_s_median": _median(walls), "quality": uv_quality(mesh, size).as_dict()}  # fmt: skip
+            print(name, mode, f"cpu {entry[mode]['cpu_s_median']:.2f} s", entry[mode]["quality"], flush=True)
+        record[name] = entry
+    return record
+
+
+def _child_env(policy: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
+    if POLICIES[policy]:
+        env["OMP_WAIT_POLICY"] = POLICIES[policy]
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def _run_child(mode: str, policy: str, size: int, repeats: int) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", mode, "--size", str(size), "--repeats", str(repeats)],
+                         env=_child_env(policy), check=True, capture_output=True, text=True)  # fmt: skip
+    sys.stderr.write(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def child_threads(size: int, repeats: int) -> dict:
+    """The geometry stages at 1 thread, 2 threads (library's choice), 2 threads forced."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tools" / "hunyuan3d_paint_reference"))
+    from make_fixtures import synthetic_views
+
+    from embodied_accel.geometry.mesh_maps import to_uint8_image
+    from embodied_accel.geometry.texturing import TextureBaker
+    from embodied_accel.geometry.threads import geometry_thread_count
+    from embodied_accel.geometry.uv import unwrap
+
+    vertices, faces = benchmark_meshes()["procedural_21k"]
+    mesh = unwrap(vertices, faces)
+    views = [torch.from_numpy(v / 255.0).float() for v in synthetic_views(size, 6)]
+
+    def stages(torch_threads: int, stage_threads: int | None) -> dict:
+        torch.set_num_threads(torch_threads)
+        baker = TextureBaker(mesh, render_size=size, texture_size=size, threads=stage_threads)
+        times = {}
+
+        def maps():
+            m = baker.condition_maps()
+            return [to_uint8_image(x) for x in m.normals + m.positions]
+
+        _, *times["maps"] = _timed(maps)
+        (texture, painted), *times["bake"] = _timed(baker.bake, views)
+        _, *times["inpaint"] = _timed(baker.inpaint, texture, painted)
+        return times
+
+    configs = {"1": (1, None), "2": (2, None)}
+    runs = {name: [] for name in (*configs, "2_forced")}
+    for _ in range(repeats):
+        for name, (t, s) in configs.items():
+            runs[name].append(stages(t, s))
+    runs["2_forced"].append(stages(2, 2))
+    torch.set_num_threads(2)
+    result = {"stage_threads_chosen_at_2": geometry_thread_count(), "runs": runs, "median": {}}
+    for name, items in runs.items():
+        result["median"][name] = {stage: {"wall_s": _median([r[stage][0] for r in items]),
+                                          "cpu_s": _median([r[stage][1] for r in items])}
+                                  for stage in items[0]}  # fmt: skip
+    return result
+
+
+def child_end_to_end(size: int, repeats: int) -> dict:
+    import torch
+
+    from embodied_accel.models.hunyuan3d.mesh import Mesh
+    from embodied_accel.models.hunyuan3d.processor import read_image
+    from embodied_accel.pipelines.shape import SAMPLE_IMAGE
+    from embodied_accel.pipelines.texture import TextureSettings, load_texture_pipeline
+
+    torch.set_num_threads(2)
+    vertices, faces = benchmark_meshes()["procedural_21k"]
+    mesh = Mesh(vertices.astype(np.float32), faces.astype(np.int64))
+    image = read_image(SAMPLE_IMAGE)
+    pipeline = load_texture_pipeline("hunyuan3d-paint-tiny", progress=False)
+    result = {}
+    for mode in ("default", "fast"):
+        settings = TextureSettings(render_size=size, texture_size=size, unwrap=mode)
+        runs = []
+        for _ in range(repeats):
+            out, wall, cpu = _timed(pipeline.generate, mesh, image, settings)
+            runs.append({"stage_wall_s": out.stage_seconds, "wall_s": wall, "cpu_s": cpu})
+        result[mode] = {"runs": runs, "wall_s_median": _median([r["wall_s"] for r in runs]),
+                        "cpu_s_median": _median([r["cpu_s"] for r in runs]),
+                        "stage_wall_s_median": {s: _median([r["stage_wall_s"][s] for r in runs])
+                                                for s in runs[0]["stage_wall_s"]}}  # fmt: skip
+    result["models"] = [pipeline.delight_model.config.name, pipeline.multiview_model.config.name]
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="directory for the JSON record")
+    parser.add_argument("--size", type=int, default=2048, help="render and texture size")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--end-to-end-repeats", type=int, default=1)
+    parser.add_argument("--parts", default="unwrap,threads,end_to_end")
+    parser.add_argument("--child", choices=("threads", "end_to_end"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        fn = child_threads if args.child == "threads" else child_end_to_end
+        print(json.dumps(fn(args.size, args.repeats)))
+        return
+    if args.out is None:
+        parser.error("--out is required")
+    import torch
+
+    from embodied_accel.bench.harness import environment_stamp
+
+    torch.set_num_threads(1)
+    parts = args.parts.split(",")
+    record = {"model": "hunyuan3d-paint-texture-stage", "size": args.size, "repeats": args.repeats,
+              "end_to_end_repeats": args.end_to_end_repeats, "cpu_time": "time.process_time (all threads)"}  # fmt: skip
+    if "unwrap" in parts:
+        record["unwrap"] = bench_unwrap(args.size, args.repeats)
+    if "threads" in parts:
+        record["geometry_threads"] = {policy: _run_child("threads", policy, args.size, args.repeats) for policy in POLICIES}
+        print(json.dumps({p: r["median"] for p, r in record["geometry_threads"].items()}, indent=1), flush=True)
+    if "end_to_end" in parts:
+        record["end_to_end"] = {policy: _run_child("end_to_end", policy, args.size, args.end_to_end_repeats)
+                                for policy in POLICIES}  # fmt: skip
+        print(json.dumps({p: {m: r[m]["stage_wall_s_median"] for m in ("default", "fast")}
+                          for p, r in record["end_to_end"].items()}, indent=1))  # fmt: skip
+    record.update(environment_stamp())
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = args.out / f"{stamp}_hunyuan3d_paint_texture_stage_cpu_{args.size}.json"
+    path.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
