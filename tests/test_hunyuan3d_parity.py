@@ -105,7 +105,10 @@ def test_the_fixture_image_end_to_end_through_the_public_pipeline(name):
     directory = FIXTURES / name
     io = load_file(str(directory / "io.safetensors"))
     pipeline = load_shape_pipeline(directory, backend="reference", progress=False)
-    assert torch.equal(pipeline.prepare_image(directory / "input.png"), io["pipeline.image"])
+    # OpenCV's area filter sums float weights in the order of the CPU's SIMD kernel: a pixel exactly on a rounding
+    # boundary may land one 8-bit step (2 / 255 in [-1, 1]) away on another machine (measured here: none did)
+    step = (pipeline.prepare_image(directory / "input.png") - io["pipeline.image"]).abs() * 255 / 2
+    assert step.max() <= 1 + 1e-4 and (step > 0.5).float().mean() < 0.01
     steps = io["pipeline.trajectory"].shape[0]
     result = pipeline.generate(directory / "input.png", ShapeSettings(steps=steps, guidance=5.0),
                                noise=io["pipeline.noise"], decode=False)  # fmt: skip

@@ -141,7 +141,10 @@ def test_navier_stokes_inpainting_matches():
     out = inpaint_texture(data["texture"], data["mask"], data["inpaint.vertices"], data["inpaint.uv"],
                           data["inpaint.faces"])  # fmt: skip
     assert cv2 is not None
-    np.testing.assert_array_equal(out, data["inpainted"])
+    # OpenCV's Navier-Stokes solver works in float on the 8-bit texture and rounds back to 8 bits: another
+    # machine's float rounding may move a value on a rounding boundary by one step (measured here: none)
+    difference = np.abs(out.astype(int) - data["inpainted"].astype(int))
+    assert difference.max() <= 1 and (difference > 0).mean() < 0.001
 
 
 def test_texture_baker_runs_the_stages_like_the_official_pipeline(tmp_path):
