@@ -11,7 +11,7 @@ import torch
 from groot_fixture import TAGS, io, load, meta, observations, requires_groot_extra
 from tolerances import fp32_tolerance, scaled_error
 
-pytestmark = requires_groot_extra
+pytestmark = [requires_groot_extra, pytest.mark.parity]  # parity: compares with fixtures made elsewhere
 
 #: Backbone features (tests/tolerances.py, fp32_tolerance): SigLIP2's patch embedding (588 = 14x14x3 terms), 2 SigLIP2 and 2
 #: Qwen3 layers of ~6 reductions, the 2-layer projector: ~27 reductions: sqrt(27 x 588) u = 7.5e-6 of the features'

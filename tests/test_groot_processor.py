@@ -24,7 +24,7 @@ from embodied_accel.models.groot.processor import (
     transform_frame,
 )
 
-pytestmark = requires_groot_extra
+pytestmark = [requires_groot_extra, pytest.mark.parity]  # parity: compares with fixtures made elsewhere
 REAL_IDS = Path(__file__).parent / "fixtures" / "groot_real_tokenizer_ids.json"
 ISAAC_GROOT = os.environ.get("ISAAC_GROOT")
 

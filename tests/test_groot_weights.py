@@ -277,6 +277,7 @@ SMALL = DIR.parent / "groot_small"
 SMALL_BACKBONE = SMALL / "backbone_config.json"
 
 
+@pytest.mark.parity
 def test_a_backbone_no_preset_has_loads_from_its_eagle_config_and_matches_upstream():
     """``load_policy`` with ``backbone_config=`` (no preset, no private hook): SigLIP2 40 wide with 5 heads, a 5x5
     position table, Qwen3 64 wide with 4 query heads and 1 KV head of 24 (heads x head_dim != width), truncated to

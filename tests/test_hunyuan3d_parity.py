@@ -17,6 +17,8 @@ from embodied_accel.models.hunyuan3d.volume import decode_dense, point_query, qu
 from embodied_accel.models.hunyuan3d.weights import config_from_checkpoint, load_checkpoint_weights
 from embodied_accel.ops import get_ops
 
+pytestmark = pytest.mark.parity  # compares with fixtures made elsewhere (docs/correctness.md)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 #: Tolerances relative to each output's scale (see tests/tolerances.py, fp32_tolerance), per stage:
 #: the conditioner: DINOv2's patch embedding (588 = 14x14x3 terms) and 2 blocks of 6 reductions;

@@ -69,6 +69,7 @@ def observations(io, policy, previous=None, delay=None):
     return rows
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("family", ["pi0", "pi05"])
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
 def test_guided_model_matches_lerobot(family, case):
@@ -88,6 +89,7 @@ def test_guided_model_matches_lerobot(family, case):
     assert err <= bound, f"max abs error {err:.3g} vs LeRobot's RTC (bound {bound:.3g})"
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("family", ["pi0", "pi05"])
 def test_requests_in_robot_units_through_both_paths_match_lerobot(family):
     """The observation carries the leftover in robot units and the delay; the device path and the host path give

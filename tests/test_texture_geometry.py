@@ -15,6 +15,8 @@ from embodied_accel.geometry.inpaint import propagate_vertex_colors
 from embodied_accel.geometry.mesh_maps import MeshRenderer, UVMesh
 from embodied_accel.geometry.rasterize import interpolate, rasterize
 
+pytestmark = pytest.mark.parity  # compares with fixtures made elsewhere (docs/correctness.md)
+
 FIXTURES = Path(__file__).parent / "fixtures" / "hunyuan3d_paint"
 CAMERAS = [Camera(e, a) for e, a in zip([0, 0, 0, 0, 90, -90], [0, 90, 180, 270, 0, 180], strict=True)]
 # float32 maps made of a handful of float32 operations on values of magnitude <= 2: a few ulps of 2 (2.4e-7 each)

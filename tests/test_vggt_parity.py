@@ -20,6 +20,8 @@ from embodied_accel.errors import CheckpointError
 from embodied_accel.models.vggt.loading import load_vggt_model
 from embodied_accel.pipelines.reconstruction import Bucket, VggtRunner
 
+pytestmark = pytest.mark.parity  # compares with fixtures made elsewhere (docs/correctness.md)
+
 FIXTURE = Path(__file__).parent / "fixtures" / "vggt_tiny"
 SMALL = Path(__file__).parent / "fixtures" / "vggt_small"
 OUTPUTS = ("pose_enc", "depth", "depth_conf", "world_points", "world_points_conf", "track", "vis", "conf")

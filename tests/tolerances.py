@@ -97,6 +97,16 @@ def sinusoid_tolerance(max_argument: float, dtype: torch.dtype = torch.float32) 
     return max_argument * (4 * u + u) + 4 * u
 
 
+def resample_tolerance(source_size: int, value_step: float = 1.0, dtype: torch.dtype = torch.float32) -> float:
+    """Absolute difference between two computations of a bilinear (or bicubic) resize of an image whose
+    neighbouring pixels differ by at most ``value_step``: each output reads source coordinates
+    ``scale · (i + ½) − ½`` of magnitude up to ``source_size``, computed with an FMA or without (and ``scale``
+    itself rounded), so the interpolation weights move by up to ``4 u · source_size``, the output by that times
+    ``value_step``; the 4-term weighted sum adds its own :func:`rounding_tolerance`."""
+    u = UNIT_ROUNDOFF[dtype]
+    return 4 * u * source_size * value_step + rounding_tolerance(dtype, terms=4, chain=4) * value_step
+
+
 def noise_schedule_sigma_tolerance(betas: np.ndarray, timesteps, zero_terminal_snr: bool) -> np.ndarray:
     """Relative difference allowed between two float32 computations of an Euler sampler's
     ``σ_t = sqrt((1 − ᾱ_t) / ᾱ_t)``, ``ᾱ = cumprod(1 − β)``, ``β = linspace(...)²`` (optionally rescaled to zero
@@ -148,6 +158,7 @@ __all__ = [
     "groot_tolerance",
     "noise_schedule_sigma_tolerance",
     "pi0_tolerance",
+    "resample_tolerance",
     "rounding_tolerance",
     "scaled_error",
     "sinusoid_tolerance",
