@@ -115,7 +115,10 @@ def test_rows_with_different_delays_and_without_rtc_share_one_call():
     plain_alone = policy.infer(observations(io, policy)[1], noise=io["noise"][1])
     atol = rtc_tolerance(policy.config) * np.abs(guided_alone["actions"]).max()  # a batch of two against one
     np.testing.assert_allclose(batched["actions"][0], guided_alone["actions"], rtol=0, atol=atol)
-    np.testing.assert_array_equal(batched["actions"][1], plain_alone["actions"])  # unguided rows: bit for bit
+    # the unguided row: untouched by its neighbour's guidance, within a batch of two's rounding against one (the GEMMs
+    # of another batch size may block differently: equal here with MKL's default kernels, not with MKL_CBWR=COMPATIBLE)
+    plain_atol = rtc_tolerance(policy.config) * np.abs(plain_alone["actions"]).max()
+    np.testing.assert_allclose(batched["actions"][1], plain_alone["actions"], rtol=0, atol=plain_atol)
 
 
 def test_zero_guidance_equals_rtc_off_bit_for_bit():

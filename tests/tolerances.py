@@ -15,13 +15,14 @@ A wrong implementation (a row of another request, a dropped term, a wrong consta
 
 Some operations are not IEEE-exact, and two machines (or two numeric libraries on one machine) round them each
 their own way even with the same inputs and the same code: ``exp``, ``log``, ``pow``, ``sin``, ``cos`` and, in
-PyTorch's CPU build, ``sqrt`` (computed by the vector math library that the build links, whose code path depends on
-the CPU), a product-sum contracted into an FMA or not, a GEMM's reduction order. Each is within one ulp of the exact
-value (faithfully rounded), so two of them differ by at most two ulps: :data:`FAITHFUL_DIFFERENCE` ``= 4 u``
+PyTorch's CPU build, ``sqrt`` (computed by the MKL vector math library that the build links: not correctly rounded
+on every CPU), a product-sum contracted into an FMA or not, a GEMM's reduction order. Each is within one ulp of the
+exact value (faithfully rounded), so two of them differ by at most two ulps: :data:`FAITHFUL_DIFFERENCE` ``= 4 u``
 relative. A test that compares with a fixture made on another machine allows that per such operation, times the
-condition number of what follows it (:func:`sinusoid_tolerance`, :func:`noise_schedule_sigma_tolerance`);
-bit-for-bit equality is kept for what only IEEE-exact operations (``+ - * /``, comparisons, integer arithmetic,
-rounding to an integer grid) compute. docs/correctness.md says which test checks what.
+condition number of what follows it (:func:`sinusoid_tolerance`, :func:`noise_schedule_sigma_tolerance`,
+:func:`resample_tolerance`); bit-for-bit equality is kept for what only IEEE-exact operations (``+ - * /``,
+comparisons, integer arithmetic, rounding to an integer grid) compute. docs/correctness.md says which test checks
+what.
 """
 
 from __future__ import annotations
@@ -122,7 +123,8 @@ def noise_schedule_sigma_tolerance(betas: np.ndarray, timesteps, zero_terminal_s
       halves it and adds its own ``D``.
 
     The result is doubled (the IEEE roundings after a perturbed value round it again, second-order terms) and
-    ``8 u`` added for the exact operations' own roundings."""
+    ``8 u`` added for the exact operations' own roundings. A timestep between two integers (``linspace`` spacing)
+    takes the nearest integer's allowance."""
     u, d = UNIT_ROUNDOFF[torch.float32], FAITHFUL_DIFFERENCE
     betas = np.asarray(betas, dtype=np.float64)
     cumprod = np.cumprod(1.0 - betas)
