@@ -35,8 +35,6 @@ from embodied_accel.models.hunyuan3d_paint.weights import load_delight_model, lo
 from embodied_accel.nn.unet import UNetContext, guidance_features
 from embodied_accel.ops import get_ops
 
-pytestmark = pytest.mark.parity
-
 FIXTURES = Path(__file__).parent / "fixtures" / "hunyuan3d_paint_models"
 DELIGHT = FIXTURES / "hunyuan3d-delight-tiny"
 PAINT = FIXTURES / "hunyuan3d-paint-tiny"
@@ -83,6 +81,7 @@ def test_folders_read_as_the_tiny_presets():
             expected.unet, expected.vae, expected.scheduler, expected.turbo)  # fmt: skip
 
 
+@pytest.mark.parity
 @torch.no_grad()
 def test_clip_empty_prompt(delight):
     model, io = delight
@@ -90,6 +89,7 @@ def test_clip_empty_prompt(delight):
     assert scaled_error(model.prompt_embedding, io["text.embedding"]) <= CLIP
 
 
+@pytest.mark.parity
 @torch.no_grad()
 def test_delight_unet_and_vae(delight):
     model, io = delight
@@ -139,11 +139,13 @@ def _check_euler(schedule, config, io: dict) -> None:
         assert scaled_error(previous, io[p + "previous"]) <= STEP
 
 
+@pytest.mark.parity
 def test_delight_scheduler(delight):
     model, io = delight
     _check_euler(euler_ancestral_schedule(model.config.scheduler, 7), model.config.scheduler, io)  # "leading", offset 1
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("folder, steps, spacing", [(DELIGHT, 7, None), (PAINT, 30, "trailing")],
                          ids=["delight", "paint"])  # fmt: skip
 def test_the_schedule_tolerances_fail_a_wrong_sigma(folder, steps, spacing):
@@ -164,6 +166,7 @@ def test_the_schedule_tolerances_fail_a_wrong_sigma(folder, steps, spacing):
     assert scaled_error(previous, io["euler.1.previous"]) > 10 * STEP
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("name, text_guidance", [("pipeline", 1.0), ("pipeline_guided", 2.5)])
 def test_delight_pipeline_end_to_end(delight, name, text_guidance):
     """The official Light_Shadow_Remover's processing (at 32², 4 steps): resize, erosion, the InstructPix2Pix loop
@@ -183,6 +186,7 @@ def test_delight_pipeline_end_to_end(delight, name, text_guidance):
     assert difference.max() <= 1 and (difference > 0).mean() < 0.01
 
 
+@pytest.mark.parity
 @torch.no_grad()
 def test_reference_unet_features(paint):
     model, io = paint
@@ -194,6 +198,7 @@ def test_reference_unet_features(paint):
         assert scaled_error(features, io[f"reference.{i}"]) <= REFERENCE
 
 
+@pytest.mark.parity
 @torch.no_grad()
 def test_multiview_unet_with_and_without_guidance(paint):
     model, io = paint
@@ -211,6 +216,7 @@ def test_multiview_unet_with_and_without_guidance(paint):
     assert scaled_error(out, io["unet.single"]) <= UNET
 
 
+@pytest.mark.parity
 @torch.no_grad()
 def test_turbo_guidance_embedding():
     """The guidance-scale embedding and a UNet with ``time_cond_proj_dim`` reading it (the turbo reference UNet)."""
@@ -225,6 +231,7 @@ def test_turbo_guidance_embedding():
     assert scaled_error(out, io["dual.out"]) <= UNET
 
 
+@pytest.mark.parity
 @torch.no_grad()
 def test_multiview_vae_and_schedulers(paint):
     model, io = paint
@@ -242,6 +249,7 @@ def test_multiview_vae_and_schedulers(paint):
         assert scaled_error(previous, io[p + "previous"]) <= STEP
 
 
+@pytest.mark.parity
 def test_multiview_denoise_end_to_end():
     """HunyuanPaintPipeline.denoise: 3 steps with guidance 2 (zero text and reference on the unconditional row),
     the seed-0 generator's noise; the reference pass here runs once, there every step."""
@@ -253,6 +261,7 @@ def test_multiview_denoise_end_to_end():
     assert scaled_error(latents, io["denoise.latents"]) <= DENOISE_3
 
 
+@pytest.mark.parity
 def test_recenter_and_camera_ids():
     data = load_file(str(FIXTURES / "recenter.safetensors"))
     out = processor.recenter_image(data["input"].numpy().astype(np.uint8))

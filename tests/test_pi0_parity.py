@@ -18,8 +18,6 @@ from embodied_accel import load_policy
 from embodied_accel.bench.harness import count_aten_ops
 from embodied_accel.models.pi0.processor import ModelInputs
 
-pytestmark = pytest.mark.parity  # compares with fixtures made elsewhere (docs/correctness.md)
-
 FIXTURES = Path(__file__).parent / "fixtures"
 CASES = [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")]
 #: An action element's path (tests/tolerances.py, fp32_tolerance): the patch embedding, 2 SigLIP layers and 2 Gemma layers of ~6
@@ -44,6 +42,7 @@ def model_args(io, family, batch=slice(None)):
     return (io["images"][batch], io["image_masks"][batch], io["tokens"][batch], io["token_masks"][batch], state)
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("family,preset", CASES)
 def test_sample_actions_matches_lerobot(family, preset):
     directory, io, _ = fixture(family)
@@ -54,6 +53,7 @@ def test_sample_actions_matches_lerobot(family, preset):
     assert err <= ACTIONS, f"error {err:.3g} of the actions' scale vs LeRobot"
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("family,preset", CASES)
 def test_end_to_end_from_raw_observations_matches_lerobot(family, preset):
     """Raw images (180x240, one camera missing) and raw state → processor → model → un-normalized actions."""

@@ -15,8 +15,6 @@ from embodied_accel.geometry.inpaint import propagate_vertex_colors
 from embodied_accel.geometry.mesh_maps import MeshRenderer, UVMesh
 from embodied_accel.geometry.rasterize import interpolate, rasterize
 
-pytestmark = pytest.mark.parity  # compares with fixtures made elsewhere (docs/correctness.md)
-
 FIXTURES = Path(__file__).parent / "fixtures" / "hunyuan3d_paint"
 CAMERAS = [Camera(e, a) for e, a in zip([0, 0, 0, 0, 90, -90], [0, 90, 180, 270, 0, 180], strict=True)]
 # float32 maps made of a handful of float32 operations on values of magnitude <= 2: a few ulps of 2 (2.4e-7 each)
@@ -41,6 +39,7 @@ def _mesh() -> UVMesh:
     return UVMesh(data["vertices"], data["faces"], data["uv"])
 
 
+@pytest.mark.parity
 def test_rasterizer_is_bit_identical_to_the_official_one():
     data = _load("raster.npz")
     cases = sorted({int(k.split(".")[0]) for k in data})
@@ -79,6 +78,7 @@ def test_rasterizer_validates_its_inputs():
         rasterize(pos, torch.tensor([[0, 1, 2]]), 0, 4)
 
 
+@pytest.mark.parity
 def test_camera_maps_match_the_official_renderer():
     data = _load("mesh.npz")
     renderer = MeshRenderer(_mesh(), render_size=96, texture_size=96)
@@ -113,6 +113,7 @@ def _bake(renderer: MeshRenderer, data: dict) -> tuple[list, torch.Tensor, torch
     return bakes, texture, painted
 
 
+@pytest.mark.parity
 def test_baking_matches_the_official_bake():
     data = _load("bake.npz")
     renderer = MeshRenderer(_mesh(), render_size=256, texture_size=128)
@@ -125,6 +126,7 @@ def test_baking_matches_the_official_bake():
     assert renderer.rasterization_count == 6
 
 
+@pytest.mark.parity
 def test_vertex_inpainting_matches_the_cpp_code():
     data = _load("bake.npz")
     texture, mask = propagate_vertex_colors(data["texture"], data["mask"], data["inpaint.vertices"],
@@ -135,6 +137,7 @@ def test_vertex_inpainting_matches_the_cpp_code():
     np.testing.assert_allclose(texture, data["vertex_inpaint_python.texture"], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parity
 def test_navier_stokes_inpainting_matches():
     cv2 = pytest.importorskip("cv2")
     from embodied_accel.geometry.inpaint import inpaint_texture
