@@ -11,16 +11,16 @@ import torch
 from groot_fixture import TAGS, io, load, meta, observations, requires_groot_extra
 from tolerances import fp32_tolerance, scaled_error
 
-pytestmark = requires_groot_extra
+pytestmark = [requires_groot_extra, pytest.mark.parity]  # parity: compares with fixtures made elsewhere
 
-#: Backbone features (tests/tolerances.py, fp32_tolerance): SigLIP2's patch embedding (588 = 14x14x3 terms), 2 SigLIP2 and 2
-#: Qwen3 layers of ~6 reductions, the 2-layer projector: ~27 reductions: sqrt(27 x 588) u = 7.5e-6 of the features'
-#: scale; measured 7e-7.
+#: Backbone features (tests/tolerances.py, fp32_tolerance): SigLIP2's patch embedding (588 = 14x14x3 terms),
+#: 2 SigLIP2 and 2 Qwen3 layers of ~6 reductions, the 2-layer projector: ~27 reductions:
+#: 2 LAMBDA sqrt(27 x 588) u = 1.2e-4 of the features' scale; measured 7e-7.
 FEATURES = fp32_tolerance(27, 588)
 #: The action chunk adds 4 denoising steps through the 4-block DiT (~4 reductions a block) and the action encoder /
-#: decoder (~6): sqrt((27 + 4 x 22) x 588) u = 1.5e-5 of the chunk's scale (the Euler steps' dt = 1/4 scales each
-#: step's error down); measured 1.8e-7. Decoding to robot units (un-normalizing, relative-to-absolute) adds a few
-#: roundings.
+#: decoder (~6): 2 LAMBDA sqrt((27 + 4 x 22) x 588) u = 2.5e-4 of the chunk's scale (the Euler steps' dt = 1/4
+#: scales each step's error down); measured 1.8e-7. Decoding to robot units (un-normalizing, relative-to-absolute)
+#: adds a few roundings.
 ACTIONS = fp32_tolerance(27 + 4 * 22, 588)
 
 

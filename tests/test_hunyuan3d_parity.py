@@ -17,17 +17,21 @@ from embodied_accel.models.hunyuan3d.volume import decode_dense, point_query, qu
 from embodied_accel.models.hunyuan3d.weights import config_from_checkpoint, load_checkpoint_weights
 from embodied_accel.ops import get_ops
 
+pytestmark = pytest.mark.parity  # compares with fixtures made elsewhere (docs/correctness.md)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 #: Tolerances relative to each output's scale (see tests/tolerances.py, fp32_tolerance), per stage:
 #: the conditioner: DINOv2's patch embedding (588 = 14x14x3 terms) and 2 blocks of 6 reductions;
-CONDITIONER = fp32_tolerance(1 + 2 * 6, 588)  # 5.2e-6; measured 9.4e-7
+CONDITIONER = fp32_tolerance(1 + 2 * 6, 588)  # 8.3e-5; measured 9.4e-7
 #: one DiT call on given inputs: 2 double- and 2 single-stream blocks of ~6 reductions, at most 128 terms (MLP);
-DIT = fp32_tolerance(4 * 6 + 2, 128)  # 3.4e-6
+#: the guidance-distilled model embeds its guidance 5 as sin / cos of up to 5000 rad, where an ulp of exp's
+#: frequencies is 5000 times larger (tolerances.sinusoid_tolerance): most of tiny_fast's measured error;
+DIT = fp32_tolerance(4 * 6 + 2, 128)  # 5.5e-5; measured 2.9e-6 (tiny), 2.1e-5 (tiny_fast, docs/correctness.md)
 #: the sampler from the image: the conditioner, then 4 evaluated steps of the DiT (the last of 5 has dt = 0); CFG at
 #: guidance 5 (v_u + 5 (v_c - v_u)) doubles the error relative to the guided velocity's scale;
-SAMPLER = fp32_tolerance(1 + 2 * 6 + 4 * (4 * 6 + 2), 588, amplification=2)  # 3.1e-5; measured 9.0e-7
+SAMPLER = fp32_tolerance(1 + 2 * 6 + 4 * (4 * 6 + 2), 588, amplification=2)  # 5.0e-4; measured 9.0e-7
 #: the VAE: 2 transformer blocks over the latents, then the query's Fourier embedding, cross-attention and MLP.
-VAE = fp32_tolerance(2 * 6 + 6, 128)  # 2.9e-6
+VAE = fp32_tolerance(2 * 6 + 6, 128)  # 4.6e-5
 
 
 def load(name: str):
@@ -103,7 +107,10 @@ def test_the_fixture_image_end_to_end_through_the_public_pipeline(name):
     directory = FIXTURES / name
     io = load_file(str(directory / "io.safetensors"))
     pipeline = load_shape_pipeline(directory, backend="reference", progress=False)
-    assert torch.equal(pipeline.prepare_image(directory / "input.png"), io["pipeline.image"])
+    # OpenCV's area filter sums float weights in the order of the CPU's SIMD kernel: a pixel exactly on a rounding
+    # boundary may land one 8-bit step (2 / 255 in [-1, 1]) away on another machine (measured here: none did)
+    step = (pipeline.prepare_image(directory / "input.png") - io["pipeline.image"]).abs() * 255 / 2
+    assert step.max() <= 1 + 1e-4 and (step > 0.5).float().mean() < 0.01
     steps = io["pipeline.trajectory"].shape[0]
     result = pipeline.generate(directory / "input.png", ShapeSettings(steps=steps, guidance=5.0),
                                noise=io["pipeline.noise"], decode=False)  # fmt: skip

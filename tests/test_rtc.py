@@ -69,6 +69,7 @@ def observations(io, policy, previous=None, delay=None):
     return rows
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("family", ["pi0", "pi05"])
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
 def test_guided_model_matches_lerobot(family, case):
@@ -88,6 +89,7 @@ def test_guided_model_matches_lerobot(family, case):
     assert err <= bound, f"max abs error {err:.3g} vs LeRobot's RTC (bound {bound:.3g})"
 
 
+@pytest.mark.parity
 @pytest.mark.parametrize("family", ["pi0", "pi05"])
 def test_requests_in_robot_units_through_both_paths_match_lerobot(family):
     """The observation carries the leftover in robot units and the delay; the device path and the host path give
@@ -113,7 +115,10 @@ def test_rows_with_different_delays_and_without_rtc_share_one_call():
     plain_alone = policy.infer(observations(io, policy)[1], noise=io["noise"][1])
     atol = rtc_tolerance(policy.config) * np.abs(guided_alone["actions"]).max()  # a batch of two against one
     np.testing.assert_allclose(batched["actions"][0], guided_alone["actions"], rtol=0, atol=atol)
-    np.testing.assert_array_equal(batched["actions"][1], plain_alone["actions"])  # unguided rows: bit for bit
+    # the unguided row: untouched by its neighbour's guidance, within a batch of two's rounding against one (the GEMMs
+    # of another batch size may block differently: equal here with MKL's default kernels, not with MKL_CBWR=COMPATIBLE)
+    plain_atol = rtc_tolerance(policy.config) * np.abs(plain_alone["actions"]).max()
+    np.testing.assert_allclose(batched["actions"][1], plain_alone["actions"], rtol=0, atol=plain_atol)
 
 
 def test_zero_guidance_equals_rtc_off_bit_for_bit():

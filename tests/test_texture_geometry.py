@@ -39,6 +39,7 @@ def _mesh() -> UVMesh:
     return UVMesh(data["vertices"], data["faces"], data["uv"])
 
 
+@pytest.mark.parity
 def test_rasterizer_is_bit_identical_to_the_official_one():
     data = _load("raster.npz")
     cases = sorted({int(k.split(".")[0]) for k in data})
@@ -77,6 +78,7 @@ def test_rasterizer_validates_its_inputs():
         rasterize(pos, torch.tensor([[0, 1, 2]]), 0, 4)
 
 
+@pytest.mark.parity
 def test_camera_maps_match_the_official_renderer():
     data = _load("mesh.npz")
     renderer = MeshRenderer(_mesh(), render_size=96, texture_size=96)
@@ -111,6 +113,7 @@ def _bake(renderer: MeshRenderer, data: dict) -> tuple[list, torch.Tensor, torch
     return bakes, texture, painted
 
 
+@pytest.mark.parity
 def test_baking_matches_the_official_bake():
     data = _load("bake.npz")
     renderer = MeshRenderer(_mesh(), render_size=256, texture_size=128)
@@ -123,6 +126,7 @@ def test_baking_matches_the_official_bake():
     assert renderer.rasterization_count == 6
 
 
+@pytest.mark.parity
 def test_vertex_inpainting_matches_the_cpp_code():
     data = _load("bake.npz")
     texture, mask = propagate_vertex_colors(data["texture"], data["mask"], data["inpaint.vertices"],
@@ -133,6 +137,7 @@ def test_vertex_inpainting_matches_the_cpp_code():
     np.testing.assert_allclose(texture, data["vertex_inpaint_python.texture"], atol=1e-6, rtol=0)
 
 
+@pytest.mark.parity
 def test_navier_stokes_inpainting_matches():
     cv2 = pytest.importorskip("cv2")
     from embodied_accel.geometry.inpaint import inpaint_texture
@@ -141,7 +146,10 @@ def test_navier_stokes_inpainting_matches():
     out = inpaint_texture(data["texture"], data["mask"], data["inpaint.vertices"], data["inpaint.uv"],
                           data["inpaint.faces"])  # fmt: skip
     assert cv2 is not None
-    np.testing.assert_array_equal(out, data["inpainted"])
+    # OpenCV's Navier-Stokes solver works in float on the 8-bit texture and rounds back to 8 bits: another
+    # machine's float rounding may move a value on a rounding boundary by one step (measured here: none)
+    difference = np.abs(out.astype(int) - data["inpainted"].astype(int))
+    assert difference.max() <= 1 and (difference > 0).mean() < 0.001
 
 
 def test_texture_baker_runs_the_stages_like_the_official_pipeline(tmp_path):
