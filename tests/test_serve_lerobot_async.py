@@ -1,0 +1,232 @@
+"""``serve --protocol lerobot-async`` in this environment (no LeRobot): the allow-list unpickler, the refusals, and
+the gRPC service driven by a raw grpc channel with payloads pickled from stand-in classes that carry the names of
+LeRobot's (``lerobot.async_inference.helpers``). The same server driven by LeRobot's own client code is in
+tests/test_lerobot_plugin.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+grpc = pytest.importorskip("grpc", reason="needs grpcio: pip install 'embodied-accel[lerobot-async]'")
+
+from embodied_accel.serve import lerobot_async as la  # noqa: E402
+from embodied_accel.serve.config import ServeConfig  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINT = REPO / "tests" / "fixtures" / "pi0_tiny"
+TOKENIZER = REPO / "embodied_accel" / "data" / "tiny_tokenizer.model"
+
+
+@pytest.fixture
+def lerobot_names(monkeypatch):
+    """Dataclasses with the module and names (and fields) of LeRobot's, so that pickle writes what LeRobot writes."""
+    helpers = types.ModuleType(la.LEROBOT_HELPERS)
+
+    @dataclasses.dataclass
+    class TimedObservation:
+        timestamp: float
+        timestep: int
+        observation: dict
+        must_go: bool = False
+
+    @dataclasses.dataclass
+    class TimedAction:
+        timestamp: float
+        timestep: int
+        action: object
+
+    @dataclasses.dataclass
+    class RemotePolicyConfig:
+        policy_type: str
+        pretrained_name_or_path: str
+        lerobot_features: dict
+        actions_per_chunk: int
+        device: str = "cpu"
+        rename_map: dict = dataclasses.field(default_factory=dict)
+
+    for cls in (TimedObservation, TimedAction, RemotePolicyConfig):
+        cls.__module__, cls.__qualname__ = la.LEROBOT_HELPERS, cls.__name__
+        setattr(helpers, cls.__name__, cls)
+    for name in ("lerobot", "lerobot.async_inference"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, la.LEROBOT_HELPERS, helpers)
+    return helpers
+
+
+class _System:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_malicious_pickles_are_refused_by_name_and_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    payload = pickle.dumps(_System(f"touch {marker}"))
+    with pytest.raises(la.PayloadError, match=r"refused to load (posix|os)\.system"):
+        la.restricted_loads(payload, la.TimedObservation)
+    assert not marker.exists()
+    # nested inside an otherwise fine observation, and through builtins / torch's loader
+    for evil, name in (
+        ({"observation": {"x": _System(f"touch {marker}")}}, r"(posix|os)\.system"),
+        ((eval, ("1",)), r"builtins\.eval"),
+        ((subprocess.Popen, (["true"],)), r"subprocess\.Popen"),
+    ):
+        with pytest.raises(la.PayloadError, match=f"refused to load {name}"):
+            la.restricted_loads(pickle.dumps(evil), la.TimedObservation)
+    assert not marker.exists()
+    import torch
+
+    with pytest.raises(la.PayloadError, match=r"refused to load torch\."):
+        la.restricted_loads(pickle.dumps(torch.zeros(2)), la.TimedObservation)
+
+
+def test_lerobot_payloads_load_as_records(lerobot_names):
+    frame = np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3)
+    raw = {"shoulder.pos": np.float32(1.5), "elbow.pos": 2.0, "front": frame, "task": "pick", "s": {1, 2}}
+    for protocol in (4, 5):  # Python 3.8-3.13 write 4 by default, 3.14 writes 5
+        loaded = la.restricted_loads(
+            pickle.dumps(lerobot_names.TimedObservation(3.0, 7, raw, must_go=True), protocol=protocol),
+            la.TimedObservation,
+        )
+        assert loaded.field("timestep", int) == 7 and loaded.field("must_go", bool) is True
+        observation = loaded.field("observation", dict)
+        np.testing.assert_array_equal(observation["front"], frame)
+        assert observation["shoulder.pos"] == np.float32(1.5) and observation["s"] == {1, 2}
+    with pytest.raises(la.PayloadError, match="expected a pickled TimedObservation, got RemotePolicyConfig"):
+        spec = lerobot_names.RemotePolicyConfig("pi0", "/x", {}, 5)
+        la.restricted_loads(pickle.dumps(spec), la.TimedObservation)
+    with pytest.raises(la.PayloadError, match="TimedObservation.timestep: expected"):
+        loaded = la.restricted_loads(pickle.dumps(lerobot_names.TimedObservation(1.0, True, {})), la.TimedObservation)
+        loaded.field("timestep", int)
+    with pytest.raises(la.PayloadError, match="not a readable pickle"):
+        la.restricted_loads(b"\x80\x04garbage", la.TimedObservation)
+    # our TimedAction list unpickles on the client as LeRobot's class
+    actions = pickle.loads(la.dumps_timed_actions([la._TimedAction(1.0, 4, "a")]))
+    assert actions == [lerobot_names.TimedAction(1.0, 4, "a")]
+
+
+def test_protobuf_wire_format_round_trips():
+    data = bytes(range(256)) * 600
+    assert la.decode_fields(la.encode_observation(la.TRANSFER_END, data)) == {1: 3, 2: data}
+    assert la.decode_fields(la.encode_bytes_field(1, b"xy")) == {1: b"xy"}
+    assert la.decode_fields(b"") == {}
+    with pytest.raises(la.PayloadError, match="truncated"):
+        la.decode_fields(la.encode_bytes_field(1, b"xyz")[:-1])
+
+
+def test_the_command_refuses_without_trusted_network():
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, "-m", "embodied_accel.cli", "serve", "--checkpoint", str(CHECKPOINT), "--protocol",
+         "lerobot-async", "--port", "0"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"embodied-accel serve: error: {la.TRUSTED_NETWORK_REFUSAL}"]
+    with pytest.raises(ValueError, match="needs --trusted-network"):
+        la.LeRobotAsyncServer(ServeConfig(protocols=("lerobot-async",), lerobot_port=0))
+    with pytest.raises(ValueError, match="lerobot-async is served alone"):
+        ServeConfig(protocols=("openpi", "lerobot-async"))
+
+
+FEATURES = {
+    "observation.state": {"dtype": "float32", "shape": (8,), "names": [f"j{i}.pos" for i in range(8)]},
+    "observation.images.front": {"dtype": "image", "shape": (48, 64, 3), "names": ["height", "width", "channels"]},
+}
+
+
+def _raw(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    raw = {f"j{i}.pos": float(rng.normal()) * (i + 1) for i in range(8)}
+    return dict(raw, front=rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), task="pick up the cube")
+
+
+def test_grpc_service_end_to_end(lerobot_names):
+    import torch
+
+    from embodied_accel.policies.pi0 import load_pi0_policy
+
+    torch.set_num_threads(1)
+    policy = load_pi0_policy(str(CHECKPOINT), tokenizer=TOKENIZER, progress=False)
+    config = ServeConfig(protocols=("lerobot-async",), lerobot_port=0, trusted_network=True, noise_seed=5,
+                         lerobot_obs_timeout_s=0.5)  # fmt: skip
+    server = la.LeRobotAsyncServer(config).attach(policy, CHECKPOINT)
+    server.start()
+    identity = {"request_serializer": None, "response_deserializer": None}
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            call = {
+                name: channel.unary_unary(f"/{la.SERVICE}/{name}", **identity)
+                for name in ("Ready", "SendPolicyInstructions", "GetActions")
+            }
+            send = channel.stream_unary(f"/{la.SERVICE}/SendObservations", **identity)
+
+            def observe(payload: bytes) -> None:
+                half = len(payload) // 2
+                send(iter([la.encode_observation(la.TRANSFER_BEGIN, payload[:half]),
+                           la.encode_observation(la.TRANSFER_END, payload[half:])]))  # fmt: skip
+
+            assert call["Ready"](b"") == b""
+            rename = {"observation.images.front": "observation.images.base_0_rgb"}
+            for spec, field in (
+                (lerobot_names.RemotePolicyConfig("act", str(CHECKPOINT), FEATURES, 4), "policy_type"),
+                (lerobot_names.RemotePolicyConfig("pi05", str(CHECKPOINT), FEATURES, 4), "policy_type"),
+                (lerobot_names.RemotePolicyConfig("pi0", "/elsewhere", FEATURES, 4), "pretrained_name_or_path"),
+            ):
+                with pytest.raises(grpc.RpcError) as refused:
+                    call["SendPolicyInstructions"](la.encode_bytes_field(1, pickle.dumps(spec)))
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert refused.value.details().startswith(f"{field}: ")
+            spec = lerobot_names.RemotePolicyConfig("embodied_pi0", str(CHECKPOINT), FEATURES, 4, rename_map=rename)
+            call["SendPolicyInstructions"](la.encode_bytes_field(1, pickle.dumps(spec)))
+
+            # a malicious observation is refused, and the next one served
+            with pytest.raises(grpc.RpcError) as refused:
+                observe(pickle.dumps(lerobot_names.TimedObservation(1.0, 0, {"x": _System("false")})))
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "refused to load" in refused.value.details()
+
+            raw = _raw(1)
+            observe(pickle.dumps(lerobot_names.TimedObservation(100.0, 10, raw)))
+            answer = la.decode_fields(call["GetActions"](b""))
+            actions = pickle.loads(answer[1])
+            assert [a.timestep for a in actions] == [10, 11, 12, 13]
+            assert [a.timestamp for a in actions] == pytest.approx([100.0 + i / 30 for i in range(4)])
+            # what LeRobot's server gives the policy: the named state values, the frame at the policy's size in [0, 1]
+            frame = torch.from_numpy(raw["front"]).permute(2, 0, 1)[None]
+            frame = torch.nn.functional.interpolate(frame, size=(224, 224), mode="bilinear", align_corners=False)
+            expected = policy.infer(
+                {"observation.state": np.array([raw[f"j{i}.pos"] for i in range(8)], np.float32),
+                 "observation.images.base_0_rgb": (frame[0].float() / 255).numpy(), "task": raw["task"]},
+                seed=5,
+            )["actions"][:4]  # fmt: skip
+            got = torch.stack([a.action for a in actions]).numpy()
+            assert np.abs(expected).max() > 1e-3
+            np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+            # an observation whose state is within 1 of the last predicted one is skipped (LeRobot's filter) ...
+            close = dict(raw, **{"j0.pos": raw["j0.pos"] + 0.1})
+            observe(pickle.dumps(lerobot_names.TimedObservation(101.0, 11, close)))
+            assert la.decode_fields(call["GetActions"](b"")) == {}  # nothing within the wait: empty Actions
+            # ... unless it must go
+            observe(pickle.dumps(lerobot_names.TimedObservation(101.0, 11, close, must_go=True)))
+            assert len(pickle.loads(la.decode_fields(call["GetActions"](b""))[1])) == 4
+            # a missing camera is named
+            broken = {k: v for k, v in raw.items() if k != "front"}
+            with pytest.raises(grpc.RpcError) as refused:
+                observe(pickle.dumps(lerobot_names.TimedObservation(102.0, 12, broken, must_go=True)))
+            assert "missing camera 'front'" in refused.value.details()
+    finally:
+        server.stop(0)
+    assert server.service.refused == 5
