@@ -230,3 +230,79 @@ def test_grpc_service_end_to_end(lerobot_names):
     finally:
         server.stop(0)
     assert server.service.refused == 5
+
+
+LEROBOT_PYTHON = os.environ.get("EMBODIED_ACCEL_LEROBOT_PYTHON")
+needs_lerobot = pytest.mark.skipif(
+    not LEROBOT_PYTHON or not os.access(LEROBOT_PYTHON, os.X_OK),
+    reason="needs a Python with lerobot[async]==0.6.1 installed, named by EMBODIED_ACCEL_LEROBOT_PYTHON "
+    "(.ci/run builds .venv-lerobot)",
+)
+
+
+@needs_lerobot
+def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
+    """LeRobot's stub, channel options, chunked sender, dataclasses and feature mapping against the command."""
+    import re
+    import json
+
+    import torch
+
+    from embodied_accel.policies.pi0 import load_pi0_policy
+
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(11)
+    raw = {f"j{i}.pos": np.float64(rng.normal() * (i + 1)) for i in range(8)}
+    raw["front"] = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    np.savez(tmp_path / "raw.npz", task=np.str_("stack the blocks"), **raw)
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "embodied_accel.cli", "serve", "--checkpoint", str(CHECKPOINT), "--tokenizer",
+         str(TOKENIZER), "--protocol", "lerobot-async", "--trusted-network", "--port", "0", "--noise-seed", "5"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        lines = []
+        for line in server.stdout:
+            lines.append(line)
+            found = re.search(r" on (\S+:\d+) \(lerobot-async", line)
+            if found:
+                break
+        assert found, "".join(lines)
+        client_env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+        client_env.pop("PYTHONPATH", None)
+        done = subprocess.run(
+            [LEROBOT_PYTHON, str(REPO / "tools" / "lerobot_reference" / "async_client_check.py"), "--server",
+             found.group(1), "--checkpoint", str(CHECKPOINT), "--observation", str(tmp_path / "raw.npz"),
+             "--rename", json.dumps({"observation.images.front": "observation.images.base_0_rgb"}),
+             "--marker", str(tmp_path / "ran"), "--out", str(tmp_path / "result.json")],
+            env=client_env, capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    finally:
+        server.terminate()
+        rest = server.communicate(timeout=60)[0]
+    assert server.returncode == 0 and rest.strip().endswith("stopped"), rest
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["ready"] and result["instructions"]
+    assert result["wrong_type"]["code"] == "INVALID_ARGUMENT"
+    assert result["wrong_type"]["details"].startswith("policy_type: 'act' is not served here")
+    assert result["malicious"]["code"] == "INVALID_ARGUMENT"
+    assert "refused to load posix.system" in result["malicious"]["details"]
+    assert not result["marker_exists"] and not (tmp_path / "ran").exists()
+    assert result["all_timed_actions"] and result["action_dtype"] == "torch.float32"
+    assert result["timesteps"] == [3, 4, 5, 6, 7]
+    assert result["timestamps"] == pytest.approx([1000.0 + i / 30 for i in range(5)])
+    # our policy on the observation LeRobot's server would build: the named motors in order, the frame resized to
+    # the policy's 224 x 224 (bilinear) and scaled to [0, 1]
+    policy = load_pi0_policy(str(CHECKPOINT), tokenizer=TOKENIZER, progress=False)
+    frame = torch.from_numpy(raw["front"]).permute(2, 0, 1)[None]
+    frame = torch.nn.functional.interpolate(frame, size=(224, 224), mode="bilinear", align_corners=False)
+    expected = policy.infer(
+        {"observation.state": np.array([raw[f"j{i}.pos"] for i in range(8)], np.float32),
+         "observation.images.base_0_rgb": (frame[0].float() / 255).numpy(), "task": "stack the blocks"},
+        seed=5,
+    )["actions"][:5]  # fmt: skip
+    got = np.array(result["actions"], dtype=np.float32)
+    assert np.abs(expected).max() > 1e-3
+    assert np.abs(got - expected).max() <= 1e-5 * np.abs(expected).max()

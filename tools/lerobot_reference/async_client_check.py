@@ -1,0 +1,115 @@
+"""Drive ``embodied-accel serve --protocol lerobot-async`` with LeRobot 0.6.1's own client pieces: its generated gRPC
+stub (``lerobot.transport.services_pb2_grpc.AsyncInferenceStub``), its channel options and chunked sender
+(``lerobot.transport.utils``), its payload dataclasses and robot-feature mapping (``lerobot.async_inference.helpers``),
+in the order its ``RobotClient`` calls them: Ready, SendPolicyInstructions, SendObservations, GetActions.
+
+Run with LeRobot's interpreter:
+
+    python async_client_check.py --server 127.0.0.1:PORT --checkpoint DIR --observation raw.npz --out result.json
+
+``raw.npz`` holds the robot's raw values: one array per motor (``<name>.pos``, a scalar) and per camera (``H, W, 3``
+uint8), plus ``task``. A malicious pickle (``os.system``) is sent first and must be refused; the JSON written records
+every answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import time
+import types
+from pathlib import Path
+
+import grpc
+import numpy as np
+from lerobot.async_inference.helpers import (
+    RemotePolicyConfig,
+    TimedAction,
+    TimedObservation,
+    map_robot_keys_to_lerobot_features,
+)
+from lerobot.transport import services_pb2, services_pb2_grpc
+from lerobot.transport.utils import grpc_channel_options, send_bytes_in_chunks
+
+
+class _System:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _refusal(call) -> dict:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return {"code": exc.code().name, "details": exc.details()}
+    return {"code": "OK", "details": ""}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--observation", type=Path, required=True)
+    parser.add_argument("--policy-type", default="pi0")
+    parser.add_argument("--actions-per-chunk", type=int, default=5)
+    parser.add_argument("--rename", default="{}", help="rename_map as JSON")
+    parser.add_argument("--marker", type=Path, required=True, help="a file the malicious pickle would create")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+
+    stored = np.load(args.observation)
+    raw = {key: (stored[key].item() if stored[key].ndim == 0 else stored[key]) for key in stored.files}
+    raw["task"] = str(raw["task"])
+    # a robot's observation_features: float for motors, (H, W, C) for cameras (what LeRobot's robots declare)
+    features = {key: (value.shape if isinstance(value, np.ndarray) else float) for key, value in raw.items() if key != "task"}
+    lerobot_features = map_robot_keys_to_lerobot_features(types.SimpleNamespace(observation_features=features))
+
+    channel = grpc.insecure_channel(args.server, grpc_channel_options())
+    stub = services_pb2_grpc.AsyncInferenceStub(channel)
+    result: dict = {}
+    stub.Ready(services_pb2.Empty())
+    result["ready"] = True
+    config = RemotePolicyConfig(
+        policy_type=args.policy_type,
+        pretrained_name_or_path=args.checkpoint,
+        lerobot_features=lerobot_features,
+        actions_per_chunk=args.actions_per_chunk,
+        device="cpu",
+        rename_map=json.loads(args.rename),
+    )
+    wrong = RemotePolicyConfig("act", args.checkpoint, lerobot_features, args.actions_per_chunk)
+    result["wrong_type"] = _refusal(
+        lambda: stub.SendPolicyInstructions(services_pb2.PolicySetup(data=pickle.dumps(wrong)))
+    )
+    stub.SendPolicyInstructions(services_pb2.PolicySetup(data=pickle.dumps(config)))
+    result["instructions"] = True
+
+    evil = pickle.dumps(TimedObservation(timestamp=time.time(), timestep=0, observation={"x": _System(f"touch {args.marker}")}))
+    result["malicious"] = _refusal(
+        lambda: stub.SendObservations(send_bytes_in_chunks(evil, services_pb2.Observation, silent=True))
+    )
+    result["marker_exists"] = args.marker.exists()
+
+    timestamp = 1000.0
+    observation = TimedObservation(timestamp=timestamp, timestep=3, observation=raw, must_go=True)
+    stub.SendObservations(send_bytes_in_chunks(pickle.dumps(observation), services_pb2.Observation, silent=True))
+    answer = stub.GetActions(services_pb2.Empty())
+    actions = pickle.loads(answer.data)  # nosec: the test's own server
+    result["actions_types"] = sorted({type(a).__name__ for a in actions})
+    result["all_timed_actions"] = all(isinstance(a, TimedAction) for a in actions)
+    result["timesteps"] = [a.get_timestep() for a in actions]
+    result["timestamps"] = [a.get_timestamp() for a in actions]
+    result["actions"] = [a.get_action().tolist() for a in actions]
+    result["action_dtype"] = str(actions[0].get_action().dtype)
+    result["pickled_observation_bytes"] = len(pickle.dumps(observation))
+    channel.close()
+    args.out.write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
