@@ -140,6 +140,19 @@ def test_the_command_refuses_without_trusted_network():
         ServeConfig(protocols=("openpi", "lerobot-async"))
 
 
+def test_flags_give_lerobots_defaults():
+    from embodied_accel import cli
+    from embodied_accel.serve.commands import serve_config
+
+    parser = cli.build_parser()
+    config = serve_config(parser.parse_args(["serve", "--protocol", "lerobot-async", "--trusted-network"]))
+    assert (config.lerobot_port, config.lerobot_fps, config.trusted_network) == (8080, 30, True)  # LeRobot's defaults
+    config = serve_config(parser.parse_args(["serve", "--protocol", "lerobot-async", "--port", "9001", "--fps", "15"]))
+    assert (config.lerobot_port, config.lerobot_fps, config.trusted_network) == (9001, 15, False)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--protocol", "openpi,lerobot-async"])
+
+
 FEATURES = {
     "observation.state": {"dtype": "float32", "shape": (8,), "names": [f"j{i}.pos" for i in range(8)]},
     "observation.images.front": {"dtype": "image", "shape": (48, 64, 3), "names": ["height", "width", "channels"]},
@@ -258,7 +271,7 @@ def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     server = subprocess.Popen(
         [sys.executable, "-m", "embodied_accel.cli", "serve", "--checkpoint", str(CHECKPOINT), "--tokenizer",
-         str(TOKENIZER), "--protocol", "lerobot-async", "--trusted-network", "--port", "0", "--noise-seed", "5"],
+         str(TOKENIZER), "--protocol", "lerobot-async", "--trusted-network", "--port", "0", "--noise-seed", "5", "--fps", "20"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -292,7 +305,7 @@ def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
     assert not result["marker_exists"] and not (tmp_path / "ran").exists()
     assert result["all_timed_actions"] and result["action_dtype"] == "torch.float32"
     assert result["timesteps"] == [3, 4, 5, 6, 7]
-    assert result["timestamps"] == pytest.approx([1000.0 + i / 30 for i in range(5)])
+    assert result["timestamps"] == pytest.approx([1000.0 + i / 20 for i in range(5)])  # --fps 20
     # our policy on the observation LeRobot's server would build: the named motors in order, the frame resized to
     # the policy's 224 x 224 (bilinear) and scaled to [0, 1]
     policy = load_pi0_policy(str(CHECKPOINT), tokenizer=TOKENIZER, progress=False)

@@ -87,6 +87,13 @@ def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> Non
             "unpickler, but a pickle protocol is only as safe as the network): every client must be trusted",
         )
         group.add_argument(
+            "--fps",
+            type=positive_int,
+            default=ServeConfig.lerobot_fps,
+            help="lerobot-async: the robot's control rate; a chunk's actions are timestamped 1/fps apart, as "
+            f"LeRobot's policy server does with its --fps (default: {ServeConfig.lerobot_fps})",
+        )
+        group.add_argument(
             "--port",
             type=int,
             help="port (default: 8000 for openpi; with --protocol gr00t alone, the GR00T port, default "
@@ -296,6 +303,7 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
             metrics_port=getattr(args, "metrics_port", None),
             lerobot_port=LEROBOT_ASYNC_PORT if port is None else port,
             trusted_network=getattr(args, "trusted_network", False),
+            lerobot_fps=getattr(args, "fps", ServeConfig.lerobot_fps),
         )
     if hasattr(args, "default_token_ids"):
         fields["default_token_ids"] = args.default_token_ids
