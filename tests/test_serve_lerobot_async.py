@@ -6,8 +6,10 @@ tests/test_lerobot_plugin.py."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 import types
@@ -256,9 +258,6 @@ needs_lerobot = pytest.mark.skipif(
 @needs_lerobot
 def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
     """LeRobot's stub, channel options, chunked sender, dataclasses and feature mapping against the command."""
-    import re
-    import json
-
     import torch
 
     from embodied_accel.policies.pi0 import load_pi0_policy
@@ -271,7 +270,8 @@ def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     server = subprocess.Popen(
         [sys.executable, "-m", "embodied_accel.cli", "serve", "--checkpoint", str(CHECKPOINT), "--tokenizer",
-         str(TOKENIZER), "--protocol", "lerobot-async", "--trusted-network", "--port", "0", "--noise-seed", "5", "--fps", "20"],
+         str(TOKENIZER), "--protocol", "lerobot-async", "--trusted-network", "--port", "0", "--noise-seed", "5",
+         "--fps", "20"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

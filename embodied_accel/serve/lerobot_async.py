@@ -39,7 +39,6 @@ import logging
 import pickle
 import queue
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -127,11 +126,6 @@ def _numpy_globals() -> dict[tuple[str, str], Any]:
             except (ImportError, AttributeError):
                 target = getattr(importlib.import_module(f"numpy.core.{module}"), name)
             allowed[(f"{core}.{module}", name)] = target
-    # numpy's dtype classes (numpy >= 1.25 pickles dtype instances by their class, e.g. numpy.dtypes.UInt8DType)
-    dtypes = importlib.import_module("numpy.dtypes")
-    for name in dir(dtypes):
-        if name.endswith("DType") and not name.startswith(("Object", "Void")):
-            allowed[("numpy.dtypes", name)] = getattr(dtypes, name)
     return allowed
 
 
@@ -300,7 +294,9 @@ def _bilinear_resize_chw(frame: np.ndarray, height: int, width: int, key: str) -
     import torch
 
     if frame.ndim != 3:
-        raise RpcRefusal("INVALID_ARGUMENT", f"observation[{key!r}]: expected an (H, W, C) image, got shape {frame.shape}")
+        raise RpcRefusal(
+            "INVALID_ARGUMENT", f"observation[{key!r}]: expected an (H, W, C) image, got shape {frame.shape}"
+        )
     image = torch.from_numpy(np.ascontiguousarray(frame)).permute(2, 0, 1).unsqueeze(0)
     resized = torch.nn.functional.interpolate(image, size=(height, width), mode="bilinear", align_corners=False)[0]
     if resized.dtype == torch.uint8:
@@ -454,9 +450,11 @@ class LeRobotAsyncService:
                 try:
                     state = np.array([float(raw[name]) for name in names], dtype=np.float32)
                 except KeyError as exc:
-                    raise RpcRefusal("INVALID_ARGUMENT", f"observation: missing {exc.args[0]!r} (a name of {key})") from None
+                    message = f"observation: missing {exc.args[0]!r} (a name of {key})"
+                    raise RpcRefusal("INVALID_ARGUMENT", message) from None
                 except (TypeError, ValueError):
-                    raise RpcRefusal("INVALID_ARGUMENT", f"observation: the values of {key}'s names must be numbers") from None
+                    message = f"observation: the values of {key}'s names must be numbers"
+                    raise RpcRefusal("INVALID_ARGUMENT", message) from None
                 observation[rename.get(key, key)] = state
             elif dtype in ("image", "video"):
                 camera = key.removeprefix("observation.images.")

@@ -66,7 +66,9 @@ def main() -> None:
     raw = {key: (stored[key].item() if stored[key].ndim == 0 else stored[key]) for key in stored.files}
     raw["task"] = str(raw["task"])
     # a robot's observation_features: float for motors, (H, W, C) for cameras (what LeRobot's robots declare)
-    features = {key: (value.shape if isinstance(value, np.ndarray) else float) for key, value in raw.items() if key != "task"}
+    features = {
+        key: (value.shape if isinstance(value, np.ndarray) else float) for key, value in raw.items() if key != "task"
+    }
     lerobot_features = map_robot_keys_to_lerobot_features(types.SimpleNamespace(observation_features=features))
 
     channel = grpc.insecure_channel(args.server, grpc_channel_options())
@@ -89,7 +91,8 @@ def main() -> None:
     stub.SendPolicyInstructions(services_pb2.PolicySetup(data=pickle.dumps(config)))
     result["instructions"] = True
 
-    evil = pickle.dumps(TimedObservation(timestamp=time.time(), timestep=0, observation={"x": _System(f"touch {args.marker}")}))
+    evil_observation = {"x": _System(f"touch {args.marker}")}
+    evil = pickle.dumps(TimedObservation(timestamp=time.time(), timestep=0, observation=evil_observation))
     result["malicious"] = _refusal(
         lambda: stub.SendObservations(send_bytes_in_chunks(evil, services_pb2.Observation, silent=True))
     )
