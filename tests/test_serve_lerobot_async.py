@@ -288,7 +288,8 @@ def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
             [LEROBOT_PYTHON, str(REPO / "tools" / "lerobot_reference" / "async_client_check.py"), "--server",
              found.group(1), "--checkpoint", str(CHECKPOINT), "--observation", str(tmp_path / "raw.npz"),
              "--rename", json.dumps({"observation.images.front": "observation.images.base_0_rgb"}),
-             "--marker", str(tmp_path / "ran"), "--out", str(tmp_path / "result.json")],
+             "--marker", str(tmp_path / "ran"), "--out", str(tmp_path / "result.json"), "--prepared",
+             str(tmp_path / "prepared.npz")],
             env=client_env, capture_output=True, text=True, timeout=240, cwd=tmp_path,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -306,14 +307,18 @@ def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
     assert result["all_timed_actions"] and result["action_dtype"] == "torch.float32"
     assert result["timesteps"] == [3, 4, 5, 6, 7]
     assert result["timestamps"] == pytest.approx([1000.0 + i / 20 for i in range(5)])  # --fps 20
-    # our policy on the observation LeRobot's server would build: the named motors in order, the frame resized to
-    # the policy's 224 x 224 (bilinear) and scaled to [0, 1]
+    # our policy on the observation LeRobot's own server builds (raw_observation_to_observation, in its environment):
+    # the named motors in order, the frame resized to the policy's 224 x 224 and scaled to [0, 1]; then renamed
+    prepared = np.load(tmp_path / "prepared.npz")
+    assert sorted(prepared.files) == ["observation.images.front", "observation.state"]
+    assert prepared["observation.images.front"].shape == (1, 3, 224, 224)
+    np.testing.assert_array_equal(
+        prepared["observation.state"][0], np.array([raw[f"j{i}.pos"] for i in range(8)], np.float32)
+    )
     policy = load_pi0_policy(str(CHECKPOINT), tokenizer=TOKENIZER, progress=False)
-    frame = torch.from_numpy(raw["front"]).permute(2, 0, 1)[None]
-    frame = torch.nn.functional.interpolate(frame, size=(224, 224), mode="bilinear", align_corners=False)
     expected = policy.infer(
-        {"observation.state": np.array([raw[f"j{i}.pos"] for i in range(8)], np.float32),
-         "observation.images.base_0_rgb": (frame[0].float() / 255).numpy(), "task": "stack the blocks"},
+        {"observation.state": prepared["observation.state"][0].astype(np.float32),
+         "observation.images.base_0_rgb": prepared["observation.images.front"][0], "task": "stack the blocks"},
         seed=5,
     )["actions"][:5]  # fmt: skip
     got = np.array(result["actions"], dtype=np.float32)

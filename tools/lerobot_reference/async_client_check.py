@@ -29,7 +29,9 @@ from lerobot.async_inference.helpers import (
     TimedAction,
     TimedObservation,
     map_robot_keys_to_lerobot_features,
+    raw_observation_to_observation,
 )
+from lerobot.configs import FeatureType, PolicyFeature
 from lerobot.transport import services_pb2, services_pb2_grpc
 from lerobot.transport.utils import grpc_channel_options, send_bytes_in_chunks
 
@@ -60,6 +62,7 @@ def main() -> None:
     parser.add_argument("--rename", default="{}", help="rename_map as JSON")
     parser.add_argument("--marker", type=Path, required=True, help="a file the malicious pickle would create")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--prepared", type=Path, help="write LeRobot's server-side observation here (.npz)")
     args = parser.parse_args()
 
     stored = np.load(args.observation)
@@ -112,6 +115,18 @@ def main() -> None:
     result["pickled_observation_bytes"] = len(pickle.dumps(observation))
     channel.close()
     args.out.write_text(json.dumps(result))
+    if args.prepared is not None:
+        # what LeRobot's own PolicyServer hands its pre-processor for this observation (before renaming): the
+        # policy's image shapes from the checkpoint, looked up by the robot's keys as its server does
+        inputs = json.loads((Path(args.checkpoint) / "config.json").read_text())["input_features"]
+        rename = json.loads(args.rename)
+        image_features = {
+            key: PolicyFeature(type=FeatureType.VISUAL, shape=tuple(inputs[rename.get(key, key)]["shape"]))
+            for key in lerobot_features
+            if key.startswith("observation.images.")
+        }
+        prepared = raw_observation_to_observation(raw, lerobot_features, image_features)
+        np.savez(args.prepared, **{key: value.numpy() for key, value in prepared.items() if key != "task"})
 
 
 if __name__ == "__main__":
