@@ -247,6 +247,43 @@ def test_grpc_service_end_to_end(lerobot_names):
     assert server.service.refused == 5
 
 
+def test_a_pi05_checkpoint_is_served_under_both_type_names(lerobot_names):
+    import torch
+
+    from embodied_accel.policies.pi0 import load_pi0_policy
+
+    torch.set_num_threads(1)
+    checkpoint = REPO / "tests" / "fixtures" / "pi05_tiny"
+    policy = load_pi0_policy(str(checkpoint), tokenizer=TOKENIZER, progress=False)
+    config = ServeConfig(protocols=("lerobot-async",), lerobot_port=0, trusted_network=True, noise_seed=2)
+    server = la.LeRobotAsyncServer(config).attach(policy, checkpoint)
+    server.start()
+    identity = {"request_serializer": None, "response_deserializer": None}
+    rename = {"observation.images.front": "observation.images.base_0_rgb"}
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            instruct = channel.unary_unary(f"/{la.SERVICE}/SendPolicyInstructions", **identity)
+            send = channel.stream_unary(f"/{la.SERVICE}/SendObservations", **identity)
+            get = channel.unary_unary(f"/{la.SERVICE}/GetActions", **identity)
+            observation = pickle.dumps(lerobot_names.TimedObservation(5.0, 0, _raw(2)))
+            with pytest.raises(grpc.RpcError) as refused:  # no instructions yet
+                send(iter([la.encode_observation(la.TRANSFER_END, observation)]))
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            with pytest.raises(grpc.RpcError) as refused:
+                spec = lerobot_names.RemotePolicyConfig("pi0", str(checkpoint), FEATURES, 3, rename_map=rename)
+                instruct(la.encode_bytes_field(1, pickle.dumps(spec)))
+            assert "runs a pi0 checkpoint" in refused.value.details()
+            chunks = []
+            for policy_type in ("pi05", "embodied_pi05"):
+                spec = lerobot_names.RemotePolicyConfig(policy_type, str(checkpoint), FEATURES, 3, rename_map=rename)
+                instruct(la.encode_bytes_field(1, pickle.dumps(spec)))
+                send(iter([la.encode_observation(la.TRANSFER_END, observation)]))
+                chunks.append(torch.stack([a.action for a in pickle.loads(la.decode_fields(get(b""))[1])]))
+    finally:
+        server.stop(0)
+    assert chunks[0].shape == (3, 7) and torch.equal(chunks[0], chunks[1])  # the same engine under both names
+
+
 LEROBOT_PYTHON = os.environ.get("EMBODIED_ACCEL_LEROBOT_PYTHON")
 needs_lerobot = pytest.mark.skipif(
     not LEROBOT_PYTHON or not os.access(LEROBOT_PYTHON, os.X_OK),
