@@ -242,9 +242,15 @@ def test_grpc_service_end_to_end(lerobot_names):
             with pytest.raises(grpc.RpcError) as refused:
                 observe(pickle.dumps(lerobot_names.TimedObservation(102.0, 12, broken, must_go=True)))
             assert "missing camera 'front'" in refused.value.details()
+            for frame in (raw["front"].astype(object), [[1, 2]]):
+                with pytest.raises(grpc.RpcError) as refused:
+                    odd = dict(raw, front=frame)
+                    observe(pickle.dumps(lerobot_names.TimedObservation(103.0, 13, odd, must_go=True)))
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert refused.value.details() == "observation['front']: expected a uint8 or float numpy image"
     finally:
         server.stop(0)
-    assert server.service.refused == 5
+    assert server.service.refused == 7
 
 
 def test_a_pi05_checkpoint_is_served_under_both_type_names(lerobot_names):
@@ -255,7 +261,9 @@ def test_a_pi05_checkpoint_is_served_under_both_type_names(lerobot_names):
     torch.set_num_threads(1)
     checkpoint = REPO / "tests" / "fixtures" / "pi05_tiny"
     policy = load_pi0_policy(str(checkpoint), tokenizer=TOKENIZER, progress=False)
-    config = ServeConfig(protocols=("lerobot-async",), lerobot_port=0, trusted_network=True, noise_seed=2)
+    config = ServeConfig(
+        protocols=("lerobot-async",), lerobot_port=0, trusted_network=True, noise_seed=2, max_message_bytes=2**16
+    )
     server = la.LeRobotAsyncServer(config).attach(policy, checkpoint)
     server.start()
     identity = {"request_serializer": None, "response_deserializer": None}
@@ -279,6 +287,13 @@ def test_a_pi05_checkpoint_is_served_under_both_type_names(lerobot_names):
                 instruct(la.encode_bytes_field(1, pickle.dumps(spec)))
                 send(iter([la.encode_observation(la.TRANSFER_END, observation)]))
                 chunks.append(torch.stack([a.action for a in pickle.loads(la.decode_fields(get(b""))[1])]))
+            large = dict(_raw(3), front=np.zeros((200, 200, 3), np.uint8))
+            big = pickle.dumps(lerobot_names.TimedObservation(6.0, 1, large))
+            with pytest.raises(grpc.RpcError) as refused:
+                send(iter([la.encode_observation(la.TRANSFER_BEGIN, big[:40000]),
+                           la.encode_observation(la.TRANSFER_END, big[40000:])]))  # fmt: skip
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert refused.value.details() == "observation larger than --max-message-bytes 65536"
     finally:
         server.stop(0)
     assert chunks[0].shape == (3, 7) and torch.equal(chunks[0], chunks[1])  # the same engine under both names

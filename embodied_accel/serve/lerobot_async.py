@@ -468,8 +468,10 @@ class LeRobotAsyncService:
                         f"({', '.join(self.image_shapes)}); map it with rename_map",
                     )
                 frame = raw[camera]
-                if not isinstance(frame, np.ndarray):
-                    raise RpcRefusal("INVALID_ARGUMENT", f"observation[{camera!r}]: expected a numpy array")
+                if not isinstance(frame, np.ndarray) or frame.dtype not in (np.uint8, np.float32, np.float64):
+                    raise RpcRefusal(
+                        "INVALID_ARGUMENT", f"observation[{camera!r}]: expected a uint8 or float numpy image"
+                    )
                 _, height, width = self.image_shapes[target]
                 observation[target] = _bilinear_resize_chw(frame, height, width, camera)
         if "task" in raw:
