@@ -108,9 +108,15 @@ def test_lerobot_payloads_load_as_records(lerobot_names):
     with pytest.raises(la.PayloadError, match="expected a pickled TimedObservation, got RemotePolicyConfig"):
         spec = lerobot_names.RemotePolicyConfig("pi0", "/x", {}, 5)
         la.restricted_loads(pickle.dumps(spec), la.TimedObservation)
-    with pytest.raises(la.PayloadError, match="TimedObservation.timestep: expected"):
+    with pytest.raises(la.PayloadError, match="TimedObservation.timestep: expected int or integer, got bool"):
         loaded = la.restricted_loads(pickle.dumps(lerobot_names.TimedObservation(1.0, True, {})), la.TimedObservation)
-        loaded.field("timestep", int)
+        loaded.field("timestep", (int, np.integer))
+    shadowing = lerobot_names.TimedObservation(1.0, 2, {})
+    shadowing.field = shadowing.__setstate__ = 5  # extra fields in the pickle cannot replace the record's methods
+    loaded = la.restricted_loads(pickle.dumps(shadowing), la.TimedObservation)
+    assert loaded.field("timestep", int) == 2 and loaded.field("field", int) == 5
+    with pytest.raises(la.PayloadError, match="RemotePolicyConfig.policy_type: missing"):
+        la.RemotePolicyConfig().field("policy_type", str)
     with pytest.raises(la.PayloadError, match="not a readable pickle"):
         la.restricted_loads(b"\x80\x04garbage", la.TimedObservation)
     # our TimedAction list unpickles on the client as LeRobot's class

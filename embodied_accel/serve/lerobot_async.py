@@ -87,7 +87,8 @@ class PayloadError(ValueError):
 
 
 class _Record:
-    """A LeRobot dataclass instance read from a pickle: its fields as attributes (set by pickle's BUILD)."""
+    """A LeRobot dataclass instance read from a pickle: its fields kept apart from the record's own attributes
+    (pickle's BUILD hands them to ``__setstate__``), read through :meth:`field`, which checks their types."""
 
     lerobot_name = ""
 
@@ -96,16 +97,21 @@ class _Record:
             state = state[1]
         if not isinstance(state, dict) or not all(isinstance(key, str) for key in state):
             raise PayloadError(f"{self.lerobot_name}: expected a dict of fields, got {type(state).__name__}")
-        self.__dict__.update(state)
+        self._fields = dict(state)
 
     def field(self, name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-        if name not in self.__dict__:
+        fields = getattr(self, "_fields", {})
+        if name not in fields:
             if default is ...:
                 raise PayloadError(f"{self.lerobot_name}.{name}: missing")
             return default
-        value = self.__dict__[name]
+        value = fields[name]
         if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise PayloadError(f"{self.lerobot_name}.{name}: expected {kind}, got {type(value).__name__}")
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            raise PayloadError(
+                f"{self.lerobot_name}.{name}: expected {' or '.join(k.__name__ for k in kinds)}, "
+                f"got {type(value).__name__}"
+            )
         return value
 
 
@@ -389,8 +395,8 @@ class LeRobotAsyncService:
         if self.instructions is None:
             raise RpcRefusal("FAILED_PRECONDITION", "SendObservations before SendPolicyInstructions")
         timed = restricted_loads(data, TimedObservation)
-        timestep = timed.field("timestep", int)
-        timestamp = float(timed.field("timestamp", (int, float)))
+        timestep = int(timed.field("timestep", (int, np.integer)))
+        timestamp = float(timed.field("timestamp", (int, float, np.integer, np.floating)))
         raw = timed.field("observation", dict)
         must_go = bool(timed.field("must_go", bool, False))
         observation, state = self.map_observation(raw)
