@@ -148,6 +148,16 @@ def test_the_command_refuses_without_trusted_network():
         ServeConfig(protocols=("openpi", "lerobot-async"))
 
 
+def test_a_port_in_use_is_an_error():
+    config = ServeConfig(protocols=("lerobot-async",), lerobot_port=0, trusted_network=True)
+    first = la.LeRobotAsyncServer(config)
+    try:
+        with pytest.raises(ValueError, match=f"--protocol lerobot-async: cannot listen on 127.0.0.1:{first.port}"):
+            la.LeRobotAsyncServer(dataclasses.replace(config, lerobot_port=first.port))
+    finally:
+        first.stop(0)
+
+
 def test_flags_give_lerobots_defaults():
     from embodied_accel import cli
     from embodied_accel.serve.commands import serve_config

@@ -569,7 +569,11 @@ class LeRobotAsyncServer:
         chunk_limit = 4 * 2**20 + 2**16  # LeRobot's clients send chunks of 2 MiB (4 MiB message limit)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4),
-            options=[("grpc.max_receive_message_length", chunk_limit), ("grpc.max_send_message_length", 2**31 - 1)],
+            options=[
+                ("grpc.max_receive_message_length", chunk_limit),
+                ("grpc.max_send_message_length", 2**31 - 1),
+                ("grpc.so_reuseport", 0),  # a port in use is an error, not shared with another server
+            ],
         )
         self.server.add_generic_rpc_handlers((make_handler(self, config.max_message_bytes),))
         host = f"[{config.host}]" if ":" in config.host else config.host
