@@ -366,7 +366,8 @@ def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
         rest = server.communicate(timeout=60)[0]
     assert server.returncode == 0 and rest.strip().endswith("stopped"), rest
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["ready"] and result["instructions"]
+    assert result["ready"] and result["instructions"] and result["sent"]  # RobotClient's own start, send_observation
+    assert result["malicious_sent_by_client"] is False
     assert result["wrong_type"]["code"] == "INVALID_ARGUMENT"
     assert result["wrong_type"]["details"].startswith("policy_type: 'act' is not served here")
     assert result["malicious"]["code"] == "INVALID_ARGUMENT"

@@ -1,7 +1,8 @@
 """Drive ``embodied-accel serve --protocol lerobot-async`` with LeRobot 0.6.1's own client pieces: its generated gRPC
 stub (``lerobot.transport.services_pb2_grpc.AsyncInferenceStub``), its channel options and chunked sender
 (``lerobot.transport.utils``), its payload dataclasses and robot-feature mapping (``lerobot.async_inference.helpers``),
-in the order its ``RobotClient`` calls them: Ready, SendPolicyInstructions, SendObservations, GetActions.
+and ``RobotClient.start`` / ``RobotClient.send_observation`` themselves (on the state they read: a whole RobotClient
+needs a robot): Ready, SendPolicyInstructions, SendObservations, then GetActions as ``receive_actions`` calls it.
 
 Run with LeRobot's interpreter:
 
@@ -16,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pickle
+import threading
 import time
 import types
 from pathlib import Path
@@ -31,6 +34,7 @@ from lerobot.async_inference.helpers import (
     map_robot_keys_to_lerobot_features,
     raw_observation_to_observation,
 )
+from lerobot.async_inference.robot_client import RobotClient
 from lerobot.configs import FeatureType, PolicyFeature
 from lerobot.transport import services_pb2, services_pb2_grpc
 from lerobot.transport.utils import grpc_channel_options, send_bytes_in_chunks
@@ -76,9 +80,6 @@ def main() -> None:
 
     channel = grpc.insecure_channel(args.server, grpc_channel_options())
     stub = services_pb2_grpc.AsyncInferenceStub(channel)
-    result: dict = {}
-    stub.Ready(services_pb2.Empty())
-    result["ready"] = True
     config = RemotePolicyConfig(
         policy_type=args.policy_type,
         pretrained_name_or_path=args.checkpoint,
@@ -87,23 +88,29 @@ def main() -> None:
         device="cpu",
         rename_map=json.loads(args.rename),
     )
+    # RobotClient's own start() and send_observation(), on the state they read (a RobotClient needs a robot)
+    client = types.SimpleNamespace(
+        stub=stub, policy_config=config, logger=logging.getLogger("robot_client"),
+        shutdown_event=threading.Event(), running=True,
+    )  # fmt: skip
+    result: dict = {}
     wrong = RemotePolicyConfig("act", args.checkpoint, lerobot_features, args.actions_per_chunk)
     result["wrong_type"] = _refusal(
         lambda: stub.SendPolicyInstructions(services_pb2.PolicySetup(data=pickle.dumps(wrong)))
     )
-    stub.SendPolicyInstructions(services_pb2.PolicySetup(data=pickle.dumps(config)))
-    result["instructions"] = True
+    result["ready"] = result["instructions"] = RobotClient.start(client)  # Ready, then SendPolicyInstructions
 
     evil_observation = {"x": _System(f"touch {args.marker}")}
-    evil = pickle.dumps(TimedObservation(timestamp=time.time(), timestep=0, observation=evil_observation))
+    evil = TimedObservation(timestamp=time.time(), timestep=0, observation=evil_observation)
     result["malicious"] = _refusal(
-        lambda: stub.SendObservations(send_bytes_in_chunks(evil, services_pb2.Observation, silent=True))
+        lambda: stub.SendObservations(send_bytes_in_chunks(pickle.dumps(evil), services_pb2.Observation))
     )
+    result["malicious_sent_by_client"] = RobotClient.send_observation(client, evil)  # False: the server refused it
     result["marker_exists"] = args.marker.exists()
 
     timestamp = 1000.0
     observation = TimedObservation(timestamp=timestamp, timestep=3, observation=raw, must_go=True)
-    stub.SendObservations(send_bytes_in_chunks(pickle.dumps(observation), services_pb2.Observation, silent=True))
+    result["sent"] = RobotClient.send_observation(client, observation)
     answer = stub.GetActions(services_pb2.Empty())
     actions = pickle.loads(answer.data)  # nosec: the test's own server
     result["actions_types"] = sorted({type(a).__name__ for a in actions})
