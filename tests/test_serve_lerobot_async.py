@@ -146,6 +146,11 @@ def test_the_command_refuses_without_trusted_network():
         la.LeRobotAsyncServer(ServeConfig(protocols=("lerobot-async",), lerobot_port=0))
     with pytest.raises(ValueError, match="lerobot-async is served alone"):
         ServeConfig(protocols=("openpi", "lerobot-async"))
+    trusted = ServeConfig(protocols=("lerobot-async",), lerobot_port=0, trusted_network=True)
+    with pytest.raises(ValueError, match="cannot check a key"):
+        la.LeRobotAsyncServer(dataclasses.replace(trusted, api_key="secret"))
+    with pytest.raises(ValueError, match="--metrics-port: --protocol lerobot-async serves no"):
+        la.LeRobotAsyncServer(dataclasses.replace(trusted, metrics_port=0))
 
 
 def test_a_port_in_use_is_an_error():
@@ -336,6 +341,7 @@ def test_lerobots_own_client_pieces_get_our_policys_actions(tmp_path):
     raw["front"] = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
     np.savez(tmp_path / "raw.npz", task=np.str_("stack the blocks"), **raw)
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.pop("EMBODIED_ACCEL_API_KEY", None)  # the protocol carries no key
     server = subprocess.Popen(
         [sys.executable, "-m", "embodied_accel.cli", "serve", "--checkpoint", str(CHECKPOINT), "--tokenizer",
          str(TOKENIZER), "--protocol", "lerobot-async", "--trusted-network", "--port", "0", "--noise-seed", "5",

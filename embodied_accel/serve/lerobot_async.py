@@ -563,6 +563,13 @@ class LeRobotAsyncServer:
     def __init__(self, config: ServeConfig) -> None:
         if not config.trusted_network:
             raise ValueError(TRUSTED_NETWORK_REFUSAL)
+        if config.api_key is not None:
+            raise ValueError(
+                "--api-key (or $EMBODIED_ACCEL_API_KEY): --protocol lerobot-async cannot check a key (LeRobot's "
+                "robot_client sends none); serve it without one, on a trusted network"
+            )
+        if config.metrics_port is not None:
+            raise ValueError("--metrics-port: --protocol lerobot-async serves no /healthz or /metrics")
         grpc = require_grpc()
         self.config = config
         self.service: LeRobotAsyncService | None = None
