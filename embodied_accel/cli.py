@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    serve_commands.require_serve_extra("serve")
+    if "lerobot-async" not in args.protocol:  # that one needs grpcio only (checked when it starts)
+        serve_commands.require_serve_extra("serve")
     # the port is bound before the model loads: "address in use" comes at once, not after a full load
     return serve_commands.run_serve(
         lambda: onnx_source.onnx_policy(args) or load_policy_from_args(args, num_views=args.views)[0],

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import non_negative_float, positive_float, positive_int
-from .config import API_KEY_ENV, GR00T_PORT, PROTOCOLS, ServeConfig
+from .config import API_KEY_ENV, GR00T_PORT, LEROBOT_ASYNC_PORT, PROTOCOLS, ServeConfig
 from .keymap import KEYMAP_CHOICES, can_tokenize_text
 
 logger = logging.getLogger(__name__)
@@ -50,9 +50,13 @@ def _token_ids(text: str) -> tuple[int, ...]:
 
 def _protocols(text: str) -> tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not names or len(set(names)) != len(names) or not set(names) <= set(PROTOCOLS):
+    if (
+        not names or len(set(names)) != len(names) or not set(names) <= set(PROTOCOLS)
+        or ("lerobot-async" in names and len(names) > 1)
+    ):  # fmt: skip
         raise argparse.ArgumentTypeError(
-            f"expected {', '.join(PROTOCOLS)} or both comma-separated (openpi,gr00t), got {text!r}"
+            f"expected {', '.join(PROTOCOLS)}, or openpi,gr00t (both from one process; lerobot-async is served "
+            f"alone), got {text!r}"
         )
     return names
 
@@ -73,13 +77,27 @@ def add_server_options(parser: argparse.ArgumentParser, *, network: bool) -> Non
             default=("openpi",),
             metavar="P",
             help="openpi (websocket, openpi-client), gr00t (ZeroMQ, Isaac-GR00T's PolicyClient) or openpi,gr00t "
-            "(both from one process, one model and one batch queue; default: openpi)",
+            "(both from one process, one model and one batch queue), or lerobot-async (gRPC, LeRobot's "
+            "async-inference robot_client; needs --trusted-network) (default: openpi)",
+        )
+        group.add_argument(
+            "--trusted-network",
+            action="store_true",
+            help="allow --protocol lerobot-async, whose messages are Python pickles (loaded by an allow-list "
+            "unpickler, but a pickle protocol is only as safe as the network): every client must be trusted",
+        )
+        group.add_argument(
+            "--fps",
+            type=positive_int,
+            default=ServeConfig.lerobot_fps,
+            help="lerobot-async: the robot's control rate; a chunk's actions are timestamped 1/fps apart, as "
+            f"LeRobot's policy server does with its --fps (default: {ServeConfig.lerobot_fps})",
         )
         group.add_argument(
             "--port",
             type=int,
             help="port (default: 8000 for openpi; with --protocol gr00t alone, the GR00T port, default "
-            f"{GR00T_PORT}; 0: any free port)",
+            f"{GR00T_PORT}; with lerobot-async, {LEROBOT_ASYNC_PORT}; 0: any free port)",
         )
         group.add_argument(
             "--gr00t-port",
@@ -283,6 +301,9 @@ def serve_config(args: argparse.Namespace, **overrides: Any) -> ServeConfig:
             gr00t_port=GR00T_PORT if gr00t_port is None else gr00t_port,
             allow_remote_kill=getattr(args, "allow_remote_kill", False),
             metrics_port=getattr(args, "metrics_port", None),
+            lerobot_port=LEROBOT_ASYNC_PORT if port is None else port,
+            trusted_network=getattr(args, "trusted_network", False),
+            lerobot_fps=getattr(args, "fps", ServeConfig.lerobot_fps),
         )
     if hasattr(args, "default_token_ids"):
         fields["default_token_ids"] = args.default_token_ids
@@ -351,6 +372,11 @@ def run_serve(load_policy: Callable[[], Any], args: argparse.Namespace, announce
     if args.log_json:
         use_json_logs()
     config = serve_config(args)
+    if "lerobot-async" in config.protocols:
+        from .lerobot_async import LeRobotAsyncServer, serve_lerobot_async
+
+        server = LeRobotAsyncServer(config)  # refuses without --trusted-network; binds before the model loads
+        return serve_lerobot_async(server, load_policy(), getattr(args, "checkpoint", None), announce)
     map_large_allocations()  # clients' large messages go back to the system when freed (see its docstring)
     sock = gr00t_sock = None
     try:

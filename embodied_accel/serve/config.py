@@ -6,10 +6,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-#: The wire protocols the server speaks: openpi's websocket protocol, Isaac-GR00T's ZeroMQ policy protocol.
-PROTOCOLS = ("openpi", "gr00t")
+#: The wire protocols the server speaks: openpi's websocket protocol, Isaac-GR00T's ZeroMQ policy protocol,
+#: LeRobot's async-inference gRPC protocol (served alone, and only with trusted_network: its payloads are pickles).
+PROTOCOLS = ("openpi", "gr00t", "lerobot-async")
 #: Isaac-GR00T's policy server port.
 GR00T_PORT = 5555
+#: LeRobot's async-inference policy server port (``PolicyServerConfig.port``).
+LEROBOT_ASYNC_PORT = 8080
 
 #: The environment variable ``serve`` reads the API key from when ``--api-key`` is not given.
 API_KEY_ENV = "EMBODIED_ACCEL_API_KEY"
@@ -40,6 +43,12 @@ class ServeConfig:
     allow_remote_kill: bool = False  # GR00T's `kill` endpoint stops the server (else it is refused)
     # without openpi among the protocols: serve GET /healthz and /metrics on this port (None: no HTTP listener)
     metrics_port: int | None = None
+    # LeRobot's async-inference protocol: its port, the robot's fps (the actions' timestamps are 1 / fps apart), how
+    # long GetActions waits for an observation (LeRobot's defaults), and the opt-in to loading its pickled payloads
+    lerobot_port: int = LEROBOT_ASYNC_PORT  # 0: any free port
+    lerobot_fps: int = 30
+    lerobot_obs_timeout_s: float = 2.0
+    trusted_network: bool = False
     # ---- who may connect
     api_key: str | None = None  # required on the websocket handshake: "Authorization: Api-Key <key>" (openpi-client)
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed to connect (a handshake with another is refused)
@@ -82,7 +91,11 @@ class ServeConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.batch_wait_ms >= 0:
             raise ValueError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms!r}")
-        for name in ("port", "gr00t_port", "metrics_port"):
+        if not isinstance(self.lerobot_fps, int) or isinstance(self.lerobot_fps, bool) or self.lerobot_fps < 1:
+            raise ValueError(f"lerobot_fps must be a positive int, got {self.lerobot_fps!r}")
+        if not self.lerobot_obs_timeout_s > 0:
+            raise ValueError(f"lerobot_obs_timeout_s must be > 0, got {self.lerobot_obs_timeout_s!r}")
+        for name in ("port", "gr00t_port", "metrics_port", "lerobot_port"):
             value = getattr(self, name)
             if (name != "metrics_port" or value is not None) and (not isinstance(value, int) or not 0 <= value < 65536):
                 raise ValueError(f"{name} must be in 0..65535, got {value!r}")
@@ -90,6 +103,8 @@ class ServeConfig:
         if not protocols or len(set(protocols)) != len(protocols) or not set(protocols) <= set(PROTOCOLS):
             raise ValueError(f"protocols must be one or more of {', '.join(PROTOCOLS)}, got {protocols!r}")
         object.__setattr__(self, "protocols", protocols)
+        if "lerobot-async" in protocols and len(protocols) > 1:
+            raise ValueError("protocols: lerobot-async is served alone")
         if self.metrics_port is not None and "openpi" in protocols:
             raise ValueError("metrics_port is for a server without openpi's protocol (else /metrics is on its port)")
         if self.action_horizon is not None and (
@@ -113,4 +128,4 @@ class ServeConfig:
                 raise ValueError("give default_prompt or default_token_ids, not both")
 
 
-__all__ = ["API_KEY_ENV", "GR00T_PORT", "PROTOCOLS", "ServeConfig"]
+__all__ = ["API_KEY_ENV", "GR00T_PORT", "LEROBOT_ASYNC_PORT", "PROTOCOLS", "ServeConfig"]
