@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     _configure_logging(args.log_level)
     try:
         return args.handler(args)
-    except (ValueError, BackendUnavailableError, CaptureUnavailableError, ImportError) as exc:
+    except (ValueError, BackendUnavailableError, CaptureUnavailableError, ImportError, ConnectionError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

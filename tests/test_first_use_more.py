@@ -1,0 +1,84 @@
+"""First use, continued: devices that this machine lacks, evaluation against our own server, every missing extra
+named before any work, progress on a terminal only, results outside the package's folders, intra-op threads by model
+size, one-line argument errors with "did you mean", and the smaller messages a new user meets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from embodied_accel import cli
+
+torch.set_num_threads(1)
+
+
+def run_cli(capsys, *argv):
+    code = cli.main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Devices: one line and exit code 2
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("device, words", [("cuda", "not available"), ("cuda:1", "not available"),
+                                           ("npu", "torch_npu"), ("foo", "expected e.g.")])  # fmt: skip
+def test_train_on_a_device_this_machine_lacks_is_one_line(capsys, tmp_path, device, words):
+    code, out, err = run_cli(capsys, "train", "--device", device, "--out", tmp_path / "run")
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("embodied-accel train: error: device:") and words in err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()  # checked before the sample data is written
+
+
+def test_the_available_device_check_passes_the_cpu():
+    from embodied_accel.platform import available_device
+
+    assert available_device("cpu:0") == torch.device("cpu")
+    with pytest.raises(ValueError, match="device: expected"):
+        available_device("meta")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# eval libero --server: the cameras the server reads
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_eval_against_our_own_server_sends_the_cameras_its_metadata_names():
+    from embodied_accel import load_policy
+    from embodied_accel.eval.commands import server_cameras
+    from embodied_accel.eval.libero import LEROBOT_LIBERO_CAMERAS, ObservationKeys, observation_for
+    from embodied_accel.eval.rollout import Episode, RemotePolicy
+    from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
+
+    policy = load_policy("pi05-tiny", progress=False)
+    config = ServeConfig(host="127.0.0.1", port=0, num_steps=1)  # the keymap serve uses by default
+    with ServerThread(PolicyServer(policy, config)) as running:
+        remote = RemotePolicy(running.url, 1)
+        try:
+            cameras = server_cameras(remote.metadata, None, LEROBOT_LIBERO_CAMERAS, running.url)
+            assert cameras == tuple(policy.io.image_keys[:2]) and cameras != LEROBOT_LIBERO_CAMERAS
+            keys = ObservationKeys(cameras[0], cameras[1], remote.metadata["state_key"])
+            rng = np.random.default_rng(0)
+            raw = {"agentview": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
+                   "wrist": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
+                   "state": rng.standard_normal(8).astype(np.float32)}  # fmt: skip
+            episode = Episode(number=0, task=0, init_state=0, seed=0)
+            (actions,) = remote([observation_for(keys, ["pick it up"])(raw, episode)], [0])
+            assert actions.shape[0] == remote.metadata["action_horizon"] and np.isfinite(actions).all()
+        finally:
+            remote.close()
+
+
+def test_camera_keys_the_server_does_not_read_name_both_sides():
+    from embodied_accel.eval.commands import server_cameras
+
+    meta = {"cameras": ["observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb"]}
+    with pytest.raises(ValueError) as info:
+        server_cameras(meta, ("observation.images.image",), ("a", "b"), "ws://box:8000")
+    text = str(info.value)
+    assert "\n" not in text and "observation.images.base_0_rgb" in text and "observation.images.image" in text
+    assert server_cameras({}, None, ("a", "b"), "ws://x") == ("a", "b")  # an openpi server that names none
