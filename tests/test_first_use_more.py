@@ -82,3 +82,43 @@ def test_camera_keys_the_server_does_not_read_name_both_sides():
     text = str(info.value)
     assert "\n" not in text and "observation.images.base_0_rgb" in text and "observation.images.image" in text
     assert server_cameras({}, None, ("a", "b"), "ws://x") == ("a", "b")  # an openpi server that names none
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Extras: every missing one named at once, before any work
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _bare_install(monkeypatch, *modules):
+    import sys
+
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)  # as if its package were not installed
+
+
+@pytest.mark.parametrize("argv, extras", [
+    (["texture"], "[texture]"),
+    (["shape", "--texture"], "[shape,texture]"),
+    (["shape"], "[shape]"),
+])  # fmt: skip
+def test_a_bare_install_names_every_extra_a_command_needs_before_any_work(capsys, monkeypatch, tmp_path, argv, extras):
+    from embodied_accel.pipelines import shape, texture
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the extras were checked")
+
+    monkeypatch.setattr(texture, "load_texture_pipeline", must_not_load)
+    monkeypatch.setattr(shape, "load_shape_pipeline", must_not_load)
+    _bare_install(monkeypatch, "PIL", "cv2", "yaml", "xatlas", "fast_simplification")
+    code, out, err = run_cli(capsys, *argv, "-o", tmp_path / "out.glb", "--no-progress")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and f"pip install 'embodied-accel{extras}'" in err and "pillow" in err
+
+
+def test_only_the_missing_extra_is_named(monkeypatch):
+    from embodied_accel.extras import missing_extras, require_extras
+
+    _bare_install(monkeypatch, "xatlas")
+    assert missing_extras("shape", "texture") == {"texture": ["xatlas"]}
+    with pytest.raises(ImportError, match=r"needs xatlas \(not installed\): pip install 'embodied-accel\[texture\]'$"):
+        require_extras("shape --texture", "shape", "texture")

@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from ..cache import load_cache_config
+from ..extras import require_extras
 from ..models.hunyuan3d.config import PRESETS
 from ..models.hunyuan3d.mesh import MARCHING_CUBES_METHODS, MESH_FORMATS, _skimage_measure, export_mesh, load_mesh
 from ..models.hunyuan3d.volume import MAX_OCTREE_RESOLUTION, MIN_OCTREE_RESOLUTION
@@ -119,6 +120,7 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
     from ..pipelines.shape import STAGES, ShapeSettings, load_shape_pipeline
 
     _check(args)
+    require_extras("shape --texture" if args.texture else "shape", "shape", *(("texture",) if args.texture else ()))
     cache = load_cache_config(args.cache) if args.cache is not None else None
     sweep_configs = None
     if args.sweep_cache is not None:  # settings and the chart's library checked before any work

@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from ..extras import require_extras
 from ..models.hunyuan3d_paint.config import TEXTURE_PRESETS
 from ..runtime import CAPTURE_MODES
 
@@ -154,6 +155,7 @@ def run_texture(args: argparse.Namespace, print_fn=print) -> int:
     from ..pipelines.texture import sample_mesh
 
     check_texture_args(args)
+    require_extras("texture", "texture")  # all at once, before the models load
     if args.checkpoint is not None and not args.checkpoint.is_dir():
         raise ValueError(f"--checkpoint {args.checkpoint}: not a directory (expected the folder holding "
                          "hunyuan3d-delight-v2-0 and hunyuan3d-paint-v2-0)")  # fmt: skip
