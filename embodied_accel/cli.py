@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .argtypes import non_negative_float, non_negative_int, positive_int
+from .argtypes import RESULTS_DIR, non_negative_float, non_negative_int, positive_int
 from .commands import reconstruct as vggt_commands
 from .commands import shape as shape_command
 from .commands import texture as texture_command
@@ -64,7 +64,7 @@ EXAMPLES = """examples:
   embodied-accel train                     # a few steps on the built-in sample dataset; then run --checkpoint
   embodied-accel train --dataset DIR --checkpoint BASE --out DIR    # fine-tune on a LeRobot dataset
   embodied-accel eval libero --checkpoint DIR --suite libero_spatial   # closed-loop LIBERO success rates
-  embodied-accel reconstruct IMAGES_DIR -o scene.ply   # VGGT: cameras, depth, point cloud
+  embodied-accel reconstruct IMAGES_DIR -o scene.ply   # VGGT: cameras, depth, point cloud (default: results/)
   embodied-accel shape IMAGE -o mesh.glb   # Hunyuan3D-2: image -> mesh
 """
 
@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=non_negative_int, default=3, help="untimed calls first (default: 3)")
     bench.add_argument("--runs", type=positive_int, default=100, help="timed calls (default: 100)")
     bench.add_argument("--no-stages", action="store_true", help="skip the per-stage (vision/prefix/denoise) split")
-    bench.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
+    bench.add_argument("--out-dir", type=Path, default=Path(RESULTS_DIR), help=f"default: {RESULTS_DIR}/ (here)")
     bench.add_argument("--note", help="free text stored in the result file")
 
     prof = add_command(
@@ -270,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     _call_shape_options(prof)
     prof.add_argument("--warmup", type=non_negative_int, default=2, help="unprofiled calls first (default: 2)")
     prof.add_argument("--calls", type=positive_int, default=3, help="profiled calls (default: 3)")
-    prof.add_argument("--out-dir", type=Path, default=Path("bench/profiles"), help="default: bench/profiles")
+    prof.add_argument("--out-dir", type=Path, default=Path(RESULTS_DIR) / "profiles",
+                      help=f"default: {RESULTS_DIR}/profiles/ (here)")  # fmt: skip
     prof.set_defaults(handler=cmd_profile)
     bench.set_defaults(handler=cmd_bench)
 

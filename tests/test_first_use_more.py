@@ -122,3 +122,37 @@ def test_only_the_missing_extra_is_named(monkeypatch):
     assert missing_extras("shape", "texture") == {"texture": ["xatlas"]}
     with pytest.raises(ImportError, match=r"needs xatlas \(not installed\): pip install 'embodied-accel\[texture\]'$"):
         require_extras("shape --texture", "shape", "texture")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Results: under the current directory's results/, never the package's committed folders
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, dest, default", [
+    (["bench"], "out_dir", "results"),
+    (["profile"], "out_dir", "results/profiles"),
+    (["loadtest"], "out_dir", "results"),
+    (["reconstruct"], "output", "results/scene.ply"),
+    (["shape"], "output", "results/mesh.glb"),
+    (["texture"], "output", "results/textured.glb"),
+])  # fmt: skip
+def test_every_command_writes_under_results_by_default(argv, dest, default):
+    from pathlib import Path
+
+    assert getattr(cli.build_parser().parse_args(argv), dest) == Path(default)
+
+
+def test_a_result_written_from_a_checkout_leaves_its_committed_results_alone(monkeypatch, tmp_path):
+    from pathlib import Path
+
+    from test_bench_harness import _record
+
+    from embodied_accel.bench import harness
+
+    committed = Path(__file__).resolve().parents[1] / "bench" / "results"
+    before = sorted(committed.iterdir()) if committed.is_dir() else []
+    monkeypatch.chdir(tmp_path)
+    path = harness.write_result(_record())  # the default bench (and loadtest) write to
+    assert path.resolve().parent == tmp_path / "results"
+    assert (sorted(committed.iterdir()) if committed.is_dir() else []) == before

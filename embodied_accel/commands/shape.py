@@ -32,8 +32,8 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
     p = commands.add_parser("shape", help="image → 3-D mesh with Hunyuan3D-2 (shape generation)")
     p.add_argument("image", nargs="?", type=Path, metavar="IMAGE",
                    help="input image (.png with alpha: the alpha is the foreground mask); default: the bundled sample")  # fmt: skip
-    p.add_argument("-o", "--output", type=Path, default=Path("mesh.glb"),
-                   help=f"mesh file, format by suffix: {' '.join(MESH_FORMATS)} (default: mesh.glb)")  # fmt: skip
+    p.add_argument("-o", "--output", type=Path, default=Path("results/mesh.glb"),
+                   help=f"mesh file, format by suffix: {' '.join(MESH_FORMATS)} (default: results/mesh.glb)")  # fmt: skip
     source = p.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, metavar="DIR",
                         help="a Hunyuan3D-2 model directory (config.yaml + model.fp16.safetensors), e.g. hunyuan3d-dit-v2-0")  # fmt: skip

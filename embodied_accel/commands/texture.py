@@ -55,8 +55,8 @@ def add_texture_parser(commands, backend_names) -> argparse.ArgumentParser:
     p.add_argument("image", nargs="?", type=Path, metavar="IMAGE",
                    help="the object's image (.png with alpha: the alpha is the foreground); default: the bundled "
                         "sample (random-weight presets only)")  # fmt: skip
-    p.add_argument("-o", "--output", type=Path, default=Path("textured.glb"),
-                   help="textured mesh, by suffix: .glb, or .obj (+ .mtl + .png) (default: textured.glb)")  # fmt: skip
+    p.add_argument("-o", "--output", type=Path, default=Path("results/textured.glb"),
+                   help="textured mesh, by suffix: .glb, or .obj (+ .mtl + .png) (default: results/textured.glb)")  # fmt: skip
     source = p.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, metavar="DIR",
                         help="the folder holding hunyuan3d-delight-v2-0 and hunyuan3d-paint-v2-0[-turbo] (a local "

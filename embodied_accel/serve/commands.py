@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import non_negative_float, positive_float, positive_int
+from ..argtypes import RESULTS_DIR, non_negative_float, positive_float, positive_int
 from .config import API_KEY_ENV, ServeConfig
 from .keymap import KEYMAP_CHOICES, can_tokenize_text
 
@@ -201,7 +201,7 @@ def add_loadtest_options(
     group.add_argument(
         "--api-key", metavar="KEY", help=f"the --url server's API key (default: ${API_KEY_ENV} if set)"
     )
-    group.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
+    group.add_argument("--out-dir", type=Path, default=Path(RESULTS_DIR), help=f"default: {RESULTS_DIR}/ (here)")
     group.add_argument("--no-write", action="store_true", help="print only, write no result file")
     group.add_argument("--note", help="free text stored in the result file")
 
