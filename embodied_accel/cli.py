@@ -318,6 +318,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     """Exit code 0 when every request succeeded, 1 otherwise."""
     serve_commands.require_serve_extra("loadtest")
     observation = load_observation(args.observation) if args.observation is not None else None
+    print(f"{PROG} loadtest: {args.clients} client(s) x {args.requests} request(s), {args.warmup} warm-up each, "
+          f"against {args.url or 'an in-process server'} ...", file=sys.stderr, flush=True)  # fmt: skip
     stats, record = serve_commands.run_loadtest_command(
         args, lambda: load_policy_from_args(args, num_views=args.views)[0], observation
     )

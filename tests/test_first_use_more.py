@@ -156,3 +156,63 @@ def test_a_result_written_from_a_checkout_leaves_its_committed_results_alone(mon
     path = harness.write_result(_record())  # the default bench (and loadtest) write to
     assert path.resolve().parent == tmp_path / "results"
     assert (sorted(committed.iterdir()) if committed.is_dir() else []) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Progress: on a terminal, quiet in logs and with --no-progress
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Terminal:
+    """stderr as an interactive terminal would be: what is written is kept."""
+
+    def __init__(self):
+        import io
+
+        self.buffer = io.StringIO()
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        return self.buffer.write(text)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("flags, shown", [((), True), (("--no-progress",), False)])
+def test_loadtest_shows_its_requests_on_a_terminal_only(capsys, monkeypatch, flags, shown):
+    import sys
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    code = cli.main(["loadtest", "--clients", "1", "--requests", "2", "--warmup", "0", "--no-write", *flags])
+    assert code == 0
+    text = terminal.buffer.getvalue()
+    assert "1 client(s) x 2 request(s)" in text  # the phase line, in logs too
+    assert ("loadtest requests" in text and "2/2" in text) == shown
+    assert ("building the policy" in text) == shown
+
+
+def test_progress_is_quiet_in_logs(capsys):
+    from embodied_accel.progress import show_progress, working
+
+    assert not show_progress() and not show_progress(no_progress=True)  # stderr captured: not a terminal
+    with working("building", show_progress()):
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_the_seconds_counter_redraws_and_clears_its_line(monkeypatch):
+    import sys
+    import time
+
+    from embodied_accel.progress import working
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with working("building pi05", True, interval_s=0.05):
+        time.sleep(0.2)
+    text = terminal.buffer.getvalue()
+    assert text.count("building pi05: 00:00") >= 2 and text.endswith("\r")
