@@ -187,6 +187,8 @@ def _policy_options(every_family: bool = False) -> argparse.ArgumentParser:
         "--rtc-execution-horizon", type=positive_int, metavar="N", help="where the soft mask ends (default: 10)"
     )
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
+    group.add_argument("--threads", type=positive_int, metavar="N", help="CPU: intra-op threads (default: 1 for a "
+                       "model under 100 M parameters, else torch's; OMP_NUM_THREADS is kept)")  # fmt: skip
     if every_family:
         family = parent.add_argument_group("family options (an error for a model of another family)")
         for option in family_options():

@@ -216,3 +216,36 @@ def test_the_seconds_counter_redraws_and_clears_its_line(monkeypatch):
         time.sleep(0.2)
     text = terminal.buffer.getvalue()
     assert text.count("building pi05: 00:00") >= 2 and text.endswith("\r")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Intra-op threads by model size on the CPU
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_small_model_runs_on_one_thread_and_says_how_to_change_it(restore_threads):
+    from embodied_accel.runtime.threads import SMALL_MODEL_PARAMETERS, choose_cpu_threads
+
+    torch.set_num_threads(2)
+    line = choose_cpu_threads("cpu", 314_368, environ={})
+    assert torch.get_num_threads() == 1 and "--threads N" in line and "0.314 M parameters" in line
+    torch.set_num_threads(2)
+    assert "torch's default" in choose_cpu_threads("cpu", SMALL_MODEL_PARAMETERS, environ={})
+    assert torch.get_num_threads() == 2  # a large model keeps torch's default
+    assert "OMP_NUM_THREADS" in choose_cpu_threads("cpu", 10, environ={"OMP_NUM_THREADS": "2"})
+    assert torch.get_num_threads() == 2  # the user's environment is kept
+    assert choose_cpu_threads("cpu", 10, requested=3, environ={}) == "threads:     3 intra-op (--threads)"
+    assert torch.get_num_threads() == 3
+    assert choose_cpu_threads("cuda:0", 10, requested=3, environ={}) is None
+
+
+def test_run_prints_the_thread_choice_and_takes_threads(capsys, restore_threads):
+    code, out, _ = run_cli(capsys, "run", "--threads", "2", "--no-warm-call", "--no-progress")
+    assert code == 0 and "threads:     2 intra-op (--threads)" in out and torch.get_num_threads() == 2

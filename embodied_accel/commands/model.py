@@ -13,6 +13,7 @@ from typing import Any
 from ..families import CLIError, LoadedModel, family_of, load_model
 from ..families.policy import DEFAULT_MODEL
 from ..progress import counter, show_progress, working
+from ..runtime.threads import choose_cpu_threads
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +65,12 @@ def _load(args: argparse.Namespace) -> LoadedModel:
                 raise CLIError(f"{flag} applies to policies (pi0 / pi0.5 / GR00T); {source} is a {loaded_family} "
                                "model")  # fmt: skip
     if args.checkpoint is not None:  # a checkpoint's loader draws its own bar
-        return load_model(source, args)
-    with working(f"{PROG} {args.command}: building {source} with seeded random weights", _progress(args)):
-        return load_model(source, args)
+        model = load_model(source, args)
+    else:
+        with working(f"{PROG} {args.command}: building {source} with seeded random weights", _progress(args)):
+            model = load_model(source, args)
+    model.threads_line = choose_cpu_threads(model.device, model.num_parameters(), getattr(args, "threads", None))
+    return model
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -76,6 +80,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if model.random_weights:
         print(model.random_weights_notice())
     print("\n".join(lines))
+    if model.threads_line is not None:
+        print(model.threads_line)
     return 0
 
 
@@ -89,6 +95,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"parameters:  {_human_count(n)} ({n:,})")
     print(f"runtime:     backend {model.backend_label}, capture {model.capture}, dtype {model.dtype_name}, "
           f"device {model.device}")  # fmt: skip
+    if model.threads_line is not None:
+        print(model.threads_line)
     if ops.fused or ops.fallback:
         print(f"fused ops:   {', '.join(ops.fused) or 'none'}")
         print(f"fallback:    {', '.join(ops.fallback) or 'none'} (pure-PyTorch reference)")
@@ -220,6 +228,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"ops: fused {', '.join(model.ops.fused)}; reference {', '.join(model.ops.fallback) or 'none'}")
     if stages:
         print("stages: " + ", ".join(f"{k[6:-3]} {v:.2f} ms" for k, v in stages.items() if k.endswith("_ms")))
+    if model.threads_line is not None:
+        print(model.threads_line)
     print(f"wrote {path}")
     return 0
 

@@ -168,8 +168,14 @@ def load_policy_from_args(args: argparse.Namespace, num_views: int | None = None
         **extra,
         **rtc_option(args),
     )
-    logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
-    return policy, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    logger.info("loaded %s in %.2f s", source, seconds)
+    from ..runtime.threads import choose_cpu_threads
+
+    threads = choose_cpu_threads(policy.device, policy.num_parameters(), getattr(args, "threads", None))
+    if threads is not None:
+        logger.info("%s", " ".join(threads.split()))
+    return policy, seconds
 
 
 
