@@ -2,15 +2,17 @@
 fine-tune and evaluate them, reconstruct scenes (VGGT) and generate meshes (Hunyuan3D-2).
 
 Every command runs with no arguments on a built-in default (a tiny preset with seeded random weights, a bundled
-sample input) and takes --log-level before or after its name. A bad flag, file or observation ends with a
+sample input; eval names its benchmark: ``eval libero``) and takes --log-level before or after its name. A bad flag, file or observation ends with a
 message on stderr naming the problem and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import platform
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -109,7 +111,39 @@ def _takes_log_level(parser: argparse.ArgumentParser) -> bool:
     return any("--log-level" in action.option_strings for action in parser._actions)
 
 
-class CommandParser(argparse.ArgumentParser):
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+def _did_you_mean(word: str, candidates: list[str]) -> str | None:
+    close = difflib.get_close_matches(word, candidates, n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(close)}?" if close else None
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """A usage error as one line, ``embodied-accel CMD: error: ... (try embodied-accel CMD --help)``, with a "did you
+    mean" for a misspelled choice or option instead of argparse's usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            choices = re.findall(r"'([^']*)'", match.group(2))
+            hint = _did_you_mean(match.group(1), choices)
+            if hint is not None:
+                message = message[: match.start()] + f"invalid choice: {match.group(1)!r} ({hint})"
+        self.exit(2, f"{self.prog}: error: {message} (try {self.prog} --help)\n")
+
+    def unrecognized(self, extras: list[str]):
+        """The error for arguments no option took, each misspelled flag with its nearest options."""
+        options = {flag[2:]: flag for action in self._actions for flag in action.option_strings if flag.startswith("--")}
+        hints = []
+        for word in extras:  # compared without the dashes every option shares
+            close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), list(options), n=3, cutoff=0.6)
+            if word.startswith("-") and close:
+                hints.append(f"did you mean {' or '.join(options[c] for c in close)}?")
+        self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
+
+
+class CommandParser(OneLineErrors):
     """The parser of a subcommand, and of a subcommand's own subcommands (``eval libero``): each takes the options
     of :func:`_common_options` after its name, whichever module registers it."""
 
@@ -217,7 +251,7 @@ def _call_shape_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog=PROG,
         description=__doc__.replace("``", ""),
         epilog=EXAMPLES,
@@ -343,6 +377,16 @@ def cmd_shape(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> OneLineErrors:
+    """The parser of the (sub)command ``args`` came from (``eval libero``'s own), else ``parser``."""
+    for name in ("command", "benchmark"):
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not actions or getattr(args, name, None) is None:
+            break
+        parser = actions[0].choices[getattr(args, name)]
+    return parser
+
+
 def _configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")  # no-op if already configured
     logging.getLogger("embodied_accel").setLevel(level)
@@ -352,7 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command; returns the exit code (0 ok, 2 bad arguments, files or observations)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # named by the command's own parser: its prog and its options
+            _command_parser(parser, args).unrecognized(extras)
     except SystemExit as exc:  # argparse has printed the usage error (or --help)
         return exc.code if isinstance(exc.code, int) else 0
     _configure_logging(args.log_level)

@@ -249,3 +249,105 @@ def test_a_small_model_runs_on_one_thread_and_says_how_to_change_it(restore_thre
 def test_run_prints_the_thread_choice_and_takes_threads(capsys, restore_threads):
     code, out, _ = run_cli(capsys, "run", "--threads", "2", "--no-warm-call", "--no-progress")
     assert code == 0 and "threads:     2 intra-op (--threads)" in out and torch.get_num_threads() == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# export: defaults, the paint models, random weights in the manifest
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_export_runs_without_arguments_and_says_when_the_weights_are_random(capsys, monkeypatch):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import embodied_accel.export as export
+
+    calls = []
+
+    def fake_export(source, output, **kwargs):  # the export itself: test_export_*.py
+        calls.append((source, Path(output)))
+        return SimpleNamespace(graphs=[], model=source, family="pi0", opset=18, random_weights=True)
+
+    monkeypatch.setattr(export, "export_model", fake_export)
+    code, out, _ = run_cli(capsys, "export")
+    assert code == 0 and calls == [("pi0-tiny", Path("results") / "export" / "pi0-tiny")]
+    assert "note: pi0-tiny has seeded random weights" in out
+
+
+def test_exporting_a_paint_model_says_it_has_no_export(capsys):
+    code, _, err = run_cli(capsys, "export", "--model", "hunyuan3d-paint-tiny")
+    assert code == 2 and "Hunyuan3D-Paint (texture) model, which has no ONNX export" in err
+    assert "neither a checkpoint directory nor a preset" not in err
+
+
+def test_a_manifest_keeps_random_weights_and_reads_exports_that_lack_it(tmp_path):
+    from embodied_accel.deploy.manifest import GraphSpec, Manifest, ManifestError, TensorSpec
+
+    spec = TensorSpec("x", (1, 2), "float32")
+    graph = GraphSpec("g", "", "g.onnx", (spec,), (spec,))
+    manifest = Manifest("vggt", "vggt-tiny", "vggt-tiny", "float32", 18, (graph,), random_weights=True)
+    data = manifest.to_dict()
+    assert Manifest.from_dict(data).random_weights is True
+    assert Manifest.from_dict({k: v for k, v in data.items() if k != "random_weights"}).random_weights is None
+    with pytest.raises(ManifestError, match="random_weights: expected true or false"):
+        Manifest.from_dict({**data, "random_weights": "yes"})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Argument errors: one line, with "did you mean"
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "--model", "pi0-tyny"], "embodied-accel run: error: argument --model: invalid choice: 'pi0-tyny' "
+                                     "(did you mean pi0-tiny or pi05-tiny?) (try embodied-accel run --help)"),
+    (["rnu"], "embodied-accel: error: argument COMMAND: invalid choice: 'rnu' (did you mean run?) "
+              "(try embodied-accel --help)"),
+    (["bench", "--rusn", "3"], "embodied-accel bench: error: unrecognized arguments: --rusn 3 (did you mean --runs?) "
+                               "(try embodied-accel bench --help)"),
+    (["eval"], "embodied-accel eval: error: the following arguments are required: BENCHMARK "
+               "(try embodied-accel eval --help)"),
+    (["eval", "libero", "--episodse", "2"], "embodied-accel eval libero: error: unrecognized arguments: --episodse 2 "
+                                            "(did you mean --episodes?) (try embodied-accel eval libero --help)"),
+    (["reconstruct", "--model", "vggt-tiyn"], "(did you mean vggt-tiny or vggt?)"),
+])  # fmt: skip
+def test_an_argument_error_is_one_line_that_says_what_was_meant(capsys, argv, expected):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "usage:" not in err
+    assert expected in err
+
+
+def test_an_unknown_choice_with_nothing_close_keeps_the_choices(capsys):
+    code, _, err = run_cli(capsys, "shape", "--decoding", "zzz")
+    assert code == 2 and "choose from 'hierarchical', 'dense'" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Smaller messages and defaults
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag, name, words", [("--observation", "obs.npz", "not a .npz archive"),
+                                               ("--noise", "noise.npy", "not a .npy array")])  # fmt: skip
+def test_a_text_file_given_as_numpy_names_the_file_and_the_format(capsys, tmp_path, flag, name, words):
+    path = tmp_path / name
+    path.write_text("hello\n")
+    code, _, err = run_cli(capsys, "run", flag, path)
+    assert code == 2 and err.count("\n") == 1 and str(path) in err and words in err
+    assert "pickle" not in err
+
+
+def test_eval_libero_has_a_default_suite_and_the_help_says_what_eval_needs(capsys):
+    assert cli.build_parser().parse_args(["eval", "libero"]).suite == "libero_spatial"
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0 and "eval names its benchmark: eval libero" in " ".join(out.split())
+
+
+def test_the_readme_lists_every_command_and_how_to_install_openpi_client():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    for command in ("run", "info", "bench", "profile", "serve", "train", "eval libero", "reconstruct", "shape",
+                    "texture", "export"):  # fmt: skip
+        assert f"| `embodied-accel {command}`" in text, command
+    assert "pip install --no-deps openpi-client==0.1.2" in text

@@ -53,8 +53,8 @@ def add_eval_command(add_command: Callable[..., argparse.ArgumentParser], policy
     group = libero.add_argument_group("evaluation")
     group.add_argument("--server", metavar="URL", help="query a running policy server (ws://host:port) instead of "
                        "loading the policy here")  # fmt: skip
-    group.add_argument("--suite", required=True, help="libero_spatial | libero_object | libero_goal | libero_10 | "
-                       "libero_90 (the prefix may be left out)")  # fmt: skip
+    group.add_argument("--suite", default="libero_spatial", help="libero_spatial | libero_object | libero_goal | "
+                       "libero_10 | libero_90 (the prefix may be left out; default: libero_spatial)")  # fmt: skip
     group.add_argument("--tasks", type=_indices, help="task indices (default: every task of the suite)")
     group.add_argument("--episodes", type=positive_int, default=1, help="episodes per task (default: 1; LIBERO's "
                        "protocol: 50)")  # fmt: skip
