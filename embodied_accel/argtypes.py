@@ -1,9 +1,14 @@
-"""argparse types shared by every command: numbers in a range, with errors that say what was expected."""
+"""argparse types shared by every command: numbers in a range, with errors that say what was expected; the commands'
+default results folder."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+
+#: Where commands write results by default: ``results/`` under the current directory (never the package's own
+#: committed ``bench/results/``, which the measurement tools name explicitly).
+RESULTS_DIR = "results"
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
@@ -47,4 +52,4 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-__all__ = ["int_at_least", "non_negative_float", "non_negative_int", "positive_float", "positive_int"]
+__all__ = ["RESULTS_DIR", "int_at_least", "non_negative_float", "non_negative_int", "positive_float", "positive_int"]

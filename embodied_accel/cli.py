@@ -2,21 +2,23 @@
 fine-tune and evaluate them, reconstruct scenes (VGGT) and generate meshes (Hunyuan3D-2).
 
 Every command runs with no arguments on a built-in default (a tiny preset with seeded random weights, a bundled
-sample input) and takes --log-level before or after its name. A bad flag, file or observation ends with a
+sample input; eval names its benchmark: ``eval libero``) and takes --log-level before or after its name. A bad flag, file or observation ends with a
 message on stderr naming the problem and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import platform
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .argtypes import non_negative_float, non_negative_int, positive_int
+from .argtypes import RESULTS_DIR, non_negative_float, non_negative_int, positive_int
 from .commands import process_env  # noqa: F401  (before anything that loads PyTorch)
 from .commands import reconstruct as vggt_commands
 from .commands import shape as shape_command
@@ -65,7 +67,7 @@ EXAMPLES = """examples:
   embodied-accel train                     # a few steps on the built-in sample dataset; then run --checkpoint
   embodied-accel train --dataset DIR --checkpoint BASE --out DIR    # fine-tune on a LeRobot dataset
   embodied-accel eval libero --checkpoint DIR --suite libero_spatial   # closed-loop LIBERO success rates
-  embodied-accel reconstruct IMAGES_DIR -o scene.ply   # VGGT: cameras, depth, point cloud
+  embodied-accel reconstruct IMAGES_DIR -o scene.ply   # VGGT: cameras, depth, point cloud (default: results/)
   embodied-accel shape IMAGE -o mesh.glb   # Hunyuan3D-2: image -> mesh
 """
 
@@ -110,7 +112,39 @@ def _takes_log_level(parser: argparse.ArgumentParser) -> bool:
     return any("--log-level" in action.option_strings for action in parser._actions)
 
 
-class CommandParser(argparse.ArgumentParser):
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+def _did_you_mean(word: str, candidates: list[str]) -> str | None:
+    close = difflib.get_close_matches(word, candidates, n=3, cutoff=0.6)
+    return f"did you mean {' or '.join(close)}?" if close else None
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """A usage error as one line, ``embodied-accel CMD: error: ... (try embodied-accel CMD --help)``, with a "did you
+    mean" for a misspelled choice or option instead of argparse's usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        match = _INVALID_CHOICE.search(message)
+        if match:
+            choices = re.findall(r"'([^']*)'", match.group(2))
+            hint = _did_you_mean(match.group(1), choices)
+            if hint is not None:
+                message = message[: match.start()] + f"invalid choice: {match.group(1)!r} ({hint})"
+        self.exit(2, f"{self.prog}: error: {message} (try {self.prog} --help)\n")
+
+    def unrecognized(self, extras: list[str]):
+        """The error for arguments no option took, each misspelled flag with its nearest options."""
+        options = {flag[2:]: flag for action in self._actions for flag in action.option_strings if flag.startswith("--")}
+        hints = []
+        for word in extras:  # compared without the dashes every option shares
+            close = difflib.get_close_matches(word.split("=", 1)[0].lstrip("-"), list(options), n=3, cutoff=0.6)
+            if word.startswith("-") and close:
+                hints.append(f"did you mean {' or '.join(options[c] for c in close)}?")
+        self.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
+
+
+class CommandParser(OneLineErrors):
     """The parser of a subcommand, and of a subcommand's own subcommands (``eval libero``): each takes the options
     of :func:`_common_options` after its name, whichever module registers it."""
 
@@ -188,6 +222,8 @@ def _policy_options(every_family: bool = False) -> argparse.ArgumentParser:
         "--rtc-execution-horizon", type=positive_int, metavar="N", help="where the soft mask ends (default: 10)"
     )
     group.add_argument("--no-progress", action="store_true", help="no progress bars")
+    group.add_argument("--threads", type=positive_int, metavar="N", help="CPU: intra-op threads (default: 1 for a "
+                       "model under 100 M parameters, else torch's; OMP_NUM_THREADS is kept)")  # fmt: skip
     if every_family:
         family = parent.add_argument_group("family options (an error for a model of another family)")
         for option in family_options():
@@ -216,7 +252,7 @@ def _call_shape_options(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrors(
         prog=PROG,
         description=__doc__.replace("``", ""),
         epilog=EXAMPLES,
@@ -262,7 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=non_negative_int, default=3, help="untimed calls first (default: 3)")
     bench.add_argument("--runs", type=positive_int, default=100, help="timed calls (default: 100)")
     bench.add_argument("--no-stages", action="store_true", help="skip the per-stage (vision/prefix/denoise) split")
-    bench.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
+    bench.add_argument("--out-dir", type=Path, default=Path(RESULTS_DIR), help=f"default: {RESULTS_DIR}/ (here)")
     bench.add_argument("--note", help="free text stored in the result file")
 
     prof = add_command(
@@ -271,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     _call_shape_options(prof)
     prof.add_argument("--warmup", type=non_negative_int, default=2, help="unprofiled calls first (default: 2)")
     prof.add_argument("--calls", type=positive_int, default=3, help="profiled calls (default: 3)")
-    prof.add_argument("--out-dir", type=Path, default=Path("bench/profiles"), help="default: bench/profiles")
+    prof.add_argument("--out-dir", type=Path, default=Path(RESULTS_DIR) / "profiles",
+                      help=f"default: {RESULTS_DIR}/profiles/ (here)")  # fmt: skip
     prof.set_defaults(handler=cmd_profile)
     bench.set_defaults(handler=cmd_bench)
 
@@ -321,6 +358,8 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     """Exit code 0 when every request succeeded, 1 otherwise."""
     serve_commands.require_serve_extra("loadtest")
     observation = load_observation(args.observation) if args.observation is not None else None
+    print(f"{PROG} loadtest: {args.clients} client(s) x {args.requests} request(s), {args.warmup} warm-up each, "
+          f"against {args.url or 'an in-process server'} ...", file=sys.stderr, flush=True)  # fmt: skip
     stats, record = serve_commands.run_loadtest_command(
         args, lambda: load_policy_from_args(args, num_views=args.views)[0], observation
     )
@@ -342,6 +381,16 @@ def cmd_shape(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> OneLineErrors:
+    """The parser of the (sub)command ``args`` came from (``eval libero``'s own), else ``parser``."""
+    for name in ("command", "benchmark"):
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not actions or getattr(args, name, None) is None:
+            break
+        parser = actions[0].choices[getattr(args, name)]
+    return parser
+
+
 def _configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")  # no-op if already configured
     logging.getLogger("embodied_accel").setLevel(level)
@@ -351,13 +400,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command; returns the exit code (0 ok, 2 bad arguments, files or observations)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extras = parser.parse_known_args(argv)
+        if extras:  # named by the command's own parser: its prog and its options
+            _command_parser(parser, args).unrecognized(extras)
     except SystemExit as exc:  # argparse has printed the usage error (or --help)
         return exc.code if isinstance(exc.code, int) else 0
     _configure_logging(args.log_level)
     try:
         return args.handler(args)
-    except (ValueError, BackendUnavailableError, CaptureUnavailableError, ImportError) as exc:
+    except (ValueError, BackendUnavailableError, CaptureUnavailableError, ImportError, ConnectionError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -128,8 +128,8 @@ def normalize_device(device: str | torch.device | None) -> torch.device:
         return detect().device
     try:
         device = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: expected e.g. 'cpu', 'cuda', 'cuda:1' or 'npu:0', got {device!r} ({exc})") from None
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected e.g. 'cpu', 'cuda', 'cuda:1' or 'npu:0', got {device!r}") from None
     if device.type == "cpu":
         return torch.device("cpu")
     if device.index is not None:
@@ -139,6 +139,37 @@ def normalize_device(device: str | torch.device | None) -> torch.device:
     if device.type == "npu" and _npu_available():
         return torch.device("npu", torch.npu.current_device())  # type: ignore[attr-defined]
     return torch.device(device.type, 0)
+
+
+def available_device(device: str | torch.device | None) -> torch.device:
+    """:func:`normalize_device`, then a check that this machine can run on it: ``cuda`` needs a CUDA build of torch
+    and a visible GPU (with that index), ``npu`` an importable ``torch_npu`` and an Ascend device. Raises
+    ``ValueError`` naming the device and what this machine has instead of torch's own error at first use."""
+    if isinstance(device, str) and device.split(":", 1)[0] == "npu" and not _npu_available():
+        raise ValueError(f"device: {device!r} needs torch_npu and an Ascend NPU; this machine has neither "
+                         f"(available: {_available_devices()})")  # fmt: skip
+    device = normalize_device(device)
+    if device.type == "cpu":
+        return device
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device: {device} is not available ({why}; available: {_available_devices()})")
+        if device.index >= count:
+            raise ValueError(f"device: {device} is not available (this machine has {count} CUDA device(s))")
+        return device
+    if device.type == "npu":
+        count = torch.npu.device_count()  # type: ignore[attr-defined]
+        if device.index >= count:
+            raise ValueError(f"device: {device} is not available (this machine has {count} NPU(s))")
+        return device
+    raise ValueError(f"device: expected cpu, cuda[:N] or npu[:N], got {str(device)!r}")
+
+
+def _available_devices() -> str:
+    plat = detect()
+    return "cpu" if plat.device_type == "cpu" else f"cpu, {plat.device_type}"
 
 
 #: Compute dtypes by the names a command line, a config file or an API call gives (short aliases included).

@@ -211,6 +211,19 @@ def test_serve_onnx_answers_openpi_client(pi0_export, pi0_policy):
     np.testing.assert_allclose(actions, expected, rtol=0, atol=ATOL)
 
 
+def test_an_export_of_random_weights_says_so_in_its_manifest_and_the_served_metadata(pi0_export, caplog):
+    from embodied_accel import cli
+    from embodied_accel.serve.onnx_source import onnx_policy
+    from embodied_accel.serve.server import PolicyServer, ServeConfig
+
+    manifest, out = pi0_export
+    assert manifest.random_weights is True and Manifest.read(out).random_weights is True
+    with caplog.at_level("WARNING", logger="embodied_accel"):
+        served = onnx_policy(cli.build_parser().parse_args(["serve", "--onnx", str(out), "--port", "0"]))
+    assert "seeded random weights" in caplog.text and str(out) in caplog.text
+    assert PolicyServer(served, ServeConfig(host="127.0.0.1", port=0)).metadata["random_weights"] is True
+
+
 def test_serve_onnx_refuses_a_directory_that_is_not_an_export(tmp_path, capsys):
     from embodied_accel import cli
 

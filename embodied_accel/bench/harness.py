@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm.auto import tqdm
 
 from .. import platform as platform_mod
+from ..argtypes import RESULTS_DIR
 from ..ops import fallbacks
 
 logger = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ RESULT_KEYS: tuple[str, ...] = (
     "date",
 )
 
-DEFAULT_OUT_DIR = "bench/results"
+DEFAULT_OUT_DIR = RESULTS_DIR  # results/ under the current directory
 
 
 # ---------------------------------------------------------------------------------------------------------------

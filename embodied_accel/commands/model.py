@@ -13,6 +13,8 @@ from typing import Any
 from ..families import CLIError, LoadedModel, family_of, load_model
 from ..families.policy import DEFAULT_MODEL
 from ..ops import fallbacks
+from ..progress import counter, show_progress, working
+from ..runtime.threads import choose_cpu_threads
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,13 @@ def _load(args: argparse.Namespace) -> LoadedModel:
             if getattr(args, dest, unset) != unset:
                 raise CLIError(f"{flag} applies to policies (pi0 / pi0.5 / GR00T); {source} is a {loaded_family} "
                                "model")  # fmt: skip
-    return load_model(source, args)
+    if args.checkpoint is not None:  # a checkpoint's loader draws its own bar
+        model = load_model(source, args)
+    else:
+        with working(f"{PROG} {args.command}: building {source} with seeded random weights", _progress(args)):
+            model = load_model(source, args)
+    model.threads_line = choose_cpu_threads(model.device, model.num_parameters(), getattr(args, "threads", None))
+    return model
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -73,6 +81,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if model.random_weights:
         print(model.random_weights_notice())
     print("\n".join(lines))
+    if model.threads_line is not None:
+        print(model.threads_line)
     return 0
 
 
@@ -90,6 +100,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"parameters:  {_human_count(n)} ({n:,})")
     print(f"runtime:     backend {model.backend_label}, capture {model.capture}, dtype {model.dtype_name}, "
           f"device {model.device}")  # fmt: skip
+    if model.threads_line is not None:
+        print(model.threads_line)
     if ops.fused or ops.fallback:
         print(f"fused ops:   {', '.join(ops.fused) or 'none'}")
         print(f"fallback:    {', '.join(ops.fallback) or 'none'} (pure-PyTorch reference)")
@@ -105,15 +117,21 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def aten_op_counts(model: LoadedModel, call) -> tuple[int, str, int]:
+def aten_op_counts(model: LoadedModel, call, progress: bool = False) -> tuple[int, str, int]:
     """The aten ops of one call of ``call`` as ``bench`` records them and ``profile`` reports them: ``(count, method,
     profiler's top-level count)``. An eager call counts every op it dispatches (a dispatch mode); a captured one, what
-    the profiler sees (a dispatch mode makes torch.compile skip its frames)."""
+    the profiler sees (a dispatch mode makes torch.compile skip its frames). ``progress``: a bar of the (slower than
+    timed) calls this makes."""
     from ..bench import harness
 
-    profiled = harness.count_profiled_aten_ops(call)
-    if model.capture == "eager":
-        return harness.count_aten_ops(call)[1], "dispatch_mode", profiled
+    eager = model.capture == "eager"
+    with counter("counting aten ops", 2 if eager else 1, progress, unit="call") as bar:
+        profiled = harness.count_profiled_aten_ops(call)
+        bar.update()
+        if eager:
+            counted = harness.count_aten_ops(call)[1]
+            bar.update()
+            return counted, "dispatch_mode", profiled
     return profiled, "profiler_top_level", profiled
 
 
@@ -136,8 +154,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _say(args, f"{args.warmup} unprofiled call(s), then {args.calls} under the profiler ...")
     summary = profiler.profile_calls(measured.call, calls=args.calls, warmup=args.warmup,
                                      trace_path=out_dir / "trace.json")  # fmt: skip
-    _say(args, "counting the aten ops of one call (as bench does) ...")
-    summary.aten_ops_per_call, summary.aten_ops_method, _ = aten_op_counts(model, measured.call)
+    _say(args, "counting the aten ops of one call (as bench does; each counting call is slower than a timed one) ...")
+    summary.aten_ops_per_call, summary.aten_ops_method, _ = aten_op_counts(model, measured.call, _progress(args))
     print(summary.format())
     (out_dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
     chart = profiler.plot_summary(summary, out_dir / "breakdown.png", name) if no_chart is None else None
@@ -172,8 +190,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                progress=progress)  # fmt: skip
     peak_mem_mb = plat.peak_memory_mb()
     reference_fallbacks = fallbacks.since(before)
-    _say(args, "counting the aten ops of one call ...")
-    aten_ops, aten_ops_method, profiled_aten_ops = aten_op_counts(model, call)
+    mean_s = sum(times) / len(times)
+    _say(args, f"counting the aten ops of one call ({'two calls' if model.capture == 'eager' else 'one call'}, each "
+               f"slower than a timed one's {mean_s:.2g} s) ...")  # fmt: skip
+    aten_ops, aten_ops_method, profiled_aten_ops = aten_op_counts(model, call, progress)
     if plat.device_type == "cuda":  # kernel launches and busy time exist only on the GPU
         _say(args, "device activity of one call (profiler) ...")
     kernel_launches, busy = harness.device_activity(call, plat)
@@ -182,7 +202,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if measured.end_to_end is not None:
         _say(args, f"end to end: {end_to_end_runs} run(s) from observation dicts (+ host validation, tokenization) ...")
         end_to_end = harness.time_calls(measured.end_to_end, warmup=1, runs=end_to_end_runs,
-                                        synchronize=plat.synchronize, progress=False)  # fmt: skip
+                                        synchronize=plat.synchronize, progress=progress, desc="end to end")  # fmt: skip
         end_to_end_p50_ms = harness.summarize(end_to_end)["p50_ms"]
 
     stages: dict[str, Any] = {}
@@ -219,6 +239,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"reference fallbacks of fused ops: {_fallback_text(reference_fallbacks)}")
     if stages:
         print("stages: " + ", ".join(f"{k[6:-3]} {v:.2f} ms" for k, v in stages.items() if k.endswith("_ms")))
+    if model.threads_line is not None:
+        print(model.threads_line)
     print(f"wrote {path}")
     return 0
 
@@ -239,7 +261,7 @@ def stage_split(stage_fns: dict[str, Any], warmup: int, runs: int, plat, progres
 
 def _progress(args: argparse.Namespace) -> bool:
     """Progress bars only on an interactive terminal, unless --no-progress."""
-    return not args.no_progress and sys.stderr.isatty()
+    return show_progress(args.no_progress)
 
 
 def _bench_line(r: dict[str, Any]) -> str:

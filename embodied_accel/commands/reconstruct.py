@@ -59,7 +59,8 @@ def add_reconstruct_parser(commands, backend_names, dtype_names) -> argparse.Arg
     p = commands.add_parser("reconstruct", help="3-D reconstruction of a folder of images with VGGT")
     p.add_argument("images", nargs="?", type=Path, metavar="IMAGES_DIR",
                    help="folder with the frames of one scene (default: the bundled sample, with --model)")  # fmt: skip
-    p.add_argument("-o", "--output", type=Path, default=Path("scene.ply"), help="point cloud .ply (default: scene.ply)")
+    p.add_argument("-o", "--output", type=Path, default=Path("results/scene.ply"),
+                   help="point cloud .ply, its other outputs beside it (default: results/scene.ply)")  # fmt: skip
     source = p.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, metavar="PATH",
                         help="VGGT weights: model.pt, a .safetensors file, or a directory holding one")  # fmt: skip

@@ -14,6 +14,7 @@ import logging
 from pathlib import Path
 
 from ..cache import load_cache_config
+from ..extras import require_extras
 from ..models.hunyuan3d.config import PRESETS
 from ..models.hunyuan3d.mesh import MARCHING_CUBES_METHODS, MESH_FORMATS, _skimage_measure, export_mesh, load_mesh
 from ..models.hunyuan3d.volume import MAX_OCTREE_RESOLUTION, MIN_OCTREE_RESOLUTION
@@ -32,8 +33,8 @@ def add_shape_parser(commands, backend_names, capture_modes) -> argparse.Argumen
     p = commands.add_parser("shape", help="image → 3-D mesh with Hunyuan3D-2 (shape generation)")
     p.add_argument("image", nargs="?", type=Path, metavar="IMAGE",
                    help="input image (.png with alpha: the alpha is the foreground mask); default: the bundled sample")  # fmt: skip
-    p.add_argument("-o", "--output", type=Path, default=Path("mesh.glb"),
-                   help=f"mesh file, format by suffix: {' '.join(MESH_FORMATS)} (default: mesh.glb)")  # fmt: skip
+    p.add_argument("-o", "--output", type=Path, default=Path("results/mesh.glb"),
+                   help=f"mesh file, format by suffix: {' '.join(MESH_FORMATS)} (default: results/mesh.glb)")  # fmt: skip
     source = p.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, metavar="DIR",
                         help="a Hunyuan3D-2 model directory (config.yaml + model.fp16.safetensors), e.g. hunyuan3d-dit-v2-0")  # fmt: skip
@@ -121,6 +122,7 @@ def run_shape(args: argparse.Namespace, print_fn=print) -> int:
     from ..pipelines.shape import STAGES, ShapeSettings, load_shape_pipeline
 
     _check(args)
+    require_extras("shape --texture" if args.texture else "shape", "shape", *(("texture",) if args.texture else ()))
     cache = load_cache_config(args.cache) if args.cache is not None else None
     sweep_configs = None
     if args.sweep_cache is not None:  # settings and the chart's library checked before any work

@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from ..extras import require_extras
 from ..models.hunyuan3d_paint.config import TEXTURE_PRESETS
 from ..runtime import CAPTURE_MODES
 from .preview import add_preview_option
@@ -61,8 +62,8 @@ def add_texture_parser(commands, backend_names) -> argparse.ArgumentParser:
     p.add_argument("image", nargs="?", type=Path, metavar="IMAGE",
                    help="the object's image (.png with alpha: the alpha is the foreground); default: the bundled "
                         "sample (random-weight presets only)")  # fmt: skip
-    p.add_argument("-o", "--output", type=Path, default=Path("textured.glb"),
-                   help="textured mesh, by suffix: .glb, or .obj (+ .mtl + .png) (default: textured.glb)")  # fmt: skip
+    p.add_argument("-o", "--output", type=Path, default=Path("results/textured.glb"),
+                   help="textured mesh, by suffix: .glb, or .obj (+ .mtl + .png) (default: results/textured.glb)")  # fmt: skip
     source = p.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", type=Path, metavar="DIR",
                         help="the folder holding hunyuan3d-delight-v2-0 and hunyuan3d-paint-v2-0[-turbo] (a local "
@@ -168,6 +169,7 @@ def run_texture(args: argparse.Namespace, print_fn=print) -> int:
     from ..pipelines.texture import sample_mesh
 
     check_texture_args(args)
+    require_extras("texture", "texture")  # all at once, before the models load
     if args.checkpoint is not None and not args.checkpoint.is_dir():
         raise ValueError(f"--checkpoint {args.checkpoint}: not a directory (expected the folder holding "
                          "hunyuan3d-delight-v2-0 and hunyuan3d-paint-v2-0)")  # fmt: skip

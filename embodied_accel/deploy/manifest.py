@@ -116,6 +116,8 @@ class Manifest:
     graphs: tuple[GraphSpec, ...]
     call: dict[str, Any] = field(default_factory=dict)
     exported_with: dict[str, str] = field(default_factory=dict)
+    #: Whether the exported weights were a preset's seeded random ones (None: an export that did not record it).
+    random_weights: bool | None = None
 
     def __post_init__(self) -> None:
         # JSON's own view of the call section (tuples become lists), so that a written and re-read manifest is equal
@@ -156,6 +158,7 @@ class Manifest:
             "graphs": [g.to_dict() for g in self.graphs],
             "call": self.call,
             "exported_with": self.exported_with,
+            **({} if self.random_weights is None else {"random_weights": self.random_weights}),
         }
 
     @classmethod
@@ -179,6 +182,9 @@ class Manifest:
         exported_with = data.get("exported_with", {})
         _require_mapping(exported_with, f"{where}.exported_with")
         opset = _field(data, "opset", int, where)
+        random_weights = data.get("random_weights")
+        if random_weights is not None and not isinstance(random_weights, bool):
+            raise ManifestError(f"{where}.random_weights: expected true or false, got {random_weights!r}")
         manifest = cls(
             family=_field(data, "family", str, where),
             model=_field(data, "model", str, where),
@@ -188,6 +194,7 @@ class Manifest:
             graphs=tuple(GraphSpec.from_dict(g, f"{where}.graphs[{i}]") for i, g in enumerate(graphs)),
             call=dict(call),
             exported_with={str(k): str(v) for k, v in exported_with.items()},
+            random_weights=random_weights,
         )
         seen: set[tuple[str, str]] = set()
         for i, graph in enumerate(manifest.graphs):

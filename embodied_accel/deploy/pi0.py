@@ -131,6 +131,7 @@ class OnnxPi0Policy:
     def __init__(self, graphs: ExportedGraphs):
         self.graphs = graphs
         manifest = graphs.manifest
+        self.random_weights = manifest.random_weights  # None: an export that did not record it
         call = manifest.call
         self.call = call
         self.batch = int(call["batch"])

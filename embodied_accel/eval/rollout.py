@@ -101,6 +101,7 @@ class RemotePolicy:
         from ..serve.client import PolicyClient
 
         self.clients = [PolicyClient(url) for _ in range(slots)]
+        self.metadata = self.clients[0].metadata  # what the server sent on connect (its cameras, state key, ...)
         self.pool = ThreadPoolExecutor(max_workers=slots)
 
     def __call__(self, observations: Sequence[dict], slots: Sequence[int]) -> list[np.ndarray]:

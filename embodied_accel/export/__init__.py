@@ -39,16 +39,20 @@ def _policy_family(source: str, parts, dtype, batch=1, num_steps=None, **options
 
     module = importlib.import_module(f"embodied_accel.export.{family_of(source).name}")
     policy = load_policy(source, backend="reference", device="cpu", dtype=dtype, progress=False, **options)
-    return module.describe(policy, batch=batch, parts=parts, num_steps=num_steps)
+    described = module.describe(policy, batch=batch, parts=parts, num_steps=num_steps)
+    described.random_weights = bool(policy.random_weights)
+    return described
 
 
 def _vggt_family(source: str, parts, dtype, batch=1, frames=(2,), image_hw=None, seed=0, **options) -> FamilyExport:
     from ..models.vggt.loading import load_vggt_model
     from . import vggt
 
-    model, _ = load_vggt_model(source, backend="reference", device="cpu", dtype=dtype, seed=seed, progress=False,
-                               **options)  # fmt: skip
-    return vggt.describe(model, str(source), batch=batch, frames=frames, image_hw=image_hw, parts=parts)
+    model, random_weights = load_vggt_model(source, backend="reference", device="cpu", dtype=dtype, seed=seed,
+                                            progress=False, **options)  # fmt: skip
+    described = vggt.describe(model, str(source), batch=batch, frames=frames, image_hw=image_hw, parts=parts)
+    described.random_weights = bool(random_weights)
+    return described
 
 
 def _shape_family(source: str, parts, dtype, num_steps=None, guidance=5.0, chunk=8000, seed=0) -> FamilyExport:
@@ -56,8 +60,10 @@ def _shape_family(source: str, parts, dtype, num_steps=None, guidance=5.0, chunk
     from . import hunyuan3d
 
     pipeline = load_shape_pipeline(source, backend="reference", device="cpu", dtype=dtype, seed=seed, progress=False)
-    return hunyuan3d.describe(pipeline.model, str(source), steps=num_steps, guidance=guidance, chunk=chunk,
-                              parts=parts)  # fmt: skip
+    described = hunyuan3d.describe(pipeline.model, str(source), steps=num_steps, guidance=guidance, chunk=chunk,
+                                   parts=parts)  # fmt: skip
+    described.random_weights = bool(pipeline.random_weights)
+    return described
 
 
 FAMILIES = {
@@ -68,14 +74,22 @@ FAMILIES = {
 }
 
 
+#: The folders of a Hunyuan3D-Paint checkpoint (texture models: not exportable).
+PAINT_FOLDERS = ("hunyuan3d-delight-v2-0", "hunyuan3d-paint-v2-0", "hunyuan3d-paint-v2-0-turbo")
+
+
 def family_of(source: str | Path) -> ExportFamily:
     """The family of a preset name or checkpoint (pi0 / pi0.5 and GR00T as :func:`embodied_accel.load_policy`
     recognizes them, VGGT and Hunyuan3D-2 by preset or by their files)."""
     from ..models.hunyuan3d.config import PRESETS as SHAPE_PRESETS
+    from ..models.hunyuan3d_paint.config import TEXTURE_PRESETS
     from ..models.vggt.config import PRESETS as VGGT_PRESETS
     from ..policies import family_of as policy_family_of
 
     text, path = str(source), Path(source)
+    if text in TEXTURE_PRESETS or any((path / name).is_dir() for name in PAINT_FOLDERS):
+        raise ExportError(f"{text}: a Hunyuan3D-Paint (texture) model, which has no ONNX export; export takes "
+                          "pi0 / pi0.5, GR00T, VGGT and Hunyuan3D-2 (shape) models")  # fmt: skip
     if text in VGGT_PRESETS:
         return FAMILIES["vggt"]
     if text in SHAPE_PRESETS or (path / "config.yaml").is_file():

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..argtypes import positive_float, positive_int
+from ..argtypes import RESULTS_DIR, positive_float, positive_int
 from .engine import DEFAULT_OPSET
+
+DEFAULT_MODEL = "pi0-tiny"
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -26,10 +28,12 @@ def _names(text: str) -> tuple[str, ...]:
 def add_export_parser(commands, parents=()) -> argparse.ArgumentParser:
     """Register ``export`` on ``commands`` (argparse sub-parsers); returns its parser."""
     p = commands.add_parser("export", parents=list(parents), help="export a model to ONNX (and TensorRT engines)")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", metavar="PRESET", help="a preset (seeded random weights), e.g. pi0-tiny")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--model", metavar="PRESET",
+                        help=f"a preset (seeded random weights), e.g. vggt-tiny (default: {DEFAULT_MODEL})")  # fmt: skip
     source.add_argument("--checkpoint", type=Path, metavar="DIR", help="a checkpoint of any family")
-    p.add_argument("-o", "--output", type=Path, required=True, metavar="OUT_DIR", help="the export directory")
+    p.add_argument("-o", "--output", type=Path, metavar="OUT_DIR",
+                   help=f"the export directory (default: {RESULTS_DIR}/export/<model>)")  # fmt: skip
     p.add_argument("--parts", type=_names, metavar="A,B", help="a subset of the family's graphs (default: all)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
                    help="the graphs' compute dtype (default: float32; TensorRT picks lower precisions itself)")
@@ -46,6 +50,7 @@ def add_export_parser(commands, parents=()) -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip the ONNX Runtime check against the eager model")
     p.add_argument("--tensorrt", choices=("fp32", "fp16", "bf16", "fp8"), metavar="PRECISION",
                    help="also build TensorRT engines: fp32, fp16, bf16 or fp8 (needs TensorRT and a GPU)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (export prints one line per graph)")
     p.set_defaults(handler=run_export)
     return p
 
@@ -65,8 +70,10 @@ def _options(args: argparse.Namespace, family: str) -> dict:
 def run_export(args: argparse.Namespace) -> int:
     from . import export_model, family_of
 
-    source = args.model or str(args.checkpoint)
+    source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
     family = family_of(source)
+    if args.output is None:
+        args.output = Path(RESULTS_DIR) / "export" / Path(source).name
     say = lambda line: print(line, flush=True)  # noqa: E731
     manifest = export_model(source, args.output, parts=args.parts, dtype=args.dtype, opset=args.opset,
                             verify=not args.no_verify, progress=say, **_options(args, family.name))  # fmt: skip
@@ -75,6 +82,9 @@ def run_export(args: argparse.Namespace) -> int:
         say(f"  {graph.file}: {len(graph.inputs)} inputs, {len(graph.outputs)} outputs; {error}")
     say(f"wrote {len(manifest.graphs)} graphs of {manifest.model} ({manifest.family}, opset {manifest.opset}) "
         f"and manifest.json to {args.output}")  # fmt: skip
+    if manifest.random_weights:
+        say(f"note: {source} has seeded random weights, not a trained model's: the export computes noise (the "
+            "manifest records random_weights); export a --checkpoint for real ones")  # fmt: skip
     if args.tensorrt:
         from .tensorrt import build_engines
 

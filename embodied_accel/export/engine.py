@@ -69,6 +69,8 @@ class FamilyExport:
     call: dict[str, Any] = field(default_factory=dict)
     #: Files copied into the export directory (name there → file here), e.g. the tokenizer.
     files: dict[str, Path] = field(default_factory=dict)
+    #: Whether the weights are a preset's seeded random ones (recorded in the manifest).
+    random_weights: bool | None = None
 
     @classmethod
     def of(cls, family: str, model: str, source: str, compute_dtype: torch.dtype,
@@ -241,6 +243,7 @@ def write_export(family: FamilyExport, directory: str | Path, opset: int = DEFAU
         graphs=tuple(specs),
         call=family.call,
         exported_with=_versions(),
+        random_weights=family.random_weights,
     )
     manifest.write(directory)
     return manifest

@@ -69,6 +69,8 @@ class LoadedModel:
     runtime: Any  # what the runtime properties are read from: a Policy or a pipeline (device, capture, ops, dtype)
     #: Seconds spent capturing graphs so far (graph modes), else None.
     capture_seconds: float | None = None
+    #: What the command chose for the CPU's intra-op threads (``runtime.threads``), else None.
+    threads_line: str | None = None
 
     @property
     def device(self):

@@ -40,6 +40,9 @@ def load_observation(path: Path) -> dict[str, Any]:
         raise CLIError(f"--observation {path}: no such file")
     suffix = path.suffix.lower()
     if suffix == ".npz":
+        if not zipfile.is_zipfile(path):  # numpy would read it as a pickle and say so
+            raise CLIError(f"--observation {path}: not a .npz archive (expected arrays saved with numpy.savez; the "
+                           f"file starts with {_head(path)})")  # fmt: skip
         try:
             with np.load(path, allow_pickle=False) as data:
                 arrays = {key: data[key] for key in data.files}
@@ -81,10 +84,23 @@ def load_noise(path: Path) -> np.ndarray:
         raise CLIError(f"--noise {path}: expected a .npy file")
     if not path.is_file():
         raise CLIError(f"--noise {path}: no such file")
+    if _head(path, 6, raw=True) != b"\x93NUMPY":
+        raise CLIError(f"--noise {path}: not a .npy array (expected one saved with numpy.save; the file starts with "
+                       f"{_head(path)})")  # fmt: skip
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as exc:
         raise CLIError(f"--noise {path}: not a readable .npy file ({exc})") from None
+
+
+def _head(path: Path, size: int = 16, raw: bool = False):
+    """The first ``size`` bytes of a file (``raw``), or them as a short repr for a message."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(size)
+    except OSError:
+        head = b""
+    return head if raw else repr(head)
 
 
 def save_actions(path: Path, actions: np.ndarray, meta: dict[str, Any]) -> None:
@@ -168,8 +184,14 @@ def load_policy_from_args(args: argparse.Namespace, num_views: int | None = None
         **extra,
         **rtc_option(args),
     )
-    logger.info("loaded %s in %.2f s", source, time.perf_counter() - start)
-    return policy, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    logger.info("loaded %s in %.2f s", source, seconds)
+    from ..runtime.threads import choose_cpu_threads
+
+    threads = choose_cpu_threads(policy.device, policy.num_parameters(), getattr(args, "threads", None))
+    if threads is not None:
+        logger.info("%s", " ".join(threads.split()))
+    return policy, seconds
 
 
 

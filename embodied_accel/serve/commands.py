@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import non_negative_float, positive_float, positive_int
+from ..argtypes import RESULTS_DIR, non_negative_float, positive_float, positive_int
 from .config import API_KEY_ENV, GR00T_PORT, LEROBOT_ASYNC_PORT, PROTOCOLS, ServeConfig
 from .keymap import KEYMAP_CHOICES, can_tokenize_text
 
@@ -273,7 +273,7 @@ def add_loadtest_options(
     group.add_argument(
         "--api-key", metavar="KEY", help=f"the --url server's API key (default: ${API_KEY_ENV} if set)"
     )
-    group.add_argument("--out-dir", type=Path, default=Path("bench/results"), help="default: bench/results")
+    group.add_argument("--out-dir", type=Path, default=Path(RESULTS_DIR), help=f"default: {RESULTS_DIR}/ (here)")
     group.add_argument("--no-write", action="store_true", help="print only, write no result file")
     group.add_argument("--note", help="free text stored in the result file")
 
@@ -437,23 +437,29 @@ def run_loadtest_command(
     args: argparse.Namespace, load_policy: Callable[[], Any], observation: dict[str, Any] | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the load test (starting an in-process server unless ``--url``); returns (stats, result record)."""
+    from ..progress import counter, show_progress, working
     from .loadtest import run_loadtest
 
+    progress = show_progress(args.no_progress)
+    total = args.clients * (args.warmup + args.requests)
     kwargs = {"clients": args.clients, "requests": args.requests, "warmup": args.warmup, "observation": observation}
     if args.url is not None:
         kwargs["api_key"] = api_key(args)
         try:
-            stats = run_loadtest(args.url, timeout_s=args.timeout_s, **kwargs)
+            with counter("loadtest requests", total, progress, unit="req") as bar:
+                stats = run_loadtest(args.url, timeout_s=args.timeout_s, on_reply=bar.update, **kwargs)
         except OSError as exc:
             raise ValueError(f"--url {args.url}: cannot reach the policy server ({exc})") from None
         return stats, loadtest_record(stats, args, in_process=False)
 
     from .server import PolicyServer, ServerThread
 
-    policy = load_policy()
+    with working("loadtest: building the policy", progress and getattr(args, "checkpoint", None) is None):
+        policy = load_policy()
     config = serve_config(args, host="127.0.0.1", port=0)
-    with ServerThread(PolicyServer(policy, config)) as running:
-        stats = run_loadtest(running.url, timeout_s=args.timeout_s, **kwargs)
+    with ServerThread(PolicyServer(policy, config)) as running, counter("loadtest requests", total, progress,
+                                                                        unit="req") as bar:  # fmt: skip
+        stats = run_loadtest(running.url, timeout_s=args.timeout_s, on_reply=bar.update, **kwargs)
     return stats, loadtest_record(stats, args, in_process=True)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +87,10 @@ async def _sample_rss(url: str, interval_s: float, samples: list[float], api_key
 class _Client:
     """One load-test connection; reconnects after an error."""
 
-    def __init__(self, url: str, observation: Mapping[str, Any], timeout_s: float, api_key: str | None) -> None:
+    def __init__(self, url: str, observation: Mapping[str, Any], timeout_s: float, api_key: str | None,
+                 on_reply: Callable[[], None] | None = None) -> None:  # fmt: skip
         self.url, self.observation, self.timeout_s, self.api_key = url, observation, timeout_s, api_key
+        self.on_reply = on_reply
         self.ws: Any = None
         self.errors: list[str] = []
         self.latencies_s: list[float] = []
@@ -114,6 +116,8 @@ class _Client:
             except (ConnectionClosed, OSError, TimeoutError, RuntimeError, ValueError) as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}"[:300])
                 await self.close()
+            if self.on_reply is not None:
+                self.on_reply()
 
     async def close(self) -> None:
         if self.ws is not None:
@@ -131,8 +135,10 @@ async def run_loadtest_async(
     timeout_s: float = 120.0,
     rss_interval_s: float = 1.0,
     api_key: str | None = None,
+    on_reply: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the load test against ``url``; returns the measured figures (see :func:`run_loadtest`)."""
+    """Run the load test against ``url``; returns the measured figures (see :func:`run_loadtest`). ``on_reply``:
+    called after each request (warm-up ones included) is answered or fails, e.g. to advance a progress bar."""
     if clients < 1 or requests < 1 or warmup < 0:
         raise ValueError(f"clients and requests must be >= 1 and warmup >= 0, got {clients}, {requests}, {warmup}")
     loop = asyncio.get_running_loop()
@@ -141,7 +147,7 @@ async def run_loadtest_async(
     observation = dict(observation) if observation is not None else sample_request(metadata)
     horizon, action_dim = metadata.get("action_horizon"), metadata.get("action_dim")
     expected = (int(horizon), int(action_dim)) if horizon and action_dim else None
-    pool = [_Client(url, observation, timeout_s, api_key) for _ in range(clients)]
+    pool = [_Client(url, observation, timeout_s, api_key, on_reply) for _ in range(clients)]
     try:
         await asyncio.gather(*(c.run(warmup, False, expected) for c in pool))
         before = await loop.run_in_executor(None, _read_metrics, url, api_key)

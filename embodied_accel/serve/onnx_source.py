@@ -4,8 +4,11 @@ instead of a loaded PyTorch policy. The server drives it through its ``infer_bat
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def add_onnx_options(parser: argparse.ArgumentParser) -> None:
@@ -29,4 +32,7 @@ def onnx_policy(args: argparse.Namespace) -> Any | None:
     if not hasattr(policy, "infer_batch"):
         family = policy.graphs.manifest.family
         raise ValueError(f"--onnx {directory}: a {family} export is not a policy; serve takes pi0 / pi0.5 exports")
+    if policy.random_weights:  # as a preset's own load warns
+        logger.warning("%s: an export of seeded random weights (%s), not a trained policy", directory,
+                       policy.graphs.manifest.model)  # fmt: skip
     return policy

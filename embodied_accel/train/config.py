@@ -128,6 +128,10 @@ class TrainSettings:
         if len(tuple(self.betas)) != 2:
             raise ValueError(f"betas: expected two numbers, got {self.betas!r}")
         self.optimizer()  # validates the numbers
+        if self.device is not None:
+            from ..platform import available_device
+
+            available_device(self.device)  # before the sample dataset is written or a model built
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -82,7 +82,9 @@ def init_distributed(device: str | torch.device | None = None, environ: MutableM
     world_size = int(environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(environ.get("RANK", "0")), int(environ.get("LOCAL_RANK", "0"))
     plat = platform_mod.detect()
-    device_type = torch.device(device).type if device is not None else plat.device_type
+    if device is not None:
+        device = platform_mod.available_device(device)  # one line naming the device, not torch's first-use error
+    device_type = device.type if device is not None else plat.device_type
     configure_allocator(device_type, environ)
     if device is None:
         device = torch.device("cpu") if device_type == "cpu" else torch.device(device_type, local_rank)
