@@ -191,7 +191,7 @@ def test_loadtest_shows_its_requests_on_a_terminal_only(capsys, monkeypatch, fla
     assert code == 0
     text = terminal.buffer.getvalue()
     assert "1 client(s) x 2 request(s)" in text  # the phase line, in logs too
-    assert ("loadtest requests" in text and "2/2" in text) == shown
+    assert ("loadtest requests" in text and "/2 [" in text) == shown  # the bar and its total (redraws are throttled)
     assert ("building the policy" in text) == shown
 
 
@@ -346,8 +346,14 @@ def test_eval_libero_has_a_default_suite_and_the_help_says_what_eval_needs(capsy
 def test_the_readme_lists_every_command_and_how_to_install_openpi_client():
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    repo = Path(__file__).resolve().parents[1]
+    readme = (repo / "README.md").read_text(encoding="utf-8")
+    for command in ("run", "serve", "train", "eval libero", "reconstruct", "shape", "texture", "export"):
+        assert f"| `embodied-accel {command}`" in readme, command
+    for command in ("info", "bench", "profile", "loadtest"):  # in the README's rows of several commands
+        assert f" / `{command}`" in readme, command
+    commands = (repo / "docs" / "commands.md").read_text(encoding="utf-8")
     for command in ("run", "info", "bench", "profile", "serve", "train", "eval libero", "reconstruct", "shape",
                     "texture", "export"):  # fmt: skip
-        assert f"| `embodied-accel {command}`" in text, command
-    assert "pip install --no-deps openpi-client==0.1.2" in text
+        assert f"| `embodied-accel {command}`" in commands, command
+    assert "pip install --no-deps openpi-client==0.1.2" in (repo / "docs" / "serving.md").read_text(encoding="utf-8")
