@@ -137,8 +137,9 @@ def triton_linear(x_q, x_scale, weight_q_t, weight_scale, bias, out_dtype):
 
 
 def int_mm_linear(x_q, x_scale, weight_q_t, weight_scale, bias, out_dtype):
-    """``torch._int_mm`` (int32 accumulation) and the epilogue in one pass of torch ops in the reference's fp32
-    order (``torch.compile`` fuses them into one kernel; eagerly they are elementwise passes over ``[M, N]``)."""
+    """``torch._int_mm`` (int32 accumulation) and the epilogue as in-place torch ops in the reference's fp32 order:
+    elementwise passes over the fp32 ``[M, N]`` result, then the cast (not fused into one kernel: the custom op is
+    opaque to ``torch.compile``)."""
     out = torch._int_mm(x_q, weight_q_t).float().mul_(x_scale[:, None]).mul_(weight_scale[None, :])
     if bias is not None:
         out = out.add_(bias.float())
