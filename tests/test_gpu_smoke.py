@@ -142,3 +142,21 @@ def test_every_test_that_compiles_carries_the_compile_mark():
                 if "parametrize" in text and bare > covered and not marked:
                     unmarked.append(f"{path.name}::{node.name} (parameter)")
     assert not unmarked, f"tests that compile without @pytest.mark.compile: {unmarked}"
+
+
+def test_followup_int8_gemm_step_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "tools" / "gpu_followup.sh"), "--cpu", str(out), "int8-gemm"],
+                          cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = (out / "summary.txt").read_text()
+    assert re.search(r"^int8-gemm: ok in ", summary, re.MULTILINE), summary
+    (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert record["kind"] == "int8_gemm" and SAFE_NAME.fullmatch(record["file"])
+    rows = record["rows"]
+    models = {r["model"] for r in rows} | {same.split()[0] for r in rows for same in r["same_shape"]}
+    assert models == {"pi0-tiny", "pi05-tiny", "groot-tiny"}
+    assert {r["batch"] for r in rows} == {1, 8}
+    for row in rows:  # _int_mm timed exactly where it takes the shape, the Triton kernel everywhere
+        assert row["triton_ms"] > 0 and row["bf16_mm_ms"] > 0
+        assert (row["int_mm_ms"] is None) == (row["int_mm_refused"] is not None) == (row["chosen"] == "triton")

@@ -55,6 +55,11 @@ def test_every_kernel_compiles_at_model_shapes(tmp_path, arch, dtypes):
     assert any("SPLIT=False" in c and "HEAD_DIM=256" in c for c in attention), attention
     assert any("SPLIT=True" in c and "HEAD_DIM=256" in c for c in attention), attention
     assert any("HEAD_DIM=128" in c for c in attention), attention
+    # the int8 GEMM at every tile configuration of its plan (int8_gemm.TILE_PLAN's BLOCK_M values; not imported
+    # here, where TRITON_INTERPRET is not settled yet; the tool runs it at row counts that reach each one)
+    int8_tiles = {c.split("BLOCK_M=")[1].split(",")[0] for c in (v["constants"] for v in variants)
+                  if "BLOCK_M=" in c and "RAW=" in c}  # fmt: skip
+    assert int8_tiles == {"16", "32", "64", "128"}, int8_tiles
     for v in variants:
         assert v["arch"] == arch and v["cubin_bytes"] > 0 and v["problems"] == [], v
         assert v["registers"] is not None and 0 < v["registers"] <= 255, v

@@ -303,11 +303,14 @@ def op_launches(dtype: torch.dtype, batch: int, seq: int = 51, arch: int = 90) -
     # W8A8 (VGGT's plan): the aggregator MLPs at full width, ``batch`` frames of 1041 tokens (518x392 crops)
     from embodied_accel.ops.cuda import int8_gemm
 
-    tokens = batch * 1041
-    for fan_in, fan_out in ((1024, 4096), (4096, 1024)):
-        x_q = torch.randint(-127, 128, (tokens, fan_in), dtype=torch.int8)
-        w_q = torch.randint(-127, 128, (fan_out, fan_in), dtype=torch.int8).t()
-        int8_gemm.int8_linear(x_q, torch.rand(tokens), w_q, torch.rand(fan_out), torch.randn(fan_out, dtype=dtype), dtype)
+    # on the Triton kernel itself (cuBLAS's _int_mm takes these shapes on a GPU), and at row counts that reach every
+    # tile configuration of its plan (1 / 50 / 200 / 1041 tokens per batch row)
+    for tokens in (batch, batch * 50, batch * 200, batch * 1041):
+        for fan_in, fan_out in ((1024, 4096), (4096, 1024)):
+            x_q = torch.randint(-127, 128, (tokens, fan_in), dtype=torch.int8)
+            w_q = torch.randint(-127, 128, (fan_out, fan_in), dtype=torch.int8).t()
+            int8_gemm.triton_linear(x_q, torch.rand(tokens), w_q, torch.rand(fan_out),
+                                    torch.randn(fan_out, dtype=dtype), dtype)  # fmt: skip
     # the attention kernel without key splits at pi0's prefix shape (816 tokens, 8 query heads of 256 over one K/V
     # head): at batch 1 the automatic plan splits every pi0 / GR00T pass (their row blocks leave SMs idle)
     from embodied_accel.ops.cuda import attention

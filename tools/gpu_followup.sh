@@ -20,13 +20,14 @@
 #   groot-compile              GR00T N1.6 eager, compile and compile+cudagraph
 #   buckets MODEL              pi0 / pi05 / groot eager and CUDA graph over every shape bucket (1-3 views x batch 1, 8)
 #   train [PRESET]             full-size pi0.5 (or pi0) training steps: samples/s and peak memory per batch size
+#   int8-gemm                  the W8A8 int8 GEMM's paths (_int_mm, Triton) and bf16 mm at the models' linear shapes
 #   tests                      every test with the GPU visible (the whole suite; kernels, GPU and compile tests)
 # --cpu runs the step on the tiny presets (graphs through the CPU replay stand-in), to check the script anywhere.
 set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,24p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile buckets train tests)" "$@"
+gpu_arguments '2,25p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile buckets train int8-gemm tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
@@ -125,6 +126,11 @@ case $STEP in
         fi
         gpu_step train 520 "$FIGURES" "$PY" tools/bench_train_gpu.py "${TRAIN[@]}" --out "$RESULTS"
         ;;
+    int8-gemm)
+        INT8=()
+        [ "$CPU_MODE" = 1 ] && INT8=(--cpu)
+        gpu_step int8-gemm 300 ' ms|wrote' "$PY" tools/int8_gemm_gpu_bench.py "${INT8[@]}" "$RESULTS"
+        ;;
     tests)
         if [ "$CPU_MODE" = 1 ]; then
             gpu_pytest tests 520 "gpu"
@@ -133,7 +139,7 @@ case $STEP in
         fi
         ;;
     *)
-        echo "unknown step $STEP (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile buckets train tests)" >&2
+        echo "unknown step $STEP (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile buckets train int8-gemm tests)" >&2
         exit 2
         ;;
 esac
