@@ -26,6 +26,15 @@ def _single_thread():
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test, whatever an earlier test left; the count before is restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _fp32_without_tf32():
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32

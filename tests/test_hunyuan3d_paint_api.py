@@ -42,12 +42,7 @@ UNET_OPTIONS = FIXTURES / "hunyuan3d_paint_models" / "unet-options-tiny"
 UNET = fp32_tolerance(60, 576)  # 1.1e-5; measured 1.1e-6
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,7 @@ from embodied_accel.pipelines.texture import sample_mesh
 Image = pytest.importorskip("PIL.Image")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def assert_not_blank(image: np.ndarray, min_foreground: float = 0.05) -> None:

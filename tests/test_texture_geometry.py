@@ -21,12 +21,7 @@ CAMERAS = [Camera(e, a) for e, a in zip([0, 0, 0, 0, 90, -90], [0, 90, 180, 270,
 MAP_TOLERANCE = 1e-6
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _load(name: str) -> dict[str, np.ndarray]:
