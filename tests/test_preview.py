@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from embodied_accel import cli
 from embodied_accel.geometry.preview import BACKGROUND, render_mesh_grid, render_point_cloud
