@@ -12,7 +12,7 @@ PACKAGE = Path(embodied_accel.__file__).resolve().parent
 
 #: Bottom to top, as docs/architecture.md draws them. Packages of one layer may import each other (no circle).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("platform", "errors", "argtypes", "plans", "__version__"),
+    ("platform", "errors", "argtypes", "plans", "extras", "progress", "__version__"),
     ("ops",),
     ("nn",),
     ("data", "geometry"),
