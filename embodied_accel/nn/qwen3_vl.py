@@ -227,7 +227,9 @@ def image_layout(image_grid_thw, spatial_merge_size: int, device=None) -> ImageL
                        tensor([w // m for _, _, w in grids]))  # fmt: skip
 
 
-def mrope_positions(input_ids: torch.Tensor, valid: torch.Tensor, layout: ImageLayout, image_token_id: int) -> torch.Tensor:
+def mrope_positions(
+    input_ids: torch.Tensor, valid: torch.Tensor, layout: ImageLayout, image_token_id: int
+) -> torch.Tensor:
     """``[3, B, L]`` int64 (t, h, w) positions; see :func:`position_ids`. Tensor ops only (no host sync)."""
     batch, length = input_ids.shape
     is_image = (input_ids == image_token_id) & valid
@@ -338,10 +340,13 @@ class Qwen3VLBackbone(nn.Module):
     ``forward(input_ids [B, L], attention_mask [B, L], pixel_values [N, C*T*P*P], buffers) -> [B, L, hidden]``.
     """
 
-    def __init__(self, config: Qwen3VLConfig, ops: OpSet, select_layer: int, compute_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, config: Qwen3VLConfig, ops: OpSet, select_layer: int, compute_dtype: torch.dtype = torch.float32
+    ):
         super().__init__()
         config.validate()
-        if isinstance(select_layer, bool) or not isinstance(select_layer, int) or not 1 <= select_layer <= config.num_layers:
+        is_int = isinstance(select_layer, int) and not isinstance(select_layer, bool)
+        if not is_int or not 1 <= select_layer <= config.num_layers:
             raise ValueError(f"select_layer {select_layer!r}: expected 1 .. {config.num_layers} (the text layers kept)")
         self.config, self.ops, self.select_layer, self.compute_dtype = config, ops, select_layer, compute_dtype
         self.text_config = config.text(select_layer)
@@ -378,7 +383,8 @@ class Qwen3VLBackbone(nn.Module):
         """A ValueError naming the field unless the inputs form one valid call (on the host: call it before the
         forward, not inside a captured graph)."""
         cfg = self.config
-        for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask), ("pixel_values", pixel_values)):
+        named = (("input_ids", input_ids), ("attention_mask", attention_mask), ("pixel_values", pixel_values))
+        for name, value in named:
             if not isinstance(value, torch.Tensor):
                 raise ValueError(f"{name}: expected a tensor, got {type(value).__name__}")
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
@@ -424,8 +430,9 @@ class Qwen3VLBackbone(nn.Module):
             raise ValueError(f"input_ids: shape {list(input_ids.shape)}, but the buffers are for "
                              f"[{buffers.batch}, {buffers.seq_len}]")  # fmt: skip
         if pixel_values.shape[0] != buffers.vision.num_patches:
+            grids = [list(g) for g in buffers.image_grid_thw]
             raise ValueError(f"pixel_values: {pixel_values.shape[0]} patches, but the buffers are for image_grid_thw "
-                             f"{[list(g) for g in buffers.image_grid_thw]} ({buffers.vision.num_patches} patches)")  # fmt: skip
+                             f"{grids} ({buffers.vision.num_patches} patches)")  # fmt: skip
 
     # ------------------------------------------------------------------ forward
 
@@ -515,7 +522,8 @@ class Qwen3VLBackbone(nn.Module):
             add(f"{ours_l}.qkv.weight_t", [f"{theirs}.self_attn.{p}_proj.weight" for p in "qkv"], "cat_t",
                 (d, q_rows + 2 * kv_rows), [(q_rows, d), (kv_rows, d), (kv_rows, d)], (q_rows, kv_rows, kv_rows))
             add(f"{ours_l}.qk_norm_weight", [f"{theirs}.self_attn.q_norm.weight", f"{theirs}.self_attn.k_norm.weight"],
-                "repeat_rows", (cfg.num_heads + cfg.num_kv_heads, dh), [(dh,), (dh,)], (cfg.num_heads, cfg.num_kv_heads))
+                "repeat_rows", (cfg.num_heads + cfg.num_kv_heads, dh), [(dh,), (dh,)],
+                (cfg.num_heads, cfg.num_kv_heads))
             linear(f"{ours_l}.o", f"{theirs}.self_attn.o_proj", q_rows, d, bias=False)
             add(f"{ours_l}.post_attention_norm_weight", [f"{theirs}.post_attention_layernorm.weight"], "copy", (d,),
                 [(d,)])
@@ -524,7 +532,9 @@ class Qwen3VLBackbone(nn.Module):
             linear(f"{ours_l}.down", f"{theirs}.mlp.down_proj", cfg.intermediate_size, d, bias=False)
         return entries  # fmt: skip
 
-    def checkpoint_entries(self, prefix: str = "backbone.model.", ours: str = "") -> dict[str, tuple[str, tuple[int, ...]]]:
+    def checkpoint_entries(
+        self, prefix: str = "backbone.model.", ours: str = ""
+    ) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Checkpoint key → (our parameter, the shape the checkpoint stores it in), for every tensor read; fused
         parameters (q/k/v, gate/up, q/k norms) appear once per source."""
         return {key: (entry.target, shape) for entry in self.weight_entries(prefix, ours)
