@@ -15,6 +15,7 @@ import torch
 from conftest import FIXTURES
 from safetensors.torch import load_file, save_file
 from tolerances import fp32_tolerance, scaled_error
+from triton_setup import DEVICE, GPU, requires_triton  # sets TRITON_INTERPRET on a machine without a GPU
 
 from embodied_accel.errors import CheckpointError
 from embodied_accel.models.loading import Rule, load_into, open_safetensors
@@ -38,12 +39,12 @@ STAGES, REDUCTION = 7, 128
 TOLERANCE = fp32_tolerance(STAGES, REDUCTION)
 
 
-def load_backbone(select_layer: int = SELECT, path=FIXTURE / "model.safetensors") -> Qwen3VLBackbone:
+def load_backbone(select_layer: int = SELECT, path=FIXTURE / "model.safetensors", ops=None, device="cpu"):
     """The backbone built on ``meta`` and loaded strictly through its checkpoint entries."""
     with torch.device("meta"):
-        backbone = Qwen3VLBackbone(CONFIG, get_ops("reference"), select_layer)
+        backbone = Qwen3VLBackbone(CONFIG, ops or get_ops("reference"), select_layer)
     rules = [Rule(**entry.as_rule_fields()) for entry in backbone.weight_entries(META["checkpoint_prefix"])]
-    load_into(backbone, open_safetensors(path), rules, heading="qwen3-vl fixture does not match:", device="cpu",
+    load_into(backbone, open_safetensors(path), rules, heading="qwen3-vl fixture does not match:", device=device,
               dtype=torch.float32, ignored=backbone.unused_checkpoint_prefixes(META["checkpoint_prefix"]),
               progress=False)  # fmt: skip
     return backbone
@@ -64,9 +65,9 @@ def outputs() -> dict[str, torch.Tensor]:
     return load_file(FIXTURE / "outputs.safetensors")
 
 
-def run(backbone: Qwen3VLBackbone, inputs, buffers=None) -> torch.Tensor:
+def run(backbone: Qwen3VLBackbone, inputs, buffers=None, device="cpu") -> torch.Tensor:
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
-    buffers = buffers or backbone.build_buffers(inputs["image_grid_thw"], *ids.shape, "cpu")
+    buffers = buffers or backbone.build_buffers(inputs["image_grid_thw"], *ids.shape, device)
     with torch.no_grad():
         return backbone(ids, mask, inputs["pixel_values"], buffers)
 
@@ -128,6 +129,20 @@ def test_bound_catches_one_layer_too_few_and_the_final_norm(backbone, inputs, ou
     assert valid_error(run(load_backbone(SELECT - 1), inputs), inputs, outputs["features"]) > 10 * TOLERANCE
     # the wrapper's output is the last kept layer before the final norm, which the fixture also holds
     assert valid_error(outputs["final_normed"], inputs, outputs["features"]) > 10 * TOLERANCE
+
+
+@requires_triton
+@pytest.mark.kernels
+def test_cuda_backend_matches_upstream_with_no_fallback(inputs, outputs):
+    """The fused kernels (rope on the vision QKV, q/k-norm + RoPE, attention): on the GPU where there is one, else
+    under the Triton interpreter."""
+    from embodied_accel.ops import fallbacks
+
+    backbone = load_backbone(ops=get_ops("cuda", GPU), device=DEVICE)
+    with fallbacks.counting() as seen:
+        ours = run(backbone, {name: tensor.to(DEVICE) for name, tensor in inputs.items()}, device=DEVICE)
+    assert seen == {}, seen
+    assert valid_error(ours.cpu(), inputs, outputs["features"]) < TOLERANCE
 
 
 def test_compiled_forward_equals_eager(backbone, inputs):
