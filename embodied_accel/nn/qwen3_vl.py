@@ -404,6 +404,8 @@ class Qwen3VLBackbone(nn.Module):
             raise ValueError(f"pixel_values: expected floating point, got {pixel_values.dtype}")
         valid = attention_mask.to(torch.bool)
         is_image = input_ids == cfg.image_token_id
+        if bool((input_ids == cfg.video_token_id).any()):
+            raise ValueError(f"input_ids: video token {cfg.video_token_id} found; the backbone takes images only")
         if bool((is_image & ~valid).any()):
             raise ValueError(f"input_ids: image token {cfg.image_token_id} at a padded position (attention_mask 0)")
         expected = [t * h * w // cfg.spatial_merge_size**2 for t, h, w in grids]
