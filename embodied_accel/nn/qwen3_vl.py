@@ -409,16 +409,12 @@ class Qwen3VLBackbone(nn.Module):
         if bool((is_image & ~valid).any()):
             raise ValueError(f"input_ids: image token {cfg.image_token_id} at a padded position (attention_mask 0)")
         expected = [t * h * w // cfg.spatial_merge_size**2 for t, h, w in grids]
-        runs = []  # (row, start, length) of each run of image tokens, in order over the batch
-        for row, tokens in enumerate(is_image.tolist()):
-            for i, flag in enumerate(tokens):
-                if flag and (i == 0 or not tokens[i - 1]):
-                    runs.append([row, i, 0])
-                if flag:
-                    runs[-1][2] += 1
-        ids = input_ids.tolist()
+        # runs of image tokens, in order over the batch: where each starts (row, column) and ends (column)
+        starts = (is_image & ~F.pad(is_image[:, :-1], (1, 0), value=False)).nonzero().tolist()
+        ends = (is_image & ~F.pad(is_image[:, 1:], (0, 1), value=False)).nonzero()[:, 1].tolist()
+        runs = [(row, start, end - start + 1) for (row, start), end in zip(starts, ends, strict=True)]
         for row, start, _ in runs:
-            if start == 0 or ids[row][start - 1] != cfg.vision_start_token_id:
+            if start == 0 or int(input_ids[row, start - 1]) != cfg.vision_start_token_id:
                 raise ValueError(f"input_ids row {row}: the image tokens at {start} do not follow a vision-start "
                                  f"token ({cfg.vision_start_token_id})")  # fmt: skip
         if [n for _, _, n in runs] != expected:
