@@ -237,6 +237,9 @@ def test_select_layer_and_buffers_are_checked(backbone, inputs):
     buffers = backbone.build_buffers(inputs["image_grid_thw"], 2, 20, "cpu")
     with pytest.raises(ValueError, match=r"input_ids: shape \[2, 24\], but the buffers are for \[2, 20\]"):
         backbone.check_buffers(inputs["input_ids"], inputs["pixel_values"], buffers)
+    swapped = inputs["image_grid_thw"][[0, 2, 1]]
+    with pytest.raises(ValueError, match=r"image_grid_thw \[\[2, 4, 6\], \[1, 4, 4\], \[1, 6, 4\]\], but the buffers"):
+        backbone.check_buffers(inputs["input_ids"], inputs["pixel_values"], buffers, swapped)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -186,10 +186,10 @@ def _ints(d: dict, where: str, name: str, length: int | None = None, minimum: in
     return tuple(value)
 
 
-#: Cosmos-Reason2-2B (= Qwen3-VL-2B's architecture), from its ``config.json`` as transformers 4.57 reads it: text
-#: 28 layers x 2048, 16 heads / 8 KV heads of 128, SwiGLU 6144, RoPE theta 5e6 with mrope sections (24, 20, 20),
-#: vocab 151936; vision 24 blocks x 1024, 16 heads, MLP 4096, patch 16, temporal patch 2, merge 2, 48 x 48 position
-#: table, deep-stack after blocks 5, 11, 17.
+#: Cosmos-Reason2-2B, which has Qwen3-VL-2B's architecture (the values of that model's public ``config.json``; GR00T
+#: N1.7's config asks for a 2048-wide backbone): text 28 layers x 2048 (Qwen3-1.7B's layout), 16 heads / 8 KV heads
+#: of 128, SwiGLU 6144, RoPE theta 5e6 with mrope sections (24, 20, 20), vocab 151936; vision 24 blocks x 1024, 16
+#: heads, MLP 4096, patch 16, temporal patch 2, merge 2, 48 x 48 position table, deep-stack after blocks 5, 11, 17.
 COSMOS_REASON2_2B = Qwen3VLConfig(
     hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144,
     vocab_size=151936,
@@ -422,8 +422,13 @@ class Qwen3VLBackbone(nn.Module):
                              f"do not match the images of image_grid_thw {[list(g) for g in grids]}, which need "
                              f"{expected} tokens each")  # fmt: skip
 
-    def check_buffers(self, input_ids: torch.Tensor, pixel_values: torch.Tensor, buffers: Qwen3VLBuffers) -> None:
-        """A ValueError unless ``buffers`` were built for this call's shapes."""
+    def check_buffers(
+        self, input_ids: torch.Tensor, pixel_values: torch.Tensor, buffers: Qwen3VLBuffers, image_grid_thw=None
+    ) -> None:
+        """A ValueError unless ``buffers`` were built for this call's shapes (and ``image_grid_thw``, if given)."""
+        if image_grid_thw is not None and check_grids(self.config.vision, image_grid_thw) != buffers.image_grid_thw:
+            raise ValueError(f"image_grid_thw {[list(g) for g in check_grids(self.config.vision, image_grid_thw)]}, "
+                             f"but the buffers are for {[list(g) for g in buffers.image_grid_thw]}")  # fmt: skip
         if tuple(input_ids.shape) != (buffers.batch, buffers.seq_len):
             raise ValueError(f"input_ids: shape {list(input_ids.shape)}, but the buffers are for "
                              f"[{buffers.batch}, {buffers.seq_len}]")  # fmt: skip
