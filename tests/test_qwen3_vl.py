@@ -246,7 +246,7 @@ def test_select_layer_and_buffers_are_checked(backbone, inputs):
 # Configs
 # ---------------------------------------------------------------------------------------------------------------
 
-#: The architecture fields of Cosmos-Reason2-2B's (Qwen3-VL-2B's) config.json.
+#: The architecture fields of Cosmos-Reason2-2B's config.json (as LeRobot 0.6.1's GR00T N1.7 port bundles it).
 COSMOS_CONFIG_JSON = {
     "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
     "text_config": {

@@ -186,10 +186,10 @@ def _ints(d: dict, where: str, name: str, length: int | None = None, minimum: in
     return tuple(value)
 
 
-#: Cosmos-Reason2-2B, which has Qwen3-VL-2B's architecture (the values of that model's public ``config.json``; GR00T
-#: N1.7's config asks for a 2048-wide backbone): text 28 layers x 2048 (Qwen3-1.7B's layout), 16 heads / 8 KV heads
-#: of 128, SwiGLU 6144, RoPE theta 5e6 with mrope sections (24, 20, 20), vocab 151936; vision 24 blocks x 1024, 16
-#: heads, MLP 4096, patch 16, temporal patch 2, merge 2, 48 x 48 position table, deep-stack after blocks 5, 11, 17.
+#: Cosmos-Reason2-2B (Qwen3-VL-2B's architecture), as the ``config.json`` that LeRobot 0.6.1's GR00T N1.7 port
+#: bundles for it: text 28 layers x 2048, 16 heads / 8 KV heads of 128, SwiGLU 6144, RoPE theta 5e6 with mrope
+#: sections (24, 20, 20), vocab 151936; vision 24 blocks x 1024, 16 heads, MLP 4096, patch 16, temporal patch 2,
+#: merge 2, 48 x 48 position table, deep-stack after blocks 5, 11, 17.
 COSMOS_REASON2_2B = Qwen3VLConfig(
     hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144,
     vocab_size=151936,
