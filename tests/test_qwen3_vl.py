@@ -8,6 +8,7 @@ two frames in row 0 and two images of different grids (one of them with the firs
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import pytest
@@ -87,6 +88,60 @@ def test_position_ids_equal_upstream(inputs, outputs):
     ours = position_ids(inputs["input_ids"], inputs["image_grid_thw"], inputs["attention_mask"],
                         image_token_id=CONFIG.image_token_id, spatial_merge_size=CONFIG.spatial_merge_size)  # fmt: skip
     assert torch.equal(ours, outputs["position_ids"])
+
+
+def loop_positions(ids: list[int], valid: list[bool], grids: list[tuple[int, int, int]], merge: int) -> list:
+    """One row's (t, h, w) positions token by token (``grids``: this row's images, in order)."""
+    positions, next_position, image, k = [], 0, 0, 0
+    for token, keep in zip(ids, valid, strict=True):
+        if not keep:
+            positions.append((1, 1, 1))
+        elif token != CONFIG.image_token_id:
+            positions.append((next_position,) * 3)
+            next_position += 1
+        else:
+            t, h, w = grids[image][0], grids[image][1] // merge, grids[image][2] // merge
+            positions.append((next_position + k // (h * w), next_position + k // w % h, next_position + k % w))
+            k += 1
+            if k == t * h * w:
+                next_position, image, k = next_position + max(t, h, w), image + 1, 0
+    return positions
+
+
+def test_position_ids_follow_the_token_by_token_rule(inputs, outputs):
+    """Random prompts (images of random grids anywhere, text-only rows, any left padding) against a loop that gives
+    the upstream positions of the fixture."""
+    grids = [tuple(g) for g in inputs["image_grid_thw"].tolist()]
+    for r, row_grids in enumerate((grids[:1], grids[1:])):
+        expected = loop_positions(inputs["input_ids"][r].tolist(), inputs["attention_mask"][r].bool().tolist(),
+                                  row_grids, CONFIG.spatial_merge_size)  # fmt: skip
+        assert outputs["position_ids"][:, r].t().tolist() == [list(p) for p in expected]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        rows, grids, layouts = [], [], []
+        for _ in range(3):
+            row, row_grids = [], []
+            for _ in range(int(torch.randint(0, 3, (1,), generator=generator))):
+                grid = (int(torch.randint(1, 3, (1,), generator=generator)),
+                        *(2 * int(v) for v in torch.randint(1, 4, (2,), generator=generator)))  # fmt: skip
+                words = int(torch.randint(0, 3, (1,), generator=generator))
+                text = torch.randint(0, CONFIG.vision_start_token_id, (words,), generator=generator).tolist()
+                row += text + [CONFIG.vision_start_token_id] + [CONFIG.image_token_id] * (math.prod(grid) // 4)
+                row_grids.append(grid)
+            rows.append(row + [5])
+            layouts.append(row_grids)
+            grids += row_grids
+        if not grids:
+            continue
+        length = max(len(row) for row in rows) + int(torch.randint(0, 3, (1,), generator=generator))
+        ids = torch.zeros(len(rows), length, dtype=torch.int64)
+        mask = torch.zeros(len(rows), length, dtype=torch.int64)
+        for r, row in enumerate(rows):
+            ids[r, length - len(row) :], mask[r, length - len(row) :] = torch.tensor(row), 1
+        ours = position_ids(ids, torch.tensor(grids), mask, image_token_id=CONFIG.image_token_id)
+        for r in range(len(rows)):
+            expected = loop_positions(ids[r].tolist(), mask[r].bool().tolist(), layouts[r], CONFIG.spatial_merge_size)
+            assert ours[:, r].t().tolist() == [list(p) for p in expected]
 
 
 @pytest.mark.parity
