@@ -27,7 +27,7 @@ pytestmark = [requires_triton, pytest.mark.kernels]  # on the GPU where there is
 
 from embodied_accel import cli  # noqa: E402
 from embodied_accel import platform as platform_mod  # noqa: E402
-from embodied_accel.ops import OP_NAMES, OpSet, get_ops, reference  # noqa: E402
+from embodied_accel.ops import OpSet, get_ops, reference  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 triton_ops = get_ops("cuda", GPU, cuda_attention="triton")
@@ -247,10 +247,9 @@ def attention_only_ops(ops: OpSet) -> OpSet:
     test in test_cuda_kernels.py). On a GPU the full backend is used."""
     if ON_GPU:
         return ops
-    impls = {name: getattr(reference, name) for name in OP_NAMES}
-    impls.update(prepare_attention_mask=ops.prepare_attention_mask, attention=ops.attention)
     fused = ("prepare_attention_mask", "attention")
-    return OpSet(ops.backend, impls, fused=fused, notes=ops.notes, settings=ops.settings)
+    return OpSet(ops.backend, prepare_attention_mask=ops.prepare_attention_mask, attention=ops.attention, fused=fused,
+                 notes=ops.notes, settings=ops.settings)  # fmt: skip
 
 
 @pytest.mark.parametrize("family,preset", [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")])

@@ -57,15 +57,15 @@ def test_ada_layer_norm(rows, width, dtype):
 
 
 def test_groot_custom_ops_have_working_fake_implementations():
-    from embodied_accel.ops.cuda import groot_kernels
+    from embodied_accel.ops.cuda import activations, norms, rope
 
     checks = ("test_schema", "test_faketensor")
-    torch.library.opcheck(groot_kernels.swiglu, (randn(4, 32),), test_utils=checks)
+    torch.library.opcheck(activations.swiglu, (randn(4, 32),), test_utils=checks)
     qkv, w, table = randn(1, 4, 3, 16), randn(3, 16), randn(1, 3, 16)
-    torch.library.opcheck(groot_kernels.qk_rms_norm_rope, (qkv, w, 1e-6, table, table), test_utils=checks)
+    torch.library.opcheck(rope.qk_rms_norm_rope, (qkv, w, 1e-6, table, table), test_utils=checks)
     x, v = randn(5, 32), randn(32)
-    torch.library.opcheck(groot_kernels.ada_layer_norm_op, (x, v, v, 1e-5), test_utils=checks)
-    torch.library.opcheck(groot_kernels.ada_layer_norm_op, (x, None, None, 1e-5), test_utils=checks)
+    torch.library.opcheck(norms.ada_layer_norm_op, (x, v, v, 1e-5), test_utils=checks)
+    torch.library.opcheck(norms.ada_layer_norm_op, (x, None, None, 1e-5), test_utils=checks)
 
 
 def test_groot_on_the_cuda_backend_matches_isaac_groot():

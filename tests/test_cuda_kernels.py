@@ -153,20 +153,20 @@ def test_rope_store_kv_writes_the_cache_planes_and_returns_q(batch, heads, kv_he
 
 
 def test_custom_ops_have_working_fake_implementations():
-    from embodied_accel.ops.cuda import kernels
+    from embodied_accel.ops.cuda import activations, norms, rope
 
     x, w, r = randn(4, 32), randn(32), randn(4, 32)
-    torch.library.opcheck(kernels.rms_norm, (x, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
-    torch.library.opcheck(kernels.add_rms_norm, (x, r, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
-    torch.library.opcheck(kernels.ada_rms_norm, (x, w, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(norms.rms_norm, (x, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(norms.add_rms_norm, (x, r, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(norms.ada_rms_norm, (x, w, w, 1e-6), test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(
-        kernels.gated_add_ada_rms_norm, (x, r, w, w, w, 1e-6), test_utils=("test_schema", "test_faketensor")
+        norms.gated_add_ada_rms_norm, (x, r, w, w, w, 1e-6), test_utils=("test_schema", "test_faketensor")
     )
     qkv, table, kv_write = randn(1, 10, 3, 16), randn(1, 3, 16), torch.zeros(2, 1, 1, 3, 16, device=DEVICE)
-    torch.library.opcheck(kernels.rope_store_kv, (qkv, table, table, kv_write), test_utils=("test_schema", "test_faketensor"))
-    torch.library.opcheck(kernels.geglu, (x,), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(rope.rope_store_kv, (qkv, table, table, kv_write), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(activations.geglu, (x,), test_utils=("test_schema", "test_faketensor"))
     q = randn(1, 3, 5, 16)
-    torch.library.opcheck(kernels.rope, (q, randn(1, 5, 16), randn(1, 5, 16), 2), test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(rope.rope, (q, randn(1, 5, 16), randn(1, 5, 16), 2), test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.parametrize("family,preset", [("pi0", "pi0-tiny"), ("pi05", "pi05-tiny")])
@@ -255,7 +255,7 @@ class DispatchedOps(TorchDispatchMode):
 def test_eager_fused_ops_launch_their_kernels_without_a_dispatcher_hop():
     """In eager mode each fused op runs its kernel's Python launcher directly: no custom-op call (schema check,
     boxing, re-entry) per call; the custom op remains what torch.compile traces (its fake tests above)."""
-    from embodied_accel.ops.cuda import kernels
+    from embodied_accel.ops.cuda import norms
 
     x, r, w = randn(5, 64), randn(5, 64), randn(64)
     qkv = randn(1, 3, 2 + 2 * 1, 16).transpose(1, 2)  # [B, H + 2 Hkv, S, D] view of [B, S, heads, D]
@@ -282,5 +282,5 @@ def test_eager_fused_ops_launch_their_kernels_without_a_dispatcher_hop():
         hops = [op for op in seen.names if op.startswith("embodied_accel")]
         assert hops == [], (name, hops)
     with DispatchedOps() as seen:  # the same kernel through its custom op: one hop, seen by the same count
-        kernels.rms_norm(x, w, 1e-6)
+        norms.rms_norm(x, w, 1e-6)
     assert [op for op in seen.names if op.startswith("embodied_accel")] == ["embodied_accel.rms_norm.default"]

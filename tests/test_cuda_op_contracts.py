@@ -73,24 +73,24 @@ def _layouts(out):
 
 
 def _fake_cases():
-    from embodied_accel.ops.cuda import groot_kernels, kernels
+    from embodied_accel.ops.cuda import activations, norms, rope
 
     # [6, 40] views of [40, 6] memory: dense but not contiguous, so empty_like would keep their strides
     x, r, w = randn(40, 6).t(), randn(40, 6).t(), randn(40)
     qkv = randn(1, 5, 10, 16).transpose(1, 2)  # [B, heads, S, D] view of [B, S, heads, D] memory
     table = randn(1, 5, 16)
     return {
-        "rms_norm": (kernels.rms_norm, (x, w, 1e-6)),
-        "add_rms_norm": (kernels.add_rms_norm, (x, r, w, 1e-6)),
-        "ada_rms_norm": (kernels.ada_rms_norm, (x, w, w, 1e-6)),
-        "gated_add_ada_rms_norm": (kernels.gated_add_ada_rms_norm, (x, r, w, w, w, 1e-6)),
-        "geglu": (kernels.geglu, (randn(80, 6).t(),)),
-        "rope": (kernels.rope, (qkv, table, table, 9)),
-        "rope_store_kv": (kernels.rope_store_kv, (qkv, table, table, torch.zeros(2, 1, 1, 5, 16, device=DEVICE))),
-        "swiglu": (groot_kernels.swiglu, (randn(80, 6).t(),)),
-        "qk_rms_norm_rope": (groot_kernels.qk_rms_norm_rope, (qkv, randn(8, 16), 1e-6, table, table)),
-        "ada_layer_norm": (groot_kernels.ada_layer_norm_op, (x, w, w, 1e-6)),
-        "ada_layer_norm unmodulated": (groot_kernels.ada_layer_norm_op, (x, None, None, 1e-6)),
+        "rms_norm": (norms.rms_norm, (x, w, 1e-6)),
+        "add_rms_norm": (norms.add_rms_norm, (x, r, w, 1e-6)),
+        "ada_rms_norm": (norms.ada_rms_norm, (x, w, w, 1e-6)),
+        "gated_add_ada_rms_norm": (norms.gated_add_ada_rms_norm, (x, r, w, w, w, 1e-6)),
+        "geglu": (activations.geglu, (randn(80, 6).t(),)),
+        "rope": (rope.rope, (qkv, table, table, 9)),
+        "rope_store_kv": (rope.rope_store_kv, (qkv, table, table, torch.zeros(2, 1, 1, 5, 16, device=DEVICE))),
+        "swiglu": (activations.swiglu, (randn(80, 6).t(),)),
+        "qk_rms_norm_rope": (rope.qk_rms_norm_rope, (qkv, randn(8, 16), 1e-6, table, table)),
+        "ada_layer_norm": (norms.ada_layer_norm_op, (x, w, w, 1e-6)),
+        "ada_layer_norm unmodulated": (norms.ada_layer_norm_op, (x, None, None, 1e-6)),
     }
 
 

@@ -17,7 +17,7 @@ from embodied_accel import load_policy
 from embodied_accel.platform import Platform
 from embodied_accel.runtime import CaptureUnavailableError, capture_call
 from embodied_accel.runtime.cudagraph import GraphedCall, ReplayByCalling
-from embodied_accel.runtime.executor import BucketedCall
+from embodied_accel.runtime.runner import BucketedCall
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPU = Platform("cuda", "CPU stand-in for a GPU", has_triton=True, has_torch_npu=False)

@@ -18,7 +18,7 @@ from embodied_accel.errors import ObservationError
 from embodied_accel.models.pi0.processor import ModelInputs
 from embodied_accel.nn.rtc import ChunkGuidance, RtcSettings, prefix_weights
 from embodied_accel.platform import Platform
-from embodied_accel.runtime.executor import BucketedCall
+from embodied_accel.runtime.runner import BucketedCall
 
 torch.set_num_threads(1)
 

@@ -20,7 +20,7 @@ from embodied_accel.models.vggt.loading import load_vggt_model
 from embodied_accel.nn.kv_cache import StaticKVCache
 from embodied_accel.platform import Platform, normalize_device, resolve_dtype
 from embodied_accel.runtime.buffers import BufferSpec, StaticBuffers
-from embodied_accel.runtime.executor import BucketedCall
+from embodied_accel.runtime.runner import BucketedCall
 
 torch.set_num_threads(1)
 

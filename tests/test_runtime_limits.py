@@ -17,7 +17,7 @@ from embodied_accel.models.random_weights import SeededDraws
 from embodied_accel.runtime.buffers import StaticBuffers
 from embodied_accel.runtime.compiled import CompiledCall
 from embodied_accel.runtime.cudagraph import CudaGraphBackend
-from embodied_accel.runtime.executor import BucketedCall
+from embodied_accel.runtime.runner import BucketedCall
 
 
 def counting_backend():

@@ -12,6 +12,7 @@ from tolerances import pi0_tolerance
 
 from embodied_accel.models.pi0.export import lerobot_gradients
 from embodied_accel.policies import load_policy
+from embodied_accel.train.forward import training_velocity
 from embodied_accel.train.loss import flow_matching_loss, noisy_actions
 
 ANALYTICALLY_ZERO = 1e-6
@@ -44,8 +45,8 @@ def _training_step(family: str, checkpoint_layers: bool = False, mask_padding: b
     actions = F.pad(ref["actions"], (0, model.config.max_action_dim - action_dim))
     x_t, target = noisy_actions(actions, ref["noise"], ref["time"])
     state = io["state"] if family == "pi0" else None
-    velocity = model.training_velocity(
-        io["images"], io["image_masks"], io["tokens"], io["token_masks"], state, x_t, ref["time"],
+    velocity = training_velocity(
+        model, io["images"], io["image_masks"], io["tokens"], io["token_masks"], state, x_t, ref["time"],
         checkpoint_layers=checkpoint_layers,
     )  # fmt: skip
     pad = ref["action_is_pad"] if mask_padding else None
@@ -102,8 +103,8 @@ def test_bf16_autocast_step_stays_close_to_fp32():
     actions = F.pad(ref["actions"], (0, model.config.max_action_dim - ref["actions"].shape[-1]))
     x_t, target = noisy_actions(actions, ref["noise"], ref["time"])
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        velocity = model.training_velocity(
-            io["images"], io["image_masks"], io["tokens"], io["token_masks"], None, x_t, ref["time"],
+        velocity = training_velocity(
+            model, io["images"], io["image_masks"], io["tokens"], io["token_masks"], None, x_t, ref["time"],
             checkpoint_layers=True,
         )  # fmt: skip
     assert velocity.dtype == torch.float32

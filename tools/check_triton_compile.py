@@ -204,7 +204,9 @@ DEPTH = 2
 def compile_only_ops(attention: str):
     """The cuda backend for a compile-only GPU with GEMMs that allocate their outputs (contiguous ``[rows, out]``
     in the input's dtype, as ``torch.mm`` / ``torch.addmm`` return) and compute nothing."""
-    from embodied_accel.ops import OpSet, get_ops
+    import dataclasses
+
+    from embodied_accel.ops import get_ops
     from embodied_accel.platform import Platform
 
     ops = get_ops("cuda", Platform("cuda", "compile-only", True, False), cuda_attention=attention)
@@ -215,8 +217,7 @@ def compile_only_ops(attention: str):
     def linear_into(x, weight_t, bias, out):
         return out
 
-    impls = {**ops.impls, "linear": linear, "linear_into": linear_into}
-    return OpSet(ops.backend, impls, fused=ops.fused, fallback=ops.fallback, notes=ops.notes, settings=ops.settings)
+    return dataclasses.replace(ops, linear=linear, linear_into=linear_into)
 
 
 def model_launches(dtype: torch.dtype, batch: int, views: int = 2, tokens: int = 48) -> None:
@@ -290,16 +291,16 @@ def op_launches(dtype: torch.dtype, batch: int, seq: int = 51, arch: int = 90) -
     the W8A8 / FP8 row quantization (FP8 from sm_89 on, the first with float8 conversions); the attention
     kernel's unsplit variant at a prefix pass's shape.
     """
-    from embodied_accel.ops.cuda import kernels
+    from embodied_accel.ops.cuda import norms, rope
 
     qkv = torch.randn(batch, seq, 10, 256, dtype=dtype).transpose(1, 2)
     cos, sin = torch.randn(batch, seq, 256, dtype=dtype), torch.randn(batch, seq, 256, dtype=dtype)
-    kernels.rope(qkv, cos, sin, 9)
+    rope.rope(qkv, cos, sin, 9)
     # pi0.5's expert norms with one conditioning per batch row (what a training step passes): the per-row variant
     x = torch.randn(batch, seq, 1024, dtype=dtype)
     per_row = [torch.randn(batch, 1, 1024) for _ in range(2)]
-    kernels.ada_rms_norm(x, *per_row, 1e-6)
-    kernels.gated_add_ada_rms_norm(x, x, torch.randn(batch, 1, 1024, dtype=dtype), *per_row, 1e-6)
+    norms.ada_rms_norm(x, *per_row, 1e-6)
+    norms.gated_add_ada_rms_norm(x, x, torch.randn(batch, 1, 1024, dtype=dtype), *per_row, 1e-6)
     # W8A8 (VGGT's plan): the aggregator MLPs at full width, ``batch`` frames of 1041 tokens (518x392 crops)
     from embodied_accel.ops.cuda import int8_gemm
 
@@ -332,15 +333,15 @@ def groot_launches(dtype: torch.dtype, batch: int, prompt: int = 128, tokens: in
     """GR00T N1.6's ops of the cuda backend at the released shapes: Qwen3's q/k-norm + RoPE on the merged
     ``[B, 16 + 2 * 8, S, 128]`` projection and its SwiGLU (MLP 6144) over a 128-token prompt bucket; the DiT's
     AdaLN (1536 wide, shared modulation, and parameter-free) over 1 state + 50 action tokens."""
-    from embodied_accel.ops.cuda import groot_kernels
+    from embodied_accel.ops.cuda import activations, norms, rope
 
     qkv = torch.randn(batch, prompt, 32, 128, dtype=dtype).transpose(1, 2)
     cos, sin = torch.randn(batch, prompt, 128, dtype=dtype), torch.randn(batch, prompt, 128, dtype=dtype)
-    groot_kernels.qk_rms_norm_rope(qkv, torch.randn(24, 128, dtype=dtype), 1e-6, cos, sin)
-    groot_kernels.swiglu(torch.randn(batch * prompt, 2 * 6144, dtype=dtype))
+    rope.qk_rms_norm_rope(qkv, torch.randn(24, 128, dtype=dtype), 1e-6, cos, sin)
+    activations.swiglu(torch.randn(batch * prompt, 2 * 6144, dtype=dtype))
     x = torch.randn(batch * tokens, 1536, dtype=dtype)
-    groot_kernels.ada_layer_norm(x, torch.randn(1536, dtype=dtype), torch.randn(1536, dtype=dtype), 1e-5)
-    groot_kernels.ada_layer_norm(x, None, None, 1e-6)
+    norms.ada_layer_norm(x, torch.randn(1536, dtype=dtype), torch.randn(1536, dtype=dtype), 1e-5)
+    norms.ada_layer_norm(x, None, None, 1e-6)
 
 
 def main(argv: list[str] | None = None) -> int:

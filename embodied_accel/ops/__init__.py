@@ -12,87 +12,112 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
 
+import torch
 from torch import nn
 
 from .. import platform as platform_mod
 from . import reference
-from .contract import CUDA_ATTENTION_KERNELS
+from .contract import CUDA_ATTENTION_KERNELS, AttentionMask, Rope2DTables, RopeTables
 
 logger = logging.getLogger(__name__)
 
-#: Every op of the layer, in the order ``info`` lists them.
-OP_NAMES: tuple[str, ...] = (
-    "rms_norm",
-    "add_rms_norm",
-    "ada_rms_norm",
-    "gated_add_ada_rms_norm",
-    "layer_norm",
-    "add_layer_norm",
-    "linear",
-    "gelu_tanh",
-    "geglu",
-    "prepare_rope",
-    "rope",
-    "rope_store_kv",
-    "prepare_attention_mask",
-    "attention",
-    # first used by GR00T
-    "swiglu",
-    "qk_rms_norm_rope",
-    "ada_layer_norm",
-    "linear_into",
-    # ---- ops first used by VGGT
-    "gelu",
-    "prepare_rope_2d",
-    "qk_layer_norm_rope_2d",
-    "attention_lse",
-    "quantize_rows_int8",
-    "int8_linear",
-    # ---- first used by Hunyuan3D-Paint's UNets and VAE
-    "group_norm",
-    # ---- FP8 linear layers (quant="fp8")
-    "quantize_rows_fp8",
-    "fp8_linear",
-)
-
-#: Backends that exist or are planned; ``auto`` picks the best available one.
-BACKEND_NAMES: tuple[str, ...] = ("auto", "reference", "cuda", "npu")
+Tensor = torch.Tensor
 
 
-class BackendUnavailableError(RuntimeError):
-    """An explicitly requested backend cannot run on this machine."""
+class LinearOp(Protocol):
+    def __call__(self, x: Tensor, weight_t: Tensor, bias: Tensor | None = None, residual: Tensor | None = None) -> Tensor: ...  # noqa: E501
 
 
+class GeluOp(Protocol):
+    def __call__(self, x: Tensor, out: Tensor | None = None) -> Tensor: ...
+
+
+class AttentionLseOp(Protocol):
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor | None, scale: float,
+                 block_elements: int | None = None) -> tuple[Tensor, Tensor]: ...  # fmt: skip
+
+
+class GroupNormOp(Protocol):
+    def __call__(self, x: Tensor, weight: Tensor, bias: Tensor, groups: int, eps: float, silu: bool = False) -> Tensor: ...  # noqa: E501
+
+
+def _op(reference_fn: Callable) -> Any:
+    """An op field: its default is the reference function (the op's signature and numerics contract)."""
+    return field(default=reference_fn, metadata={"op": True})
+
+
+Pair = tuple[Tensor, Tensor]
+
+
+@dataclass(frozen=True, eq=False)
 class OpSet:
     """The ops a model calls, bound to one backend: ``ops.rms_norm(...)``, ``ops.attention(...)``, ...
 
-    Each op is a plain attribute (so ``torch.compile`` traces through it like a module function).
-    ``fused``/``fallback`` list which ops the backend serves and which run the reference; ``notes`` says, per op
-    (or per load-time step), what the backend does and under which conditions it still runs the reference;
-    ``settings`` holds the backend options it was built with (e.g. ``{"cuda_attention": "triton"}``).
+    One field per op, typed with the op's signature; each defaults to the function of :mod:`.reference` of the same
+    name, which documents the op (a backend's function of that name in ``ops/cuda/backend.py`` or ``ops/npu.py``
+    replaces it). Each op is a plain attribute, so ``torch.compile`` traces through it like a module function.
+    ``fused`` / ``fallback`` list which ops the backend serves and which run the reference; ``notes`` says, per op
+    (or per load-time step), what the backend does and when it still runs the reference; ``settings`` holds the
+    backend options it was built with (e.g. ``{"cuda_attention": "triton"}``).
     """
 
-    def __init__(
-        self,
-        backend: str,
-        impls: dict[str, Callable],
-        fused: tuple[str, ...] = (),
-        fallback: tuple[str, ...] = (),
-        notes: dict[str, str] | None = None,
-        weight_hook: Callable[[nn.Module], object] | None = None,
-        settings: dict[str, str] | None = None,
-    ):
-        unknown = sorted(set(impls) - set(OP_NAMES))
-        if unknown:
-            raise ValueError(f"unknown op(s) {', '.join(unknown)}; known ops: {', '.join(OP_NAMES)}")
-        self.backend, self.impls, self.fused, self.fallback = backend, dict(impls), tuple(fused), tuple(fallback)
-        self.notes = dict(notes or {})
-        self.settings = dict(settings or {})
-        self._weight_hook = weight_hook
-        for name, fn in impls.items():
-            setattr(self, name, fn)
+    backend: str = "reference"
+    # ---- norms
+    rms_norm: Callable[[Tensor, Tensor, float], Tensor] = _op(reference.rms_norm)
+    add_rms_norm: Callable[[Tensor, Tensor, Tensor, float], Pair] = _op(reference.add_rms_norm)
+    ada_rms_norm: Callable[[Tensor, Tensor, Tensor, float], Tensor] = _op(reference.ada_rms_norm)
+    gated_add_ada_rms_norm: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float], Pair] = _op(
+        reference.gated_add_ada_rms_norm
+    )
+    layer_norm: Callable[[Tensor, Tensor, Tensor, float], Tensor] = _op(reference.layer_norm)
+    add_layer_norm: Callable[[Tensor, Tensor, Tensor, Tensor, float], Pair] = _op(reference.add_layer_norm)
+    # ---- projections and activations
+    linear: LinearOp = _op(reference.linear)
+    gelu_tanh: Callable[[Tensor], Tensor] = _op(reference.gelu_tanh)
+    geglu: Callable[[Tensor], Tensor] = _op(reference.geglu)
+    # ---- rotary embeddings and attention (the prepare_* results are opaque: .contract)
+    prepare_rope: Callable[[Tensor, Tensor, int, int], RopeTables] = _op(reference.prepare_rope)
+    rope: Callable[[Tensor, RopeTables], Tensor] = _op(reference.rope)
+    rope_store_kv: Callable[[Tensor, RopeTables, Tensor], Tensor] = _op(reference.rope_store_kv)
+    prepare_attention_mask: Callable[[Tensor, torch.dtype, int], AttentionMask] = _op(reference.prepare_attention_mask)
+    attention: Callable[[Tensor, Tensor, Tensor, AttentionMask | None, float], Tensor] = _op(reference.attention)
+    # ---- first used by GR00T
+    swiglu: Callable[[Tensor], Tensor] = _op(reference.swiglu)
+    qk_rms_norm_rope: Callable[[Tensor, Tensor, float, RopeTables], Tensor] = _op(reference.qk_rms_norm_rope)
+    ada_layer_norm: Callable[[Tensor, Tensor | None, Tensor | None, float], Tensor] = _op(reference.ada_layer_norm)
+    linear_into: Callable[[Tensor, Tensor, Tensor | None, Tensor], Tensor] = _op(reference.linear_into)
+    # ---- first used by VGGT
+    gelu: GeluOp = _op(reference.gelu)
+    prepare_rope_2d: Callable[[Tensor, Tensor], Rope2DTables] = _op(reference.prepare_rope_2d)
+    qk_layer_norm_rope_2d: Callable[[Tensor, Tensor | None, Tensor | None, float, Rope2DTables | None], Tensor] = _op(
+        reference.qk_layer_norm_rope_2d
+    )
+    attention_lse: AttentionLseOp = _op(reference.attention_lse)
+    quantize_rows_int8: Callable[[Tensor], Pair] = _op(reference.quantize_rows_int8)
+    int8_linear: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor | None, torch.dtype], Tensor] = _op(
+        reference.int8_linear
+    )
+    # ---- first used by Hunyuan3D-Paint's UNets and VAE
+    group_norm: GroupNormOp = _op(reference.group_norm)
+    # ---- FP8 linear layers (quant="fp8")
+    quantize_rows_fp8: Callable[[Tensor], Pair] = _op(reference.quantize_rows_fp8)
+    fp8_linear: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor | None, torch.dtype], Tensor] = _op(
+        reference.fp8_linear
+    )
+    # ---- what the backend is
+    fused: tuple[str, ...] = ()
+    fallback: tuple[str, ...] = ()
+    notes: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, str] = field(default_factory=dict)
+    weight_hook: Callable[[nn.Module], object] | None = None
+
+    @property
+    def impls(self) -> dict[str, Callable]:
+        """Every op's function, by name."""
+        return {name: getattr(self, name) for name in OP_NAMES}
 
     def prepare_weights(self, module: nn.Module) -> None:
         """Load-time hook: called once after a model's weights are loaded, before any call.
@@ -100,8 +125,8 @@ class OpSet:
         A backend may convert parameters in place to the layouts its operators want (the npu backend casts
         convolution kernels to its private FRACTAL_Z format); a no-op for the other backends.
         """
-        if self._weight_hook is not None:
-            self._weight_hook(module)
+        if self.weight_hook is not None:
+            self.weight_hook(module)
 
     def __getattr__(self, name: str) -> Callable:  # only reached when no such attribute exists
         raise AttributeError(f"op layer has no op {name!r}; known ops: {', '.join(OP_NAMES)}")
@@ -110,8 +135,15 @@ class OpSet:
         return f"OpSet(backend={self.backend!r}, fused={self.fused}, fallback={self.fallback})"
 
 
-def _reference_impls() -> dict[str, Callable]:
-    return {name: getattr(reference, name) for name in OP_NAMES}
+#: Every op of the layer, in the order ``info`` lists them.
+OP_NAMES: tuple[str, ...] = tuple(f.name for f in fields(OpSet) if f.metadata.get("op"))
+
+#: Backends that exist or are planned; ``auto`` picks the best available one.
+BACKEND_NAMES: tuple[str, ...] = ("auto", "reference", "cuda", "npu")
+
+
+class BackendUnavailableError(RuntimeError):
+    """An explicitly requested backend cannot run on this machine."""
 
 
 @dataclass(frozen=True)
@@ -176,33 +208,33 @@ def get_ops(
         raise ValueError(f"cuda_attention={cuda_attention!r} applies to backend 'cuda' (or 'auto' on an NVIDIA GPU); "
                          f"backend is {backend!r}")  # fmt: skip
     plat = plat or platform_mod.detect()
-    reference_impls = _reference_impls()
     if backend == "reference":
-        return OpSet("reference", reference_impls, fused=(), fallback=())
+        return OpSet("reference")
     if backend == "auto":
         candidate = plat.device_type if plat.device_type in ("cuda", "npu") else None
         chosen = None
         if candidate is not None:
             try:
-                chosen = _merge(candidate, _backend_impls(candidate, plat, cuda_attention), reference_impls)
+                chosen = _merge(candidate, _backend_impls(candidate, plat, cuda_attention))
             except BackendUnavailableError as exc:
                 logger.info("backend auto: %s backend unavailable (%s); using reference", candidate, exc)
         if chosen is None:
             logger.info("backend auto: chose 'reference' on %s (%s)", plat.device_type, plat.device_name)
-            chosen = OpSet("reference", reference_impls)
+            chosen = OpSet("reference")
         if chosen.backend != "cuda" and cuda_attention != "sdpa":
             logger.warning("backend auto: chose %r, so cuda_attention=%r is unused", chosen.backend, cuda_attention)
         return chosen
-    return _merge(backend, _backend_impls(backend, plat, cuda_attention), reference_impls)
+    return _merge(backend, _backend_impls(backend, plat, cuda_attention))
 
 
-def _merge(name: str, backend: BackendImpls, reference_impls: dict[str, Callable]) -> OpSet:
+def _merge(name: str, backend: BackendImpls) -> OpSet:
+    """The reference OpSet with the backend's functions in place of the ops it serves."""
+    unknown = sorted(set(backend.impls) - set(OP_NAMES))
+    if unknown:
+        raise ValueError(f"backend {name}: unknown op(s) {', '.join(unknown)}; known ops: {', '.join(OP_NAMES)}")
     fused = tuple(op for op in OP_NAMES if op in backend.impls)
     fallback = tuple(op for op in OP_NAMES if op not in backend.impls)
     if fallback:
         logger.info("backend %s: ops served by the reference: %s", name, ", ".join(fallback))
-    merged = {**reference_impls, **backend.impls}
-    return OpSet(
-        name, merged, fused=fused, fallback=fallback, notes=backend.notes, weight_hook=backend.weight_hook,
-        settings=backend.settings,
-    )  # fmt: skip
+    return OpSet(name, **backend.impls, fused=fused, fallback=fallback, notes=dict(backend.notes),
+                 weight_hook=backend.weight_hook, settings=dict(backend.settings))  # fmt: skip

@@ -1,9 +1,8 @@
 """How a model call is executed (never what it computes): the one runner every family uses.
 
 * :mod:`.runner`: :class:`~.runner.Runner`, the owner of a loaded model's calls (device and its context, capture
-  mode, static buffers, one CUDA-graph cache and pool); families build their calls with ``Runner.call``.
-* :mod:`.executor`: :class:`~.executor.BucketedCall`, one model function run per shape bucket against the buffers
-  its plan declares, in the runner's capture mode.
+  mode, static buffers, one CUDA-graph cache and pool); families build their calls with ``Runner.call``, each a
+  :class:`~.runner.BucketedCall` (one model function run per shape bucket against the buffers its plan declares).
 * :mod:`.buffers`: :class:`~.buffers.StaticBuffers`, the one owner of the static buffers (built before any capture,
   reused when large enough, retired when outgrown).
 * The capture modes (:data:`CAPTURE_MODES`, :func:`capture_call`): ``eager``; ``compile`` specializes on each shape

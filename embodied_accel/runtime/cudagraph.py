@@ -21,7 +21,7 @@ whatever the model's device is).
 The function must be capture-safe: no host syncs, no ``.item()``, no allocation of tensors that outlive
 the call, no Python branches on tensor values; the buffers it reads across calls (KV caches, tables)
 must exist before capture and live as long as a graph that read them: :class:`~.buffers.StaticBuffers` owns them
-and :class:`~.executor.BucketedCall` drops every graph that read a buffer before that buffer is freed.
+and :class:`~.runner.BucketedCall` drops every graph that read a buffer before that buffer is freed.
 """
 
 from __future__ import annotations

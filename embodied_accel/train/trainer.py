@@ -8,7 +8,7 @@ One process, or one per device under ``torchrun`` (DDP or FSDP2). Each step:
 3. noise and flow times drawn for the whole global batch from a generator seeded by ``(seed, step)``, each rank
    taking its rows: a run on ``W`` ranks of batch ``B`` draws what one process of batch ``W·B`` draws, and a resumed
    run draws what the uninterrupted one would have;
-4. the training forward (:meth:`~embodied_accel.models.pi0.model.Pi0Model.training_velocity`, bf16 autocast over
+4. the training forward (:func:`~.forward.training_velocity`, bf16 autocast over
    fp32 weights when ``dtype = bfloat16``), the masked flow-matching loss normalized by the valid elements of the
    whole global batch, backward, gradient clipping, AdamW, the schedule.
 
@@ -45,6 +45,7 @@ from .batches import TrainingCollator, model_inputs
 from .checkpoint import load_optimizer_state, load_trainable, resolve_checkpoint, save_checkpoint
 from .config import TrainSettings
 from .distributed import DistributedContext, init_distributed, shutdown_distributed, wrap_for_parallel
+from .forward import training_velocity
 from .lora import configure_trainable
 from .loss import flow_matching_loss, noisy_actions, sample_flow_time, sample_noise
 from .optim import build_optimizer
@@ -64,9 +65,10 @@ class TrainingModule(nn.Module):
         self.model, self.checkpoint_layers = model, checkpoint_layers
 
     def forward(self, images, image_masks, tokens, token_masks, state, x_t, time) -> torch.Tensor:
-        return self.model.training_velocity(
-            images, image_masks, tokens, token_masks, state, x_t, time, checkpoint_layers=self.checkpoint_layers
-        )
+        return training_velocity(
+            self.model, images, image_masks, tokens, token_masks, state, x_t, time,
+            checkpoint_layers=self.checkpoint_layers,
+        )  # fmt: skip
 
     def shard_units(self):
         """FSDP2 units: every SigLIP and Gemma layer, with the methods the training forward calls on them besides

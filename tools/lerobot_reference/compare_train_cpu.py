@@ -44,6 +44,7 @@ from embodied_accel import load_policy  # noqa: E402
 from embodied_accel.bench.harness import git_state  # noqa: E402
 from embodied_accel.models.pi0.device_processing import DeviceProcessing  # noqa: E402
 from embodied_accel.models.pi0.processor import RawInputs, compact_raw_inputs  # noqa: E402
+from embodied_accel.train.forward import training_velocity  # noqa: E402
 from embodied_accel.train.lora import configure_trainable  # noqa: E402
 from embodied_accel.train.loss import flow_matching_loss, noisy_actions  # noqa: E402
 
@@ -101,7 +102,7 @@ def ours_step(family: str, compact: bool):
         state = processing.state(raw.state)
         actions = F.pad(ref["actions"], (0, model.config.max_action_dim - action_dim))
         x_t, target = noisy_actions(actions, ref["noise"], ref["time"])
-        velocity = model.training_velocity(images, raw.image_masks, raw.tokens, raw.token_masks, state, x_t, ref["time"])
+        velocity = training_velocity(model, images, raw.image_masks, raw.tokens, raw.token_masks, state, x_t, ref["time"])
         loss = flow_matching_loss(velocity, target, action_dim)
         loss.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, CLIP)

@@ -29,4 +29,10 @@ def eager_direct(op) -> Callable:
     return call
 
 
-__all__ = ["eager_direct"]
+def rows_2d(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a 2-D ``[rows, last_dim]`` tensor with unit stride along the last dim (what the row kernels read)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+__all__ = ["eager_direct", "rows_2d"]
