@@ -49,7 +49,7 @@ def test_the_available_device_check_passes_the_cpu():
 
 def test_eval_against_our_own_server_sends_the_cameras_its_metadata_names():
     from embodied_accel import load_policy
-    from embodied_accel.eval.commands import server_cameras
+    from embodied_accel.cli.eval import server_cameras
     from embodied_accel.eval.libero import LEROBOT_LIBERO_CAMERAS, ObservationKeys, observation_for
     from embodied_accel.eval.rollout import Episode, RemotePolicy
     from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
@@ -74,7 +74,7 @@ def test_eval_against_our_own_server_sends_the_cameras_its_metadata_names():
 
 
 def test_camera_keys_the_server_does_not_read_name_both_sides():
-    from embodied_accel.eval.commands import server_cameras
+    from embodied_accel.cli.eval import server_cameras
 
     meta = {"cameras": ["observation.images.base_0_rgb", "observation.images.left_wrist_0_rgb"]}
     with pytest.raises(ValueError) as info:

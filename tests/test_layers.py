@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime",),
     ("policies", "pipelines", "deploy", "load_policy"),
     ("families",),
-    ("bench", "serve", "train", "eval", "export", "commands"),
+    ("bench", "serve", "train", "eval", "export"),
     ("cli", "__init__"),
 )
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}

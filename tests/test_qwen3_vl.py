@@ -200,6 +200,7 @@ def test_cuda_backend_matches_upstream_with_no_fallback(inputs, outputs):
     assert valid_error(ours.cpu(), inputs, outputs["features"]) < TOLERANCE
 
 
+@pytest.mark.compile
 def test_compiled_forward_equals_eager_without_recompiling(backbone, inputs):
     """One graph per bucket (no break, no host sync): another padding of the same shapes reuses it."""
     buffers = backbone.build_buffers(inputs["image_grid_thw"], *inputs["input_ids"].shape, "cpu")

@@ -141,7 +141,7 @@ def test_serve_refuses_to_start_when_it_cannot_read_any_instruction(tmp_path):
 
 def test_default_token_ids_answer_openpi_requests_with_a_text_prompt(tmp_path, monkeypatch):
     from embodied_accel import load_policy
-    from embodied_accel.serve import commands
+    from embodied_accel.cli import serve as commands
     from embodied_accel.serve.server import PolicyServer, ServerThread
 
     args = cli.build_parser().parse_args(

@@ -16,7 +16,7 @@ import torch
 from groot_fixture import requires_groot_extra
 
 from embodied_accel import load_policy
-from embodied_accel.serve import commands
+from embodied_accel.cli import serve as commands
 from embodied_accel.serve.client import http_get
 from embodied_accel.serve.metrics import PREFIX, parse_metrics
 from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread

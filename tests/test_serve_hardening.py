@@ -18,8 +18,9 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from embodied_accel import load_policy
+from embodied_accel.cli import serve as commands
 from embodied_accel.errors import ObservationError
-from embodied_accel.serve import codec, commands, keymap, loadtest
+from embodied_accel.serve import codec, keymap, loadtest
 from embodied_accel.serve import server as server_mod
 from embodied_accel.serve.client import PolicyClient, RequestRefused, http_get
 from embodied_accel.serve.metrics import PREFIX, parse_metrics

@@ -165,7 +165,7 @@ def test_a_port_in_use_is_an_error():
 
 def test_flags_give_lerobots_defaults():
     from embodied_accel import cli
-    from embodied_accel.serve.commands import serve_config
+    from embodied_accel.cli.serve import serve_config
 
     parser = cli.build_parser()
     config = serve_config(parser.parse_args(["serve", "--protocol", "lerobot-async", "--trusted-network"]))

@@ -6,7 +6,7 @@
 Modules: :mod:`.codec` (wire format), :mod:`.keymap` (openpi LIBERO / ALOHA / DROID keys → model keys),
 :mod:`.metrics` (Prometheus text, JSON log lines), :mod:`.batching` (request queue, one inference thread),
 :mod:`.config` and :mod:`.server`, :mod:`.client` (client helper and asynchronous action-chunk executor),
-:mod:`.loadtest`, :mod:`.commands` (the ``serve`` and ``loadtest`` commands).
+:mod:`.loadtest` (the ``serve`` and ``loadtest`` commands are in :mod:`embodied_accel.cli.serve`).
 
 Importing this package imports nothing heavy; the names below load their module on first use.
 """

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..argtypes import RESULTS_DIR, non_negative_float, positive_float, positive_int
-from .config import API_KEY_ENV, GR00T_PORT, LEROBOT_ASYNC_PORT, PROTOCOLS, ServeConfig
-from .keymap import KEYMAP_CHOICES, can_tokenize_text
+from ..serve.config import API_KEY_ENV, GR00T_PORT, LEROBOT_ASYNC_PORT, PROTOCOLS, ServeConfig
+from ..serve.keymap import KEYMAP_CHOICES, can_tokenize_text
 
 logger = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ def check_instruction_source(policy: Any, config: ServeConfig) -> None:
 
 
 def use_json_logs() -> None:
-    from .metrics import JsonFormatter
+    from ..serve.metrics import JsonFormatter
 
     for handler in logging.getLogger().handlers:
         handler.setFormatter(JsonFormatter())
@@ -366,14 +366,14 @@ def run_serve(load_policy: Callable[[], Any], args: argparse.Namespace, announce
     """Bind the port, then load the policy (``load_policy()``) and serve it until SIGINT / SIGTERM; ``announce``
     gets the listening line and the final "stopped". A port that cannot be bound is an error before the model
     loads."""
-    from .metrics import map_large_allocations
-    from .server import bind_socket
+    from ..serve.metrics import map_large_allocations
+    from ..serve.server import bind_socket
 
     if args.log_json:
         use_json_logs()
     config = serve_config(args)
     if "lerobot-async" in config.protocols:
-        from .lerobot_async import LeRobotAsyncServer, serve_lerobot_async
+        from ..serve.lerobot_async import LeRobotAsyncServer, serve_lerobot_async
 
         server = LeRobotAsyncServer(config)  # refuses without --trusted-network; binds before the model loads
         return serve_lerobot_async(server, load_policy(), getattr(args, "checkpoint", None), announce)
@@ -386,7 +386,7 @@ def run_serve(load_policy: Callable[[], Any], args: argparse.Namespace, announce
             except OSError as exc:
                 raise ValueError(f"cannot listen on {config.host}:{config.http_port} ({exc.strerror or exc})") from None
         if "gr00t" in config.protocols:
-            from .gr00t import bind_zmq
+            from ..serve.gr00t import bind_zmq
 
             try:
                 gr00t_sock = bind_zmq(config.host, config.gr00t_port, config.max_message_bytes)
@@ -403,7 +403,7 @@ def _serve_on(
 ) -> int:
     import asyncio
 
-    from .server import PolicyServer
+    from ..serve.server import PolicyServer
 
     server = PolicyServer(policy, config, sock=sock, gr00t_sock=gr00t_sock)  # checks the key map
     check_instruction_source(policy, config)
@@ -438,7 +438,7 @@ def run_loadtest_command(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run the load test (starting an in-process server unless ``--url``); returns (stats, result record)."""
     from ..progress import counter, show_progress, working
-    from .loadtest import run_loadtest
+    from ..serve.loadtest import run_loadtest
 
     progress = show_progress(args.no_progress)
     total = args.clients * (args.warmup + args.requests)
@@ -452,7 +452,7 @@ def run_loadtest_command(
             raise ValueError(f"--url {args.url}: cannot reach the policy server ({exc})") from None
         return stats, loadtest_record(stats, args, in_process=False)
 
-    from .server import PolicyServer, ServerThread
+    from ..serve.server import PolicyServer, ServerThread
 
     with working("loadtest: building the policy", progress and getattr(args, "checkpoint", None) is None):
         policy = load_policy()
@@ -538,7 +538,7 @@ def write_loadtest_record(record: dict[str, Any], out_dir: Path) -> Path:
 
 
 def loadtest_summary(stats: dict[str, Any], path: Path | None) -> str:
-    from .loadtest import format_summary
+    from ..serve.loadtest import format_summary
 
     return format_summary(stats) + (f"\nwrote {path}" if path is not None else "")
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..argtypes import non_negative_int, positive_int
-from .config import default_workers
+from ..train.config import default_workers
 
 #: The settings of a run on the built-in sample dataset, below the config file's and the flags': pi0-tiny, a few
 #: steps at a learning rate that moves a randomly initialized tiny model visibly, a metrics record per step.
@@ -100,8 +100,8 @@ def add_train_command(add_command: Callable[..., argparse.ArgumentParser]) -> No
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from .config import read_config_file, settings_from
-    from .trainer import CURVE_FILE, METRICS_FILE, train
+    from ..train.config import read_config_file, settings_from
+    from ..train.trainer import CURVE_FILE, METRICS_FILE, train
 
     file_values = read_config_file(args.config) if args.config is not None else {}
     overrides = {k: v for k, v in vars(args).items() if k not in ("config", "handler", "command", "log_level")}

@@ -17,17 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .argtypes import RESULTS_DIR, non_negative_float, non_negative_int, positive_int
-from .commands import process_env  # noqa: F401  (before anything that loads PyTorch)
-from .commands import reconstruct as vggt_commands
-from .commands import shape as shape_command
-from .commands import texture as texture_command
-from .commands.model import PROG, cmd_bench, cmd_info, cmd_profile, cmd_run, stage_split  # noqa: F401  (stage_split: tools)
-from .eval import commands as eval_commands
-from .export import command as export_command
-from .families import CLIError, family_options, preset_names  # noqa: F401  (CLIError: tests)
-from .families.policy import (  # noqa: F401  (also the names tools and tests use from here)
+from . import process_env  # noqa: F401  (before anything that loads PyTorch)
+
+# isort: split
+from .. import __version__
+from ..argtypes import RESULTS_DIR, non_negative_float, non_negative_int, positive_int
+from ..families import CLIError, family_options, preset_names  # noqa: F401  (CLIError: tests)
+from ..families.policy import (  # noqa: F401  (also the names tools and tests use from here)
     DEFAULT_MODEL,
     SAMPLE_OBSERVATION,
     _json_value,
@@ -37,13 +33,19 @@ from .families.policy import (  # noqa: F401  (also the names tools and tests us
     rtc_option,
     select_instruction,
 )
-from .nn.rtc import SCHEDULES
-from .ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
-from .quant import QUANT_MODES
-from .runtime import CAPTURE_MODES, CaptureUnavailableError
-from .serve import commands as serve_commands
-from .serve import onnx_source
-from .train import commands as train_commands
+from ..nn.rtc import SCHEDULES
+from ..ops import BACKEND_NAMES, CUDA_ATTENTION_KERNELS, BackendUnavailableError
+from ..quant import QUANT_MODES
+from ..runtime import CAPTURE_MODES, CaptureUnavailableError
+from ..serve import onnx_source
+from . import eval as eval_commands
+from . import export as export_command
+from . import reconstruct as vggt_commands
+from . import serve as serve_commands
+from . import shape as shape_command
+from . import texture as texture_command
+from . import train as train_commands
+from .model import PROG, cmd_bench, cmd_info, cmd_profile, cmd_run, stage_split  # noqa: F401  (stage_split: tools)
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +160,7 @@ class CommandParser(OneLineErrors):
 def _policy_options(every_family: bool = False) -> argparse.ArgumentParser:
     """Options shared by every subcommand that builds a policy; ``every_family``: of ``run``, ``info``, ``bench`` and
     ``profile``, which take a model of any family (its presets, dtypes and the families' own options)."""
-    from .policies import preset_names as policy_preset_names
+    from ..policies import preset_names as policy_preset_names
 
     presets = preset_names() if every_family else policy_preset_names()
     dtypes = DTYPE_CHOICES if every_family else POLICY_DTYPES
@@ -411,7 +413,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, BackendUnavailableError, CaptureUnavailableError, ImportError, ConnectionError) as exc:
         print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

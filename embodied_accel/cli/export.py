@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from ..argtypes import RESULTS_DIR, positive_float, positive_int
-from .engine import DEFAULT_OPSET
+from ..export.engine import DEFAULT_OPSET
 
 DEFAULT_MODEL = "pi0-tiny"
 
@@ -68,7 +68,7 @@ def _options(args: argparse.Namespace, family: str) -> dict:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from . import export_model, family_of
+    from ..export import export_model, family_of
 
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
     family = family_of(source)
@@ -86,7 +86,7 @@ def run_export(args: argparse.Namespace) -> int:
         say(f"note: {source} has seeded random weights, not a trained model's: the export computes noise (the "
             "manifest records random_weights); export a --checkpoint for real ones")  # fmt: skip
     if args.tensorrt:
-        from .tensorrt import build_engines
+        from ..export.tensorrt import build_engines
 
         engines = build_engines(args.output, args.tensorrt)
         say(f"built {len(engines)} TensorRT {args.tensorrt} engines")

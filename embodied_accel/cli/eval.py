@@ -83,7 +83,7 @@ def add_eval_command(add_command: Callable[..., argparse.ArgumentParser], policy
 
 
 def cmd_eval_libero(args: argparse.Namespace) -> int:
-    from .libero import (
+    from ..eval.libero import (
         CONTROL_HZ,
         LEROBOT_LIBERO_CAMERAS,
         LiberoProcess,
@@ -93,7 +93,7 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
         plan_episodes,
         resolve_suite,
     )
-    from .rollout import DirectPolicy, RemotePolicy, format_table, run_episodes, summarize
+    from ..eval.rollout import DirectPolicy, RemotePolicy, format_table, run_episodes, summarize
 
     suite = resolve_suite(args.suite)
     python = find_simulator_python(args.sim_python)

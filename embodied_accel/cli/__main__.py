@@ -1,0 +1,7 @@
+"""``python -m embodied_accel.cli``: the ``embodied-accel`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

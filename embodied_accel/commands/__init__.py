@@ -1,1 +1,0 @@
-"""The ``embodied-accel`` commands, one module per command (``cli.py`` dispatches to them)."""
