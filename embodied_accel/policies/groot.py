@@ -17,7 +17,7 @@ it (:mod:`embodied_accel.nn.rtc`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,13 +133,7 @@ class GrootPolicy(Policy):
             runner = Runner(device, capture, plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
         super().__init__(model, processor, runner, source=source, random_weights=random_weights)
         self.pad_id = pad_id
-        self._build = BufferBuilders(model, self.device)
-        #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
-        self.model_call = runner.call(self._model_call, self.plan, assemble_buffers)
-        #: The same call with real-time chunking's guidance: the leftover, its weights and the clip are tensors of
-        #: the call, so any delay and any mix of rows with and without it share one capture per bucket. Calls
-        #: without guidance run the call above, unchanged.
-        self.model_call_rtc = runner.call(self._model_call_rtc, self.plan, assemble_buffers)
+        self._calls(runner)
         spec = processor.spec
         state_norm, action_norm = _describe_norms(spec)
         self.io = GrootIO(
@@ -152,6 +146,15 @@ class GrootPolicy(Policy):
             state_norm=state_norm,
             action_norm=action_norm,
         )
+
+    def _calls(self, runner: Runner) -> None:
+        self._build = BufferBuilders(self.model, self.device)
+        #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
+        self.model_call = runner.call(self._model_call, self.plan, assemble_buffers)
+        #: The same call with real-time chunking's guidance: the leftover, its weights and the clip are tensors of
+        #: the call, so any delay and any mix of rows with and without it share one capture per bucket. Calls
+        #: without guidance run the call above, unchanged.
+        self.model_call_rtc = runner.call(self._model_call_rtc, self.plan, assemble_buffers)
 
     def _rebuild(self, runner: Runner) -> GrootPolicy:
         return GrootPolicy(self.model, self.processor, source=self.source, random_weights=self.random_weights,
@@ -475,14 +478,61 @@ def load_groot_policy(
 
 
 def _recognizes(path: Path, config: dict[str, Any] | None) -> bool:
-    return is_groot_checkpoint(config)
+    from ..models.groot.n17_weights import is_groot_n17_checkpoint
+
+    return is_groot_checkpoint(config) or is_groot_n17_checkpoint(config)
+
+
+def _is_n17(source: str, preset: str | None) -> bool:
+    """Whether ``source`` (a preset or a checkpoint directory, with ``preset`` naming its backbone) is GR00T N1.7:
+    an N1.7 preset, or a checkpoint whose config.json says so (an N1.6 checkpoint given an N1.7 preset goes to the
+    N1.7 loader, which names the mismatch)."""
+    from ..models.groot.n17_config import PRESETS as N17_PRESETS
+    from ..models.groot.n17_weights import is_groot_n17_checkpoint
+
+    if source in N17_PRESETS or preset in N17_PRESETS:
+        return True
+    path = Path(source)
+    if not path.is_dir():
+        return False
+    from . import _read_config
+
+    return is_groot_n17_checkpoint(_read_config(path))
+
+
+def load_groot_family_policy(preset_or_checkpoint: str, **options: Any):
+    """A GR00T policy of the version ``preset_or_checkpoint`` names: N1.7 (:class:`.groot_n17.GrootN17Policy`) for
+    an N1.7 preset or checkpoint, else N1.6 (:func:`load_groot_policy`)."""
+    if _is_n17(str(preset_or_checkpoint), options.get("preset")):
+        from .groot_n17 import load_groot_n17_policy
+
+        return load_groot_n17_policy(preset_or_checkpoint, **options)
+    return load_groot_policy(preset_or_checkpoint, **options)
+
+
+class _Presets(Collection):
+    """The preset names of every GR00T version, a live view of their preset tables."""
+
+    def _names(self) -> list[str]:
+        from ..models.groot.n17_config import PRESETS as N17_PRESETS
+
+        return [*PRESETS, *N17_PRESETS]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
 
 
 FAMILY = PolicyFamily(
     name="groot",
-    presets=PRESETS.keys(),  # a live view: a preset added to PRESETS later is known too
+    presets=_Presets(),
     recognizes=_recognizes,
-    load=load_groot_policy,
-    describe_checkpoint='a GR00T N1.6 directory (config.json with "model_type": "Gr00tN1d6", sharded safetensors, '
-    "processor_config.json, statistics.json, embodiment_id.json)",
+    load=load_groot_family_policy,
+    describe_checkpoint='a GR00T N1.6 or N1.7 directory (config.json with "model_type": "Gr00tN1d6" or "Gr00tN1d7", '
+    "sharded safetensors, processor_config.json, statistics.json, embodiment_id.json)",
 )
