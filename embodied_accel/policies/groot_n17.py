@@ -11,14 +11,18 @@ schedule, the cross-attention K/V) before the call is first run or captured, so 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..errors import ObservationError
+from ..models.groot.n17_images import crop_and_resize, patchify, qwen_resize
+from ..models.groot.n17_processor import TOKEN_IDS_KEY, N17Inputs, N17Row
 from ..models.groot.n17_model import (
     GrootN17Bucket,
     GrootN17Buffers,
@@ -26,10 +30,34 @@ from ..models.groot.n17_model import (
     N17BufferBuilders,
     assemble_n17_buffers,
 )
-from ..nn.rtc import ChunkGuidance
+from ..models.groot.n17_config import PRESETS as N17_PRESETS
+from ..models.groot.n17_config import get_preset as get_n17_preset
+from ..models.groot.n17_processor import GrootN17Processor
+from ..models.groot.n17_weights import init_n17_random_weights, load_n17_weights, n17_config_from_checkpoint
+from ..models.groot.plans import N17_W8A8_PLAN
+from ..nn.rtc import RTC_KEYS, ChunkGuidance, RtcSettings
+from ..ops import get_ops
+from ..quant import check_quant, quantize
 from ..runtime.buffers import BufferSpec
 from ..runtime.runner import Runner
-from .groot import TOKENS_KEY, GrootPolicy
+from . import RANDOM_WEIGHTS_LOGGER
+from .groot import COMPUTE_DTYPES, GrootPolicy
+from .. import platform as platform_mod
+
+#: The frames' shortest edge of a preset's embodiment (the tiny preset's ViT is small).
+PRESET_IMAGE_SIZE = {"groot-n1.7-tiny": 64}
+
+
+@dataclass
+class GrootN17Row:
+    """One validated observation: the processor's row, and the signature rows share a call by (their images'
+    patch grids)."""
+
+    row: N17Row
+
+    @property
+    def signature(self) -> tuple:
+        return tuple(tuple(int(v) for v in grid) for grid in self.row.image_grid_thw)
 
 
 @dataclass
@@ -54,6 +82,8 @@ class GrootN17Policy(GrootPolicy):
     Build it with :func:`~.groot.load_groot_policy` (an N1.7 preset or checkpoint)."""
 
     token_bucket = 32
+    #: Real-time chunking is not offered for N1.7 (requests that bring a previous chunk are refused).
+    rtc = None
 
     def _calls(self, runner: Runner) -> None:
         self._build = N17BufferBuilders(self.model, self.device)
@@ -99,40 +129,57 @@ class GrootN17Policy(GrootPolicy):
 
     # ---- the pieces
 
-    def _to_device(self, host, num_steps: int | None) -> GrootN17Inputs:
+    def prepare(self, observations: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+                num_steps: int | None = None) -> GrootN17Inputs:  # fmt: skip
+        """Observation dict (or list of them) → model inputs on the device, padded to a bucket."""
+        if isinstance(observations, Mapping):
+            observations = [observations]
+        rows = self.validate_batch(list(observations))
+        return self._to_device(self.processor.prepare([r.row for r in rows]), num_steps)
+
+    def validate(self, observation: Mapping[str, Any], where: str = "observation") -> GrootN17Row:
+        """Check and process one observation on the host (frames to patches, prompt tokenized, state encoded;
+        raises :class:`ObservationError` naming the field): what the server does on its decoder threads."""
+        if isinstance(observation, Mapping) and any(key in observation for key in RTC_KEYS):
+            raise ObservationError(f"{where}: {', '.join(k for k in RTC_KEYS if k in observation)}: real-time "
+                                   "chunking is not available for GR00T N1.7 policies")  # fmt: skip
+        return GrootN17Row(self.processor.validate(observation, where))
+
+    def validate_batch(self, observations: Sequence[Mapping[str, Any]]) -> list[GrootN17Row]:
+        if not observations:
+            raise ObservationError("observations: expected at least one observation")
+        single = len(observations) == 1
+        return [self.validate(obs, "observation" if single else f"observation {i}") for i, obs in enumerate(observations)]
+
+    def _to_device(self, host: N17Inputs, num_steps: int | None) -> GrootN17Inputs:
         cfg = self.config
-        lengths = [len(ids) for ids in host.token_ids]
-        seq_len = -(-max(lengths) // self.token_bucket) * self.token_bucket
-        batch = len(lengths)
+        batch, length = host.input_ids.shape
+        seq_len = -(-length // self.token_bucket) * self.token_bucket
         if seq_len > cfg.max_token_len:
-            raise ObservationError(f"prompt: {max(lengths)} tokens (image tokens included); at most "
-                                   f"{cfg.max_token_len} are allowed")  # fmt: skip
-        ids = np.full((batch, seq_len), self.pad_id, dtype=np.int64)
+            raise ObservationError(f"prompt: {length} tokens (image tokens included); at most {cfg.max_token_len} "
+                                   "are allowed")  # fmt: skip
+        ids = np.full((batch, seq_len), self.processor.pad_id, dtype=np.int64)
         valid = np.zeros((batch, seq_len), dtype=bool)
-        for row, tokens in enumerate(host.token_ids):
-            ids[row, seq_len - len(tokens) :] = tokens
-            valid[row, seq_len - len(tokens) :] = True
+        ids[:, seq_len - length :] = host.input_ids
+        valid[:, seq_len - length :] = host.attention_mask.astype(bool)
         if ids.max() >= cfg.vocab_size or ids.min() < 0:
             raise ObservationError(f"prompt token ids must be in [0, {cfg.vocab_size}); got {ids.min()}..{ids.max()}")
         grids = tuple(tuple(int(v) for v in grid) for grid in np.asarray(host.image_grid_thw).reshape(-1, 3))
-        merge = cfg.backbone.vision.spatial_merge_size**2
+        merge = self.processor.image_settings.merge_size**2
         per_row = sum(t * h * w for t, h, w in grids) // merge // batch
         counts = ((ids == cfg.image_token_id) & valid).sum(axis=1)
         if (counts != per_row).any():
             raise ObservationError(f"prompt: {counts.tolist()} image tokens per row, the images give {per_row}")
         bucket = GrootN17Bucket(batch=batch, image_grid_thw=grids, seq_len=seq_len, state_horizon=host.state.shape[1],
                                 num_steps=num_steps or cfg.num_steps)  # fmt: skip
-        device, guidance = self.device, host.guidance
-        if guidance is not None:
-            guidance = ChunkGuidance(*(t.to(device) for t in (guidance.previous, guidance.weights, guidance.max_weight)))
+        device = self.device
         return GrootN17Inputs(
             input_ids=torch.from_numpy(ids).to(device),
             valid=torch.from_numpy(valid).to(device),
             pixel_values=torch.from_numpy(np.ascontiguousarray(host.pixel_values, dtype=np.float32)).to(device),
-            state=torch.from_numpy(host.state).to(device),
+            state=torch.from_numpy(np.ascontiguousarray(host.state, dtype=np.float32)).to(device),
             raw_state=host.raw_state,
             bucket=bucket,
-            guidance=guidance,
         )
 
     def sample(self, inputs: GrootN17Inputs, noise: torch.Tensor | None = None) -> torch.Tensor:
@@ -145,6 +192,20 @@ class GrootN17Policy(GrootPolicy):
         if guidance is None:
             return self.model_call(inputs.bucket, *args)
         return self.model_call_rtc(inputs.bucket, *args, guidance.previous, guidance.weights, guidance.max_weight)
+
+    def postprocess(self, chunk: torch.Tensor, raw_state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Normalized chunk → robot actions per key ``[B, action_horizon, D]`` (float32)."""
+        return self.processor.postprocess(chunk, raw_state)
+
+    def outputs(self, rows: Sequence[GrootN17Row], *, noise=None, seed: int | None = None,
+                num_steps=None) -> dict[str, Any]:  # fmt: skip
+        """Validated rows → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D]}`` (float32)."""
+        inputs = self._to_device(self.processor.prepare([r.row for r in rows]), num_steps)
+        chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed))
+        per_key = self.postprocess(chunk, inputs.raw_state)
+        result: dict[str, Any] = {"actions": np.concatenate(list(per_key.values()), axis=-1)}
+        result.update({f"action.{key}": value for key, value in per_key.items()})
+        return result
 
     def stage_fns(self, inputs: GrootN17Inputs, num_steps: int | None = None) -> dict[str, Callable[[], object]]:
         """Callables for timing the stages apart: backbone (incl. vision), action head (every step)."""
@@ -195,8 +256,103 @@ class GrootN17Policy(GrootPolicy):
         if self.processor.tokenizer is not None:
             obs["task"] = "pick up the red block and place it on the plate"
             return obs
-        obs[TOKENS_KEY] = self.processor.sample_token_ids(obs, rng)
+        # without a tokenizer: the prompt as ids, the image pad id once per merged patch of each camera
+        settings = self.processor.image_settings
+        per_image = []
+        for _ in range(spec.video_horizon):
+            for key in spec.video_keys:
+                _, (t, h, w) = patchify(qwen_resize(crop_and_resize(obs[f"video.{key}"][0], settings), settings), settings)
+                per_image.append(int(t * h * w) // settings.merge_size**2)
+        text = rng.integers(1, min(self.config.vocab_size, self.config.image_token_id), size=24).tolist()
+        ids = text[:16]
+        for count in per_image:
+            ids += text[16:18] + [self.config.image_token_id] * count + text[18:20]
+        obs[TOKEN_IDS_KEY] = np.asarray(ids + text[20:], dtype=np.int64)
         return obs
 
 
-__all__ = ["GrootN17Inputs", "GrootN17Policy"]
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def load_groot_n17_policy(
+    preset_or_checkpoint: str,
+    *,
+    embodiment: str | None = None,
+    backend: str = "auto",
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    preset: str | None = None,
+    tokenizer: str | Path | None = None,
+    num_views: int | None = None,
+    capture: str = "eager",
+    progress: bool = True,
+    cuda_attention: str = "sdpa",
+    rtc: RtcSettings | None = None,
+    backbone_config: str | Path | None = None,
+    quant: str = "none",
+) -> GrootN17Policy:
+    """Build a GR00T N1.7 policy from a preset name (seeded random weights) or a checkpoint directory; the options
+    are :func:`~.groot.load_groot_policy`'s. ``tokenizer``: the Qwen3-VL (Cosmos-Reason2-2B) model directory with
+    its tokenizer and image processor files (default: the checkpoint's own, if it has them); ``backbone_config``:
+    the Qwen3-VL ``config.json`` the checkpoint was trained with (default: Cosmos-Reason2-2B, or ``preset``'s)."""
+    check_quant(quant)
+    if rtc is not None:
+        raise ValueError("rtc: real-time chunking is not available for GR00T N1.7 policies")
+    compute_dtype = platform_mod.resolve_dtype(dtype, COMPUTE_DTYPES)
+    Runner.prepare(capture)
+    device = platform_mod.normalize_device(device)
+    ops = get_ops(backend, cuda_attention=cuda_attention)
+    path = Path(preset_or_checkpoint)
+    is_checkpoint = path.is_dir()
+    if backbone_config is not None and not is_checkpoint:
+        raise ValueError("backbone_config: only used with a checkpoint directory (a preset has its own backbone)")
+    if is_checkpoint:
+        config = n17_config_from_checkpoint(path, preset, backbone_config)
+        processor = GrootN17Processor.from_checkpoint(path, embodiment=embodiment, tokenizer=tokenizer,
+                                                      num_slots=config.max_num_embodiments,
+                                                      state_history_length=config.state_history_length)  # fmt: skip
+        if num_views is not None and num_views != len(processor.spec.video_keys):
+            raise ValueError(f"num_views: embodiment {processor.spec.tag!r} has {len(processor.spec.video_keys)} "
+                             f"cameras ({', '.join(processor.spec.video_keys)}); got {num_views}")  # fmt: skip
+    elif preset_or_checkpoint in N17_PRESETS:
+        if preset is not None:
+            raise ValueError("preset: only used with a checkpoint directory; pass the preset name directly")
+        if embodiment is not None and embodiment != "new_embodiment":
+            raise ValueError(f"embodiment: the {preset_or_checkpoint} preset (random weights) has one embodiment, "
+                             f"'new_embodiment'; got {embodiment!r}")  # fmt: skip
+        if num_views is not None and (not isinstance(num_views, int) or num_views < 1):
+            raise ValueError(f"num_views: expected a positive int, got {num_views!r}")
+        config = get_n17_preset(preset_or_checkpoint)
+        vision = config.backbone.vision
+        processor = GrootN17Processor.from_preset(
+            max_state_dim=config.max_state_dim, max_action_dim=config.max_action_dim,
+            model_horizon=config.action_horizon, num_views=num_views or 1,
+            state_history_length=config.state_history_length, image_size=PRESET_IMAGE_SIZE.get(config.name, 256),
+            patch_size=vision.patch_size, merge_size=vision.spatial_merge_size, tokenizer=tokenizer,
+        )  # fmt: skip
+    else:
+        raise ValueError(f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a GR00T N1.7 preset; "
+                         f"presets: {', '.join(N17_PRESETS)}")  # fmt: skip
+    if processor.image_token_id != config.image_token_id:
+        raise ValueError(f"tokenizer: the image pad token is id {processor.image_token_id}, the model expects "
+                         f"{config.image_token_id} (a tokenizer of another model?)")  # fmt: skip
+
+    with torch.device("meta"):
+        model = GrootN17Model(config, ops, compute_dtype)
+    if is_checkpoint:
+        load_n17_weights(model, path, processor.spec.slot, device, progress=progress)
+    else:
+        init_n17_random_weights(model, seed, device)
+        logging.getLogger(RANDOM_WEIGHTS_LOGGER).warning(
+            "%s: seeded random weights (seed %d), not a trained policy", config.name, seed
+        )
+    model.eval()
+    quantize(model, quant, N17_W8A8_PLAN)
+    return GrootN17Policy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint,
+                          device=device, capture=capture, pad_id=processor.pad_id)  # fmt: skip
+
+
+__all__ = ["GrootN17Inputs", "GrootN17Policy", "GrootN17Row", "load_groot_n17_policy"]
