@@ -265,8 +265,9 @@ class GrootN17Policy(GrootPolicy):
                 per_image.append(int(t * h * w) // settings.merge_size**2)
         text = rng.integers(1, min(self.config.vocab_size, self.config.image_token_id), size=24).tolist()
         ids = text[:16]
-        for count in per_image:
-            ids += text[16:18] + [self.config.image_token_id] * count + text[18:20]
+        start, end = self.config.backbone.vision_start_token_id, self.config.backbone.vision_start_token_id + 1
+        for count in per_image:  # <|vision_start|> <|image_pad|> x count <|vision_end|>, as the chat template writes
+            ids += text[16:18] + [start] + [self.config.image_token_id] * count + [end]
         obs[TOKEN_IDS_KEY] = np.asarray(ids + text[20:], dtype=np.int64)
         return obs
 
@@ -326,12 +327,12 @@ def load_groot_n17_policy(
         if num_views is not None and (not isinstance(num_views, int) or num_views < 1):
             raise ValueError(f"num_views: expected a positive int, got {num_views!r}")
         config = get_n17_preset(preset_or_checkpoint)
-        vision = config.backbone.vision
+        backbone = config.backbone
         processor = GrootN17Processor.from_preset(
             max_state_dim=config.max_state_dim, max_action_dim=config.max_action_dim,
             model_horizon=config.action_horizon, num_views=num_views or 1,
             state_history_length=config.state_history_length, image_size=PRESET_IMAGE_SIZE.get(config.name, 256),
-            patch_size=vision.patch_size, merge_size=vision.spatial_merge_size, tokenizer=tokenizer,
+            patch_size=backbone.patch_size, merge_size=backbone.spatial_merge_size, tokenizer=tokenizer,
         )  # fmt: skip
     else:
         raise ValueError(f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a GR00T N1.7 preset; "

@@ -77,11 +77,11 @@ class GrootN17Config:
 
     @property
     def backbone_width(self) -> int:
-        return self.backbone.text.width
+        return self.backbone.hidden_size
 
     @property
     def vocab_size(self) -> int:
-        return self.backbone.text.vocab_size
+        return self.backbone.vocab_size
 
     @property
     def image_token_id(self) -> int:
@@ -105,9 +105,9 @@ class GrootN17Config:
         if self.dit.cross_dim != self.backbone_width:
             raise ValueError(f"{self.name}: the DiT attends to {self.dit.cross_dim}-wide tokens but the backbone "
                              f"emits {self.backbone_width}")  # fmt: skip
-        if not 1 <= self.select_layer <= self.backbone.text.depth:
+        if not 1 <= self.select_layer <= self.backbone.num_layers:
             raise ValueError(f"{self.name}: select_layer {self.select_layer} is outside the backbone's 1.."
-                             f"{self.backbone.text.depth} text layers")  # fmt: skip
+                             f"{self.backbone.num_layers} text layers")  # fmt: skip
         if self.vl_self_attention is not None and self.vl_self_attention.inner != self.backbone_width:
             raise ValueError(f"{self.name}: vl_self_attention is {self.vl_self_attention.num_heads} x "
                              f"{self.vl_self_attention.head_dim} wide; the backbone emits {self.backbone_width}")  # fmt: skip
@@ -116,7 +116,7 @@ class GrootN17Config:
         if self.state_history_length < 1:
             raise ValueError(f"{self.name}: state_history_length must be >= 1, got {self.state_history_length}")
         if self.vl_self_attention is not None and self.vl_self_attention.sinusoidal:
-            if self.max_prompt_tokens > self.vl_self_attention.max_positions:
+            if self.max_prompt_tokens > self.vl_self_attention.max_positions:  # the official table is this long
                 raise ValueError(f"{self.name}: max_prompt_tokens {self.max_prompt_tokens} > the vl self-attention's "
                                  f"{self.vl_self_attention.max_positions} sinusoid positions")  # fmt: skip
 
@@ -124,6 +124,26 @@ class GrootN17Config:
 PRESETS: dict[str, GrootN17Config] = {
     # nvidia/GR00T-N1.7-3B as the official config class describes it (sizes; weights are random for a preset)
     "groot-n1.7": GrootN17Config(name="groot-n1.7"),
+    # A reduced config for tests and demos (the Qwen3-VL vocabulary kept, so that its tokenizer's ids fit).
+    "groot-n1.7-tiny": GrootN17Config(
+        name="groot-n1.7-tiny",
+        backbone=Qwen3VLConfig(
+            hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+            vocab_size=COSMOS_REASON2_2B.vocab_size, mrope_section=(4, 2, 2), vision_depth=2, vision_hidden_size=32,
+            vision_num_heads=2, vision_intermediate_size=64, out_hidden_size=64, num_position_embeddings=16,
+            deepstack_visual_indexes=(0,),
+        ),
+        select_layer=2,
+        vl_self_attention=VLSelfAttentionConfig(depth=1, num_heads=2, head_dim=32),
+        dit=DiTConfig(depth=4, num_heads=2, head_dim=16, cross_dim=64, output_dim=24),
+        hidden_size=24,
+        max_state_dim=16,
+        max_action_dim=12,
+        action_horizon=8,
+        max_num_embodiments=12,
+        max_seq_len=32,
+        max_prompt_tokens=512,
+    ),
 }
 
 #: Gr00tN1d7Config's defaults for fields a checkpoint's config.json may leave out (it lists only the fields that

@@ -107,7 +107,7 @@ class GrootN17Model(GrootHead):
 
         ``input_ids`` / ``valid``: ``[B, L]`` left-padded; ``pixel_values``: the images' patches, as the processor
         flattens them (``[patches, C * T * p * p]``)."""
-        return self.qwen3_vl(input_ids, valid.long(), pixel_values, buffers.backbone)
+        return self.qwen3_vl(input_ids, valid, pixel_values, buffers.backbone)
 
     def encode_state(self, state: torch.Tensor) -> torch.Tensor:
         """Normalized states ``[B, state_history_length, max_state_dim]`` → one state token ``[B, 1, inner]``."""

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ...errors import CheckpointError
-from ...nn.qwen3_vl import UNUSED_CHECKPOINT_KEYS, Qwen3VLConfig
+from ...nn.qwen3_vl import Qwen3VLConfig
 from ...ops import get_ops
 from ..loading import KeyRule, Rule, assign_weights, expand, linear, load_into, open_sharded
 from .n17_config import (
@@ -63,19 +63,17 @@ def vl_self_attention_table() -> tuple[KeyRule, ...]:
 def n17_rules(model: GrootN17Model, slot: int) -> list[Rule]:
     """One rule per parameter of ``model``: the backbone's, the head's (per-embodiment tensors at row ``slot``)."""
     config = model.config
-    backbone = [
-        Rule(f"qwen3_vl.{name}", (key,), "copy", tuple(shape))
-        for key, (name, shape) in model.qwen3_vl.checkpoint_entries(BACKBONE).items()
-    ]
+    backbone = [Rule(**entry.as_rule_fields()) for entry in model.qwen3_vl.weight_entries(BACKBONE, "qwen3_vl.")]
     owned = {rule.target for rule in backbone}
     rest = [(name, p) for name, p in model.named_parameters() if name not in owned]
     head = expand(rest, (*head_table(config), *vl_self_attention_table()), config.name)
     return backbone + per_embodiment_rows(head, config.max_num_embodiments, slot)
 
 
-def ignored_keys(config: GrootN17Config) -> tuple[str, ...]:
+def ignored_keys(model: GrootN17Model) -> tuple[str, ...]:
     """Checkpoint keys (prefixes) present in N1.7 checkpoints and never read."""
-    keys = tuple(f"{BACKBONE}{key}" for key in UNUSED_CHECKPOINT_KEYS) + (f"{HEAD}.mask_token",)
+    config = model.config
+    keys = model.qwen3_vl.unused_checkpoint_prefixes(BACKBONE) + (f"{HEAD}.mask_token",)
     if config.vl_self_attention is not None:
         keys += tuple(f"{VL_SA}.{i}.pos_embed.pe" for i in range(config.vl_self_attention.depth))
     return keys
@@ -241,7 +239,7 @@ def load_n17_weights(model: GrootN17Model, checkpoint_dir: str | Path, slot: int
         return "checkpoint does not match the GR00T N1.7 model:"
 
     load_into(model, reader, n17_rules(model, slot), heading=heading, device=device, dtype=model.compute_dtype,
-              ignored=ignored_keys(config), progress=progress, what="GR00T N1.7 weights")  # fmt: skip
+              ignored=ignored_keys(model), progress=progress, what="GR00T N1.7 weights")  # fmt: skip
     _check_sinusoid_tables(reader, config)
     logger.info("embodiment slot %d of %s", slot, checkpoint_dir)
 
