@@ -109,7 +109,8 @@ def image_settings(kwargs: Mapping, image_config: Mapping) -> N17ImageSettings:
         merge_size=int(image_config.get("merge_size", defaults.merge_size)),
         min_pixels=int(image_config.get("min_pixels") or size.get("shortest_edge", defaults.min_pixels)),
         max_pixels=int(image_config.get("max_pixels") or size.get("longest_edge", defaults.max_pixels)),
-        mean=tuple(image_config.get("image_mean", defaults.mean)), std=tuple(image_config.get("image_std", defaults.std)),
+        mean=tuple(image_config.get("image_mean", defaults.mean)),
+        std=tuple(image_config.get("image_std", defaults.std)),
         rescale_factor=float(image_config.get("rescale_factor", defaults.rescale_factor)),
     )  # fmt: skip
 
@@ -302,7 +303,8 @@ class GrootN17Processor:
         ids without a tokenizer (default Qwen3-VL's); ``max_prompt_tokens`` bounds an instruction's size."""
         self.spec, self.image_settings, self.tokenizer = spec, images, tokenizer
         self.max_state_dim, self.max_action_dim, self.model_horizon = max_state_dim, max_action_dim, model_horizon
-        self.formalize_language, self.exclude_state, self.max_prompt_tokens = formalize_language, exclude_state, max_prompt_tokens
+        self.formalize_language, self.exclude_state = formalize_language, exclude_state
+        self.max_prompt_tokens = max_prompt_tokens
         if tokenizer is not None:
             image_token_id, pad_id = tokenizer.image_token_id, tokenizer.pad_id
         self.image_token_id = QWEN3_VL_IMAGE_PAD_ID if image_token_id is None else image_token_id
@@ -422,8 +424,9 @@ class GrootN17Processor:
         for s in self.spec.state:
             value = self._lookup(obs, "state", s.key)
             if value is None:
+                names = ", ".join("state." + k.key for k in self.spec.state)
                 raise ObservationError(f"observation['state.{s.key}']: missing; the embodiment {self.spec.tag!r} "
-                                       f"needs state keys {', '.join('state.' + k.key for k in self.spec.state)}")  # fmt: skip
+                                       f"needs state keys {names}")  # fmt: skip
             arr = np.asarray(value)
             if arr.dtype.kind not in "biuf":
                 raise ObservationError(f"observation['state.{s.key}']: expected numbers, got {arr.dtype}")
@@ -431,9 +434,9 @@ class GrootN17Processor:
             if arr.ndim == 1 and horizon == 1:
                 arr = arr[None]
             if arr.shape != (horizon, s.dim):
+                single = f" (or [{s.dim}])" if horizon == 1 else ""
                 raise ObservationError(f"observation['state.{s.key}']: expected [{horizon}, {s.dim}] (the last "
-                                       f"{horizon} states){' (or [%d])' % s.dim if horizon == 1 else ''}, got "
-                                       f"{list(np.shape(value))}")  # fmt: skip
+                                       f"{horizon} states){single}, got {list(np.shape(value))}")  # fmt: skip
             if not np.isfinite(arr).all():
                 raise ObservationError(f"observation['state.{s.key}']: contains NaN or infinity")
             out[s.key] = arr
@@ -478,10 +481,10 @@ class GrootN17Processor:
                                        f"({image_tokens} per image)")  # fmt: skip
             return ids.astype(np.int64).tolist()
         if instruction is not None:
-            raise ObservationError(f"observation: an instruction text but no tokenizer; pass tokenizer= (the "
-                                   f"Qwen3-VL backbone's directory) or the prompt's ids as {TOKEN_IDS_KEY!r}")  # fmt: skip
+            raise ObservationError("observation: an instruction text but no tokenizer; pass tokenizer= (the Qwen3-VL "
+                                   f"backbone's directory) or the prompt's ids as {TOKEN_IDS_KEY!r}")  # fmt: skip
         raise ObservationError(f"observation[{self.spec.language_key!r}]: missing; the instruction is expected as "
-                               f"text there (or 'task' / 'prompt'), or as prompt token ids {TOKEN_IDS_KEY!r}")  # fmt: skip
+                               f"text there (or 'task' / 'prompt'), or as token ids {TOKEN_IDS_KEY!r}")  # fmt: skip
 
     def validate(self, obs: Mapping[str, Any], where: str = "observation") -> N17Row:
         """One observation checked and processed on the host; raises :class:`ObservationError` naming the key."""
@@ -508,7 +511,8 @@ class GrootN17Processor:
         if not observations:
             raise ObservationError("observations: expected at least one observation")
         single = len(observations) == 1
-        return [self.validate(obs, "observation" if single else f"observation {i}") for i, obs in enumerate(observations)]
+        return [self.validate(obs, "observation" if single else f"observation {i}")
+                for i, obs in enumerate(observations)]  # fmt: skip
 
     def prepare(self, rows: Sequence[N17Row]) -> N17Inputs:
         """Validated rows → one batch: prompts left-padded with the pad token, patches concatenated row by row."""

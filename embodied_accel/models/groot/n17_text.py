@@ -79,10 +79,12 @@ class N17Tokenizer:
             import jinja2.sandbox
             from tokenizers import Tokenizer
         except ImportError as exc:
-            raise ImportError(f"the GR00T N1.7 tokenizer needs the tokenizers and jinja2 packages: {EXTRA} ({exc})") from None
+            raise ImportError(f"the GR00T N1.7 tokenizer needs the tokenizers and jinja2 packages: {EXTRA} "
+                              f"({exc})") from None  # fmt: skip
         self.directory = directory
         self.source = str(directory)
-        config = _read_json(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").is_file() else {}
+        config_path = directory / "tokenizer_config.json"
+        config = _read_json(config_path) if config_path.is_file() else {}
         if (directory / "tokenizer.json").is_file():
             try:
                 self._tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
@@ -123,7 +125,7 @@ class N17Tokenizer:
         directory = find_n17_tokenizer_dir(path)
         if directory is None:
             raise TokenizerError(f"tokenizer {path}: no tokenizer.json (or vocab.json + merges.txt) with a chat "
-                                 "template there or under tokenizer/ (the Qwen3-VL backbone's model directory)")  # fmt: skip
+                                 "template there or under tokenizer/ (the Qwen3-VL backbone's directory)")  # fmt: skip
         return cls(directory)
 
     def token_id(self, token: str) -> int | None:
