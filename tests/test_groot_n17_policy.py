@@ -1,0 +1,188 @@
+"""The GR00T N1.7 policy behind the common interface: presets, ``load_policy`` choosing N1.6 or N1.7 from
+config.json, batches with padding, capture (compile, the capture-safety check), W8A8, the CLI and the server."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from test_cudagraph import CaptureSafety
+from test_groot_n17_model import SLOT, checkpoint_tensors, tiny_config_json, write_checkpoint
+
+from embodied_accel import load_policy
+from embodied_accel.cli import main
+from embodied_accel.errors import CheckpointError
+from embodied_accel.models.groot.n17_processor import TOKEN_IDS_KEY
+from embodied_accel.policies import family_of, preset_names
+from embodied_accel.policies.groot import GrootPolicy
+from embodied_accel.policies.groot_n17 import GrootN17Policy
+
+requires_groot_extra = pytest.mark.skipif(
+    any(__import__("importlib").util.find_spec(m) is None for m in ("cv2",)),
+    reason="needs the groot extra: pip install 'embodied-accel[groot]' (opencv)",
+)
+pytestmark = requires_groot_extra
+
+
+def _stats(dim, seed):
+    rng = np.random.default_rng(seed)
+    low = rng.normal(size=dim) - 1
+    high = low + rng.uniform(0.5, 2.0, size=dim)
+    return {"min": low.tolist(), "max": high.tolist(), "q01": (low + 0.1).tolist(), "q99": (high - 0.1).tolist(),
+            "mean": rng.normal(size=dim).tolist(), "std": rng.uniform(0.5, 2.0, size=dim).tolist()}  # fmt: skip
+
+
+DIMS = {"joints": 5, "grip": 1}
+MODALITIES = {
+    "video": {"delta_indices": [0], "modality_keys": ["front"]},
+    "state": {"delta_indices": [0], "modality_keys": list(DIMS)},
+    "action": {"delta_indices": list(range(4)), "modality_keys": list(DIMS),
+               "action_configs": [{"rep": "ABSOLUTE", "type": "NON_EEF", "format": "DEFAULT", "state_key": None}] * 2},
+    "language": {"delta_indices": [0], "modality_keys": ["annotation.task"]},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A whole tiny N1.7 checkpoint: weights in the released layout and the processor files (no tokenizer)."""
+    directory = write_checkpoint(tmp_path_factory.mktemp("groot_n17_policy") / "ckpt", checkpoint_tensors())
+    kwargs = {"modality_configs": {"robot": MODALITIES}, "use_percentiles": True, "use_albumentations": True,
+              "image_crop_size": [230, 230], "image_target_size": [256, 256], "shortest_image_edge": 64,
+              "max_state_dim": 16, "max_action_dim": 12, "max_action_horizon": 8}  # fmt: skip
+    (directory / "processor_config.json").write_text(json.dumps({"processor_kwargs": kwargs}))
+    stats = {k: _stats(d, i) for i, (k, d) in enumerate(DIMS.items())}
+    (directory / "statistics.json").write_text(json.dumps({"robot": {"state": stats, "action": stats}}))
+    (directory / "embodiment_id.json").write_text(json.dumps({"robot": SLOT}))
+    return directory
+
+
+def tiny():
+    return load_policy("groot-n1.7-tiny", progress=False)
+
+
+def observation(policy, seed=0, extra_text=0):
+    obs = policy.sample_observation(seed, 64, 64)
+    if extra_text:  # a longer instruction: the prompt of another length
+        ids = obs[TOKEN_IDS_KEY]
+        obs[TOKEN_IDS_KEY] = np.concatenate([ids[:3], np.arange(100, 100 + extra_text), ids[3:]])
+    return obs
+
+
+def test_presets_and_family_selection(checkpoint, tmp_path):
+    assert {"groot-n1.7", "groot-n1.7-tiny", "groot-n1.6", "groot-tiny"} <= set(preset_names())
+    assert family_of("groot-n1.7-tiny").name == "groot" and family_of(checkpoint).name == "groot"
+    policy = tiny()
+    assert isinstance(policy, GrootN17Policy) and policy.config.version == "n1.7" and policy.random_weights
+    assert isinstance(load_policy("groot-tiny", progress=False), GrootPolicy) and not isinstance(
+        load_policy("groot-tiny", progress=False), GrootN17Policy
+    )
+    loaded = load_policy(str(checkpoint), preset="groot-n1.7-tiny", progress=False)
+    assert isinstance(loaded, GrootN17Policy) and not loaded.random_weights and loaded.processor.spec.slot == SLOT
+    assert loaded.io.action_keys == ("action.joints", "action.grip") and loaded.io.action_horizon == 4
+    # an N1.6 checkpoint given the N1.7 preset: the loader names the mismatch
+    n16 = write_checkpoint(tmp_path / "n16", {}, {**tiny_config_json(), "model_type": "Gr00tN1d6"})
+    with pytest.raises(CheckpointError, match="GR00T N1.6 checkpoint"):
+        load_policy(str(n16), preset="groot-n1.7-tiny", progress=False)
+
+
+def test_checkpoint_policy_runs_and_is_deterministic(checkpoint):
+    policy = load_policy(str(checkpoint), preset="groot-n1.7-tiny", progress=False)
+    obs = observation(policy)
+    first, again = policy.infer(obs, seed=0), policy.infer(obs, seed=0)
+    assert first["actions"].shape == (4, 6) and first["action.joints"].shape == (4, 5)
+    np.testing.assert_array_equal(first["actions"], again["actions"])
+    assert np.isfinite(first["actions"]).all()
+    other = policy.infer(obs, seed=1)
+    assert np.abs(other["actions"] - first["actions"]).max() > 1e-4
+
+
+def test_batch_with_padding_equals_rows_alone():
+    """Rows of different prompt lengths pad to one bucket; each equals its own call (left padding changes
+    nothing in the backbone, the vl self-attention and the head)."""
+    policy = tiny()
+    observations = [observation(policy, 0), observation(policy, 1, extra_text=9)]
+    batch = policy.infer_batch(observations, noise=policy.make_noise(1, seed=3).repeat(2, 1, 1))
+    for i, obs in enumerate(observations):
+        alone = policy.infer(obs, noise=policy.make_noise(1, seed=3))
+        np.testing.assert_allclose(batch["actions"][i], alone["actions"], rtol=0, atol=1e-5)
+    inputs = policy.prepare(observations)
+    assert inputs.bucket.seq_len % policy.token_bucket == 0 and not bool(inputs.valid[0, 0])
+
+
+def test_real_time_chunking_requests_are_refused_by_name():
+    policy = tiny()
+    obs = {**observation(policy), "previous_actions": np.zeros((3, 8), np.float32)}
+    with pytest.raises(Exception, match="previous_actions.*real-time chunking"):
+        policy.infer(obs)
+
+
+def test_whole_call_has_no_capture_unsafe_op():
+    policy = tiny()
+    inputs = policy.prepare([observation(policy, 0), observation(policy, 1, extra_text=5)])
+    buffers = policy.bound_buffers(inputs.bucket)
+    with CaptureSafety() as safety:
+        policy.model.sample_actions(inputs.input_ids, inputs.valid, inputs.pixel_values, inputs.state,
+                                    policy.make_noise(2, seed=0), buffers)  # fmt: skip
+    assert not safety.unsafe, sorted(set(safety.unsafe))
+
+
+@pytest.mark.compile
+def test_compiled_whole_call_is_one_graph_without_recompiles():
+    policy = tiny()
+    inputs = policy.prepare(observation(policy))
+    buffers = policy.bound_buffers(inputs.bucket)
+    args = (inputs.input_ids, inputs.valid, inputs.pixel_values, inputs.state)
+    noise = policy.make_noise(1, seed=0)
+    eager = policy.model.sample_actions(*args, noise, buffers)
+    compiled = torch.compile(policy.model.sample_actions, fullgraph=True, dynamic=False, backend="aot_eager")
+    torch._dynamo.utils.counters.clear()
+    torch.testing.assert_close(compiled(*args, noise, buffers), eager, rtol=1e-5, atol=1e-5)
+    assert not torch._dynamo.utils.counters["graph_break"]
+    other = policy.make_noise(1, seed=1)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        again = compiled(*args, other, buffers)
+    torch.testing.assert_close(again, policy.model.sample_actions(*args, other, buffers), rtol=1e-5, atol=1e-5)
+
+
+def test_w8a8_plan_reaches_backbone_head_and_dit():
+    from embodied_accel.quant.w8a8 import W8A8Linear
+
+    policy = load_policy("groot-n1.7-tiny", quant="w8a8", progress=False)
+    names = {name for name, module in policy.model.named_modules() if isinstance(module, W8A8Linear)}
+    assert {"qwen3_vl.layers.0.qkv", "qwen3_vl.layers.1.down", "vl_blocks.0.ff_in", "dit.blocks.0.q"} <= names
+    assert not any(name.startswith(("qwen3_vl.vision", "state_", "action_", "decoder_")) for name in names)
+    obs = observation(policy)
+    quantized = policy.infer(obs, seed=0)["actions"]
+    reference = tiny().infer(obs, seed=0)["actions"]
+    assert np.isfinite(quantized).all() and np.abs(quantized - reference).max() < 0.25 * np.abs(reference).max() + 0.05
+
+
+def test_cli_run_info_bench(checkpoint, tmp_path, capsys):
+    common = ["--checkpoint", str(checkpoint), "--preset", "groot-n1.7-tiny"]
+    assert main(["info", *common]) == 0
+    out = capsys.readouterr().out
+    assert "family groot" in out and "video.front" in out
+    actions = tmp_path / "actions.json"
+    assert main(["run", *common, "--output", str(actions)]) == 0
+    assert np.asarray(json.loads(actions.read_text())["actions"]).shape == (4, 6)
+    assert main(["bench", "--model", "groot-n1.7-tiny", "--runs", "2", "--warmup", "1", "--out-dir", str(tmp_path)]) == 0
+    (result,) = [p for p in tmp_path.glob("*.json") if p != actions]
+    record = json.loads(result.read_text())
+    assert record["model"] == "groot" and record["preset"] == "groot-n1.7-tiny" and "stage_action_head_ms" in record
+
+
+def test_server_round_trip_equals_infer():
+    pytest.importorskip("websockets", reason="the [serve] extra (websockets) is not installed")
+    from embodied_accel.serve.client import PolicyClient
+    from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
+
+    policy = tiny()
+    obs = observation(policy)
+    with ServerThread(PolicyServer(policy, ServeConfig(host="127.0.0.1", port=0, noise_seed=0))) as running:
+        client = PolicyClient(running.url)
+        assert client.metadata["family"] == "groot"
+        answer = client.infer(obs)
+        expected = policy.infer(obs, seed=0)["actions"]
+        np.testing.assert_allclose(answer["actions"], expected, rtol=0, atol=1e-5)
