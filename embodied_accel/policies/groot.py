@@ -17,7 +17,7 @@ it (:mod:`embodied_accel.nn.rtc`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,6 @@ from ..models.groot.tokenizer import CHECKOUT_SUBDIR, PRESET_TOKENIZERS, QwenTok
 from ..models.groot.weights import (
     config_from_checkpoint,
     init_random_weights,
-    is_groot_checkpoint,
     load_checkpoint_weights,
 )
 from ..nn.rtc import ChunkGuidance, RtcSettings
@@ -62,7 +61,7 @@ from ..quant import check_quant, quantize
 from ..runtime.buffers import BufferSpec
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
 from ..runtime.runner import Runner
-from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
+from . import RANDOM_WEIGHTS_LOGGER
 from .base import Policy
 
 logger = logging.getLogger(__name__)
@@ -475,64 +474,3 @@ def load_groot_policy(
     pad_id = tok.pad_id if tok is not None and tok.pad_id is not None else 0
     return GrootPolicy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint,
                        device=device, capture=capture, pad_id=pad_id)  # fmt: skip
-
-
-def _recognizes(path: Path, config: dict[str, Any] | None) -> bool:
-    from ..models.groot.n17_weights import is_groot_n17_checkpoint
-
-    return is_groot_checkpoint(config) or is_groot_n17_checkpoint(config)
-
-
-def _is_n17(source: str, preset: str | None) -> bool:
-    """Whether ``source`` (a preset or a checkpoint directory, with ``preset`` naming its backbone) is GR00T N1.7:
-    an N1.7 preset, or a checkpoint whose config.json says so (an N1.6 checkpoint given an N1.7 preset goes to the
-    N1.7 loader, which names the mismatch)."""
-    from ..models.groot.n17_config import PRESETS as N17_PRESETS
-    from ..models.groot.n17_weights import is_groot_n17_checkpoint
-
-    if source in N17_PRESETS or preset in N17_PRESETS:
-        return True
-    path = Path(source)
-    if not path.is_dir():
-        return False
-    from . import _read_config
-
-    return is_groot_n17_checkpoint(_read_config(path))
-
-
-def load_groot_family_policy(preset_or_checkpoint: str, **options: Any):
-    """A GR00T policy of the version ``preset_or_checkpoint`` names: N1.7 (:class:`.groot_n17.GrootN17Policy`) for
-    an N1.7 preset or checkpoint, else N1.6 (:func:`load_groot_policy`)."""
-    if _is_n17(str(preset_or_checkpoint), options.get("preset")):
-        from .groot_n17 import load_groot_n17_policy
-
-        return load_groot_n17_policy(preset_or_checkpoint, **options)
-    return load_groot_policy(preset_or_checkpoint, **options)
-
-
-class _Presets(Collection):
-    """The preset names of every GR00T version, a live view of their preset tables."""
-
-    def _names(self) -> list[str]:
-        from ..models.groot.n17_config import PRESETS as N17_PRESETS
-
-        return [*PRESETS, *N17_PRESETS]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names()
-
-    def __iter__(self):
-        return iter(self._names())
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-
-FAMILY = PolicyFamily(
-    name="groot",
-    presets=_Presets(),
-    recognizes=_recognizes,
-    load=load_groot_family_policy,
-    describe_checkpoint='a GR00T N1.6 or N1.7 directory (config.json with "model_type": "Gr00tN1d6" or "Gr00tN1d7", '
-    "sharded safetensors, processor_config.json, statistics.json, embodiment_id.json)",
-)

@@ -20,9 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import platform as platform_mod
 from ..errors import ObservationError
+from ..models.groot.n17_config import PRESETS as N17_PRESETS
+from ..models.groot.n17_config import get_preset as get_n17_preset
 from ..models.groot.n17_images import crop_and_resize, patchify, qwen_resize
-from ..models.groot.n17_processor import TOKEN_IDS_KEY, N17Inputs, N17Row
 from ..models.groot.n17_model import (
     GrootN17Bucket,
     GrootN17Buffers,
@@ -30,9 +32,7 @@ from ..models.groot.n17_model import (
     N17BufferBuilders,
     assemble_n17_buffers,
 )
-from ..models.groot.n17_config import PRESETS as N17_PRESETS
-from ..models.groot.n17_config import get_preset as get_n17_preset
-from ..models.groot.n17_processor import GrootN17Processor
+from ..models.groot.n17_processor import TOKEN_IDS_KEY, GrootN17Processor, N17Inputs, N17Row
 from ..models.groot.n17_weights import init_n17_random_weights, load_n17_weights, n17_config_from_checkpoint
 from ..models.groot.plans import N17_W8A8_PLAN
 from ..nn.rtc import RTC_KEYS, ChunkGuidance, RtcSettings
@@ -42,7 +42,6 @@ from ..runtime.buffers import BufferSpec
 from ..runtime.runner import Runner
 from . import RANDOM_WEIGHTS_LOGGER
 from .groot import COMPUTE_DTYPES, GrootPolicy
-from .. import platform as platform_mod
 
 #: The frames' shortest edge of a preset's embodiment (the tiny preset's ViT is small).
 PRESET_IMAGE_SIZE = {"groot-n1.7-tiny": 64}
