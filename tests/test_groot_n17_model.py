@@ -316,3 +316,127 @@ def test_state_history_is_one_token_of_the_flattened_states():
     assert tokens.shape == (2, 1, config.action_width)
     torch.testing.assert_close(tokens, expected, rtol=1e-6, atol=1e-6)
     assert model.state_in.weight_t.shape[0] == 3 * config.max_state_dim
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Parity with the official implementation (tests/fixtures/groot_n17_tiny, tools/groot_reference/make_fixtures_n17.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+FIXTURE = Path(__file__).parent / "fixtures" / "groot_n17_tiny"
+#: fp32 on the CPU, relative to each array's largest magnitude: the backbone's features come through ~4 text layers
+#: and a 3-block ViT (measured ~1e-6), the chunks through 4 DiT steps (~1e-6); a wrong op is off by 1e-2 or more.
+PARITY_RTOL = 1e-5
+requires_groot_extra = pytest.mark.skipif(
+    any(__import__("importlib").util.find_spec(m) is None for m in ("tokenizers", "jinja2", "cv2")),
+    reason="needs the groot extra: pip install 'embodied-accel[groot]' (tokenizers, jinja2, opencv)",
+)
+
+
+def _fixture():
+    import numpy as np
+
+    return np.load(FIXTURE / "io.npz"), json.loads((FIXTURE / "io.json").read_text())
+
+
+def _policy(embodiment: str, checkpoint: Path | None = None):
+    from embodied_accel import load_policy
+
+    return load_policy(str(checkpoint or FIXTURE / "checkpoint"), embodiment=embodiment,
+                       tokenizer=str(FIXTURE / "cosmos_reason2_tiny"),
+                       backbone_config=str(FIXTURE / "cosmos_reason2_tiny" / "config.json"), progress=False)  # fmt: skip
+
+
+def _observations(z, meta, embodiment):
+    e = meta["embodiments"][embodiment]
+    keys = [k for k in z.files if k.startswith((f"{embodiment}.video.", f"{embodiment}.state."))]
+    rows = z[f"{embodiment}.noise"].shape[0]
+    return [{**{k[len(embodiment) + 1 :]: z[k][b] for k in keys}, e["language_key"]: e["instructions"][b]}
+            for b in range(rows)]  # fmt: skip
+
+
+def _close(ours, expected, what):
+    import numpy as np
+
+    ours, expected = np.asarray(ours, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    error = np.abs(ours - expected).max() / max(np.abs(expected).max(), 1e-12)
+    assert error <= PARITY_RTOL, f"{what}: relative error {error:.2e} > {PARITY_RTOL:.0e}"
+
+
+EMBODIMENTS = ("robocasa_gr1_tabletop", "libero_sim", "oxe_droid_relative_eef_relative_joint")
+
+
+@pytest.mark.parity
+@requires_groot_extra
+@pytest.mark.parametrize("embodiment", EMBODIMENTS)
+def test_matches_the_official_model_stage_by_stage(embodiment):
+    """Through the real loader, processor and policy: the backbone's features, the vl tokens, every step's velocity,
+    the normalized chunk and the robot-unit actions. The official batch runs its vl self-attention over the padding
+    of a shorter prompt (no mask); ours masks it, so a padded row equals the official row run alone
+    (``single_*``) and the unpadded rows equal the official batch."""
+    z, meta = _fixture()
+    policy = _policy(embodiment)
+    observations = _observations(z, meta, embodiment)
+    inputs = policy.prepare(observations)
+    mask = z[f"{embodiment}.attention_mask"].astype(bool)
+    full = mask.all(axis=1)
+    length = mask.shape[1]
+    assert full.any() and not full.all()  # one padded row, one not
+    assert (inputs.input_ids[:, -length:].numpy()[mask] == z[f"{embodiment}.input_ids"][mask]).all()
+    _close(inputs.state.numpy(), z[f"{embodiment}.state"], "normalized state")
+    model, buffers = policy.model, policy.bound_buffers(inputs.bucket)
+    noise = torch.from_numpy(z[f"{embodiment}.noise"])
+    with torch.no_grad():
+        features = model.backbone(inputs.input_ids, inputs.valid, inputs.pixel_values, buffers)
+        _close(features[:, -length:].numpy()[mask], z[f"{embodiment}.backbone_features"][mask], "backbone features")
+        vl = model.vl_tokens(features, inputs.valid, buffers).view(features.shape)[:, -length:].numpy()
+        _close(vl[full], z[f"{embodiment}.vl_features"][full], "vl tokens (unpadded rows)")
+        _close(vl[0][mask[0]], z[f"{embodiment}.row0_single_vl_features"], "vl tokens of row 0 alone")
+        context = model.flow_context(features, inputs.input_ids, inputs.valid, inputs.state, buffers)
+        x, steps = noise.clone(), len(buffers.action_time_bias)
+        for step in range(steps):
+            velocity = model.velocity(x, *context, step, buffers)
+            _close(velocity.numpy()[full], z[f"{embodiment}.step_velocities"][full][:, step], f"velocity of step {step}")
+            x = x + velocity / steps
+    _close(x.numpy()[full], z[f"{embodiment}.action_pred"][full], "normalized chunk (unpadded rows)")
+    chunk = policy.sample(inputs, noise)
+    _close(chunk.numpy(), z[f"{embodiment}.single_action_pred"], "normalized chunk (each row alone)")
+    actions = policy.infer_batch(observations, noise=noise)
+    for key in (k for k in actions if k.startswith("action.")):
+        _close(actions[key], z[f"{embodiment}.single_{key}"], f"robot-unit {key}")
+
+
+@pytest.mark.parity
+@requires_groot_extra
+def test_controls_perturbed_noise_wrong_embodiment_swapped_statistics(tmp_path):
+    """The fixture's controls: each changes the official output, and ours follows it."""
+    import shutil
+
+    import numpy as np
+
+    z, meta = _fixture()
+    embodiment = "libero_sim"
+    policy = _policy(embodiment)
+    full = z[f"{embodiment}.attention_mask"].astype(bool).all(axis=1)
+    inputs = policy.prepare(_observations(z, meta, embodiment))
+    base = z[f"{embodiment}.action_pred"][full]
+    perturbed = policy.sample(inputs, torch.from_numpy(z[f"{embodiment}.control_noise"])).numpy()[full]
+    _close(perturbed, z[f"{embodiment}.control_noise_action_pred"][full], "perturbed noise")
+    assert np.abs(perturbed - base).max() > 1e-3
+    wrong = int(z[f"{embodiment}.control_embodiment_id"][0])
+    with torch.device("meta"):
+        model = GrootN17Model(policy.config, get_ops("reference"))
+    load_n17_weights(model, FIXTURE / "checkpoint", wrong, "cpu", progress=False)
+    buffers = build_n17_buffers(model, inputs.bucket, "cpu")  # the per-step tables hold the slot's weights too
+    args = (inputs.input_ids, inputs.valid, inputs.pixel_values, inputs.state, torch.from_numpy(z[f"{embodiment}.noise"]))
+    chunk = model.sample_actions(*args, buffers).numpy()[full]
+    _close(chunk, z[f"{embodiment}.control_embodiment_action_pred"][full], "wrong embodiment slot")
+    assert np.abs(chunk - base).max() > 1e-2
+    swapped = tmp_path / "checkpoint"
+    shutil.copytree(FIXTURE / "checkpoint", swapped)
+    shutil.copy(FIXTURE / "statistics_swapped.json", swapped / "statistics.json")
+    # the state is normalized and the actions decoded with the swapped statistics
+    actions = _policy(embodiment, swapped).infer_batch(_observations(z, meta, embodiment),
+                                                       noise=torch.from_numpy(z[f"{embodiment}.noise"]))  # fmt: skip
+    for key in (k for k in actions if k.startswith("action.")):
+        _close(actions[key][full], z[f"{embodiment}.control_stats.{key}"][full], f"swapped statistics {key}")
+        assert np.abs(actions[key][full] - z[f"{embodiment}.{key}"][full]).max() > 1e-3
