@@ -14,13 +14,16 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from embodied_accel.errors import CheckpointError
-from embodied_accel.models.groot.n17_config import PRESETS, sinusoid_table
+from embodied_accel.models.groot.n17_config import PRESETS, VLSelfAttentionConfig, sinusoid_table, with_overrides
 from embodied_accel.models.groot.n17_model import GrootN17Bucket, GrootN17Model, build_n17_buffers
 from embodied_accel.models.groot.n17_weights import load_n17_weights, n17_config_from_checkpoint, n17_weight_rules
 from embodied_accel.ops import get_ops
 
-TINY = PRESETS["groot-n1.7-tiny"]
-SLOT = 3
+#: The tiny preset with one vl self-attention block that adds the sinusoid positions (the default of the official
+#: SelfAttentionTransformer; the fixture's config turns them off).
+TINY = with_overrides(PRESETS["groot-n1.7-tiny"], vl_self_attention=VLSelfAttentionConfig(depth=1, num_heads=2, head_dim=24),
+                      max_prompt_tokens=512)  # fmt: skip
+SLOT = 3  # of the tiny preset's 6
 HEAD = "action_head"
 
 
@@ -32,10 +35,10 @@ def tiny_config_json() -> dict:
         "backbone_embedding_dim": cfg.backbone_width, "max_state_dim": cfg.max_state_dim,
         "max_action_dim": cfg.max_action_dim, "action_horizon": cfg.action_horizon, "hidden_size": cfg.hidden_size,
         "input_embedding_dim": cfg.dit.inner, "max_num_embodiments": cfg.max_num_embodiments,
-        "max_seq_len": cfg.max_seq_len,
+        "max_seq_len": cfg.max_seq_len, "state_history_length": cfg.state_history_length,
         "diffusion_model_cfg": {"num_layers": cfg.dit.depth, "num_attention_heads": cfg.dit.num_heads,
                                 "attention_head_dim": cfg.dit.head_dim, "output_dim": cfg.dit.output_dim},
-        "vl_self_attention_cfg": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 32},
+        "vl_self_attention_cfg": {"num_layers": 1, "num_attention_heads": 2, "attention_head_dim": 24},
     }  # fmt: skip
 
 
@@ -198,7 +201,7 @@ def official_head(t, features, image_mask, state, noise, cat, steps=4):
 def _head_inputs(batch=2, length=20, seed=1):
     generator = torch.Generator().manual_seed(seed)
     features = torch.randn(batch, length, TINY.backbone_width, generator=generator)
-    input_ids = torch.randint(0, 1000, (batch, length), generator=generator)
+    input_ids = torch.randint(0, 400, (batch, length), generator=generator)
     input_ids[:, 4:12] = TINY.image_token_id
     state = torch.rand(batch, TINY.state_history_length, TINY.max_state_dim, generator=generator) * 2 - 1
     noise = torch.randn(batch, TINY.action_horizon, TINY.max_action_dim, generator=generator)
@@ -259,7 +262,7 @@ def test_wrong_shape_and_missing_tensor_are_listed(tmp_path, checkpoint):
     del tensors[missing]
     with pytest.raises(CheckpointError) as error:
         load(write_checkpoint(tmp_path / "ckpt", tensors))
-    assert key in str(error.value) and "[12, 5, 5]" in str(error.value) and missing in str(error.value)
+    assert key in str(error.value) and "[6, 5, 5]" in str(error.value) and missing in str(error.value)
 
 
 def test_wrong_sinusoid_table_is_refused(tmp_path, checkpoint):

@@ -37,7 +37,7 @@ def _stats(dim, seed):
 DIMS = {"joints": 5, "grip": 1}
 MODALITIES = {
     "video": {"delta_indices": [0], "modality_keys": ["front"]},
-    "state": {"delta_indices": [0], "modality_keys": list(DIMS)},
+    "state": {"delta_indices": [-1, 0], "modality_keys": list(DIMS)},
     "action": {"delta_indices": list(range(4)), "modality_keys": list(DIMS),
                "action_configs": [{"rep": "ABSOLUTE", "type": "NON_EEF", "format": "DEFAULT", "state_key": None}] * 2},
     "language": {"delta_indices": [0], "modality_keys": ["annotation.task"]},
@@ -50,7 +50,7 @@ def checkpoint(tmp_path_factory):
     directory = write_checkpoint(tmp_path_factory.mktemp("groot_n17_policy") / "ckpt", checkpoint_tensors())
     kwargs = {"modality_configs": {"robot": MODALITIES}, "use_percentiles": True, "use_albumentations": True,
               "image_crop_size": [230, 230], "image_target_size": [256, 256], "shortest_image_edge": 64,
-              "max_state_dim": 16, "max_action_dim": 12, "max_action_horizon": 8}  # fmt: skip
+              "max_state_dim": 16, "max_action_dim": 14, "max_action_horizon": 8}  # fmt: skip
     (directory / "processor_config.json").write_text(json.dumps({"processor_kwargs": kwargs}))
     stats = {k: _stats(d, i) for i, (k, d) in enumerate(DIMS.items())}
     (directory / "statistics.json").write_text(json.dumps({"robot": {"state": stats, "action": stats}}))
@@ -64,9 +64,11 @@ def tiny():
 
 def observation(policy, seed=0, extra_text=0):
     obs = policy.sample_observation(seed, 64, 64)
-    if extra_text:  # a longer instruction: the prompt of another length
+    if extra_text and TOKEN_IDS_KEY in obs:  # a longer instruction: the prompt of another length
         ids = obs[TOKEN_IDS_KEY]
         obs[TOKEN_IDS_KEY] = np.concatenate([ids[:3], np.arange(100, 100 + extra_text), ids[3:]])
+    elif extra_text:
+        obs["task"] = obs["task"] + " and then" * extra_text
     return obs
 
 

@@ -43,8 +43,9 @@ from ..runtime.runner import Runner
 from . import RANDOM_WEIGHTS_LOGGER
 from .groot import COMPUTE_DTYPES, GrootPolicy
 
-#: The frames' shortest edge of a preset's embodiment (the tiny preset's ViT is small).
-PRESET_IMAGE_SIZE = {"groot-n1.7-tiny": 64}
+#: A preset's frames (shortest edge, crop fraction) and bundled tokenizer: the tiny preset's are its fixture's.
+PRESET_IMAGES = {"groot-n1.7-tiny": (64, 0.95)}
+PRESET_TOKENIZERS = {"groot-n1.7-tiny": Path(__file__).resolve().parents[1] / "data" / "groot_n17_tiny_tokenizer"}
 
 
 @dataclass
@@ -327,15 +328,21 @@ def load_groot_n17_policy(
             raise ValueError(f"num_views: expected a positive int, got {num_views!r}")
         config = get_n17_preset(preset_or_checkpoint)
         backbone = config.backbone
+        image_size, crop_fraction = PRESET_IMAGES.get(config.name, (256, 230 / 256))
         processor = GrootN17Processor.from_preset(
             max_state_dim=config.max_state_dim, max_action_dim=config.max_action_dim,
             model_horizon=config.action_horizon, num_views=num_views or 1,
-            state_history_length=config.state_history_length, image_size=PRESET_IMAGE_SIZE.get(config.name, 256),
-            patch_size=backbone.patch_size, merge_size=backbone.spatial_merge_size, tokenizer=tokenizer,
+            state_history_length=config.state_history_length, image_size=image_size, crop_fraction=crop_fraction,
+            patch_size=backbone.patch_size, merge_size=backbone.spatial_merge_size,
+            tokenizer=tokenizer or PRESET_TOKENIZERS.get(config.name),
         )  # fmt: skip
     else:
         raise ValueError(f"{preset_or_checkpoint!r} is neither a checkpoint directory nor a GR00T N1.7 preset; "
                          f"presets: {', '.join(N17_PRESETS)}")  # fmt: skip
+    if processor.tokenizer is None:  # prompts come as ids: the model's image token; padding any id of the vocabulary
+        processor.image_token_id = config.image_token_id
+        if processor.pad_id >= config.vocab_size:
+            processor.pad_id = 0
     if processor.image_token_id != config.image_token_id:
         raise ValueError(f"tokenizer: the image pad token is id {processor.image_token_id}, the model expects "
                          f"{config.image_token_id} (a tokenizer of another model?)")  # fmt: skip

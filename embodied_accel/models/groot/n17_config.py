@@ -124,26 +124,27 @@ class GrootN17Config:
 PRESETS: dict[str, GrootN17Config] = {
     # nvidia/GR00T-N1.7-3B as the official config class describes it (sizes; weights are random for a preset)
     "groot-n1.7": GrootN17Config(name="groot-n1.7"),
-    # A reduced config for tests and demos (the Qwen3-VL vocabulary kept, so that its tokenizer's ids fit).
+    # The reduced config of the official parity fixture (tests/fixtures/groot_n17_tiny; its backbone is
+    # cosmos_reason2_tiny/config.json there, its tokenizer bundled as data/groot_n17_tiny_tokenizer).
     "groot-n1.7-tiny": GrootN17Config(
         name="groot-n1.7-tiny",
         backbone=Qwen3VLConfig(
-            hidden_size=64, num_layers=3, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
-            vocab_size=COSMOS_REASON2_2B.vocab_size, mrope_section=(4, 2, 2), vision_depth=2, vision_hidden_size=32,
-            vision_num_heads=2, vision_intermediate_size=64, out_hidden_size=64, num_position_embeddings=16,
-            deepstack_visual_indexes=(0,),
+            hidden_size=48, num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32, intermediate_size=96,
+            vocab_size=426, mrope_section=(6, 5, 5), vision_depth=3, vision_hidden_size=32, vision_num_heads=2,
+            vision_intermediate_size=64, out_hidden_size=48, num_position_embeddings=25, deepstack_visual_indexes=(0, 1),
+            image_token_id=412, video_token_id=413, vision_start_token_id=409,
         ),
-        select_layer=2,
-        vl_self_attention=VLSelfAttentionConfig(depth=1, num_heads=2, head_dim=32),
-        dit=DiTConfig(depth=4, num_heads=2, head_dim=16, cross_dim=64, output_dim=24),
-        hidden_size=24,
+        select_layer=3,
+        vl_self_attention=VLSelfAttentionConfig(depth=2, num_heads=2, head_dim=24, sinusoidal=False),
+        dit=DiTConfig(depth=4, num_heads=2, head_dim=16, cross_dim=48, output_dim=32),
+        hidden_size=32,
         max_state_dim=16,
-        max_action_dim=12,
+        max_action_dim=14,
         action_horizon=8,
-        max_num_embodiments=12,
+        state_history_length=2,
+        max_num_embodiments=6,
         max_seq_len=32,
-        max_prompt_tokens=512,
-    ),
+    ),  # fmt: skip
 }
 
 #: Gr00tN1d7Config's defaults for fields a checkpoint's config.json may leave out (it lists only the fields that
