@@ -188,3 +188,31 @@ def test_server_round_trip_equals_infer():
         answer = client.infer(obs)
         expected = policy.infer(obs, seed=0)["actions"]
         np.testing.assert_allclose(answer["actions"], expected, rtol=0, atol=1e-5)
+
+
+def test_gr00t_protocol_batch_equals_infer_batch():
+    pytest.importorskip("zmq", reason="pip install 'embodied-accel[gr00t-server]' (pyzmq)")
+    from test_serve_gr00t import TASK_KEY, Gr00tWire, start
+
+    policy = tiny()
+    spec = policy.processor.spec
+    rng = np.random.default_rng(0)
+    batch, steps = 2, 2
+    obs = {f"video.{k}": rng.integers(0, 256, (batch, 1, 48, 64, 3), dtype=np.uint8) for k in spec.video_keys}
+    for s in spec.state:
+        obs[f"state.{s.key}"] = rng.uniform(-0.5, 0.5, (batch, spec.state_horizon, s.dim)).astype(np.float32)
+    obs[TASK_KEY] = [["pick up the block"], ["open the drawer and then close it"]]
+    with start(policy, num_steps=steps) as running:
+        client = Gr00tWire(running.server.gr00t.url)
+        try:
+            modalities = client.call("get_modality_config")
+            assert modalities["state"]["as_json"]["delta_indices"] == [-1, 0]  # two states per request
+            actions, info = client.get_action(obs)
+        finally:
+            client.close()
+    assert info["server_timing"]["batch_size"] == batch
+    rows = [{**{k: v[i] for k, v in obs.items() if isinstance(v, np.ndarray)}, "task": obs[TASK_KEY][i][0]}
+            for i in range(batch)]  # fmt: skip
+    expected = policy.infer_batch(rows, noise=policy.make_noise(1, seed=0).repeat(batch, 1, 1), num_steps=steps)
+    for key, value in actions.items():
+        np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-5)
