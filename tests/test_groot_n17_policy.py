@@ -216,3 +216,24 @@ def test_gr00t_protocol_batch_equals_infer_batch():
     expected = policy.infer_batch(rows, noise=policy.make_noise(1, seed=0).repeat(batch, 1, 1), num_steps=steps)
     for key, value in actions.items():
         np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-5)
+
+
+def test_onnx_export_of_the_backbone_equals_eager(tmp_path):
+    """N1.7's own export part (the Qwen3-VL backbone from prompt ids and patches; the action-head parts are N1.6's,
+    exported and tested with it): ONNX Runtime against the eager model."""
+    pytest.importorskip("onnxruntime", reason="pip install 'embodied-accel[onnx]'")
+    pytest.importorskip("onnxscript", reason="pip install 'embodied-accel[onnx]'")
+    from embodied_accel.deploy import ExportedGraphs
+    from embodied_accel.export import export_model
+
+    manifest = export_model("groot-n1.7-tiny", tmp_path, parts=["backbone"], verify=False)
+    assert manifest.parts == ("backbone",) and manifest.call["bucket"]["version"] == "n1.7"
+    policy = load_policy("groot-n1.7-tiny", backend="reference", progress=False)
+    inputs = policy.prepare([policy.sample_observation(seed=0)])
+    with torch.no_grad():
+        expected = policy.model.backbone(inputs.input_ids, inputs.valid, inputs.pixel_values,
+                                         policy.bound_buffers(inputs.bucket)).numpy()  # fmt: skip
+    graphs = ExportedGraphs(tmp_path)
+    got = graphs.run("backbone", graphs.manifest.buckets("backbone")[0], input_ids=inputs.input_ids.numpy(),
+                     valid=inputs.valid.numpy(), pixel_values=inputs.pixel_values.numpy())["features"]  # fmt: skip
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
