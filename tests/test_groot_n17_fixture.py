@@ -209,6 +209,18 @@ def test_tokenizer_reproduces_the_token_ids(tag):
         assert tok.encode(expanded, add_special_tokens=False).ids == ids[b][valid[b]].tolist()
 
 
+def test_pixel_values_are_the_resized_frames_patchified():
+    """Qwen3-VL image processor: (x / 255 - 0.5) / 0.5, the frame repeated for the temporal patch of 2, patches of
+    16 ordered (h/2, w/2, 2, 2) with each row flattened (C, t, 16, 16); 64 x 64 needs no resize."""
+    tag = "robocasa_gr1_tabletop"
+    rows = []
+    for img in a(tag, "resized_images"):
+        x = ((img.astype(np.float32) / 255 - 0.5) / 0.5).transpose(2, 0, 1)
+        x = np.stack([x, x]).reshape(1, 2, 3, 2, 2, 16, 2, 2, 16)  # t, tp, C, h/2, 2, p, w/2, 2, p
+        rows.append(x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(-1, 3 * 2 * 16 * 16))
+    close(a(tag, "pixel_values"), np.concatenate(rows), rel=2 * F32)
+
+
 @pytest.mark.parametrize("tag", TAGS)
 def test_mrope_positions(tag):
     pos, ids, valid = a(tag, "position_ids"), a(tag, "input_ids"), a(tag, "attention_mask").astype(bool)
@@ -221,6 +233,11 @@ def test_mrope_positions(tag):
         blocks = p[:, img].reshape(3, -1, 4)  # each image: a 2 x 2 block of merged tokens
         for t, h, w in blocks.transpose(1, 0, 2):
             assert (t == t[0]).all() and (h - h[0]).tolist() == [0, 0, 1, 1] and (w - w[0]).tolist() == [0, 1, 0, 1]
+            assert h[0] == w[0] == t[0]
+        # the token after each image resumes at the image's largest position + 1
+        ends = np.flatnonzero(img[:-1] & ~img[1:])
+        for end in ends:
+            assert (p[:, end + 1] == p[:, end - 3 : end + 1].max() + 1).all()
 
 
 def _normalize_state(tag: str, raw: np.ndarray, key: str, stats: dict) -> np.ndarray:
