@@ -209,6 +209,39 @@ def test_tokenizer_reproduces_the_token_ids(tag):
         assert tok.encode(expanded, add_special_tokens=False).ids == ids[b][valid[b]].tolist()
 
 
+def _eval_transform(img: np.ndarray, size: int = 64, fraction: float = 0.95) -> np.ndarray:
+    """N17_NOTES.md §4 Images: letterbox, smallest side to ``size`` (INTER_AREA), center crop, smallest side again."""
+    import cv2
+
+    def smallest(x):
+        h, w = x.shape[:2]
+        scale = size / min(h, w)
+        if scale == 1.0:
+            return x
+        return cv2.resize(x, (round(w * scale), round(h * scale)), interpolation=cv2.INTER_AREA)
+
+    h, w = img.shape[:2]
+    ph, pw = max(h, w) - h, max(h, w) - w
+    img = smallest(cv2.copyMakeBorder(img, ph // 2, ph - ph // 2, pw // 2, pw - pw // 2, cv2.BORDER_CONSTANT, value=0))
+    h, w = img.shape[:2]
+    ch, cw = int(h * fraction), int(w * fraction)
+    return smallest(img[(h - ch) // 2 : (h - ch) // 2 + ch, (w - cw) // 2 : (w - cw) // 2 + cw])
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_resized_frames_follow_the_eval_transform(tag):
+    pytest.importorskip("cv2")
+    info = meta()["embodiments"][tag]
+    frames = [
+        _eval_transform(a(tag, f"video.{cam}")[b, t])
+        for b in range(2)
+        for t in range(len(info["video_delta_indices"]))
+        for cam in info["video_keys"]
+    ]  # row, then frame, then camera
+    diff = np.abs(np.stack(frames).astype(np.int16) - a(tag, "resized_images")).max()
+    assert diff <= 1  # OpenCV builds may round INTER_AREA differently by one level
+
+
 def test_pixel_values_are_the_resized_frames_patchified():
     """Qwen3-VL image processor: (x / 255 - 0.5) / 0.5, the frame repeated for the temporal patch of 2, patches of
     16 ordered (h/2, w/2, 2, 2) with each row flattened (C, t, 16, 16); 64 x 64 needs no resize."""
