@@ -344,6 +344,30 @@ def test_head_inputs_follow_the_checkpoint(tag):
     close(a(tag, "state_features"), hidden @ w2[slot] + b2[slot], rel=64 * F32)
 
 
+@pytest.mark.parity  # recomputes values the official code produced elsewhere
+@pytest.mark.parametrize("tag", TAGS)
+def test_pad_positions_see_no_attention(tag):
+    """A left-pad query has nothing to attend to: SDPA gives 0, so its feature is the pad embedding through the
+    kept layers' MLPs alone (input RMSNorm and attention skipped, post-attention RMSNorm, SiLU-gated MLP)."""
+    row = int(np.argmin(a(tag, "attention_mask").sum(1)))
+    pads = int((a(tag, "attention_mask")[row] == 0).sum())
+    prefix = "backbone.model.model.language_model."
+    (h,) = _weights(prefix + "embed_tokens.weight")
+    h = h[meta()["tokens"]["<|endoftext|>"]]
+    for layer in range(config()["select_layer"]):
+        norm, gate, up, down = _weights(
+            *(
+                f"{prefix}layers.{layer}.{n}.weight"
+                for n in ("post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+            )
+        )
+        x = h / np.sqrt((h * h).mean() + 1e-6) * norm
+        g = gate @ x
+        h = h + down @ (g / (1 + np.exp(-g)) * (up @ x))
+    features = a(tag, "backbone_features")[row, :pads]
+    close(features, np.broadcast_to(h, features.shape), rel=64 * F32)
+
+
 @pytest.mark.parametrize("tag", TAGS)
 def test_padding_matters_only_for_the_padded_row(tag):
     lengths = a(tag, "attention_mask").sum(1)
