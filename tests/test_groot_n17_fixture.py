@@ -333,8 +333,7 @@ def test_head_inputs_follow_the_checkpoint(tag):
     raw, normed = a(tag, "backbone_features").astype(np.float64), a(tag, "llm_last_hidden_normed")
     assert np.abs(raw - normed).max() > 0.1 * np.abs(raw).max()
     weight, bias = _weights("action_head.vlln.weight", "action_head.vlln.bias")
-    mean, var = raw.mean(-1, keepdims=True), raw.var(-1, keepdims=True)
-    close(a(tag, "vlln_features"), (raw - mean) / np.sqrt(var + 1e-5) * weight + bias, rel=64 * F32)
+    close(a(tag, "vlln_features"), _layer_norm(raw, weight, bias), rel=64 * F32)
     assert np.abs(a(tag, "vl_features") - a(tag, "vlln_features")).max() > 0.1
 
     slot = meta()["embodiments"][tag]["slot"]
@@ -342,6 +341,38 @@ def test_head_inputs_follow_the_checkpoint(tag):
     x = a(tag, "state_encoder_input").astype(np.float64)
     hidden = np.maximum(x @ w1[slot] + b1[slot], 0)
     close(a(tag, "state_features"), hidden @ w2[slot] + b2[slot], rel=64 * F32)
+
+
+def _layer_norm(x, weight, bias, eps=1e-5):
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * weight + bias
+
+
+@pytest.mark.parity  # recomputes values the official code produced elsewhere
+@pytest.mark.parametrize("tag", TAGS)
+def test_vl_self_attention_is_unmasked_pre_ln_blocks(tag):
+    """vl_features from vlln_features: per block x += attn(LN1(x)) over ALL tokens (pads included, no mask),
+    x += W2 gelu_tanh(W1 LN3(x)); LayerNorms affine, eps 1e-5; heads from vl_self_attention_cfg."""
+    cfg = config()["vl_self_attention_cfg"]
+    heads, dim = cfg["num_attention_heads"], cfg["attention_head_dim"]
+    x = a(tag, "vlln_features").astype(np.float64)
+    for i in range(cfg["num_layers"]):
+        p = f"action_head.vl_self_attention.transformer_blocks.{i}."
+        names = ["norm1.weight", "norm1.bias", "norm3.weight", "norm3.bias"]
+        names += [f"attn1.{n}.{t}" for n in ("to_q", "to_k", "to_v", "to_out.0") for t in ("weight", "bias")]
+        names += [f"ff.net.{n}.{t}" for n in ("0.proj", "2") for t in ("weight", "bias")]
+        n1w, n1b, n3w, n3b, qw, qb, kw, kb, vw, vb, ow, ob, f1w, f1b, f2w, f2b = _weights(*(p + n for n in names))
+        y = _layer_norm(x, n1w, n1b)
+        q, k, v = ((y @ w.T + b).reshape(*y.shape[:2], heads, dim).transpose(0, 2, 1, 3) for w, b in
+                   ((qw, qb), (kw, kb), (vw, vb)))  # fmt: skip
+        scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dim)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        attn = (weights / weights.sum(-1, keepdims=True)) @ v
+        x = x + attn.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], -1) @ ow.T + ob
+        h = _layer_norm(x, n3w, n3b) @ f1w.T + f1b
+        h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+        x = x + h @ f2w.T + f2b
+    close(a(tag, "vl_features"), x, rel=256 * F32)
 
 
 @pytest.mark.parity  # recomputes values the official code produced elsewhere
