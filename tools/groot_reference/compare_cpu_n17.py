@@ -175,15 +175,18 @@ def ours_side(args) -> dict:
 
 
 def compare(first: Path, second: Path) -> None:
-    """Print second / first for every (embodiment, batch, level) both files timed."""
+    """Print second / first (p50 and min) for every (embodiment, batch, level) both files timed."""
     a, b = (json.loads(Path(p).read_text()) for p in (first, second))
     index = {(r["embodiment"], r["batch"], r["level"]): r for r in a["results"]}
-    print(f"{'embodiment':40s} {'batch':>5s} {'level':>7s} {a['side']:>10s} {b['side']:>10s}  ratio (p50)")
+    print(f"B = {b['side']} ({second}) over A = {a['side']} ({first}); load averages A {a['load_average_start']}, "
+          f"B {b['load_average_start']}")  # fmt: skip
+    print(f"{'embodiment':40s} {'batch':>5s} {'level':>7s} {'A p50':>9s} {'B p50':>9s} {'B/A p50':>8s} {'B/A min':>8s}")
     for r in b["results"]:
         key = (r["embodiment"], r["batch"], r["level"])
         if key in index:
-            base = index[key]["p50_ms"]
-            print(f"{key[0]:40s} {key[1]:5d} {key[2]:>7s} {base:8.2f}ms {r['p50_ms']:8.2f}ms  {r['p50_ms'] / base:.3f}")
+            base = index[key]
+            print(f"{key[0]:40s} {key[1]:5d} {key[2]:>7s} {base['p50_ms']:7.2f}ms {r['p50_ms']:7.2f}ms "
+                  f"{r['p50_ms'] / base['p50_ms']:8.3f} {r['min_ms'] / base['min_ms']:8.3f}")  # fmt: skip
 
 
 def main() -> None:
