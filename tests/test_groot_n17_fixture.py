@@ -78,6 +78,14 @@ def test_manifest_describes_every_array():
             assert np.isfinite(value).all(), name
 
 
+def test_fixture_records_its_provenance():
+    info = meta()
+    assert info["isaac_groot_commit"] == "626af89"
+    assert info["versions"]["transformers"] == "4.57.3"  # the official pin; Qwen3-VL needs >= 4.57
+    assert info["image_processor_class"] == "Qwen2VLImageProcessorFast"
+    assert info["vl_self_attention_class"] == "SelfAttentionTransformer"
+
+
 def test_checkpoint_is_the_sharded_official_layout():
     for name in ("config.json", "model.safetensors.index.json", "processor_config.json", "statistics.json",
                  "embodiment_id.json"):  # fmt: skip
