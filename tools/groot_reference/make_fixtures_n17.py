@@ -802,8 +802,10 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="groot_n17_fixture_"))
     out = args.out
-    if out.exists():
-        shutil.rmtree(out)
+    if out.exists():  # everything but the hand-written FORMAT.md is regenerated
+        for item in out.iterdir():
+            if item.name != "FORMAT.md":
+                shutil.rmtree(item) if item.is_dir() else item.unlink()
     base_dir = out / "cosmos_reason2_tiny"
     base_dir.mkdir(parents=True)
     qwen_config, qwen_processor = write_base_dir(base_dir)
