@@ -186,10 +186,10 @@ def _ints(d: dict, where: str, name: str, length: int | None = None, minimum: in
     return tuple(value)
 
 
-#: Cosmos-Reason2-2B (= Qwen3-VL-2B's architecture), from its ``config.json`` as transformers 4.57 reads it: text
-#: 28 layers x 2048, 16 heads / 8 KV heads of 128, SwiGLU 6144, RoPE theta 5e6 with mrope sections (24, 20, 20),
-#: vocab 151936; vision 24 blocks x 1024, 16 heads, MLP 4096, patch 16, temporal patch 2, merge 2, 48 x 48 position
-#: table, deep-stack after blocks 5, 11, 17.
+#: Cosmos-Reason2-2B (Qwen3-VL-2B's architecture), as the ``config.json`` that LeRobot 0.6.1's GR00T N1.7 port
+#: bundles for it: text 28 layers x 2048, 16 heads / 8 KV heads of 128, SwiGLU 6144, RoPE theta 5e6 with mrope
+#: sections (24, 20, 20), vocab 151936; vision 24 blocks x 1024, 16 heads, MLP 4096, patch 16, temporal patch 2,
+#: merge 2, 48 x 48 position table, deep-stack after blocks 5, 11, 17.
 COSMOS_REASON2_2B = Qwen3VLConfig(
     hidden_size=2048, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128, intermediate_size=6144,
     vocab_size=151936,
@@ -227,7 +227,9 @@ def image_layout(image_grid_thw, spatial_merge_size: int, device=None) -> ImageL
                        tensor([w // m for _, _, w in grids]))  # fmt: skip
 
 
-def mrope_positions(input_ids: torch.Tensor, valid: torch.Tensor, layout: ImageLayout, image_token_id: int) -> torch.Tensor:
+def mrope_positions(
+    input_ids: torch.Tensor, valid: torch.Tensor, layout: ImageLayout, image_token_id: int
+) -> torch.Tensor:
     """``[3, B, L]`` int64 (t, h, w) positions; see :func:`position_ids`. Tensor ops only (no host sync)."""
     batch, length = input_ids.shape
     is_image = (input_ids == image_token_id) & valid
@@ -338,10 +340,13 @@ class Qwen3VLBackbone(nn.Module):
     ``forward(input_ids [B, L], attention_mask [B, L], pixel_values [N, C*T*P*P], buffers) -> [B, L, hidden]``.
     """
 
-    def __init__(self, config: Qwen3VLConfig, ops: OpSet, select_layer: int, compute_dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, config: Qwen3VLConfig, ops: OpSet, select_layer: int, compute_dtype: torch.dtype = torch.float32
+    ):
         super().__init__()
         config.validate()
-        if isinstance(select_layer, bool) or not isinstance(select_layer, int) or not 1 <= select_layer <= config.num_layers:
+        is_int = isinstance(select_layer, int) and not isinstance(select_layer, bool)
+        if not is_int or not 1 <= select_layer <= config.num_layers:
             raise ValueError(f"select_layer {select_layer!r}: expected 1 .. {config.num_layers} (the text layers kept)")
         self.config, self.ops, self.select_layer, self.compute_dtype = config, ops, select_layer, compute_dtype
         self.text_config = config.text(select_layer)
@@ -378,7 +383,8 @@ class Qwen3VLBackbone(nn.Module):
         """A ValueError naming the field unless the inputs form one valid call (on the host: call it before the
         forward, not inside a captured graph)."""
         cfg = self.config
-        for name, value in (("input_ids", input_ids), ("attention_mask", attention_mask), ("pixel_values", pixel_values)):
+        named = (("input_ids", input_ids), ("attention_mask", attention_mask), ("pixel_values", pixel_values))
+        for name, value in named:
             if not isinstance(value, torch.Tensor):
                 raise ValueError(f"{name}: expected a tensor, got {type(value).__name__}")
         if input_ids.dim() != 2 or input_ids.dtype not in (torch.int64, torch.int32):
@@ -398,19 +404,17 @@ class Qwen3VLBackbone(nn.Module):
             raise ValueError(f"pixel_values: expected floating point, got {pixel_values.dtype}")
         valid = attention_mask.to(torch.bool)
         is_image = input_ids == cfg.image_token_id
+        if bool((input_ids == cfg.video_token_id).any()):
+            raise ValueError(f"input_ids: video token {cfg.video_token_id} found; the backbone takes images only")
         if bool((is_image & ~valid).any()):
             raise ValueError(f"input_ids: image token {cfg.image_token_id} at a padded position (attention_mask 0)")
         expected = [t * h * w // cfg.spatial_merge_size**2 for t, h, w in grids]
-        runs = []  # (row, start, length) of each run of image tokens, in order over the batch
-        for row, tokens in enumerate(is_image.tolist()):
-            for i, flag in enumerate(tokens):
-                if flag and (i == 0 or not tokens[i - 1]):
-                    runs.append([row, i, 0])
-                if flag:
-                    runs[-1][2] += 1
-        ids = input_ids.tolist()
+        # runs of image tokens, in order over the batch: where each starts (row, column) and ends (column)
+        starts = (is_image & ~F.pad(is_image[:, :-1], (1, 0), value=False)).nonzero().tolist()
+        ends = (is_image & ~F.pad(is_image[:, 1:], (0, 1), value=False)).nonzero()[:, 1].tolist()
+        runs = [(row, start, end - start + 1) for (row, start), end in zip(starts, ends, strict=True)]
         for row, start, _ in runs:
-            if start == 0 or ids[row][start - 1] != cfg.vision_start_token_id:
+            if start == 0 or int(input_ids[row, start - 1]) != cfg.vision_start_token_id:
                 raise ValueError(f"input_ids row {row}: the image tokens at {start} do not follow a vision-start "
                                  f"token ({cfg.vision_start_token_id})")  # fmt: skip
         if [n for _, _, n in runs] != expected:
@@ -418,14 +422,20 @@ class Qwen3VLBackbone(nn.Module):
                              f"do not match the images of image_grid_thw {[list(g) for g in grids]}, which need "
                              f"{expected} tokens each")  # fmt: skip
 
-    def check_buffers(self, input_ids: torch.Tensor, pixel_values: torch.Tensor, buffers: Qwen3VLBuffers) -> None:
-        """A ValueError unless ``buffers`` were built for this call's shapes."""
+    def check_buffers(
+        self, input_ids: torch.Tensor, pixel_values: torch.Tensor, buffers: Qwen3VLBuffers, image_grid_thw=None
+    ) -> None:
+        """A ValueError unless ``buffers`` were built for this call's shapes (and ``image_grid_thw``, if given)."""
+        if image_grid_thw is not None and check_grids(self.config.vision, image_grid_thw) != buffers.image_grid_thw:
+            raise ValueError(f"image_grid_thw {[list(g) for g in check_grids(self.config.vision, image_grid_thw)]}, "
+                             f"but the buffers are for {[list(g) for g in buffers.image_grid_thw]}")  # fmt: skip
         if tuple(input_ids.shape) != (buffers.batch, buffers.seq_len):
             raise ValueError(f"input_ids: shape {list(input_ids.shape)}, but the buffers are for "
                              f"[{buffers.batch}, {buffers.seq_len}]")  # fmt: skip
         if pixel_values.shape[0] != buffers.vision.num_patches:
+            grids = [list(g) for g in buffers.image_grid_thw]
             raise ValueError(f"pixel_values: {pixel_values.shape[0]} patches, but the buffers are for image_grid_thw "
-                             f"{[list(g) for g in buffers.image_grid_thw]} ({buffers.vision.num_patches} patches)")  # fmt: skip
+                             f"{grids} ({buffers.vision.num_patches} patches)")  # fmt: skip
 
     # ------------------------------------------------------------------ forward
 
@@ -515,7 +525,8 @@ class Qwen3VLBackbone(nn.Module):
             add(f"{ours_l}.qkv.weight_t", [f"{theirs}.self_attn.{p}_proj.weight" for p in "qkv"], "cat_t",
                 (d, q_rows + 2 * kv_rows), [(q_rows, d), (kv_rows, d), (kv_rows, d)], (q_rows, kv_rows, kv_rows))
             add(f"{ours_l}.qk_norm_weight", [f"{theirs}.self_attn.q_norm.weight", f"{theirs}.self_attn.k_norm.weight"],
-                "repeat_rows", (cfg.num_heads + cfg.num_kv_heads, dh), [(dh,), (dh,)], (cfg.num_heads, cfg.num_kv_heads))
+                "repeat_rows", (cfg.num_heads + cfg.num_kv_heads, dh), [(dh,), (dh,)],
+                (cfg.num_heads, cfg.num_kv_heads))
             linear(f"{ours_l}.o", f"{theirs}.self_attn.o_proj", q_rows, d, bias=False)
             add(f"{ours_l}.post_attention_norm_weight", [f"{theirs}.post_attention_layernorm.weight"], "copy", (d,),
                 [(d,)])
@@ -524,7 +535,9 @@ class Qwen3VLBackbone(nn.Module):
             linear(f"{ours_l}.down", f"{theirs}.mlp.down_proj", cfg.intermediate_size, d, bias=False)
         return entries  # fmt: skip
 
-    def checkpoint_entries(self, prefix: str = "backbone.model.", ours: str = "") -> dict[str, tuple[str, tuple[int, ...]]]:
+    def checkpoint_entries(
+        self, prefix: str = "backbone.model.", ours: str = ""
+    ) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Checkpoint key → (our parameter, the shape the checkpoint stores it in), for every tensor read; fused
         parameters (q/k/v, gate/up, q/k norms) appear once per source."""
         return {key: (entry.target, shape) for entry in self.weight_entries(prefix, ours)

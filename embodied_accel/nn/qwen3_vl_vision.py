@@ -11,9 +11,9 @@ Input: the processor's flattened patches ``[N, C * T * P * P]`` (``T = temporal_
    proj + residual → LayerNorm → ``fc2(gelu_tanh(fc1(x)))`` + residual. RoPE: the first quarter of a head's
    frequencies rotate with the patch row, the second with its column, in the rotate-half layout
    ``cat([f_row, f_col, f_row, f_col])``.
-4. Mergers: the ``m * m`` patches of a token concatenated (``[N / m², m² * D]``) → LayerNorm → Linear → GELU (erf)
-   → Linear to the LLM's width. The final merger normalizes each patch before the concatenation; the deep-stack
-   mergers (one after each block of ``deepstack_visual_indexes``) normalize the concatenation.
+4. Mergers: the ``m * m`` patches of a token concatenated (``[N / m², m² * D]``) → LayerNorm → Linear →
+   GELU (erf) → Linear to the LLM's width. The final merger normalizes each patch before the concatenation; the
+   deep-stack mergers (one after each block of ``deepstack_visual_indexes``) normalize the concatenation.
 
 Everything that depends only on the images' grids (sampling indices and weights, rotary tables, which frames
 attend together) is built once per shape bucket by :func:`vision_buffers` and handed in.
@@ -184,7 +184,7 @@ def vision_buffers(cfg: Qwen3VLVisionConfig, ops: OpSet, image_grid_thw, device,
     frame_runs = []
     for run_start, frames, patches, (h, w) in runs:
         cos, sin = (merge_order(table, 1, h, w, m) for table in vision_rotary(cfg, h, w))
-        cos, sin = (table.to(device=device, dtype=dtype)[None].expand(frames, -1, -1).contiguous() for table in (cos, sin))
+        cos, sin = (t.to(device=device, dtype=dtype)[None].expand(frames, -1, -1).contiguous() for t in (cos, sin))
         frame_runs.append(FrameRun(run_start, frames, patches, ops.prepare_rope(cos, sin, 2 * heads, 3 * heads)))
     return VisionBuffers(
         grids,
@@ -225,7 +225,7 @@ class VisionBlock(nn.Module):
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def forward(self, hidden: torch.Tensor, runs: tuple[FrameRun, ...]) -> torch.Tensor:
-        ops, cfg = self.ops, self.cfg
+        ops = self.ops
         x = ops.layer_norm(hidden, self.norm1_weight, self.norm1_bias, VISION_NORM_EPS)
         hidden = self.proj(self.attention(x, runs), residual=hidden)
         x = ops.layer_norm(hidden, self.norm2_weight, self.norm2_bias, VISION_NORM_EPS)

@@ -127,7 +127,8 @@ def main() -> None:
 
     inner = backbone.model.model
     last_layer = {}
-    handle = inner.language_model.layers[-1].register_forward_hook(lambda m, i, o: last_layer.setdefault("out", o.clone()))
+    last = inner.language_model.layers[-1]
+    handle = last.register_forward_hook(lambda module, args, output: last_layer.setdefault("out", output.clone()))
     with torch.no_grad():
         out = backbone({"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixel_values,
                         "image_grid_thw": grid_thw})  # fmt: skip
