@@ -9,8 +9,8 @@ processor (``Qwen2VLImageProcessorFast``):
   A checkpoint giving ``image_crop_size`` / ``image_target_size`` (230 / 256) instead means
   ``crop_fraction = 230 / 256`` and ``shortest_edge = 256``.
 * **Qwen3-VL**: each side to a multiple of ``patch_size * merge_size`` (``smart_resize``, total pixels within
-  ``[min_pixels, max_pixels]``; bicubic with antialiasing on float32, rounded back to uint8, only when the size
-  changes), ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated ``temporal_patch_size`` times,
+  ``[min_pixels, max_pixels]``; torch's native uint8 bicubic with antialiasing, as torchvision does on a CPU, only
+  when the size changes), ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated ``temporal_patch_size`` times,
   then cut into ``[grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]`` patches, ordered by
   merge window (``grid_h / merge``, ``grid_w / merge``, ``merge``, ``merge``) and flattened channel, time, row, column.
 """
@@ -105,15 +105,14 @@ def smart_resize(height: int, width: int, settings: N17ImageSettings) -> tuple[i
 
 
 def qwen_resize(image: np.ndarray, settings: N17ImageSettings) -> np.ndarray:
-    """uint8 HWC → uint8 HWC at :func:`smart_resize`'s size (bicubic, antialiased, as torchvision does for uint8)."""
+    """uint8 HWC → uint8 HWC at :func:`smart_resize`'s size (uint8 bicubic, antialiased: torchvision's CPU path)."""
     height, width = image.shape[:2]
     target = smart_resize(height, width, settings)
     if target == (height, width):
         return image
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].to(torch.float32)
+    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]  # uint8, resized natively on the CPU
     x = torch.nn.functional.interpolate(x, size=list(target), mode="bicubic", align_corners=False, antialias=True)
-    x = x.clamp_(0, 255).round_().to(torch.uint8)
-    return x[0].permute(1, 2, 0).numpy()
+    return np.ascontiguousarray(x[0].permute(1, 2, 0).numpy())
 
 
 def patchify(image: np.ndarray, settings: N17ImageSettings) -> tuple[np.ndarray, tuple[int, int, int]]:
