@@ -310,3 +310,101 @@ def test_preset_takes_token_ids_and_checks_the_image_tokens():
         proc.validate({**obs, "task": "pick"})
     actions = proc.postprocess(np.ones((1, 8, 8), np.float32), inputs.raw_state)
     np.testing.assert_array_equal(actions["arm"], np.ones((1, 8, 7), np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Against the official processor (fixture made by tools/groot_reference/make_fixtures_n17.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+FIXTURE = Path(__file__).parent / "fixtures" / "groot_n17_tiny"
+
+
+def _fixture():
+    meta = json.loads((FIXTURE / "io.json").read_text())
+    return meta, np.load(FIXTURE / "io.npz")
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return _fixture()
+
+
+TAGS_N17 = tuple(json.loads((FIXTURE / "io.json").read_text())["embodiments"]) if FIXTURE.is_dir() else ()
+
+
+def fixture_processor(tag, checkpoint=FIXTURE / "checkpoint"):
+    return GrootN17Processor.from_checkpoint(checkpoint, embodiment=tag, tokenizer=FIXTURE / "cosmos_reason2_tiny",
+                                             num_slots=6, state_history_length=2)  # fmt: skip
+
+
+def fixture_observations(meta, arrays, tag, proc):
+    info = meta["embodiments"][tag]
+    return [{**{f"video.{k}": arrays[f"{tag}.video.{k}"][b] for k in proc.spec.video_keys},
+             **{f"state.{s.key}": arrays[f"{tag}.state.{s.key}"][b] for s in proc.spec.state},
+             info["language_key"]: info["instructions"][b]} for b in range(len(info["instructions"]))]  # fmt: skip
+
+
+@requires_groot_extra
+@pytest.mark.parity
+@pytest.mark.parametrize("tag", TAGS_N17)
+def test_inputs_equal_the_official_processor(fixture, tag):
+    from tolerances import assert_rounding_close
+
+    meta, arrays = fixture
+    proc, info = fixture_processor(tag), meta["embodiments"][tag]
+    assert proc.spec.slot == info["slot"] and proc.spec.action_horizon == info["action_horizon"]
+    for b, language in enumerate(info["language_after_formalization"]):
+        assert proc.formalize(info["instructions"][b]) == language
+        assert proc.tokenizer.render(language, len(proc.spec.video_keys) * proc.spec.video_horizon) == info["prompts"][b]
+    observations = fixture_observations(meta, arrays, tag, proc)
+    resized = [crop_and_resize(obs[f"video.{k}"][t], proc.image_settings) for obs in observations
+               for t in range(proc.spec.video_horizon) for k in proc.spec.video_keys]  # row, frame, camera
+    np.testing.assert_array_equal(np.stack(resized), arrays[f"{tag}.resized_images"])
+    inputs = proc(observations)
+    for name in ("input_ids", "attention_mask", "image_grid_thw", "embodiment_id"):
+        np.testing.assert_array_equal(getattr(inputs, name), arrays[f"{tag}.{name}"], err_msg=name)
+    if f"{tag}.pixel_values" in arrays:  # the fixture keeps one embodiment's patches (the others: resized frames)
+        np.testing.assert_array_equal(inputs.pixel_values, arrays[f"{tag}.pixel_values"])  # IEEE-exact arithmetic
+    assert inputs.pixel_values.shape == (int(np.prod(arrays[f"{tag}.image_grid_thw"], axis=1).sum()), 1536)
+    # min/max and mean/std are exact float64 arithmetic cast to float32; sin/cos are faithfully rounded (2 ulps)
+    assert_rounding_close(inputs.state, arrays[f"{tag}.state"], chain=4)
+
+
+@requires_groot_extra
+@pytest.mark.parity
+@pytest.mark.parametrize("tag", TAGS_N17)
+def test_robot_actions_equal_the_official_policy(fixture, tag):
+    from tolerances import assert_rounding_close
+
+    meta, arrays = fixture
+    proc = fixture_processor(tag)
+    raw = {s.key: arrays[f"{tag}.state.{s.key}"] for s in proc.spec.state}
+    for prefix in ("", "single_"):
+        actions = proc.postprocess(arrays[f"{tag}.{prefix}action_pred"], raw)
+        for a in proc.spec.actions:
+            expected = arrays[f"{tag}.{prefix}action.{a.key}"]
+            assert actions[a.key].shape == expected.shape and actions[a.key].dtype == np.float32
+            # float64 un-normalization and pose composition (sqrt, trigonometry), cast to float32
+            assert_rounding_close(actions[a.key], expected, chain=8)
+
+
+@requires_groot_extra
+@pytest.mark.parity
+@pytest.mark.parametrize("tag", TAGS_N17)
+def test_controls_swapped_statistics_and_another_embodiment_differ(fixture, tag, tmp_path):
+    meta, arrays = fixture
+    swapped_dir = tmp_path / "checkpoint"
+    swapped_dir.mkdir()
+    for name in ("processor_config.json", "embodiment_id.json"):
+        (swapped_dir / name).write_text((FIXTURE / "checkpoint" / name).read_text())
+    (swapped_dir / "statistics.json").write_text((FIXTURE / "statistics_swapped.json").read_text())
+    proc, swapped = fixture_processor(tag), fixture_processor(tag, swapped_dir)
+    observations = fixture_observations(meta, arrays, tag, proc)
+    state = swapped(observations).state
+    assert np.abs(state - arrays[f"{tag}.state"]).max() > 1e-2
+    raw = {s.key: arrays[f"{tag}.state.{s.key}"] for s in proc.spec.state}
+    ours, control = proc.postprocess(arrays[f"{tag}.action_pred"], raw), swapped.postprocess(arrays[f"{tag}.action_pred"], raw)
+    assert max(np.abs(ours[k] - control[k]).max() for k in ours) > 1e-2
+    other = next(t for t in TAGS_N17 if t != tag)
+    with pytest.raises(ObservationError, match="missing; the embodiment"):
+        fixture_processor(other).validate(observations[0])
