@@ -13,6 +13,7 @@ from embodied_accel.models.groot.n17_images import N17ImageSettings, crop_and_re
 from embodied_accel.models.groot.n17_processor import (
     GrootN17Processor,
     decode_n17_actions,
+    encode_n17_actions,
     encode_n17_state,
     load_n17_embodiment,
 )
@@ -198,6 +199,20 @@ def test_relative_actions_use_the_relative_min_max_and_the_last_state():
     np.testing.assert_allclose(out["grip"][0], chunk[0, :4, 9:10] * std + mean, rtol=1e-6)  # no clip for mean/std
 
 
+def test_encoding_actions_inverts_the_decoding():
+    """Robot actions → the normalized chunk the model would produce (the official training transform), the inverse
+    of the decoding for chunks inside [-1, 1]; a chunk from another state does not come back."""
+    spec, _ = load_n17_embodiment(kwargs(), statistics(), {"robot": 3}, None, "ckpt")
+    rng = np.random.default_rng(3)
+    raw = {k: rng.normal(size=(2, 2, d)).astype(np.float32) for k, d in DIMS.items()}
+    raw["eef"][..., 3:] *= 0.3  # rotation vectors well inside pi
+    chunk = rng.uniform(-0.9, 0.9, size=(2, HORIZON, 10)).astype(np.float32)
+    actions = decode_n17_actions(spec, chunk, raw)
+    np.testing.assert_allclose(encode_n17_actions(spec, actions, raw), chunk, atol=2e-5)
+    other = {k: v + 0.5 for k, v in raw.items()}
+    assert np.abs(encode_n17_actions(spec, actions, other) - chunk)[..., :3].min() > 1e-3
+
+
 def test_without_use_relative_action_the_keys_stay_absolute():
     spec, _ = load_n17_embodiment(kwargs(use_relative_action=False), statistics(), {"robot": 3}, None, "ckpt")
     assert not any(a.relative for a in spec.actions)
@@ -267,6 +282,11 @@ def test_checkpoint_processor_end_to_end(checkpoint):
     assert proc.tokenizer.encode(expanded) == inputs.input_ids[0].tolist()
     actions = proc.postprocess(np.zeros((2, 6, 12), np.float32), inputs.raw_state)
     assert {k: v.shape for k, v in actions.items()} == {"joints": (2, 4, 3), "eef": (2, 4, 6), "grip": (2, 4, 1)}
+    np.testing.assert_allclose(proc.encode_actions(actions, inputs.raw_state), 0.0, atol=2e-5)  # the zero chunk back
+    leftover = proc.encode_actions({k: v[:, 1:] for k, v in actions.items()}, inputs.raw_state)  # at steps 0..2 now
+    assert leftover.shape == (2, 3, 12) and not leftover[..., 10:].any()
+    with pytest.raises(ObservationError, match="missing action key 'grip'"):
+        proc.encode_actions({k: v for k, v in actions.items() if k != "grip"}, inputs.raw_state)
 
 
 @requires_groot_extra
@@ -355,7 +375,8 @@ def test_inputs_equal_the_official_processor(fixture, tag):
     assert proc.spec.slot == info["slot"] and proc.spec.action_horizon == info["action_horizon"]
     for b, language in enumerate(info["language_after_formalization"]):
         assert proc.formalize(info["instructions"][b]) == language
-        assert proc.tokenizer.render(language, len(proc.spec.video_keys) * proc.spec.video_horizon) == info["prompts"][b]
+        images = len(proc.spec.video_keys) * proc.spec.video_horizon
+        assert proc.tokenizer.render(language, images) == info["prompts"][b]
     observations = fixture_observations(meta, arrays, tag, proc)
     resized = [crop_and_resize(obs[f"video.{k}"][t], proc.image_settings) for obs in observations
                for t in range(proc.spec.video_horizon) for k in proc.spec.video_keys]  # row, frame, camera
@@ -403,7 +424,8 @@ def test_controls_swapped_statistics_and_another_embodiment_differ(fixture, tag,
     state = swapped(observations).state
     assert np.abs(state - arrays[f"{tag}.state"]).max() > 1e-2
     raw = {s.key: arrays[f"{tag}.state.{s.key}"] for s in proc.spec.state}
-    ours, control = proc.postprocess(arrays[f"{tag}.action_pred"], raw), swapped.postprocess(arrays[f"{tag}.action_pred"], raw)
+    chunk = arrays[f"{tag}.action_pred"]
+    ours, control = proc.postprocess(chunk, raw), swapped.postprocess(chunk, raw)
     assert max(np.abs(ours[k] - control[k]).max() for k in ours) > 1e-2
     other = next(t for t in TAGS_N17 if t != tag)
     with pytest.raises(ObservationError, match="missing; the embodiment"):

@@ -47,7 +47,8 @@ from .processor import (
     _stats,
 )
 
-__all__ = ["N17_EMBODIMENT_SLOTS", "GrootN17Processor", "N17Inputs", "N17Row", "decode_n17_actions"]
+__all__ = ["N17_EMBODIMENT_SLOTS", "GrootN17Processor", "N17Inputs", "N17Row", "decode_n17_actions",
+           "encode_n17_actions"]
 
 #: The official tag → projector-slot table of N1.7; a checkpoint's embodiment_id.json overrides it.
 N17_EMBODIMENT_SLOTS = {
@@ -261,6 +262,53 @@ def decode_n17_actions(spec: EmbodimentSpec, normalized: np.ndarray,
                 values = reference[:, None, :] + values
         out[a.key] = np.asarray(values, dtype=np.float32)
     return out
+
+
+def _first_steps(statistic: np.ndarray, steps: int) -> np.ndarray:
+    """Per-step statistics ``[H, D]`` (relative keys) cut to ``steps`` rows; ``[D]`` ones serve every step."""
+    return statistic[:steps] if statistic.ndim == 2 else statistic
+
+
+def encode_n17_actions(spec: EmbodimentSpec, actions: Mapping[str, np.ndarray],
+                       state: Mapping[str, np.ndarray]) -> np.ndarray:  # fmt: skip
+    """The official training-side transform, the inverse of :func:`decode_n17_actions`: robot actions per key
+    ``[B, n, D]`` (``n <= action_horizon``) and the raw state ``[B, T, D]`` → the normalized chunk
+    ``[B, n, action_dim]`` float32. Relative keys are made relative to the last state (joints subtracted, end
+    effectors ``T_state⁻¹ @ T_action`` in the key's format), then normalized (mean/std where ``std != 0``, else
+    min/max → [-1, 1], 0 where the range is zero) and clipped to [-1, 1] with ``clip_outliers``."""
+    parts = []
+    for a in spec.actions:
+        values = np.asarray(actions[a.key], dtype=np.float32)
+        steps = values.shape[1]
+        if a.relative:  # float64 from here, as the official pose arithmetic
+            values = values.astype(np.float64)
+            reference = np.asarray(state[a.state_key], dtype=np.float64)[:, -1]  # [B, D]
+            if a.kind == "EEF":
+                ref = _pose_matrices(reference, a.format)[:, None]  # [B, 1, 4, 4]
+                inverse_rotation = np.swapaxes(ref[..., :3, :3], -1, -2)
+                pose = _pose_matrices(values, a.format)
+                rotation = inverse_rotation @ pose[..., :3, :3]
+                translation = (inverse_rotation @ (pose[..., :3, 3] - ref[..., :3, 3])[..., None])[..., 0]
+                tail = (rotation[..., :2, :].reshape(*rotation.shape[:-2], 6) if a.format == "XYZ_ROT6D"
+                        else _rotvec(rotation))  # fmt: skip
+                values = np.concatenate([translation, tail], axis=-1)
+            else:
+                values = values - reference[:, None, :]
+        out = np.zeros_like(values)
+        if a.mean_std:
+            mean, std = _first_steps(a.mean, steps), _first_steps(a.std, steps)
+            mask = np.broadcast_to(std != 0, values.shape[1:])
+            mean, std = np.broadcast_to(mean, values.shape[1:]), np.broadcast_to(std, values.shape[1:])
+            out[:, mask] = (values[:, mask] - mean[mask]) / std[mask]
+            out[:, ~mask] = values[:, ~mask]
+        else:
+            low, high = _first_steps(a.low, steps), _first_steps(a.high, steps)
+            mask = np.broadcast_to(~np.isclose(high, low), values.shape[1:])
+            low, high = np.broadcast_to(low, values.shape[1:]), np.broadcast_to(high, values.shape[1:])
+            out[:, mask] = (values[:, mask] - low[mask]) / (high[mask] - low[mask])
+            out[:, mask] = 2 * out[:, mask] - 1  # two steps, the first one stored in the values' dtype
+        parts.append(np.clip(out, -1.0, 1.0) if spec.clip_outliers else out)
+    return np.concatenate(parts, axis=-1).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -548,3 +596,23 @@ class GrootN17Processor:
             raise ValueError(f"postprocess: expected a chunk [B, >= {self.spec.action_horizon}, >= "
                              f"{self.spec.action_dim}], got {list(normalized.shape)}")  # fmt: skip
         return decode_n17_actions(self.spec, normalized, raw_state)
+
+    def encode_actions(self, actions: Mapping[str, Any], raw_state: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Robot actions per action key ``[B, n, D]`` (``1 <= n <= action_horizon``, e.g. the unexecuted rest of
+        the previous chunk) and the batch's raw state → the model's normalized chunk ``[B, n, max_action_dim]``
+        float32 (zero-padded), as the official processor normalizes training actions."""
+        arrays = {}
+        for a in self.spec.actions:
+            if a.key not in actions:
+                raise ObservationError(f"actions: missing action key {a.key!r}; the embodiment {self.spec.tag!r} has "
+                                       f"{', '.join(k.key for k in self.spec.actions)}")  # fmt: skip
+            arr = np.asarray(actions[a.key], dtype=np.float32)
+            if arr.ndim != 3 or arr.shape[2] != a.dim or not 1 <= arr.shape[1] <= self.spec.action_horizon:
+                raise ObservationError(f"actions[{a.key!r}]: expected [B, n, {a.dim}] with 1 <= n <= "
+                                       f"{self.spec.action_horizon}, got {list(arr.shape)}")  # fmt: skip
+            arrays[a.key] = arr
+        if len({arr.shape[:2] for arr in arrays.values()}) != 1:
+            raise ObservationError("actions: every action key needs the same batch and number of steps")
+        normalized = encode_n17_actions(self.spec, arrays, raw_state)
+        pad = np.zeros((*normalized.shape[:2], self.max_action_dim - normalized.shape[2]), dtype=np.float32)
+        return np.concatenate([normalized, pad], axis=-1)
