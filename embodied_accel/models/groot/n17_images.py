@@ -11,8 +11,9 @@ processor (``Qwen2VLImageProcessorFast``):
 * **Qwen3-VL**: each side to a multiple of ``patch_size * merge_size`` (``smart_resize``, total pixels within
   ``[min_pixels, max_pixels]``; torch's native uint8 bicubic with antialiasing, as torchvision does on a CPU, only
   when the size changes), ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated
-  ``temporal_patch_size`` times, then cut into ``[grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]`` patches, ordered by
-  merge window (``grid_h / merge``, ``grid_w / merge``, ``merge``, ``merge``) and flattened channel, time, row, column.
+  ``temporal_patch_size`` times, then cut into ``[grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]``
+  patches, ordered by merge window (``grid_h / merge``, ``grid_w / merge``, ``merge``, ``merge``) and flattened
+  channel, time, row, column.
 """
 
 from __future__ import annotations
