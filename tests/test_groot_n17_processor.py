@@ -17,7 +17,8 @@ from embodied_accel.models.groot.n17_processor import (
     encode_n17_state,
     load_n17_embodiment,
 )
-from embodied_accel.models.groot.processor import EmbodimentError, ObservationError, _rotvec_to_matrix
+from embodied_accel.models.groot.processor import EmbodimentError, ObservationError
+from embodied_accel.models.groot.rotations import rotvec_to_matrix
 
 requires_groot_extra = pytest.mark.skipif(
     any(__import__("importlib").util.find_spec(m) is None for m in ("tokenizers", "jinja2", "cv2")),
@@ -190,11 +191,11 @@ def test_relative_actions_use_the_relative_min_max_and_the_last_state():
     low, high = np.asarray(stats["relative_action"]["eef"]["min"]), np.asarray(stats["relative_action"]["eef"]["max"])
     rel = (np.clip(chunk[0, :4, 3:9], -1, 1) + 1) / 2 * (high - low) + low
     state = raw["eef"][0, -1].astype(np.float64)
-    rotation_state = _rotvec_to_matrix(state[3:])
+    rotation_state = rotvec_to_matrix(state[3:])
     for t in range(4):
-        rotation = rotation_state @ _rotvec_to_matrix(rel[t, 3:])
+        rotation = rotation_state @ rotvec_to_matrix(rel[t, 3:])
         np.testing.assert_allclose(out["eef"][0, t, :3], rotation_state @ rel[t, :3] + state[:3], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(_rotvec_to_matrix(out["eef"][0, t, 3:].astype(np.float64)), rotation, atol=1e-5)
+        np.testing.assert_allclose(rotvec_to_matrix(out["eef"][0, t, 3:].astype(np.float64)), rotation, atol=1e-5)
     mean, std = np.asarray(stats["action"]["grip"]["mean"]), np.asarray(stats["action"]["grip"]["std"])
     np.testing.assert_allclose(out["grip"][0], chunk[0, :4, 9:10] * std + mean, rtol=1e-6)  # no clip for mean/std
 

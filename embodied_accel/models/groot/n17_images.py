@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from ...errors import ObservationError
+from .images import smallest_edge_to
 
 __all__ = ["N17ImageSettings", "crop_and_resize", "patchify", "qwen_resize", "smart_resize"]
 
@@ -66,27 +67,14 @@ def _letterbox(frame: np.ndarray) -> np.ndarray:
     return out
 
 
-def _smallest_edge_to(frame: np.ndarray, edge: int) -> np.ndarray:
-    import cv2
-
-    height, width = frame.shape[:2]
-    scale = edge / float(min(height, width))
-    if scale == 1.0:
-        return frame
-    size = (round(height * scale), round(width * scale))
-    if size == (height, width):
-        return frame
-    return cv2.resize(np.ascontiguousarray(frame), (size[1], size[0]), interpolation=cv2.INTER_AREA)
-
-
 def crop_and_resize(frame: np.ndarray, settings: N17ImageSettings) -> np.ndarray:
     """One uint8 HWC frame → letterboxed, resized, centre-cropped, resized (uint8 HWC)."""
-    frame = _smallest_edge_to(_letterbox(frame), settings.shortest_edge)
+    frame = smallest_edge_to(_letterbox(frame), settings.shortest_edge)
     height, width = frame.shape[:2]
     crop_h = max(1, int(height * settings.crop_fraction))
     crop_w = max(1, int(width * settings.crop_fraction))
     top, left = (height - crop_h) // 2, (width - crop_w) // 2
-    return _smallest_edge_to(frame[top : top + crop_h, left : left + crop_w], settings.shortest_edge)
+    return smallest_edge_to(frame[top : top + crop_h, left : left + crop_w], settings.shortest_edge)
 
 
 def smart_resize(height: int, width: int, settings: N17ImageSettings) -> tuple[int, int]:

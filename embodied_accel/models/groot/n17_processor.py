@@ -32,20 +32,10 @@ from typing import Any
 import numpy as np
 
 from ...errors import ObservationError, check_prompt_size
+from .embodiment import LANGUAGE_ALIASES, ActionKey, EmbodimentError, EmbodimentSpec, StateKey, _read_json, _stats
 from .n17_images import N17ImageSettings, crop_and_resize, patchify, qwen_resize
 from .n17_text import N17Tokenizer, find_n17_tokenizer_dir
-from .processor import (
-    LANGUAGE_ALIASES,
-    ActionKey,
-    EmbodimentError,
-    EmbodimentSpec,
-    StateKey,
-    _read_json,
-    _rot6d_to_matrix,
-    _rotvec,
-    _rotvec_to_matrix,
-    _stats,
-)
+from .rotations import matrix_to_rotvec, rot6d_to_matrix, rotvec_to_matrix
 
 __all__ = ["N17_EMBODIMENT_SLOTS", "GrootN17Processor", "N17Inputs", "N17Row", "decode_n17_actions",
            "encode_n17_actions"]
@@ -229,7 +219,7 @@ def encode_n17_state(spec: EmbodimentSpec, values: Mapping[str, np.ndarray], max
 
 def _pose_matrices(values: np.ndarray, fmt: str) -> np.ndarray:
     """``[..., 9]`` xyz + rot6d or ``[..., 6]`` xyz + rotation vector → homogeneous ``[..., 4, 4]``."""
-    rotation = _rot6d_to_matrix(values[..., 3:]) if fmt == "XYZ_ROT6D" else _rotvec_to_matrix(values[..., 3:])
+    rotation = rot6d_to_matrix(values[..., 3:]) if fmt == "XYZ_ROT6D" else rotvec_to_matrix(values[..., 3:])
     out = np.zeros((*values.shape[:-1], 4, 4))
     out[..., :3, :3], out[..., :3, 3], out[..., 3, 3] = rotation, values[..., :3], 1.0
     return out
@@ -256,7 +246,7 @@ def decode_n17_actions(spec: EmbodimentSpec, normalized: np.ndarray,
                                                                                      a.format)  # fmt: skip
                 rotation = pose[..., :3, :3]
                 tail = (rotation[..., :2, :].reshape(*rotation.shape[:-2], 6) if a.format == "XYZ_ROT6D"
-                        else _rotvec(rotation))  # fmt: skip
+                        else matrix_to_rotvec(rotation))  # fmt: skip
                 values = np.concatenate([pose[..., :3, 3], tail], axis=-1)
             else:
                 values = reference[:, None, :] + values
@@ -290,7 +280,7 @@ def encode_n17_actions(spec: EmbodimentSpec, actions: Mapping[str, np.ndarray],
                 rotation = inverse_rotation @ pose[..., :3, :3]
                 translation = (inverse_rotation @ (pose[..., :3, 3] - ref[..., :3, 3])[..., None])[..., 0]
                 tail = (rotation[..., :2, :].reshape(*rotation.shape[:-2], 6) if a.format == "XYZ_ROT6D"
-                        else _rotvec(rotation))  # fmt: skip
+                        else matrix_to_rotvec(rotation))  # fmt: skip
                 values = np.concatenate([translation, tail], axis=-1)
             else:
                 values = values - reference[:, None, :]
