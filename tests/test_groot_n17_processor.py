@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from embodied_accel.models.groot.n17_images import N17ImageSettings, crop_and_resize, patchify, smart_resize
 from embodied_accel.models.groot.n17_processor import (
@@ -15,6 +16,7 @@ from embodied_accel.models.groot.n17_processor import (
     decode_n17_actions,
     encode_n17_actions,
     encode_n17_state,
+    image_settings,
     load_n17_embodiment,
 )
 from embodied_accel.models.groot.processor import EmbodimentError, ObservationError
@@ -85,6 +87,23 @@ def test_default_sizes_give_256_pixels_and_64_tokens():
     values, grid = patchify(image, settings)
     assert values.shape == (256, 1536) and grid == (1, 16, 16)
     assert grid[0] * grid[1] * grid[2] // settings.merge_size**2 == 64
+
+
+def test_torchvision_transforms_letterbox_resize_and_crop_at_the_rounded_centre():
+    """``use_albumentations`` false: a constant frame stays constant inside its letterbox band; the crop offset is
+    ``round((side - crop) / 2)``, half to even (a crop of 5 out of 8 starts at 2, of 3 out of 8 at 2, not 3)."""
+    kw = {"use_albumentations": False, "image_crop_size": [5, 5], "image_target_size": [8, 8]}
+    settings = image_settings(kw, {})
+    assert settings.torchvision_sizes == (8, 5)
+    frame = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
+    # a square frame at the target size: only the crop [2:7] and its resize back to 8 x 8
+    ours = crop_and_resize(frame, settings)
+    assert ours.shape == (8, 8, 3)
+    crop = torch.from_numpy(frame[2:7, 2:7]).permute(2, 0, 1)[None]
+    expected = torch.nn.functional.interpolate(crop, size=[8, 8], mode="bilinear", antialias=True)
+    np.testing.assert_array_equal(ours, expected[0].permute(1, 2, 0).numpy())
+    with pytest.raises(EmbodimentError, match="square image_crop_size"):
+        image_settings({**kw, "image_crop_size": [9, 9]}, {})
 
 
 def test_patch_order_is_merge_window_major_then_channel_time_row_column():

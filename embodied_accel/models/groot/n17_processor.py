@@ -78,10 +78,13 @@ def processor_dir(checkpoint_dir: Path) -> Path:
 
 def image_settings(kwargs: Mapping, image_config: Mapping) -> N17ImageSettings:
     """The crop / resize of ``processor_kwargs`` and the Qwen3-VL image processor's ``preprocessor_config.json``."""
-    if not kwargs.get("use_albumentations", False):
-        raise EmbodimentError("processor_config.json: use_albumentations false (the torchvision image transforms) "
-                              "is not supported; the N1.7 checkpoints use the albumentations ones")  # fmt: skip
     crop, target = kwargs.get("image_crop_size"), kwargs.get("image_target_size")
+    torchvision_sizes = None
+    if not kwargs.get("use_albumentations", False):  # the torchvision transforms: target and crop sizes only
+        if not crop or not target or len(set(crop)) != 1 or len(set(target)) != 1 or crop[0] > target[0]:
+            raise EmbodimentError(f"processor_config.json: use_albumentations false needs square image_crop_size "
+                                  f"<= image_target_size, got {crop} / {target}")  # fmt: skip
+        torchvision_sizes = (int(target[0]), int(crop[0]))
     fraction, edge = kwargs.get("crop_fraction"), kwargs.get("shortest_image_edge")
     if fraction is None:
         if not crop or not target:
@@ -94,7 +97,7 @@ def image_settings(kwargs: Mapping, image_config: Mapping) -> N17ImageSettings:
     size = image_config.get("size") or {}
     defaults = N17ImageSettings()
     return N17ImageSettings(
-        shortest_edge=int(edge), crop_fraction=float(fraction),
+        shortest_edge=int(edge), crop_fraction=float(fraction), torchvision_sizes=torchvision_sizes,
         patch_size=int(image_config.get("patch_size", defaults.patch_size)),
         temporal_patch_size=int(image_config.get("temporal_patch_size", defaults.temporal_patch_size)),
         merge_size=int(image_config.get("merge_size", defaults.merge_size)),
