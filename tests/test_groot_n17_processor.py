@@ -8,15 +8,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from embodied_accel.models.groot.n17_images import N17ImageSettings, crop_and_resize, patchify, smart_resize
 from embodied_accel.models.groot.n17_processor import (
     GrootN17Processor,
     decode_n17_actions,
+    encode_n17_actions,
     encode_n17_state,
+    image_settings,
     load_n17_embodiment,
 )
-from embodied_accel.models.groot.processor import EmbodimentError, ObservationError, _rotvec_to_matrix
+from embodied_accel.models.groot.processor import EmbodimentError, ObservationError
+from embodied_accel.models.groot.rotations import rotvec_to_matrix
 
 requires_groot_extra = pytest.mark.skipif(
     any(__import__("importlib").util.find_spec(m) is None for m in ("tokenizers", "jinja2", "cv2")),
@@ -83,6 +87,23 @@ def test_default_sizes_give_256_pixels_and_64_tokens():
     values, grid = patchify(image, settings)
     assert values.shape == (256, 1536) and grid == (1, 16, 16)
     assert grid[0] * grid[1] * grid[2] // settings.merge_size**2 == 64
+
+
+def test_torchvision_transforms_letterbox_resize_and_crop_at_the_rounded_centre():
+    """``use_albumentations`` false: a constant frame stays constant inside its letterbox band; the crop offset is
+    ``round((side - crop) / 2)``, half to even (a crop of 5 out of 8 starts at 2, of 3 out of 8 at 2, not 3)."""
+    kw = {"use_albumentations": False, "image_crop_size": [5, 5], "image_target_size": [8, 8]}
+    settings = image_settings(kw, {})
+    assert settings.torchvision_sizes == (8, 5)
+    frame = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
+    # a square frame at the target size: only the crop [2:7] and its resize back to 8 x 8
+    ours = crop_and_resize(frame, settings)
+    assert ours.shape == (8, 8, 3)
+    crop = torch.from_numpy(frame[2:7, 2:7]).permute(2, 0, 1)[None]
+    expected = torch.nn.functional.interpolate(crop, size=[8, 8], mode="bilinear", antialias=True)
+    np.testing.assert_array_equal(ours, expected[0].permute(1, 2, 0).numpy())
+    with pytest.raises(EmbodimentError, match="square image_crop_size"):
+        image_settings({**kw, "image_crop_size": [9, 9]}, {})
 
 
 def test_patch_order_is_merge_window_major_then_channel_time_row_column():
@@ -189,13 +210,27 @@ def test_relative_actions_use_the_relative_min_max_and_the_last_state():
     low, high = np.asarray(stats["relative_action"]["eef"]["min"]), np.asarray(stats["relative_action"]["eef"]["max"])
     rel = (np.clip(chunk[0, :4, 3:9], -1, 1) + 1) / 2 * (high - low) + low
     state = raw["eef"][0, -1].astype(np.float64)
-    rotation_state = _rotvec_to_matrix(state[3:])
+    rotation_state = rotvec_to_matrix(state[3:])
     for t in range(4):
-        rotation = rotation_state @ _rotvec_to_matrix(rel[t, 3:])
+        rotation = rotation_state @ rotvec_to_matrix(rel[t, 3:])
         np.testing.assert_allclose(out["eef"][0, t, :3], rotation_state @ rel[t, :3] + state[:3], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(_rotvec_to_matrix(out["eef"][0, t, 3:].astype(np.float64)), rotation, atol=1e-5)
+        np.testing.assert_allclose(rotvec_to_matrix(out["eef"][0, t, 3:].astype(np.float64)), rotation, atol=1e-5)
     mean, std = np.asarray(stats["action"]["grip"]["mean"]), np.asarray(stats["action"]["grip"]["std"])
     np.testing.assert_allclose(out["grip"][0], chunk[0, :4, 9:10] * std + mean, rtol=1e-6)  # no clip for mean/std
+
+
+def test_encoding_actions_inverts_the_decoding():
+    """Robot actions → the normalized chunk the model would produce (the official training transform), the inverse
+    of the decoding for chunks inside [-1, 1]; a chunk from another state does not come back."""
+    spec, _ = load_n17_embodiment(kwargs(), statistics(), {"robot": 3}, None, "ckpt")
+    rng = np.random.default_rng(3)
+    raw = {k: rng.normal(size=(2, 2, d)).astype(np.float32) for k, d in DIMS.items()}
+    raw["eef"][..., 3:] *= 0.3  # rotation vectors well inside pi
+    chunk = rng.uniform(-0.9, 0.9, size=(2, HORIZON, 10)).astype(np.float32)
+    actions = decode_n17_actions(spec, chunk, raw)
+    np.testing.assert_allclose(encode_n17_actions(spec, actions, raw), chunk, atol=2e-5)
+    other = {k: v + 0.5 for k, v in raw.items()}
+    assert np.abs(encode_n17_actions(spec, actions, other) - chunk)[..., :3].min() > 1e-3
 
 
 def test_without_use_relative_action_the_keys_stay_absolute():
@@ -267,6 +302,11 @@ def test_checkpoint_processor_end_to_end(checkpoint):
     assert proc.tokenizer.encode(expanded) == inputs.input_ids[0].tolist()
     actions = proc.postprocess(np.zeros((2, 6, 12), np.float32), inputs.raw_state)
     assert {k: v.shape for k, v in actions.items()} == {"joints": (2, 4, 3), "eef": (2, 4, 6), "grip": (2, 4, 1)}
+    np.testing.assert_allclose(proc.encode_actions(actions, inputs.raw_state), 0.0, atol=2e-5)  # the zero chunk back
+    leftover = proc.encode_actions({k: v[:, 1:] for k, v in actions.items()}, inputs.raw_state)  # at steps 0..2 now
+    assert leftover.shape == (2, 3, 12) and not leftover[..., 10:].any()
+    with pytest.raises(ObservationError, match="missing action key 'grip'"):
+        proc.encode_actions({k: v for k, v in actions.items() if k != "grip"}, inputs.raw_state)
 
 
 @requires_groot_extra
@@ -310,3 +350,103 @@ def test_preset_takes_token_ids_and_checks_the_image_tokens():
         proc.validate({**obs, "task": "pick"})
     actions = proc.postprocess(np.ones((1, 8, 8), np.float32), inputs.raw_state)
     np.testing.assert_array_equal(actions["arm"], np.ones((1, 8, 7), np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Against the official processor (fixture made by tools/groot_reference/make_fixtures_n17.py)
+# ---------------------------------------------------------------------------------------------------------------
+
+FIXTURE = Path(__file__).parent / "fixtures" / "groot_n17_tiny"
+
+
+def _fixture():
+    meta = json.loads((FIXTURE / "io.json").read_text())
+    return meta, np.load(FIXTURE / "io.npz")
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    return _fixture()
+
+
+TAGS_N17 = tuple(json.loads((FIXTURE / "io.json").read_text())["embodiments"]) if FIXTURE.is_dir() else ()
+
+
+def fixture_processor(tag, checkpoint=FIXTURE / "checkpoint"):
+    return GrootN17Processor.from_checkpoint(checkpoint, embodiment=tag, tokenizer=FIXTURE / "cosmos_reason2_tiny",
+                                             num_slots=6, state_history_length=2)  # fmt: skip
+
+
+def fixture_observations(meta, arrays, tag, proc):
+    info = meta["embodiments"][tag]
+    return [{**{f"video.{k}": arrays[f"{tag}.video.{k}"][b] for k in proc.spec.video_keys},
+             **{f"state.{s.key}": arrays[f"{tag}.state.{s.key}"][b] for s in proc.spec.state},
+             info["language_key"]: info["instructions"][b]} for b in range(len(info["instructions"]))]  # fmt: skip
+
+
+@requires_groot_extra
+@pytest.mark.parity
+@pytest.mark.parametrize("tag", TAGS_N17)
+def test_inputs_equal_the_official_processor(fixture, tag):
+    from tolerances import assert_rounding_close
+
+    meta, arrays = fixture
+    proc, info = fixture_processor(tag), meta["embodiments"][tag]
+    assert proc.spec.slot == info["slot"] and proc.spec.action_horizon == info["action_horizon"]
+    for b, language in enumerate(info["language_after_formalization"]):
+        assert proc.formalize(info["instructions"][b]) == language
+        images = len(proc.spec.video_keys) * proc.spec.video_horizon
+        assert proc.tokenizer.render(language, images) == info["prompts"][b]
+    observations = fixture_observations(meta, arrays, tag, proc)
+    resized = [crop_and_resize(obs[f"video.{k}"][t], proc.image_settings) for obs in observations
+               for t in range(proc.spec.video_horizon) for k in proc.spec.video_keys]  # row, frame, camera
+    np.testing.assert_array_equal(np.stack(resized), arrays[f"{tag}.resized_images"])
+    inputs = proc(observations)
+    for name in ("input_ids", "attention_mask", "image_grid_thw", "embodiment_id"):
+        np.testing.assert_array_equal(getattr(inputs, name), arrays[f"{tag}.{name}"], err_msg=name)
+    if f"{tag}.pixel_values" in arrays:  # the fixture keeps one embodiment's patches (the others: resized frames)
+        np.testing.assert_array_equal(inputs.pixel_values, arrays[f"{tag}.pixel_values"])  # IEEE-exact arithmetic
+    assert inputs.pixel_values.shape == (int(np.prod(arrays[f"{tag}.image_grid_thw"], axis=1).sum()), 1536)
+    # min/max and mean/std are exact float64 arithmetic cast to float32; sin/cos are faithfully rounded (2 ulps)
+    assert_rounding_close(inputs.state, arrays[f"{tag}.state"], chain=4)
+
+
+@requires_groot_extra
+@pytest.mark.parity
+@pytest.mark.parametrize("tag", TAGS_N17)
+def test_robot_actions_equal_the_official_policy(fixture, tag):
+    from tolerances import assert_rounding_close
+
+    meta, arrays = fixture
+    proc = fixture_processor(tag)
+    raw = {s.key: arrays[f"{tag}.state.{s.key}"] for s in proc.spec.state}
+    for prefix in ("", "single_"):
+        actions = proc.postprocess(arrays[f"{tag}.{prefix}action_pred"], raw)
+        for a in proc.spec.actions:
+            expected = arrays[f"{tag}.{prefix}action.{a.key}"]
+            assert actions[a.key].shape == expected.shape and actions[a.key].dtype == np.float32
+            # float64 un-normalization and pose composition (sqrt, trigonometry), cast to float32
+            assert_rounding_close(actions[a.key], expected, chain=8)
+
+
+@requires_groot_extra
+@pytest.mark.parity
+@pytest.mark.parametrize("tag", TAGS_N17)
+def test_controls_swapped_statistics_and_another_embodiment_differ(fixture, tag, tmp_path):
+    meta, arrays = fixture
+    swapped_dir = tmp_path / "checkpoint"
+    swapped_dir.mkdir()
+    for name in ("processor_config.json", "embodiment_id.json"):
+        (swapped_dir / name).write_text((FIXTURE / "checkpoint" / name).read_text())
+    (swapped_dir / "statistics.json").write_text((FIXTURE / "statistics_swapped.json").read_text())
+    proc, swapped = fixture_processor(tag), fixture_processor(tag, swapped_dir)
+    observations = fixture_observations(meta, arrays, tag, proc)
+    state = swapped(observations).state
+    assert np.abs(state - arrays[f"{tag}.state"]).max() > 1e-2
+    raw = {s.key: arrays[f"{tag}.state.{s.key}"] for s in proc.spec.state}
+    chunk = arrays[f"{tag}.action_pred"]
+    ours, control = proc.postprocess(chunk, raw), swapped.postprocess(chunk, raw)
+    assert max(np.abs(ours[k] - control[k]).max() for k in ours) > 1e-2
+    other = next(t for t in TAGS_N17 if t != tag)
+    with pytest.raises(ObservationError, match="missing; the embodiment"):
+        fixture_processor(other).validate(observations[0])

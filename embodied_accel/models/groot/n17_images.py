@@ -7,23 +7,29 @@ processor (``Qwen2VLImageProcessorFast``):
   shortest edge to ``shortest_edge`` (OpenCV ``INTER_AREA``, sides ``round(side * scale)``), a centred crop of
   ``int(side * crop_fraction)`` pixels (offset ``(side - crop) // 2``), shortest edge to ``shortest_edge`` again.
   A checkpoint giving ``image_crop_size`` / ``image_target_size`` (230 / 256) instead means
-  ``crop_fraction = 230 / 256`` and ``shortest_edge = 256``.
+  ``crop_fraction = 230 / 256`` and ``shortest_edge = 256``. With ``use_albumentations`` false (torchvision's
+  transforms): letterbox, resize to ``target_size`` (bilinear, antialiased), centre crop to ``crop_size`` (offset
+  ``int(round((side - crop) / 2))``), resize to ``target_size`` again.
 * **Qwen3-VL**: each side to a multiple of ``patch_size * merge_size`` (``smart_resize``, total pixels within
-  ``[min_pixels, max_pixels]``; bicubic with antialiasing on float32, rounded back to uint8, only when the size
-  changes), ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated ``temporal_patch_size`` times,
-  then cut into ``[grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]`` patches, ordered by
-  merge window (``grid_h / merge``, ``grid_w / merge``, ``merge``, ``merge``) and flattened channel, time, row, column.
+  ``[min_pixels, max_pixels]``; torch's native uint8 bicubic with antialiasing, as torchvision does on a CPU, only
+  when the size changes), ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated
+  ``temporal_patch_size`` times, then cut into ``[grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]``
+  patches, ordered by merge window (``grid_h / merge``, ``grid_w / merge``, ``merge``, ``merge``) and flattened
+  channel, time, row, column.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import platform
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ...errors import ObservationError
+from .images import smallest_edge_to
 
 __all__ = ["N17ImageSettings", "crop_and_resize", "patchify", "qwen_resize", "smart_resize"]
 
@@ -34,6 +40,7 @@ class N17ImageSettings:
 
     shortest_edge: int = 256
     crop_fraction: float = 230 / 256
+    torchvision_sizes: tuple[int, int] | None = None  # (target, crop): the torchvision transforms instead
     patch_size: int = 16
     temporal_patch_size: int = 2
     merge_size: int = 2
@@ -65,27 +72,40 @@ def _letterbox(frame: np.ndarray) -> np.ndarray:
     return out
 
 
-def _smallest_edge_to(frame: np.ndarray, edge: int) -> np.ndarray:
-    import cv2
+def _bilinear(image: torch.Tensor, side: int) -> torch.Tensor:
+    """uint8 ``[1, 3, H, W]`` → ``[1, 3, side, side]`` as torchvision resizes it on a CPU: natively in uint8 where it
+    does (AVX2, AVX512, ARM), else in float32 rounded back."""
+    if tuple(image.shape[-2:]) == (side, side):
+        return image
+    if _native_uint8_bilinear():
+        return torch.nn.functional.interpolate(image, size=[side, side], mode="bilinear", antialias=True)
+    out = torch.nn.functional.interpolate(image.float(), size=[side, side], mode="bilinear", antialias=True)
+    return out.round_().to(torch.uint8)
 
-    height, width = frame.shape[:2]
-    scale = edge / float(min(height, width))
-    if scale == 1.0:
-        return frame
-    size = (round(height * scale), round(width * scale))
-    if size == (height, width):
-        return frame
-    return cv2.resize(np.ascontiguousarray(frame), (size[1], size[0]), interpolation=cv2.INTER_AREA)
+
+@functools.cache
+def _native_uint8_bilinear() -> bool:
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64")
+
+
+def _torchvision_chain(frame: np.ndarray, target: int, crop: int) -> np.ndarray:
+    image = torch.from_numpy(np.ascontiguousarray(_letterbox(frame))).permute(2, 0, 1)[None]
+    image = _bilinear(image, target)
+    top = left = int(round((target - crop) / 2.0))
+    image = _bilinear(image[..., top : top + crop, left : left + crop], target)
+    return np.ascontiguousarray(image[0].permute(1, 2, 0).numpy())
 
 
 def crop_and_resize(frame: np.ndarray, settings: N17ImageSettings) -> np.ndarray:
     """One uint8 HWC frame → letterboxed, resized, centre-cropped, resized (uint8 HWC)."""
-    frame = _smallest_edge_to(_letterbox(frame), settings.shortest_edge)
+    if settings.torchvision_sizes is not None:
+        return _torchvision_chain(frame, *settings.torchvision_sizes)
+    frame = smallest_edge_to(_letterbox(frame), settings.shortest_edge)
     height, width = frame.shape[:2]
     crop_h = max(1, int(height * settings.crop_fraction))
     crop_w = max(1, int(width * settings.crop_fraction))
     top, left = (height - crop_h) // 2, (width - crop_w) // 2
-    return _smallest_edge_to(frame[top : top + crop_h, left : left + crop_w], settings.shortest_edge)
+    return smallest_edge_to(frame[top : top + crop_h, left : left + crop_w], settings.shortest_edge)
 
 
 def smart_resize(height: int, width: int, settings: N17ImageSettings) -> tuple[int, int]:
@@ -105,15 +125,14 @@ def smart_resize(height: int, width: int, settings: N17ImageSettings) -> tuple[i
 
 
 def qwen_resize(image: np.ndarray, settings: N17ImageSettings) -> np.ndarray:
-    """uint8 HWC → uint8 HWC at :func:`smart_resize`'s size (bicubic, antialiased, as torchvision does for uint8)."""
+    """uint8 HWC → uint8 HWC at :func:`smart_resize`'s size (uint8 bicubic, antialiased: torchvision's CPU path)."""
     height, width = image.shape[:2]
     target = smart_resize(height, width, settings)
     if target == (height, width):
         return image
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None].to(torch.float32)
+    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]  # uint8, resized natively on the CPU
     x = torch.nn.functional.interpolate(x, size=list(target), mode="bicubic", align_corners=False, antialias=True)
-    x = x.clamp_(0, 255).round_().to(torch.uint8)
-    return x[0].permute(1, 2, 0).numpy()
+    return np.ascontiguousarray(x[0].permute(1, 2, 0).numpy())
 
 
 def patchify(image: np.ndarray, settings: N17ImageSettings) -> tuple[np.ndarray, tuple[int, int, int]]:

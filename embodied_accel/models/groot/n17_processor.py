@@ -32,22 +32,13 @@ from typing import Any
 import numpy as np
 
 from ...errors import ObservationError, check_prompt_size
+from .embodiment import LANGUAGE_ALIASES, ActionKey, EmbodimentError, EmbodimentSpec, StateKey, _read_json, _stats
 from .n17_images import N17ImageSettings, crop_and_resize, patchify, qwen_resize
 from .n17_text import N17Tokenizer, find_n17_tokenizer_dir
-from .processor import (
-    LANGUAGE_ALIASES,
-    ActionKey,
-    EmbodimentError,
-    EmbodimentSpec,
-    StateKey,
-    _read_json,
-    _rot6d_to_matrix,
-    _rotvec,
-    _rotvec_to_matrix,
-    _stats,
-)
+from .rotations import matrix_to_rotvec, rot6d_to_matrix, rotvec_to_matrix
 
-__all__ = ["N17_EMBODIMENT_SLOTS", "GrootN17Processor", "N17Inputs", "N17Row", "decode_n17_actions"]
+__all__ = ["N17_EMBODIMENT_SLOTS", "GrootN17Processor", "N17Inputs", "N17Row", "decode_n17_actions",
+           "encode_n17_actions"]
 
 #: The official tag → projector-slot table of N1.7; a checkpoint's embodiment_id.json overrides it.
 N17_EMBODIMENT_SLOTS = {
@@ -87,10 +78,13 @@ def processor_dir(checkpoint_dir: Path) -> Path:
 
 def image_settings(kwargs: Mapping, image_config: Mapping) -> N17ImageSettings:
     """The crop / resize of ``processor_kwargs`` and the Qwen3-VL image processor's ``preprocessor_config.json``."""
-    if not kwargs.get("use_albumentations", False):
-        raise EmbodimentError("processor_config.json: use_albumentations false (the torchvision image transforms) "
-                              "is not supported; the N1.7 checkpoints use the albumentations ones")  # fmt: skip
     crop, target = kwargs.get("image_crop_size"), kwargs.get("image_target_size")
+    torchvision_sizes = None
+    if not kwargs.get("use_albumentations", False):  # the torchvision transforms: target and crop sizes only
+        if not crop or not target or len(set(crop)) != 1 or len(set(target)) != 1 or crop[0] > target[0]:
+            raise EmbodimentError(f"processor_config.json: use_albumentations false needs square image_crop_size "
+                                  f"<= image_target_size, got {crop} / {target}")  # fmt: skip
+        torchvision_sizes = (int(target[0]), int(crop[0]))
     fraction, edge = kwargs.get("crop_fraction"), kwargs.get("shortest_image_edge")
     if fraction is None:
         if not crop or not target:
@@ -103,7 +97,7 @@ def image_settings(kwargs: Mapping, image_config: Mapping) -> N17ImageSettings:
     size = image_config.get("size") or {}
     defaults = N17ImageSettings()
     return N17ImageSettings(
-        shortest_edge=int(edge), crop_fraction=float(fraction),
+        shortest_edge=int(edge), crop_fraction=float(fraction), torchvision_sizes=torchvision_sizes,
         patch_size=int(image_config.get("patch_size", defaults.patch_size)),
         temporal_patch_size=int(image_config.get("temporal_patch_size", defaults.temporal_patch_size)),
         merge_size=int(image_config.get("merge_size", defaults.merge_size)),
@@ -228,7 +222,7 @@ def encode_n17_state(spec: EmbodimentSpec, values: Mapping[str, np.ndarray], max
 
 def _pose_matrices(values: np.ndarray, fmt: str) -> np.ndarray:
     """``[..., 9]`` xyz + rot6d or ``[..., 6]`` xyz + rotation vector → homogeneous ``[..., 4, 4]``."""
-    rotation = _rot6d_to_matrix(values[..., 3:]) if fmt == "XYZ_ROT6D" else _rotvec_to_matrix(values[..., 3:])
+    rotation = rot6d_to_matrix(values[..., 3:]) if fmt == "XYZ_ROT6D" else rotvec_to_matrix(values[..., 3:])
     out = np.zeros((*values.shape[:-1], 4, 4))
     out[..., :3, :3], out[..., :3, 3], out[..., 3, 3] = rotation, values[..., :3], 1.0
     return out
@@ -255,12 +249,59 @@ def decode_n17_actions(spec: EmbodimentSpec, normalized: np.ndarray,
                                                                                      a.format)  # fmt: skip
                 rotation = pose[..., :3, :3]
                 tail = (rotation[..., :2, :].reshape(*rotation.shape[:-2], 6) if a.format == "XYZ_ROT6D"
-                        else _rotvec(rotation))  # fmt: skip
+                        else matrix_to_rotvec(rotation))  # fmt: skip
                 values = np.concatenate([pose[..., :3, 3], tail], axis=-1)
             else:
                 values = reference[:, None, :] + values
         out[a.key] = np.asarray(values, dtype=np.float32)
     return out
+
+
+def _first_steps(statistic: np.ndarray, steps: int) -> np.ndarray:
+    """Per-step statistics ``[H, D]`` (relative keys) cut to ``steps`` rows; ``[D]`` ones serve every step."""
+    return statistic[:steps] if statistic.ndim == 2 else statistic
+
+
+def encode_n17_actions(spec: EmbodimentSpec, actions: Mapping[str, np.ndarray],
+                       state: Mapping[str, np.ndarray]) -> np.ndarray:  # fmt: skip
+    """The official training-side transform, the inverse of :func:`decode_n17_actions`: robot actions per key
+    ``[B, n, D]`` (``n <= action_horizon``) and the raw state ``[B, T, D]`` → the normalized chunk
+    ``[B, n, action_dim]`` float32. Relative keys are made relative to the last state (joints subtracted, end
+    effectors ``T_state⁻¹ @ T_action`` in the key's format), then normalized (mean/std where ``std != 0``, else
+    min/max → [-1, 1], 0 where the range is zero) and clipped to [-1, 1] with ``clip_outliers``."""
+    parts = []
+    for a in spec.actions:
+        values = np.asarray(actions[a.key], dtype=np.float32)
+        steps = values.shape[1]
+        if a.relative:  # float64 from here, as the official pose arithmetic
+            values = values.astype(np.float64)
+            reference = np.asarray(state[a.state_key], dtype=np.float64)[:, -1]  # [B, D]
+            if a.kind == "EEF":
+                ref = _pose_matrices(reference, a.format)[:, None]  # [B, 1, 4, 4]
+                inverse_rotation = np.swapaxes(ref[..., :3, :3], -1, -2)
+                pose = _pose_matrices(values, a.format)
+                rotation = inverse_rotation @ pose[..., :3, :3]
+                translation = (inverse_rotation @ (pose[..., :3, 3] - ref[..., :3, 3])[..., None])[..., 0]
+                tail = (rotation[..., :2, :].reshape(*rotation.shape[:-2], 6) if a.format == "XYZ_ROT6D"
+                        else matrix_to_rotvec(rotation))  # fmt: skip
+                values = np.concatenate([translation, tail], axis=-1)
+            else:
+                values = values - reference[:, None, :]
+        out = np.zeros_like(values)
+        if a.mean_std:
+            mean, std = _first_steps(a.mean, steps), _first_steps(a.std, steps)
+            mask = np.broadcast_to(std != 0, values.shape[1:])
+            mean, std = np.broadcast_to(mean, values.shape[1:]), np.broadcast_to(std, values.shape[1:])
+            out[:, mask] = (values[:, mask] - mean[mask]) / std[mask]
+            out[:, ~mask] = values[:, ~mask]
+        else:
+            low, high = _first_steps(a.low, steps), _first_steps(a.high, steps)
+            mask = np.broadcast_to(~np.isclose(high, low), values.shape[1:])
+            low, high = np.broadcast_to(low, values.shape[1:]), np.broadcast_to(high, values.shape[1:])
+            out[:, mask] = (values[:, mask] - low[mask]) / (high[mask] - low[mask])
+            out[:, mask] = 2 * out[:, mask] - 1  # two steps, the first one stored in the values' dtype
+        parts.append(np.clip(out, -1.0, 1.0) if spec.clip_outliers else out)
+    return np.concatenate(parts, axis=-1).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -548,3 +589,23 @@ class GrootN17Processor:
             raise ValueError(f"postprocess: expected a chunk [B, >= {self.spec.action_horizon}, >= "
                              f"{self.spec.action_dim}], got {list(normalized.shape)}")  # fmt: skip
         return decode_n17_actions(self.spec, normalized, raw_state)
+
+    def encode_actions(self, actions: Mapping[str, Any], raw_state: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Robot actions per action key ``[B, n, D]`` (``1 <= n <= action_horizon``, e.g. the unexecuted rest of
+        the previous chunk) and the batch's raw state → the model's normalized chunk ``[B, n, max_action_dim]``
+        float32 (zero-padded), as the official processor normalizes training actions."""
+        arrays = {}
+        for a in self.spec.actions:
+            if a.key not in actions:
+                raise ObservationError(f"actions: missing action key {a.key!r}; the embodiment {self.spec.tag!r} has "
+                                       f"{', '.join(k.key for k in self.spec.actions)}")  # fmt: skip
+            arr = np.asarray(actions[a.key], dtype=np.float32)
+            if arr.ndim != 3 or arr.shape[2] != a.dim or not 1 <= arr.shape[1] <= self.spec.action_horizon:
+                raise ObservationError(f"actions[{a.key!r}]: expected [B, n, {a.dim}] with 1 <= n <= "
+                                       f"{self.spec.action_horizon}, got {list(arr.shape)}")  # fmt: skip
+            arrays[a.key] = arr
+        if len({arr.shape[:2] for arr in arrays.values()}) != 1:
+            raise ObservationError("actions: every action key needs the same batch and number of steps")
+        normalized = encode_n17_actions(self.spec, arrays, raw_state)
+        pad = np.zeros((*normalized.shape[:2], self.max_action_dim - normalized.shape[2]), dtype=np.float32)
+        return np.concatenate([normalized, pad], axis=-1)

@@ -113,10 +113,11 @@ class N17Tokenizer:
         self.pad_id = self._token_id(pad)
         if self.pad_id is None:
             raise TokenizerError(f"{directory}: the pad token {pad!r} is not in the vocabulary")
-        for token in (IMAGE_PAD, VISION_START, VISION_END):
+        self.image_token = self._special.get("image_token", IMAGE_PAD)  # the Qwen3-VL processor's own override
+        for token in (self.image_token, VISION_START, VISION_END):
             if self._token_id(token) is None:
                 raise TokenizerError(f"{directory}: no {token} token (not a Qwen3-VL tokenizer?)")
-        self.image_token_id = self._token_id(IMAGE_PAD)
+        self.image_token_id = self._token_id(self.image_token)
         path = directory / "preprocessor_config.json"
         self.image_config = _read_json(path) if path.is_file() else {}
 
@@ -144,13 +145,13 @@ class N17Tokenizer:
     def prompt_ids(self, instruction: str, image_tokens: Sequence[int]) -> list[int]:
         """Token ids of the whole prompt, the ``k``-th image pad expanded to ``image_tokens[k]`` copies."""
         text = self.render(instruction, len(image_tokens))
-        pieces = text.split(IMAGE_PAD)
+        pieces = text.split(self.image_token)
         if len(pieces) != len(image_tokens) + 1:
-            raise TokenizerError(f"{self.directory}: the chat template wrote {len(pieces) - 1} {IMAGE_PAD} for "
+            raise TokenizerError(f"{self.directory}: the chat template wrote {len(pieces) - 1} {self.image_token} for "
                                  f"{len(image_tokens)} images")  # fmt: skip
         out = pieces[0]
         for count, piece in zip(image_tokens, pieces[1:], strict=True):
-            out += IMAGE_PAD * count + piece
+            out += self.image_token * count + piece
         return self.encode(out)
 
 
