@@ -237,3 +237,16 @@ def test_onnx_export_of_the_backbone_equals_eager(tmp_path):
     got = graphs.run("backbone", graphs.manifest.buckets("backbone")[0], input_ids=inputs.input_ids.numpy(),
                      valid=inputs.valid.numpy(), pixel_values=inputs.pixel_values.numpy())["features"]  # fmt: skip
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-4 * np.abs(expected).max())
+
+
+def test_a_qwen3_vl_model_directory_as_tokenizer_gives_the_backbone():
+    """As the official code builds its backbone from the ``model_name`` directory: a tokenizer directory that holds
+    a Qwen3-VL config.json describes the backbone when neither --preset nor --backbone-config does."""
+    from pathlib import Path
+
+    from embodied_accel.models.groot.n17_config import PRESETS
+
+    fixture = Path(__file__).parent / "fixtures" / "groot_n17_tiny"
+    policy = load_policy(str(fixture / "checkpoint"), embodiment="libero_sim", tokenizer=str(fixture / "cosmos_reason2_tiny"),
+                         progress=False)  # fmt: skip
+    assert policy.config.backbone == PRESETS["groot-n1.7-tiny"].backbone and not policy.random_weights

@@ -11,6 +11,7 @@ schedule, the cross-attention K/V) before the call is first run or captured, so 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -277,6 +278,16 @@ class GrootN17Policy(GrootPolicy):
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def _model_config_beside(tokenizer_dir: Path) -> Path | None:
+    """The Qwen3-VL ``config.json`` of a backbone model directory given as the tokenizer (as the official code builds
+    the backbone from its ``model_name`` directory), or None."""
+    path = tokenizer_dir / "config.json"
+    try:
+        return path if json.loads(path.read_text(encoding="utf-8")).get("model_type") == "qwen3_vl" else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def load_groot_n17_policy(
     preset_or_checkpoint: str,
     *,
@@ -298,7 +309,8 @@ def load_groot_n17_policy(
     """Build a GR00T N1.7 policy from a preset name (seeded random weights) or a checkpoint directory; the options
     are :func:`~.groot.load_groot_policy`'s. ``tokenizer``: the Qwen3-VL (Cosmos-Reason2-2B) model directory with
     its tokenizer and image processor files (default: the checkpoint's own, if it has them); ``backbone_config``:
-    the Qwen3-VL ``config.json`` the checkpoint was trained with (default: Cosmos-Reason2-2B, or ``preset``'s)."""
+    the Qwen3-VL ``config.json`` the checkpoint was trained with (default: the tokenizer directory's own when it is
+    a Qwen3-VL model directory, else ``preset``'s, else Cosmos-Reason2-2B)."""
     check_quant(quant)
     if rtc is not None:
         raise ValueError("rtc: real-time chunking is not available for GR00T N1.7 policies")
@@ -311,6 +323,8 @@ def load_groot_n17_policy(
     if backbone_config is not None and not is_checkpoint:
         raise ValueError("backbone_config: only used with a checkpoint directory (a preset has its own backbone)")
     if is_checkpoint:
+        if backbone_config is None and preset is None and tokenizer is not None:
+            backbone_config = _model_config_beside(Path(tokenizer))
         config = n17_config_from_checkpoint(path, preset, backbone_config)
         processor = GrootN17Processor.from_checkpoint(path, embodiment=embodiment, tokenizer=tokenizer,
                                                       num_slots=config.max_num_embodiments,
