@@ -443,3 +443,33 @@ def test_controls_perturbed_noise_wrong_embodiment_swapped_statistics(tmp_path):
     for key in (k for k in actions if k.startswith("action.")):
         _close(actions[key][full], z[f"{embodiment}.control_stats.{key}"][full], f"swapped statistics {key}")
         assert np.abs(actions[key][full] - z[f"{embodiment}.{key}"][full]).max() > 1e-3
+
+
+@pytest.mark.parity
+@requires_groot_extra
+def test_real_time_chunking_matches_the_official_inpainting():
+    """The official sampler given a previous chunk (``rtc_*`` options): the velocity weights, and the chunk from
+    the noise with the overlap inpainted."""
+    from embodied_accel.models.groot.n17_model import Inpainting, inpainting_strength
+
+    z, meta = _fixture()
+    embodiment = "libero_sim"
+    options = meta["embodiments"][embodiment]["rtc_options"]
+    policy = _policy(embodiment)
+    inputs = policy.prepare(_observations(z, meta, embodiment))
+    horizon, overlap, before = policy.config.action_horizon, options["rtc_overlap_steps"], options["action_horizon"]
+    strength = inpainting_strength(horizon, overlap, options["rtc_frozen_steps"], options["rtc_ramp_rate"])
+    _close(strength[None, :, None].expand(2, -1, 14).numpy(), z[f"{embodiment}.rtc_vel_strength"], "velocity weights")
+    previous_chunk = torch.from_numpy(z[f"{embodiment}.rtc_prev_action"])
+    previous = torch.zeros_like(previous_chunk)
+    previous[:, :overlap] = previous_chunk[:, before - overlap : before]
+    keep = torch.zeros_like(previous, dtype=torch.bool)
+    keep[:, :overlap] = True
+    inpainting = Inpainting(previous, keep, strength[None, :, None].expand(2, -1, -1))
+    noise = torch.from_numpy(z[f"{embodiment}.rtc_noise"])
+    args = (inputs.input_ids, inputs.valid, inputs.pixel_values, inputs.state, noise)
+    chunk = policy.model.sample_actions(*args, policy.bound_buffers(inputs.bucket), inpainting=inpainting).numpy()
+    full = z[f"{embodiment}.attention_mask"].astype(bool).all(axis=1)
+    _close(chunk[full], z[f"{embodiment}.rtc_action_pred"][full], "inpainted chunk (unpadded rows)")
+    plain = policy.sample(inputs, noise).numpy()
+    assert abs(chunk - plain).max() > 1e-2

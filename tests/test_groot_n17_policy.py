@@ -113,11 +113,28 @@ def test_batch_with_padding_equals_rows_alone():
     assert inputs.bucket.seq_len % policy.token_bucket == 0 and not bool(inputs.valid[0, 0])
 
 
-def test_real_time_chunking_requests_are_refused_by_name():
+def test_real_time_chunking_keeps_the_frozen_steps_and_leaves_other_rows_alone():
+    """A leftover's first ``inference_delay`` steps come back as they were sent (their velocity weight is 0);
+    a row without a leftover in the same batch is the plain call; bad requests are refused by name."""
     policy = tiny()
-    obs = {**observation(policy), "previous_actions": np.zeros((3, 8), np.float32)}
-    with pytest.raises(Exception, match="previous_actions.*real-time chunking"):
-        policy.infer(obs)
+    obs = observation(policy, 0)
+    plain = policy.infer(obs, seed=0)["actions"]  # [8, 8]
+    leftover = plain[1:]  # the previous chunk's unexecuted steps
+    noise = policy.make_noise(1, seed=5).repeat(2, 1, 1)
+    batch = policy.infer_batch([{**obs, "previous_actions": leftover, "inference_delay": 2}, observation(policy, 1)],
+                               noise=noise)["actions"]  # fmt: skip
+    np.testing.assert_allclose(batch[0, :2], leftover[:2], rtol=0, atol=1e-5)
+    assert np.abs(batch[0, 3:] - leftover[2:]).max() > 1e-3  # after the overlap the flow is free
+    alone = policy.infer(observation(policy, 1), noise=noise[:1])["actions"]
+    np.testing.assert_allclose(batch[1], alone, rtol=0, atol=1e-5)
+    per_key = {"action.arm": leftover[:, :7], "gripper": leftover[:, 7:]}
+    again = policy.infer({**obs, "previous_actions": per_key, "inference_delay": 2}, noise=noise[:1])["actions"]
+    np.testing.assert_allclose(again, batch[0], rtol=0, atol=1e-5)
+    for extra, message in (({"inference_delay": 8}, "inference_delay.*in \\[0, 7\\]"),
+                           ({"execution_horizon": 2}, "execution_horizon.*not used"),
+                           ({"previous_actions": np.zeros((3, 5), np.float32)}, "previous_actions.*\\[n, 8\\]")):
+        with pytest.raises(Exception, match=message):
+            policy.infer({**obs, "previous_actions": leftover, **extra})
 
 
 def test_whole_call_has_no_capture_unsafe_op():

@@ -30,13 +30,21 @@ from ..models.groot.n17_model import (
     GrootN17Bucket,
     GrootN17Buffers,
     GrootN17Model,
+    Inpainting,
     N17BufferBuilders,
     assemble_n17_buffers,
+    inpainting_strength,
 )
-from ..models.groot.n17_processor import TOKEN_IDS_KEY, GrootN17Processor, N17Inputs, N17Row
+from ..models.groot.n17_processor import TOKEN_IDS_KEY, GrootN17Processor, N17Inputs, N17Row, encode_n17_actions
 from ..models.groot.n17_weights import init_n17_random_weights, load_n17_weights, n17_config_from_checkpoint
 from ..models.groot.plans import N17_W8A8_PLAN
-from ..nn.rtc import RTC_KEYS, ChunkGuidance, RtcSettings
+from ..nn.rtc import (
+    EXECUTION_HORIZON_KEY,
+    INFERENCE_DELAY_KEY,
+    PREVIOUS_ACTIONS_KEY,
+    RtcSettings,
+    rtc_requested,
+)
 from ..ops import get_ops
 from ..quant import check_quant, quantize
 from ..runtime.buffers import BufferSpec
@@ -55,6 +63,7 @@ class GrootN17Row:
     patch grids)."""
 
     row: N17Row
+    inpaint: tuple[np.ndarray, int] | None = None  # real-time chunking: the leftover [n, action_dim] (model space), delay
 
     @property
     def signature(self) -> tuple:
@@ -71,7 +80,7 @@ class GrootN17Inputs:
     state: torch.Tensor  # [B, state_history_length, max_state_dim]
     raw_state: dict[str, np.ndarray]
     bucket: GrootN17Bucket
-    guidance: ChunkGuidance | None = None
+    inpainting: Inpainting | None = None  # real-time chunking, when some row asked for it
 
     @property
     def batch_size(self) -> int:
@@ -83,8 +92,12 @@ class GrootN17Policy(GrootPolicy):
     Build it with :func:`~.groot.load_groot_policy` (an N1.7 preset or checkpoint)."""
 
     token_bucket = 32
-    #: Real-time chunking is not offered for N1.7 (requests that bring a previous chunk are refused).
+    #: Real-time chunking is N1.7's own (:class:`~embodied_accel.models.groot.n17_model.Inpainting`), not the guided
+    #: sampler the other policies' ``rtc`` settings describe.
     rtc = None
+    #: The rate of the velocity ramp over the part of a leftover that is not frozen (the official sampler's
+    #: ``rtc_ramp_rate``).
+    rtc_ramp_rate = 5.0
 
     def _calls(self, runner: Runner) -> None:
         self._build = N17BufferBuilders(self.model, self.device)
@@ -114,9 +127,9 @@ class GrootN17Policy(GrootPolicy):
         return self.model.sample_actions(input_ids, valid, pixel_values, state, noise, buffers)
 
     def _model_call_rtc(self, buffers: GrootN17Buffers, input_ids, valid, pixel_values, state, noise,
-                        previous, weights, max_weight):  # fmt: skip
-        guidance = ChunkGuidance(previous, weights, max_weight)
-        return self.model.sample_actions(input_ids, valid, pixel_values, state, noise, buffers, guidance)
+                        previous, keep, strength):  # fmt: skip
+        inpainting = Inpainting(previous, keep, strength)
+        return self.model.sample_actions(input_ids, valid, pixel_values, state, noise, buffers, inpainting=inpainting)
 
     def reserve(self, max_batch: int, num_steps: int | None = None) -> None:
         """Allocate ahead of time the cross-attention K/V buffer for ``max_batch`` rows of the longest prompt and the
@@ -136,15 +149,84 @@ class GrootN17Policy(GrootPolicy):
         if isinstance(observations, Mapping):
             observations = [observations]
         rows = self.validate_batch(list(observations))
-        return self._to_device(self.processor.prepare([r.row for r in rows]), num_steps)
+        return self._with_rows(rows, num_steps)
+
+    def _with_rows(self, rows: Sequence[GrootN17Row], num_steps: int | None) -> GrootN17Inputs:
+        inputs = self._to_device(self.processor.prepare([r.row for r in rows]), num_steps)
+        inputs.inpainting = self._inpainting(rows)
+        return inputs
 
     def validate(self, observation: Mapping[str, Any], where: str = "observation") -> GrootN17Row:
         """Check and process one observation on the host (frames to patches, prompt tokenized, state encoded;
         raises :class:`ObservationError` naming the field): what the server does on its decoder threads."""
-        if isinstance(observation, Mapping) and any(key in observation for key in RTC_KEYS):
-            raise ObservationError(f"{where}: {', '.join(k for k in RTC_KEYS if k in observation)}: real-time "
-                                   "chunking is not available for GR00T N1.7 policies")  # fmt: skip
-        return GrootN17Row(self.processor.validate(observation, where))
+        row = self.processor.validate(observation, where)
+        inpaint = None
+        if rtc_requested(observation, where):
+            inpaint = self._leftover(observation, row, where)
+        return GrootN17Row(row, inpaint)
+
+    def _leftover(self, obs: Mapping[str, Any], row: N17Row, where: str) -> tuple[np.ndarray, int]:
+        """A request's ``previous_actions`` (the previous chunk's unexecuted actions in robot units, as the policy
+        returned them: the concatenated ``actions`` ``[n, W]`` or a map per action key) and ``inference_delay``
+        (the steps that run while this call does: kept as they are) → the leftover in model space and the delay."""
+        spec = self.processor.spec
+        if EXECUTION_HORIZON_KEY in obs:
+            raise ObservationError(f"{where}[{EXECUTION_HORIZON_KEY!r}]: not used by GR00T N1.7's real-time chunking "
+                                   f"(the whole leftover is inpainted); send {PREVIOUS_ACTIONS_KEY!r} and "
+                                   f"{INFERENCE_DELAY_KEY!r}")  # fmt: skip
+        field = f"{where}[{PREVIOUS_ACTIONS_KEY!r}]"
+        value, widths = obs[PREVIOUS_ACTIONS_KEY], [a.dim for a in spec.actions]
+        layout = ", ".join(f"{a.key} {a.dim}" for a in spec.actions)
+        if isinstance(value, Mapping):
+            names = {a.key: a.key for a in spec.actions} | {f"action.{a.key}": a.key for a in spec.actions}
+            given = {names.get(str(k)): np.asarray(v, dtype=np.float32) for k, v in value.items()}
+            if set(given) != {a.key for a in spec.actions} or len(value) != len(spec.actions):
+                raise ObservationError(f"{field}: expected one entry per action key ({layout}), got "
+                                       f"{', '.join(map(str, value))}")  # fmt: skip
+            for a in spec.actions:
+                if given[a.key].ndim != 2 or given[a.key].shape[1] != a.dim:
+                    raise ObservationError(f"{field}[{a.key!r}]: expected [n, {a.dim}], got {list(given[a.key].shape)}")
+            if len({part.shape[0] for part in given.values()}) != 1:
+                raise ObservationError(f"{field}: every action key needs the same number of steps")
+            whole = np.concatenate([given[a.key] for a in spec.actions], axis=-1)
+        else:
+            whole = np.asarray(value, dtype=np.float32)
+        steps = whole.shape[0] if whole.ndim == 2 else 0
+        if whole.ndim != 2 or whole.shape[1] != sum(widths) or not 1 <= steps <= spec.action_horizon:
+            raise ObservationError(f"{field}: expected the previous chunk's unexecuted actions, [n, {sum(widths)}] "
+                                   f"({layout}) with 1 <= n <= {spec.action_horizon}, got {list(whole.shape)}")  # fmt: skip
+        if not np.isfinite(whole).all():
+            raise ObservationError(f"{field}: must be finite; NaN or inf found")
+        delay = obs.get(INFERENCE_DELAY_KEY, 0)
+        if isinstance(delay, np.ndarray) and delay.ndim == 0:
+            delay = delay.item()
+        if isinstance(delay, bool) or not isinstance(delay, (int, np.integer)) or not 0 <= delay <= steps:
+            raise ObservationError(f"{where}[{INFERENCE_DELAY_KEY!r}]: expected an integer in [0, {steps}] (at most "
+                                   f"the leftover's steps), got {delay!r}")  # fmt: skip
+        bounds = np.cumsum((0, *widths))
+        actions = {a.key: whole[None, :, bounds[i] : bounds[i + 1]] for i, a in enumerate(spec.actions)}
+        state = {k: v[None] for k, v in row.raw_state.items()}
+        return encode_n17_actions(spec, actions, state)[0], int(delay)
+
+    def _inpainting(self, rows: Sequence[GrootN17Row]) -> Inpainting | None:
+        """The batch's :class:`Inpainting` (rows without a leftover keep nothing and weigh every step 1)."""
+        if all(r.inpaint is None for r in rows):
+            return None
+        cfg = self.config
+        shape = (len(rows), cfg.action_horizon, cfg.max_action_dim)
+        previous, keep = torch.zeros(shape), torch.zeros(shape, dtype=torch.bool)
+        strength = torch.ones(len(rows), cfg.action_horizon, 1)
+        for b, r in enumerate(rows):
+            if r.inpaint is None:
+                continue
+            leftover, delay = r.inpaint
+            steps, width = leftover.shape
+            previous[b, :steps, :width] = torch.from_numpy(leftover)
+            keep[b, :steps, :width] = True
+            strength[b, :, 0] = inpainting_strength(cfg.action_horizon, steps, delay, self.rtc_ramp_rate)
+        device = self.device
+        return Inpainting(previous.to(device), keep.to(device), strength.to(device))
+
 
     def validate_batch(self, observations: Sequence[Mapping[str, Any]]) -> list[GrootN17Row]:
         if not observations:
@@ -184,15 +266,15 @@ class GrootN17Policy(GrootPolicy):
         )
 
     def sample(self, inputs: GrootN17Inputs, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); guided
-        when the inputs carry real-time chunking's guidance."""
+        """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32);
+        inpainted when the inputs carry real-time chunking's leftovers (one capture per bucket for any leftover)."""
         if noise is None:
             noise = self.make_noise(inputs.batch_size)
         args = (inputs.input_ids, inputs.valid, inputs.pixel_values, inputs.state, noise)
-        guidance = inputs.guidance
-        if guidance is None:
+        inpainting = inputs.inpainting
+        if inpainting is None:
             return self.model_call(inputs.bucket, *args)
-        return self.model_call_rtc(inputs.bucket, *args, guidance.previous, guidance.weights, guidance.max_weight)
+        return self.model_call_rtc(inputs.bucket, *args, *inpainting)
 
     def postprocess(self, chunk: torch.Tensor, raw_state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Normalized chunk → robot actions per key ``[B, action_horizon, D]`` (float32)."""
@@ -201,7 +283,7 @@ class GrootN17Policy(GrootPolicy):
     def outputs(self, rows: Sequence[GrootN17Row], *, noise=None, seed: int | None = None,
                 num_steps=None) -> dict[str, Any]:  # fmt: skip
         """Validated rows → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D]}`` (float32)."""
-        inputs = self._to_device(self.processor.prepare([r.row for r in rows]), num_steps)
+        inputs = self._with_rows(rows, num_steps)
         chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed))
         per_key = self.postprocess(chunk, inputs.raw_state)
         result: dict[str, Any] = {"actions": np.concatenate(list(per_key.values()), axis=-1)}
@@ -239,7 +321,7 @@ class GrootN17Policy(GrootPolicy):
 
         def call() -> object:
             moved = GrootN17Inputs(*(t.to(self.device) for t in host), raw_state=inputs.raw_state,
-                                   bucket=inputs.bucket, guidance=inputs.guidance)  # fmt: skip
+                                   bucket=inputs.bucket, inpainting=inputs.inpainting)  # fmt: skip
             return self.sample(moved, noise.to(self.device)).to("cpu")
 
         return call, len(self.processor.spec.video_keys)

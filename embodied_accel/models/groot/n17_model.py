@@ -23,6 +23,7 @@ K/V buffer): :class:`N17BufferBuilders` builds them, the runtime owns them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +32,9 @@ from torch import nn
 from ...nn.dit import DiTModulation
 from ...nn.linear import Linear
 from ...nn.qwen3_vl import Qwen3VLBackbone
-from ...nn.rtc import ChunkGuidance, guidance_coefficients
+from ...nn.rtc import ChunkGuidance
 from ...ops import OpSet
-from .model import BufferBuilders, GrootHead, action_time_features
+from .model import BufferBuilders, GrootHead
 from .n17_config import GrootN17Config, VLSelfAttentionConfig, sinusoid_table
 
 
@@ -59,6 +60,29 @@ class GrootN17Buffers:
     action_out_bias: torch.Tensor  # [B*horizon, inner]
     cross_kv: torch.Tensor  # [capacity, cross_blocks * 2 * inner]
     rtc_coefficients: torch.Tensor  # [num_steps] fp32
+
+
+class Inpainting(NamedTuple):
+    """N1.7's real-time chunking (the official sampler's, when its input carries an action): ``x_0`` takes the
+    previous chunk's actions where ``keep`` says, and each step's velocity is weighted per action row by
+    ``strength`` (0 on the steps executed during inference, a ramp over the rest of the overlap, 1 after it)."""
+
+    previous: torch.Tensor  # [B, horizon, max_action_dim] model space: row j is the previous chunk's action at step j
+    keep: torch.Tensor  # [B, horizon, max_action_dim] bool
+    strength: torch.Tensor  # [B, horizon, 1]
+
+
+def inpainting_strength(horizon: int, overlap: int, frozen: int, ramp_rate: float) -> torch.Tensor:
+    """The velocity weight per action row ``[horizon]`` (fp32): 0 on the first ``frozen`` rows, then over the rest
+    of the ``overlap`` the inner points of ``1 - exp(-rate * t)`` on ``t = 0 .. 1`` normalized to end at 1, then 1."""
+    if not 0 <= frozen <= overlap <= horizon:
+        raise ValueError(f"real-time chunking: expected 0 <= frozen {frozen} <= overlap {overlap} <= horizon {horizon}")
+    strength = torch.ones(horizon)
+    strength[:frozen] = 0.0
+    t = torch.linspace(0.0, 1.0, overlap - frozen + 2)
+    ramp = 1 - torch.exp(-ramp_rate * t)
+    strength[frozen:overlap] = (ramp / ramp[-1].clamp_min(1e-8))[1:-1]
+    return strength
 
 
 class VLSelfAttentionBlock(nn.Module):
@@ -133,6 +157,21 @@ class GrootN17Model(GrootHead):
             vl = block(vl, batch, length, positions, mask)
         return vl
 
+    def inpainted_action_head(self, features, input_ids, valid, state, noise, buffers: GrootN17Buffers,
+                              inpainting: Inpainting) -> torch.Tensor:  # fmt: skip
+        """The flow with N1.7's real-time chunking (:class:`Inpainting`): ``x ← x + (v / steps) * strength`` from
+        ``x_0`` = the previous chunk where kept, else ``noise``. Rows with nothing kept and strength 1 are the plain
+        flow. Returns the normalized chunk (fp32)."""
+        dtype = self.compute_dtype
+        context = self.flow_context(features, input_ids, valid, state, buffers)
+        num_steps = len(buffers.action_time_bias)
+        x_t = torch.where(inpainting.keep, inpainting.previous, noise).to(dtype)
+        strength = inpainting.strength.to(dtype)
+        for step in range(num_steps):
+            velocity = self.velocity(x_t, *context, step, buffers)
+            x_t = x_t + velocity * (1.0 / num_steps) * strength
+        return x_t.float()
+
     @torch.no_grad()
     def sample_actions(
         self,
@@ -143,10 +182,14 @@ class GrootN17Model(GrootHead):
         noise: torch.Tensor,  # [B, horizon, max_action_dim]
         buffers: GrootN17Buffers,
         guidance: ChunkGuidance | None = None,
+        inpainting: Inpainting | None = None,
     ) -> torch.Tensor:
-        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); ``guidance``: real-time
-        chunking's inputs (see :meth:`~.model.GrootHead.action_head`)."""
+        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32). Real-time chunking:
+        ``inpainting``, N1.7's own (:class:`Inpainting`), or ``guidance``, the guided sampler of
+        :meth:`~.model.GrootHead.action_head`."""
         features = self.backbone(input_ids, valid, pixel_values, buffers)
+        if inpainting is not None:
+            return self.inpainted_action_head(features, input_ids, valid, state, noise, buffers, inpainting)
         return self.action_head(features, input_ids, valid, state, noise, buffers, guidance)
 
 
@@ -198,10 +241,10 @@ __all__ = [
     "GrootN17Bucket",
     "GrootN17Buffers",
     "GrootN17Model",
+    "Inpainting",
     "N17BufferBuilders",
     "VLSelfAttentionBlock",
-    "action_time_features",
     "assemble_n17_buffers",
     "build_n17_buffers",
-    "guidance_coefficients",
+    "inpainting_strength",
 ]
