@@ -267,3 +267,24 @@ def test_a_qwen3_vl_model_directory_as_tokenizer_gives_the_backbone():
     policy = load_policy(str(fixture / "checkpoint"), embodiment="libero_sim", tokenizer=str(fixture / "cosmos_reason2_tiny"),
                          progress=False)  # fmt: skip
     assert policy.config.backbone == PRESETS["groot-n1.7-tiny"].backbone and not policy.random_weights
+
+
+def test_the_dit_cache_plan_serves_n17_bit_for_bit():
+    """N1.6's DiT cache plan runs N1.7's head (one state token, vl self-attention before the cross K/V): with
+    settings that compute every step it equals the default head bit for bit."""
+    from embodied_accel.cache import CacheConfig, CachedDiT
+    from embodied_accel.models.groot.plans import dit_cache_plan, sample_with_cache
+
+    policy = tiny()
+    inputs = policy.prepare(observation(policy), num_steps=6)
+    model, buffers = policy.model, policy.bound_buffers(inputs.bucket)
+    noise = policy.make_noise(1, seed=0)
+    with torch.no_grad():
+        features = model.backbone(inputs.input_ids, inputs.valid, inputs.pixel_values, buffers)
+        args = (features, inputs.input_ids, inputs.valid, inputs.state, noise, buffers)
+        reference = model.action_head(*args)
+    cached = CachedDiT(dit_cache_plan(model), CacheConfig(method="fbcache", residual_diff_threshold=0.0))
+    assert torch.equal(sample_with_cache(model, cached, *args), reference)
+    reusing = CachedDiT(dit_cache_plan(model), CacheConfig(method="taylorseer", order=1, interval=2, warmup_steps=1))
+    sample_with_cache(model, reusing, *args)
+    assert reusing.session.report.reused_steps > 0
