@@ -165,11 +165,14 @@ def test_compiled_whole_call_is_one_graph_without_recompiles():
     torch.testing.assert_close(again, policy.model.sample_actions(*args, other, buffers), rtol=1e-5, atol=1e-5)
 
 
-def test_w8a8_plan_reaches_backbone_head_and_dit():
+@pytest.mark.parametrize("quant", ["w8a8", "fp8"])
+def test_quant_plan_reaches_backbone_head_and_dit(quant):
+    from embodied_accel.quant import FP8Linear
     from embodied_accel.quant.w8a8 import W8A8Linear
 
-    policy = load_policy("groot-n1.7-tiny", quant="w8a8", progress=False)
-    names = {name for name, module in policy.model.named_modules() if isinstance(module, W8A8Linear)}
+    policy = load_policy("groot-n1.7-tiny", quant=quant, progress=False)
+    layer = {"w8a8": W8A8Linear, "fp8": FP8Linear}[quant]
+    names = {name for name, module in policy.model.named_modules() if isinstance(module, layer)}
     assert {"qwen3_vl.layers.0.qkv", "qwen3_vl.layers.1.down", "vl_blocks.0.ff_in", "dit.blocks.0.q"} <= names
     assert not any(name.startswith(("qwen3_vl.vision", "state_", "action_", "decoder_")) for name in names)
     obs = observation(policy)
