@@ -328,6 +328,11 @@ def test_bad_observations_name_the_key(checkpoint):
     del obs["annotation.task"]
     with pytest.raises(ObservationError, match="annotation.task"):
         proc.validate(obs)
+    concatenated = {k: v for k, v in observation().items() if not k.startswith("state.")}
+    concatenated["state"] = np.concatenate([observation()[f"state.{k}"] for k in DIMS], axis=-1)  # [2, 12]
+    np.testing.assert_array_equal(proc.validate(concatenated).state, proc.validate(observation()).state)
+    with pytest.raises(ObservationError, match=r"concatenated state \[2, 12\]"):
+        proc.validate({**concatenated, "state": concatenated["state"][:, :-1]})
     with pytest.raises(EmbodimentError, match="state_history_length 1"):
         GrootN17Processor.from_checkpoint(checkpoint, state_history_length=1)
     with pytest.raises(EmbodimentError, match="slot 5"):

@@ -31,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ObservationError, check_prompt_size
-from .embodiment import LANGUAGE_ALIASES, ActionKey, EmbodimentError, EmbodimentSpec, StateKey, _read_json, _stats
+from ...errors import ObservationError
+from .embodiment import ActionKey, EmbodimentError, EmbodimentSpec, StateKey, _read_json, _stats
 from .n17_images import N17ImageSettings, crop_and_resize, patchify, qwen_resize
 from .n17_text import N17Tokenizer, find_n17_tokenizer_dir
+from .observation import observation_keys, read_frames, read_instruction, read_state
 from .rotations import matrix_to_rotvec, rot6d_to_matrix, rotvec_to_matrix
 
 __all__ = ["N17_EMBODIMENT_SLOTS", "GrootN17Processor", "N17Inputs", "N17Row", "decode_n17_actions",
@@ -428,86 +429,15 @@ class GrootN17Processor:
     @property
     def known_keys(self) -> frozenset[str]:
         """Every observation key this processor reads (``video.<camera>``, ``state.<key>`` also with ``/``, the
-        language key and its aliases, ``prompt_token_ids``)."""
-        spec, keys = self.spec, {TOKEN_IDS_KEY}
-        for modality, names in (("video", spec.video_keys), ("state", [s.key for s in spec.state]),
-                                ("language", [spec.language_key])):  # fmt: skip
-            keys.update(f"{modality}{sep}{name}" for name in names for sep in "./")
-        keys.update((spec.language_key, *LANGUAGE_ALIASES))
-        return frozenset(keys)
-
-    # ---- validation
-
-    def _lookup(self, obs: Mapping[str, Any], modality: str, key: str) -> Any:
-        for name in (f"{modality}.{key}", f"{modality}/{key}"):
-            if name in obs:
-                return obs[name]
-        nested = obs.get(modality)
-        return nested.get(key) if isinstance(nested, Mapping) else None
-
-    def _frames(self, obs: Mapping[str, Any], key: str) -> np.ndarray:
-        value, horizon = self._lookup(obs, "video", key), self.spec.video_horizon
-        if value is None:
-            raise ObservationError(f"observation['video.{key}']: missing; the embodiment {self.spec.tag!r} needs "
-                                   f"cameras {', '.join('video.' + k for k in self.spec.video_keys)}")  # fmt: skip
-        frames = np.asarray(value)
-        if frames.ndim == 3 and horizon == 1:
-            frames = frames[None]
-        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != horizon or frames.shape[-1] != 3:
-            raise ObservationError(f"observation['video.{key}']: expected uint8 frames [{horizon}, H, W, 3] (or "
-                                   f"[H, W, 3]), got {frames.dtype} {list(frames.shape)}")  # fmt: skip
-        if min(frames.shape[1:3]) < 1:
-            raise ObservationError(f"observation['video.{key}']: empty image {list(frames.shape)}")
-        return frames
-
-    def _state(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        horizon, out = self.spec.state_horizon, {}
-        for s in self.spec.state:
-            value = self._lookup(obs, "state", s.key)
-            if value is None:
-                names = ", ".join("state." + k.key for k in self.spec.state)
-                raise ObservationError(f"observation['state.{s.key}']: missing; the embodiment {self.spec.tag!r} "
-                                       f"needs state keys {names}")  # fmt: skip
-            arr = np.asarray(value)
-            if arr.dtype.kind not in "biuf":
-                raise ObservationError(f"observation['state.{s.key}']: expected numbers, got {arr.dtype}")
-            arr = arr.astype(np.float32)
-            if arr.ndim == 1 and horizon == 1:
-                arr = arr[None]
-            if arr.shape != (horizon, s.dim):
-                single = f" (or [{s.dim}])" if horizon == 1 else ""
-                raise ObservationError(f"observation['state.{s.key}']: expected [{horizon}, {s.dim}] (the last "
-                                       f"{horizon} states){single}, got {list(np.shape(value))}")  # fmt: skip
-            if not np.isfinite(arr).all():
-                raise ObservationError(f"observation['state.{s.key}']: contains NaN or infinity")
-            out[s.key] = arr
-        return out
-
-    def _instruction(self, obs: Mapping[str, Any]) -> str | None:
-        key_ = self.spec.language_key
-        for key in (key_, f"language.{key_}", f"language/{key_}", *LANGUAGE_ALIASES):
-            value = obs.get(key)
-            if value is None and key == key_:
-                nested = obs.get("language")
-                value = nested.get(key) if isinstance(nested, Mapping) else None
-            while isinstance(value, (list, tuple)) and len(value) == 1:
-                value = value[0]
-            if isinstance(value, np.ndarray) and value.ndim == 0:
-                value = value.item()
-            if value is not None:
-                if not isinstance(value, str):
-                    raise ObservationError(f"observation[{key!r}]: expected the instruction as a string, got "
-                                           f"{type(value).__name__}")  # fmt: skip
-                check_prompt_size(value, self.max_prompt_tokens, f"observation[{key!r}]")
-                return value
-        return None
+        concatenated ``state``, the language key and its aliases, ``prompt_token_ids``)."""
+        return observation_keys(self.spec, (TOKEN_IDS_KEY,))
 
     def formalize(self, instruction: str) -> str:
         """The instruction as the model reads it: lower case, punctuation removed (``formalize_language``)."""
         return re.sub(r"[^\w\s]", "", instruction.lower()) if self.formalize_language else instruction
 
     def _token_ids(self, obs: Mapping[str, Any], image_tokens: list[int]) -> list[int]:
-        instruction = self._instruction(obs)
+        instruction = read_instruction(obs, self.spec, self.max_prompt_tokens)
         if instruction is not None and self.tokenizer is not None:
             return self.tokenizer.prompt_ids(self.formalize(instruction), image_tokens)
         if TOKEN_IDS_KEY in obs:
@@ -532,7 +462,7 @@ class GrootN17Processor:
         if not isinstance(obs, Mapping):
             raise ObservationError(f"{where}: expected a dict, got {type(obs).__name__}")
         spec, settings = self.spec, self.image_settings
-        frames = {key: self._frames(obs, key) for key in spec.video_keys}
+        frames = {key: read_frames(obs, spec, key) for key in spec.video_keys}
         patches, grids = [], []
         for t in range(spec.video_horizon):
             for key in spec.video_keys:
@@ -542,7 +472,7 @@ class GrootN17Processor:
                 grids.append(grid)
         merge = settings.merge_size**2
         token_ids = self._token_ids(obs, [t * h * w // merge for t, h, w in grids])
-        state = self._state(obs)
+        state = read_state(obs, spec)
         return N17Row(pixel_values=np.concatenate(patches), image_grid_thw=np.asarray(grids, dtype=np.int64),
                       token_ids=token_ids, state=encode_n17_state(spec, state, self.max_state_dim, self.exclude_state),
                       raw_state=state)  # fmt: skip
