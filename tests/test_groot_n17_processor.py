@@ -10,15 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from embodied_accel.models.groot.n17_actions import decode_n17_actions, encode_n17_actions, encode_n17_state
+from embodied_accel.models.groot.n17_embodiment import image_settings, load_n17_embodiment
 from embodied_accel.models.groot.n17_images import N17ImageSettings, crop_and_resize, patchify, smart_resize
-from embodied_accel.models.groot.n17_processor import (
-    GrootN17Processor,
-    decode_n17_actions,
-    encode_n17_actions,
-    encode_n17_state,
-    image_settings,
-    load_n17_embodiment,
-)
+from embodied_accel.models.groot.n17_processor import GrootN17Processor
 from embodied_accel.models.groot.processor import EmbodimentError, ObservationError
 from embodied_accel.models.groot.rotations import rotvec_to_matrix
 
