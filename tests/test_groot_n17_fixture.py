@@ -383,6 +383,92 @@ def test_vl_self_attention_is_unmasked_pre_ln_blocks(tag):
     close(a(tag, "vl_features"), x, rel=256 * F32)
 
 
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _attention(x, context, mask, w, heads):
+    """diffusers Attention with biases: softmax(q k^T / sqrt(d)) v over the ``mask``ed context ([B, S] bool)."""
+    q, k, v = x @ w["to_q.weight"].T + w["to_q.bias"], context @ w["to_k.weight"].T + w["to_k.bias"], None
+    v = context @ w["to_v.weight"].T + w["to_v.bias"]
+    split = lambda t: t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(0, 2, 1, 3)  # noqa: E731
+    q, k, v = split(q), split(k), split(v)
+    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask[:, None, None, :], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    out = ((weights / weights.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], -1)
+    return out @ w["to_out.0.weight"].T + w["to_out.0.bias"]
+
+
+def _velocity(tag: str, x: np.ndarray, t_disc: int) -> np.ndarray:
+    """N17_NOTES.md §2: one denoising step's velocity on the action tokens, from x [B, 8, 14], the recorded VL and
+    state features and the checkpoint (action encoder, AlternateVLDiT, action decoder)."""
+    cfg = config()
+    dit = cfg["diffusion_model_cfg"]
+    # config.json holds only the fields given to the constructor: the rest are Gr00tN1d7Config's defaults
+    assert "attend_text_every_n_blocks" not in cfg and "use_alternate_vl_dit" not in cfg
+    heads, every = dit["num_attention_heads"], 2
+    slot = meta()["embodiments"][tag]["slot"]
+    head = "action_head."
+    names = [f"{head}action_encoder.{n}.{p}" for n in ("W1", "W2", "W3") for p in "Wb"]
+    enc = dict(zip("W1 b1 W2 b2 W3 b3".split(), _weights(*names), strict=True))
+    batch, horizon, _ = x.shape
+    a_emb = x @ enc["W1"][slot] + enc["b1"][slot]
+    width = a_emb.shape[-1]
+    freqs = t_disc * np.exp(-np.arange(width // 2) * (np.log(10000.0) / (width // 2)))
+    tau = np.broadcast_to(np.concatenate([np.sin(freqs), np.cos(freqs)]), a_emb.shape)
+    h = np.concatenate([a_emb, tau], -1) @ enc["W2"][slot] + enc["b2"][slot]
+    h = (h / (1 + np.exp(-h))) @ enc["W3"][slot] + enc["b3"][slot]
+    (pos,) = _weights(head + "position_embedding.weight")
+    tokens = np.concatenate([a(tag, "state_features").astype(np.float64), h + pos[:horizon]], 1)
+
+    # timestep embedding: Timesteps(256, flip_sin_to_cos, shift 1) -> Linear -> SiLU -> Linear
+    half = 128
+    angle = t_disc * np.exp(-np.log(10000.0) * np.arange(half) / (half - 1))
+    proj = np.concatenate([np.cos(angle), np.sin(angle)])
+    l1w, l1b, l2w, l2b = _weights(*(f"{head}model.timestep_encoder.timestep_embedder.linear_{i}.{p}" for i in (1, 2) for p in ("weight", "bias")))  # fmt: skip
+    temb = proj @ l1w.T + l1b
+    temb = (temb / (1 + np.exp(-temb))) @ l2w.T + l2b
+    silu_temb = temb / (1 + np.exp(-temb))
+
+    vl = a(tag, "vl_features").astype(np.float64)
+    valid, image = a(tag, "attention_mask").astype(bool), a(tag, "image_mask")
+    plain = lambda v, eps: (v - v.mean(-1, keepdims=True)) / np.sqrt(v.var(-1, keepdims=True) + eps)  # noqa: E731
+    for i in range(dit["num_layers"]):
+        p = f"{head}model.transformer_blocks.{i}."
+        names = ["norm1.linear.weight", "norm1.linear.bias", "ff.net.0.proj.weight", "ff.net.0.proj.bias"]
+        names += ["ff.net.2.weight", "ff.net.2.bias"]
+        names += [f"attn1.{n}.{t}" for n in ("to_q", "to_k", "to_v", "to_out.0") for t in ("weight", "bias")]
+        w = dict(zip(names, _weights(*(p + n for n in names)), strict=True))
+        scale, shift = np.split(silu_temb @ w["norm1.linear.weight"].T + w["norm1.linear.bias"], 2)  # (scale, shift)
+        y = plain(tokens, 1e-5) * (1 + scale) + shift
+        attn = {k.removeprefix("attn1."): v for k, v in w.items() if k.startswith("attn1.")}
+        if i % 2:
+            tokens = tokens + _attention(y, y, None, attn, heads)
+        else:
+            mask = (~image if i % (2 * every) == 0 else image) & valid  # text blocks, then image blocks
+            tokens = tokens + _attention(y, vl, mask, attn, heads)
+        f = _gelu_tanh(plain(tokens, 1e-5) @ w["ff.net.0.proj.weight"].T + w["ff.net.0.proj.bias"])
+        tokens = tokens + f @ w["ff.net.2.weight"].T + w["ff.net.2.bias"]
+    p1w, p1b, p2w, p2b = _weights(*(f"{head}model.proj_out_{i}.{p}" for i in (1, 2) for p in ("weight", "bias")))
+    shift, scale = np.split(silu_temb @ p1w.T + p1b, 2)  # (shift, scale) here
+    out = (plain(tokens, 1e-6) * (1 + scale) + shift) @ p2w.T + p2b
+    d1, db1, d2, db2 = _weights(*(f"{head}action_decoder.layer{i}.{p}" for i in (1, 2) for p in "Wb"))
+    pred = np.maximum(out @ d1[slot] + db1[slot], 0) @ d2[slot] + db2[slot]
+    return pred[:, -horizon:]
+
+
+@pytest.mark.parity  # recomputes values the official code produced elsewhere
+@pytest.mark.parametrize("tag", TAGS)
+def test_velocities_follow_the_action_head(tag):
+    """Every step's velocity from that step's x: action encoder (+ positions) after the state token, the 4-block
+    AlternateVLDiT (block 0 attends to text, block 2 to image tokens, odd blocks to themselves), the decoder."""
+    x, t, v = a(tag, "step_actions"), a(tag, "step_timesteps"), a(tag, "step_velocities")
+    for k in range(x.shape[1]):
+        close(_velocity(tag, x[:, k].astype(np.float64), int(t[0, k])), v[:, k], rel=1e-5)
+
+
 @pytest.mark.parity  # recomputes values the official code produced elsewhere
 @pytest.mark.parametrize("tag", TAGS)
 def test_pad_positions_see_no_attention(tag):
