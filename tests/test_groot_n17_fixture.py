@@ -476,8 +476,8 @@ def _gelu_tanh(x):
 
 def _attention(x, context, mask, w, heads):
     """diffusers Attention with biases: softmax(q k^T / sqrt(d)) v over the ``mask``ed context ([B, S] bool)."""
-    q, k, v = x @ w["to_q.weight"].T + w["to_q.bias"], context @ w["to_k.weight"].T + w["to_k.bias"], None
-    v = context @ w["to_v.weight"].T + w["to_v.bias"]
+    q = x @ w["to_q.weight"].T + w["to_q.bias"]
+    k, v = (context @ w[f"to_{n}.weight"].T + w[f"to_{n}.bias"] for n in "kv")
     split = lambda t: t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(0, 2, 1, 3)  # noqa: E731
     q, k, v = split(q), split(k), split(v)
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(q.shape[-1])
