@@ -291,3 +291,31 @@ def test_the_dit_cache_plan_serves_n17_bit_for_bit():
     reusing = CachedDiT(dit_cache_plan(model), CacheConfig(method="taylorseer", order=1, interval=2, warmup_steps=1))
     sample_with_cache(model, reusing, *args)
     assert reusing.session.report.reused_steps > 0
+
+
+def test_cudagraph_mode_captures_once_per_bucket_with_and_without_real_time_chunking():
+    """The runtime in cudagraph mode on a GPU platform, the replay stand-in (which checks the captured call for
+    capture-unsafe ops) in place of CUDA graphs: prompts of one 32-token bucket share a capture; the call with
+    real-time chunking is captured once for any leftover and delay."""
+    from test_cudagraph import ReplayStandIn
+
+    from embodied_accel.platform import Platform
+
+    base = tiny()
+    standin = ReplayStandIn()
+    gpu = Platform("cuda", "CPU stand-in for a GPU", has_triton=True, has_torch_npu=False)
+    policy = GrootN17Policy(base.model, base.processor, source="groot-n1.7-tiny", random_weights=True, device="cpu",
+                            capture="cudagraph", plat=gpu, graph_backend=standin, pad_id=base.processor.pad_id)  # fmt: skip
+    a, b = policy.prepare(observation(policy, 0)), policy.prepare(observation(policy, 1, extra_text=1))
+    assert a.bucket == b.bucket and a.valid.sum() != b.valid.sum()
+    noise = policy.make_noise(1, seed=0)
+    for inputs in (a, b):
+        eager = base.sample(inputs, noise)
+        torch.testing.assert_close(policy.sample(inputs, noise), eager, rtol=0, atol=0)
+    assert standin.captures == 1
+    plain = policy.infer(observation(policy, 0), noise=noise)["actions"]
+    for steps, delay in ((5, 1), (3, 3)):
+        obs = {**observation(policy, 0), "previous_actions": plain[:steps], "inference_delay": delay}
+        np.testing.assert_allclose(policy.infer(obs, noise=noise)["actions"], base.infer(obs, noise=noise)["actions"],
+                                   rtol=0, atol=0)  # fmt: skip
+    assert standin.captures == 2
