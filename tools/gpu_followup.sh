@@ -18,6 +18,7 @@
 #   compile MODEL              pi0 / pi05 eager, compile and compile+cudagraph, 2 views batch 1
 #   quant MODEL                pi0 / pi05 with W8A8 and FP8 linear layers, eager and CUDA graph, 2 views batch 1
 #   groot-compile              GR00T N1.6 eager, compile and compile+cudagraph
+#   groot-n17                  GR00T N1.7 (full size, bf16, 1 view batch 1) eager, cudagraph and compile+cudagraph
 #   buckets MODEL              pi0 / pi05 / groot eager and CUDA graph over every shape bucket (1-3 views x batch 1, 8)
 #   train [PRESET]             full-size pi0.5 (or pi0) training steps: samples/s and peak memory per batch size
 #   int8-gemm                  the W8A8 int8 GEMM's paths (_int_mm, Triton) and bf16 mm at the models' linear shapes
@@ -27,7 +28,7 @@ set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,25p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile buckets train int8-gemm tests)" "$@"
+gpu_arguments '2,26p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile groot-n17 buckets train int8-gemm tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
@@ -40,6 +41,7 @@ tiny() {  # the full-size name, or its tiny preset in CPU mode
         case $1 in
             pi0 | pi05) echo "$1-tiny" ;;
             groot-n1.6) echo groot-tiny ;;
+            groot-n1.7) echo groot-n1.7-tiny ;;
             vggt) echo vggt-tiny ;;
             hunyuan3d-dit-v2-0) echo hunyuan3d-tiny ;;
             *) echo "$1" ;;
@@ -108,6 +110,18 @@ case $STEP in
         gpu_step groot-compile 520 "$FIGURES" "$PY" tools/groot_gpu_bench.py --preset "$(tiny groot-n1.6)" \
             --captures eager compile compile+cudagraph --runs "$RUNS" --out-dir "$RESULTS" "${CPU[@]}"
         ;;
+    groot-n17)
+        if [ "$CPU_MODE" = 1 ]; then
+            N17=(eager:100 compile:200) N17_DTYPE=float32
+        else
+            N17=(eager:120 cudagraph:150 compile+cudagraph:250) N17_DTYPE=bfloat16
+        fi
+        for entry in "${N17[@]}"; do
+            gpu_step "groot-n17-${entry%%:*}" "${entry##*:}" "$FIGURES|mean" "$PY" -m embodied_accel.cli bench \
+                --model "$(tiny groot-n1.7)" --capture "${entry%%:*}" --dtype "$N17_DTYPE" --runs "$RUNS" --warmup 3 \
+                --out-dir "$RESULTS"
+        done
+        ;;
     buckets)
         model=${STEP_ARGS[0]:-pi0}
         if [ "$model" = groot ]; then
@@ -139,7 +153,7 @@ case $STEP in
         fi
         ;;
     *)
-        echo "unknown step $STEP (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile buckets train int8-gemm tests)" >&2
+        echo "unknown step $STEP (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile groot-n17 buckets train int8-gemm tests)" >&2
         exit 2
         ;;
 esac

@@ -1,7 +1,8 @@
-"""GR00T N1.6 for export: the backbone, the action head's per-call context, and one action-head step.
+"""GR00T N1.6 and N1.7 for export: the backbone, the action head's per-call context, and one action-head step.
 
-* ``backbone``: image slots, prompt ids (left-padded), validity and the image tokens' positions → the Eagle
-  backbone's features ``[B, L, D]`` (SigLIP2, pixel-unshuffle, the projector, the truncated Qwen3);
+* ``backbone``: N1.6: image slots, prompt ids (left-padded), validity and the image tokens' positions → the Eagle
+  backbone's features ``[B, L, D]`` (SigLIP2, pixel-unshuffle, the projector, the truncated Qwen3); N1.7: prompt ids,
+  validity and the images' patches → the Qwen3-VL backbone's features (the bucket's patch grids are fixed);
 * ``action_context``: features, ids, validity and the normalized state → the state tokens and every
   cross-attention block's K/V ``[blocks, 2, B, H, L, Dh]`` (once per call, as the eager head computes them);
 * ``action_step``: ``x_t``, the step index, the state tokens, the cross K/V and the prompt → the velocity of one
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from ..models.groot.model import GrootModel, build_buffers
+from ..models.groot.n17_model import GrootN17Model, build_n17_buffers
 from ..nn.dit import DiTModulation
 from .engine import FamilyExport, GraphExport
 from .tables import StepTables
@@ -36,6 +38,15 @@ class BackboneGraph(nn.Module):
 
     def forward(self, input_ids, valid, image_positions, *images) -> torch.Tensor:
         return self.model.backbone(images, input_ids, valid, image_positions, self.static)
+
+
+class N17BackboneGraph(nn.Module):
+    def __init__(self, model: GrootN17Model, buffers):
+        super().__init__()
+        self.model, self.static = model, buffers
+
+    def forward(self, input_ids, valid, pixel_values) -> torch.Tensor:
+        return self.model.backbone(input_ids, valid, pixel_values, self.static)
 
 
 class ActionContextGraph(nn.Module):
@@ -87,27 +98,32 @@ def _plain(value: Any) -> Any:
 def describe(policy, *, batch: int = 1, parts: tuple[str, ...] = PARTS, num_steps: int | None = None) -> FamilyExport:
     """The export of a loaded GR00T policy (reference backend) at the bucket of its sample observation, ``batch``
     rows of it."""
-    model: GrootModel = policy.model
+    model = policy.model
     cfg = model.config
     inputs = policy.prepare([policy.sample_observation(seed=0)] * batch, num_steps)
     bucket = inputs.bucket
-    buffers = build_buffers(model, bucket, "cpu")
+    n17 = isinstance(model, GrootN17Model)
+    buffers = build_n17_buffers(model, bucket, "cpu") if n17 else build_buffers(model, bucket, "cpu")
     generator = torch.Generator().manual_seed(0)
     x_t = torch.randn(batch, cfg.action_horizon, cfg.max_action_dim, generator=generator)
     step = torch.tensor([min(1, bucket.num_steps - 1)], dtype=torch.int64)
     label = f"b{batch}"
-    image_inputs = tuple((f"image_{i}", image) for i, image in enumerate(inputs.images))
     prompt = (("input_ids", inputs.input_ids), ("valid", inputs.valid))
-    backbone = BackboneGraph(model, buffers)
+    if n17:
+        backbone = N17BackboneGraph(model, buffers)
+        backbone_inputs = (*prompt, ("pixel_values", inputs.pixel_values))
+        bucket_info = {"version": "n1.7", "image_grid_thw": [list(g) for g in bucket.image_grid_thw]}
+    else:
+        backbone = BackboneGraph(model, buffers)
+        image_inputs = tuple((f"image_{i}", image) for i, image in enumerate(inputs.images))
+        backbone_inputs = (*prompt, ("image_positions", inputs.image_positions), *image_inputs)
+        bucket_info = {"image_grids": [list(g) for g in bucket.image_grids]}
     context = ActionContextGraph(model, buffers)
     with torch.no_grad():
-        features = backbone(inputs.input_ids, inputs.valid, inputs.image_positions, *inputs.images)
+        features = backbone(*(value for _, value in backbone_inputs))
         state_tokens, cross_kv = context(features, inputs.input_ids, inputs.valid, inputs.state)
     graphs = {
-        "backbone": lambda: GraphExport(
-            "backbone", label, backbone, (*prompt, ("image_positions", inputs.image_positions), *image_inputs),
-            ("features",),
-        ),
+        "backbone": lambda: GraphExport("backbone", label, backbone, backbone_inputs, ("features",)),
         "action_context": lambda: GraphExport(
             "action_context", label, context, (("features", features), *prompt, ("state", inputs.state)),
             ("state_tokens", "cross_kv"),
@@ -124,8 +140,8 @@ def describe(policy, *, batch: int = 1, parts: tuple[str, ...] = PARTS, num_step
         "batch": batch,
         "loop": {"kind": "euler", "steps": bucket.num_steps, "dt": 1.0 / bucket.num_steps, "start_time": 0.0},
         "noise_shape": [cfg.action_horizon, cfg.max_action_dim],
-        "bucket": {"image_grids": [list(g) for g in bucket.image_grids], "seq_len": bucket.seq_len,
-                   "state_horizon": bucket.state_horizon, "image_token_id": cfg.image_token_id},  # fmt: skip
+        "bucket": {**bucket_info, "seq_len": bucket.seq_len, "state_horizon": bucket.state_horizon,
+                   "image_token_id": cfg.image_token_id},  # fmt: skip
         "embodiment": _plain(spec),
     }
     return FamilyExport.of("groot", cfg.name, policy.source, model.compute_dtype, graphs, parts, call)

@@ -353,7 +353,8 @@ class PolicyModel(LoadedModel):
         lines.append(f"sampler:     {cfg.num_steps} denoising steps, up to {cfg.max_token_len} language tokens")
         tokenizer = policy.processor.tokenizer
         if tokenizer is not None:
-            lines.append(f"tokenizer:   {tokenizer.source} ({tokenizer.vocab_size} pieces)")
+            size = getattr(tokenizer, "vocab_size", None)  # GR00T N1.7's tokenizer does not count its pieces
+            lines.append(f"tokenizer:   {tokenizer.source}" + (f" ({size} pieces)" if size is not None else ""))
         else:
             lines.append(f"tokenizer:   none, pass token ids or --tokenizer (searched: "
                          f"{_tokenizer_search_places(policy)})")  # fmt: skip

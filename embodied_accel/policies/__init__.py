@@ -22,7 +22,7 @@ from typing import Any
 RANDOM_WEIGHTS_LOGGER = "embodied_accel.policies.random_weights"
 
 #: The modules that define a ``FAMILY`` (a :class:`PolicyFamily`), in the order checkpoints are matched.
-FAMILY_MODULES: tuple[str, ...] = ("embodied_accel.policies.pi0", "embodied_accel.policies.groot")
+FAMILY_MODULES: tuple[str, ...] = ("embodied_accel.policies.pi0", "embodied_accel.policies.groot_family")
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,6 @@ from ..models.groot.tokenizer import CHECKOUT_SUBDIR, PRESET_TOKENIZERS, QwenTok
 from ..models.groot.weights import (
     config_from_checkpoint,
     init_random_weights,
-    is_groot_checkpoint,
     load_checkpoint_weights,
 )
 from ..nn.rtc import ChunkGuidance, RtcSettings
@@ -62,7 +61,7 @@ from ..quant import check_quant, quantize
 from ..runtime.buffers import BufferSpec
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
 from ..runtime.runner import Runner
-from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
+from . import RANDOM_WEIGHTS_LOGGER
 from .base import Policy
 
 logger = logging.getLogger(__name__)
@@ -133,13 +132,7 @@ class GrootPolicy(Policy):
             runner = Runner(device, capture, plat=plat, graph_backend=graph_backend, max_graphs=max_graphs)
         super().__init__(model, processor, runner, source=source, random_weights=random_weights)
         self.pad_id = pad_id
-        self._build = BufferBuilders(model, self.device)
-        #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
-        self.model_call = runner.call(self._model_call, self.plan, assemble_buffers)
-        #: The same call with real-time chunking's guidance: the leftover, its weights and the clip are tensors of
-        #: the call, so any delay and any mix of rows with and without it share one capture per bucket. Calls
-        #: without guidance run the call above, unchanged.
-        self.model_call_rtc = runner.call(self._model_call_rtc, self.plan, assemble_buffers)
+        self._calls(runner)
         spec = processor.spec
         state_norm, action_norm = _describe_norms(spec)
         self.io = GrootIO(
@@ -152,6 +145,15 @@ class GrootPolicy(Policy):
             state_norm=state_norm,
             action_norm=action_norm,
         )
+
+    def _calls(self, runner: Runner) -> None:
+        self._build = BufferBuilders(self.model, self.device)
+        #: The model call: model inputs → normalized action chunk, per bucket, in the capture mode.
+        self.model_call = runner.call(self._model_call, self.plan, assemble_buffers)
+        #: The same call with real-time chunking's guidance: the leftover, its weights and the clip are tensors of
+        #: the call, so any delay and any mix of rows with and without it share one capture per bucket. Calls
+        #: without guidance run the call above, unchanged.
+        self.model_call_rtc = runner.call(self._model_call_rtc, self.plan, assemble_buffers)
 
     def _rebuild(self, runner: Runner) -> GrootPolicy:
         return GrootPolicy(self.model, self.processor, source=self.source, random_weights=self.random_weights,
@@ -472,17 +474,3 @@ def load_groot_policy(
     pad_id = tok.pad_id if tok is not None and tok.pad_id is not None else 0
     return GrootPolicy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint,
                        device=device, capture=capture, pad_id=pad_id)  # fmt: skip
-
-
-def _recognizes(path: Path, config: dict[str, Any] | None) -> bool:
-    return is_groot_checkpoint(config)
-
-
-FAMILY = PolicyFamily(
-    name="groot",
-    presets=PRESETS.keys(),  # a live view: a preset added to PRESETS later is known too
-    recognizes=_recognizes,
-    load=load_groot_policy,
-    describe_checkpoint='a GR00T N1.6 directory (config.json with "model_type": "Gr00tN1d6", sharded safetensors, '
-    "processor_config.json, statistics.json, embodiment_id.json)",
-)

@@ -92,28 +92,27 @@ def action_time_features(timesteps: list[int], width: int) -> torch.Tensor:
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
 
 
-class GrootModel(nn.Module):
-    """The network of GR00T N1.6 for one embodiment, on the op layer; weights come from :mod:`.weights`."""
+class GrootHead(nn.Module):
+    """The flow-matching action head of a GR00T model for one embodiment (``vlln``, the AlternateVLDiT, the
+    embodiment's slice of the per-embodiment state / action encoders and decoder): a family member with a backbone
+    subclasses it, builds its backbone, then the head (:meth:`build_head`), so that parameters register in the
+    checkpoint's order."""
 
-    def __init__(self, config: GrootConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
-        super().__init__()
-        config.validate()
-        self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
+    config: GrootConfig
+    ops: OpSet
+    compute_dtype: torch.dtype
+
+    def build_head(self, state_width: int) -> None:
+        """The head's parameters; ``state_width``: the width of one state token's input (``max_state_dim``)."""
+        config, ops = self.config, self.ops
         d, inner, hidden = config.backbone_width, config.action_width, config.hidden_size
-        self.vision = Siglip2VisionTower(config.vision, ops)
-        self.projector_norm_weight = nn.Parameter(torch.empty(config.projector_in))
-        self.projector_norm_bias = nn.Parameter(torch.empty(config.projector_in))
-        self.projector_in = Linear(config.projector_in, d, ops)
-        self.projector_out = Linear(d, d, ops)
-        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, d))
-        self.llm = Qwen3Tower(config.llm, ops)
         if config.use_vlln:
             self.vlln_weight = nn.Parameter(torch.empty(d))
             self.vlln_bias = nn.Parameter(torch.empty(d))
         self.dit = AlternateVLDiT(config.dit, ops)
         self.action_position_embedding = nn.Parameter(torch.empty(config.max_seq_len, inner))
         # the embodiment's slice of the per-embodiment MLPs
-        self.state_in = Linear(config.max_state_dim, hidden, ops)
+        self.state_in = Linear(state_width, hidden, ops)
         self.state_out = Linear(hidden, inner, ops)
         self.action_in = Linear(config.max_action_dim, inner, ops)
         # W2 acts on [action features | time features]: its two row blocks; its bias is action_mix's (the time part
@@ -123,6 +122,119 @@ class GrootModel(nn.Module):
         self.action_out = Linear(inner, inner, ops)  # its bias joins the position embedding in the buffers
         self.decoder_in = Linear(config.dit.output_dim, hidden, ops)
         self.decoder_out = Linear(hidden, config.max_action_dim, ops)
+
+    def encode_state(self, state: torch.Tensor) -> torch.Tensor:
+        """Normalized state ``[B, T_state, max_state_dim]`` → state tokens ``[B, T_state, inner]``."""
+        batch, steps, dims = state.shape
+        x = F.relu(self.state_in(state.reshape(batch * steps, dims).to(self.compute_dtype)))
+        return self.state_out(x).view(batch, steps, -1)
+
+    def action_tokens(self, x_t: torch.Tensor, state_tokens: torch.Tensor, step: int, buffers: GrootBuffers):
+        """The DiT's input at one step: ``[state tokens | action tokens of x_t]``, ``[B, T_state + horizon, inner]``."""
+        ops = self.ops
+        batch, horizon, action_dim = x_t.shape
+        x = x_t.reshape(batch * horizon, action_dim).to(self.compute_dtype)
+        a = self.action_in(x)
+        a = F.silu(ops.linear(a, self.action_mix.weight_t, buffers.action_time_bias[step]))  # + the step's time part
+        a = ops.linear(a, self.action_out.weight_t, residual=buffers.action_out_bias)  # + bias + position embedding
+        return torch.cat([state_tokens, a.view(batch, horizon, -1)], dim=1)
+
+    def decode_velocity(self, out: torch.Tensor, batch: int, seq: int, horizon: int) -> torch.Tensor:
+        """The DiT's output rows ``[B*S, output_dim]`` → the velocity of the action rows ``[B, horizon, A]``."""
+        # the decoder is per token: run it on every row (as the official code does), keep the action rows
+        return self.decoder_out(F.relu(self.decoder_in(out))).view(batch, seq, -1)[:, -horizon:]
+
+    def velocity(
+        self, x_t, state_tokens, cross_kv, text_mask, image_mask, step: int, buffers: GrootBuffers
+    ) -> torch.Tensor:
+        """``v(x_t, t_step)``: ``[B, horizon, max_action_dim]`` → ``[B, horizon, max_action_dim]``."""
+        batch, horizon, _ = x_t.shape
+        tokens = self.action_tokens(x_t, state_tokens, step, buffers)  # [B, T_state + horizon, inner]
+        modulation = buffers.modulation
+        out = self.dit(tokens, cross_kv, text_mask, image_mask, modulation.blocks[step], modulation.output[step])
+        return self.decode_velocity(out, batch, tokens.shape[1], horizon)
+
+    def flow_context(
+        self, features: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor, state: torch.Tensor,
+        buffers: GrootBuffers,
+    ) -> FlowContext:  # fmt: skip
+        """What every step of the flow reads besides ``x_t``: the cross-attention K/V of every block (one GEMM),
+        the text / image attention masks, the state tokens."""
+        batch, length = input_ids.shape
+        vl = self.vl_tokens(features, valid, buffers)
+        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv[: batch * length], batch)  # every cross block's K/V
+        state_tokens = self.encode_state(state)
+        text_mask, image_mask = self.attention_masks(input_ids, valid, state_tokens.shape[1])
+        return FlowContext(state_tokens, cross_kv, text_mask, image_mask)
+
+    def vl_tokens(self, features: torch.Tensor, valid: torch.Tensor, buffers) -> torch.Tensor:
+        """The backbone's features ``[B, L, D]`` as the DiT's cross-attention inputs ``[B*L, D]``: ``vlln``."""
+        vl = features.reshape(-1, features.shape[-1])
+        if self.config.use_vlln:
+            vl = self.ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
+        return vl
+
+    def attention_masks(self, input_ids: torch.Tensor, valid: torch.Tensor, state_horizon: int):
+        """The DiT's prepared text and image attention masks: every state and action token attends to the same
+        keys, the valid text (resp. image) tokens of the ``[B, L]`` prompt; ``[B, tokens, L]`` each."""
+        ops, dtype = self.ops, self.compute_dtype
+        batch, length = input_ids.shape
+        is_image = input_ids == self.config.image_token_id
+        tokens = state_horizon + self.config.action_horizon
+        heads = self.config.dit.num_heads
+        text = (valid & ~is_image)[:, None, :].expand(batch, tokens, length)
+        image = (valid & is_image)[:, None, :].expand(batch, tokens, length)
+        return ops.prepare_attention_mask(text, dtype, heads), ops.prepare_attention_mask(image, dtype, heads)
+
+    def action_head(
+        self,
+        features: torch.Tensor,  # [B, L, D] from backbone()
+        input_ids: torch.Tensor,
+        valid: torch.Tensor,
+        state: torch.Tensor,  # [B, T_state, max_state_dim] normalized
+        noise: torch.Tensor,  # [B, horizon, max_action_dim]
+        buffers: GrootBuffers,
+        guidance: ChunkGuidance | None = None,
+    ) -> torch.Tensor:
+        """The flow from t = 0 (``noise``) to 1: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32).
+
+        ``guidance`` (real-time chunking): every step's velocity is steered towards the previous chunk's leftover.
+        The time runs the other way than in :mod:`embodied_accel.nn.rtc` (RTC's ``t`` is ``1 - k / n`` at step
+        ``k``, the clean chunk predicted there ``x + (1 - k / n) v``, the guidance weight ``g(τ = k / n)``, clipped
+        at ``β``): :func:`~embodied_accel.nn.rtc.guided_velocity_noise_to_data`. It runs in fp32 (in a bf16 model
+        the guided velocity is then rounded to bf16 as the plain one is); rows with all-zero weights keep their
+        velocity bit for bit."""
+        dtype = self.compute_dtype
+        context = self.flow_context(features, input_ids, valid, state, buffers)
+        num_steps = len(buffers.action_time_bias)
+        x_t = noise.to(dtype)
+        for step in range(num_steps):
+            velocity = self.velocity(x_t, *context, step, buffers)
+            if guidance is not None:
+                coefficient = buffers.rtc_coefficients[step]
+                velocity = guided_velocity_noise_to_data(
+                    x_t.float(), velocity.float(), step / num_steps, coefficient, guidance
+                ).to(dtype)
+            x_t = x_t.add(velocity, alpha=1.0 / num_steps)
+        return x_t.float()
+
+
+class GrootModel(GrootHead):
+    """The network of GR00T N1.6 for one embodiment, on the op layer; weights come from :mod:`.weights`."""
+
+    def __init__(self, config: GrootConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        config.validate()
+        self.config, self.ops, self.compute_dtype = config, ops, compute_dtype
+        d = config.backbone_width
+        self.vision = Siglip2VisionTower(config.vision, ops)
+        self.projector_norm_weight = nn.Parameter(torch.empty(config.projector_in))
+        self.projector_norm_bias = nn.Parameter(torch.empty(config.projector_in))
+        self.projector_in = Linear(config.projector_in, d, ops)
+        self.projector_out = Linear(d, d, ops)
+        self.embed_tokens = nn.Parameter(torch.empty(config.vocab_size, d))
+        self.llm = Qwen3Tower(config.llm, ops)
+        self.build_head(config.max_state_dim)
 
     # ------------------------------------------------------------------ backbone
 
@@ -176,98 +288,6 @@ class GrootModel(nn.Module):
             ops.prepare_attention_mask(may_attend, dtype, self.config.llm.num_heads),
         )
         return hidden.view(batch, length, width)
-
-    # ------------------------------------------------------------------ action head
-
-    def encode_state(self, state: torch.Tensor) -> torch.Tensor:
-        """Normalized state ``[B, T_state, max_state_dim]`` → state tokens ``[B, T_state, inner]``."""
-        batch, steps, dims = state.shape
-        x = F.relu(self.state_in(state.reshape(batch * steps, dims).to(self.compute_dtype)))
-        return self.state_out(x).view(batch, steps, -1)
-
-    def action_tokens(self, x_t: torch.Tensor, state_tokens: torch.Tensor, step: int, buffers: GrootBuffers):
-        """The DiT's input at one step: ``[state tokens | action tokens of x_t]``, ``[B, T_state + horizon, inner]``."""
-        ops = self.ops
-        batch, horizon, action_dim = x_t.shape
-        x = x_t.reshape(batch * horizon, action_dim).to(self.compute_dtype)
-        a = self.action_in(x)
-        a = F.silu(ops.linear(a, self.action_mix.weight_t, buffers.action_time_bias[step]))  # + the step's time part
-        a = ops.linear(a, self.action_out.weight_t, residual=buffers.action_out_bias)  # + bias + position embedding
-        return torch.cat([state_tokens, a.view(batch, horizon, -1)], dim=1)
-
-    def decode_velocity(self, out: torch.Tensor, batch: int, seq: int, horizon: int) -> torch.Tensor:
-        """The DiT's output rows ``[B*S, output_dim]`` → the velocity of the action rows ``[B, horizon, A]``."""
-        # the decoder is per token: run it on every row (as the official code does), keep the action rows
-        return self.decoder_out(F.relu(self.decoder_in(out))).view(batch, seq, -1)[:, -horizon:]
-
-    def velocity(
-        self, x_t, state_tokens, cross_kv, text_mask, image_mask, step: int, buffers: GrootBuffers
-    ) -> torch.Tensor:
-        """``v(x_t, t_step)``: ``[B, horizon, max_action_dim]`` → ``[B, horizon, max_action_dim]``."""
-        batch, horizon, _ = x_t.shape
-        tokens = self.action_tokens(x_t, state_tokens, step, buffers)  # [B, T_state + horizon, inner]
-        modulation = buffers.modulation
-        out = self.dit(tokens, cross_kv, text_mask, image_mask, modulation.blocks[step], modulation.output[step])
-        return self.decode_velocity(out, batch, tokens.shape[1], horizon)
-
-    def flow_context(
-        self, features: torch.Tensor, input_ids: torch.Tensor, valid: torch.Tensor, state: torch.Tensor,
-        buffers: GrootBuffers,
-    ) -> FlowContext:  # fmt: skip
-        """What every step of the flow reads besides ``x_t``: the cross-attention K/V of every block (one GEMM),
-        the text / image attention masks, the state tokens."""
-        ops = self.ops
-        batch, length = input_ids.shape
-        vl = features.reshape(batch * length, -1)
-        if self.config.use_vlln:
-            vl = ops.layer_norm(vl, self.vlln_weight, self.vlln_bias, self.config.vlln_eps)
-        cross_kv = self.dit.cross_kv(vl, buffers.cross_kv[: batch * length], batch)  # every cross block's K/V
-        text_mask, image_mask = self.attention_masks(input_ids, valid, state.shape[1])
-        return FlowContext(self.encode_state(state), cross_kv, text_mask, image_mask)
-
-    def attention_masks(self, input_ids: torch.Tensor, valid: torch.Tensor, state_horizon: int):
-        """The DiT's prepared text and image attention masks: every state and action token attends to the same
-        keys, the valid text (resp. image) tokens of the ``[B, L]`` prompt; ``[B, tokens, L]`` each."""
-        ops, dtype = self.ops, self.compute_dtype
-        batch, length = input_ids.shape
-        is_image = input_ids == self.config.image_token_id
-        tokens = state_horizon + self.config.action_horizon
-        heads = self.config.dit.num_heads
-        text = (valid & ~is_image)[:, None, :].expand(batch, tokens, length)
-        image = (valid & is_image)[:, None, :].expand(batch, tokens, length)
-        return ops.prepare_attention_mask(text, dtype, heads), ops.prepare_attention_mask(image, dtype, heads)
-
-    def action_head(
-        self,
-        features: torch.Tensor,  # [B, L, D] from backbone()
-        input_ids: torch.Tensor,
-        valid: torch.Tensor,
-        state: torch.Tensor,  # [B, T_state, max_state_dim] normalized
-        noise: torch.Tensor,  # [B, horizon, max_action_dim]
-        buffers: GrootBuffers,
-        guidance: ChunkGuidance | None = None,
-    ) -> torch.Tensor:
-        """The flow from t = 0 (``noise``) to 1: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32).
-
-        ``guidance`` (real-time chunking): every step's velocity is steered towards the previous chunk's leftover.
-        The time runs the other way than in :mod:`embodied_accel.nn.rtc` (RTC's ``t`` is ``1 - k / n`` at step
-        ``k``, the clean chunk predicted there ``x + (1 - k / n) v``, the guidance weight ``g(τ = k / n)``, clipped
-        at ``β``): :func:`~embodied_accel.nn.rtc.guided_velocity_noise_to_data`. It runs in fp32 (in a bf16 model
-        the guided velocity is then rounded to bf16 as the plain one is); rows with all-zero weights keep their
-        velocity bit for bit."""
-        dtype = self.compute_dtype
-        context = self.flow_context(features, input_ids, valid, state, buffers)
-        num_steps = len(buffers.action_time_bias)
-        x_t = noise.to(dtype)
-        for step in range(num_steps):
-            velocity = self.velocity(x_t, *context, step, buffers)
-            if guidance is not None:
-                coefficient = buffers.rtc_coefficients[step]
-                velocity = guided_velocity_noise_to_data(
-                    x_t.float(), velocity.float(), step / num_steps, coefficient, guidance
-                ).to(dtype)
-            x_t = x_t.add(velocity, alpha=1.0 / num_steps)
-        return x_t.float()
 
     @torch.no_grad()
     def sample_actions(

@@ -106,5 +106,16 @@ W8A8_PLAN = {
     "cross-attention K/V, the per-embodiment state / action encoders and decoder",
 }
 
+#: W8A8 for GR00T N1.7: the Qwen3-VL text layers' projections and MLPs, the vl self-attention blocks and the DiT
+#: blocks; as for N1.6 the vision tower, embeddings, norms, the DiT's timestep / AdaLN / output layers and
+#: cross-attention K/V and the per-embodiment encoders / decoder keep the model's dtype.
+N17_W8A8_PLAN = {
+    "name": "groot-n1.7-w8a8",
+    "include": (r"qwen3_vl\.layers\.\d+\.(qkv|o|gate_up|down)", r"vl_blocks\.\d+\.(qkv|out|ff_in|ff_out)",
+                r"dit\.blocks\.\d+\.(qkv|q|out|ff_in|ff_out)"),  # fmt: skip
+    "keep": "the Qwen3-VL vision tower and mergers, token embedding, norms, the DiT's timestep / AdaLN / output "
+    "layers and cross-attention K/V, the per-embodiment state / action encoders and decoder",
+}
 
-__all__ = ["W8A8_PLAN", "FlowStep", "dit_cache_plan", "sample_with_cache"]
+
+__all__ = ["N17_W8A8_PLAN", "W8A8_PLAN", "FlowStep", "dit_cache_plan", "sample_with_cache"]

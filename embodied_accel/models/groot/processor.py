@@ -1,7 +1,8 @@
 """GR00T N1.6's processor: observation dict → model inputs, and normalized actions → robot actions.
 
 Everything here follows the official ``Gr00tN1d6Processor`` (eval mode) for one embodiment, read from the
-checkpoint's ``processor_config.json``, ``statistics.json`` and ``embodiment_id.json``:
+checkpoint's ``processor_config.json``, ``statistics.json`` and ``embodiment_id.json`` (:mod:`.embodiment`; the
+image chain in :mod:`.images`, the rotation math in :mod:`.rotations`):
 
 * **Images** (per camera and frame, uint8 HWC): shortest edge to ``shortest_image_edge`` (OpenCV ``INTER_AREA``),
   center crop of ``crop_fraction`` per side, shortest edge again, then each side rounded to a multiple of
@@ -23,19 +24,15 @@ checkpoint's ``processor_config.json``, ``statistics.json`` and ``embodiment_id.
 
 from __future__ import annotations
 
-import importlib
-import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from ...errors import ObservationError, check_prompt_size
+from ...errors import ObservationError
 from ...nn.rtc import (
     PREVIOUS_ACTIONS_KEY,
     RTC_KEYS,
@@ -45,341 +42,41 @@ from ...nn.rtc import (
     rtc_requested,
 )
 from .config import GrootConfig
-from .tokenizer import EXTRA, QwenTokenizer
+from .embodiment import (  # noqa: F401  (re-exported: the processor's names before the split)
+    DEFAULT_EMBODIMENT_SLOTS,
+    LANGUAGE_ALIASES,
+    ActionKey,
+    EmbodimentError,
+    EmbodimentSpec,
+    StateKey,
+    _read_json,
+    _stats,
+    embodiment_tags,
+    load_embodiment,
+    read_processor_files,
+    returned_dim,
+)
+from .images import (  # noqa: F401  (re-exported)
+    IMAGE_PACKAGES,
+    MAX_ASPECT_RATIO,
+    MAX_TOKENS_PER_IMAGE,
+    MIN_TOKENS_PER_IMAGE,
+    ImageSettings,
+    normalize_pixels,
+    require_image_packages,
+    smart_resize,
+    transform_frame,
+)
+from .images import smallest_edge_to as _smallest_edge_to  # noqa: F401
+from .observation import observation_keys, read_frames, read_instruction, read_state
+from .rotations import matrix_to_rotvec as _rotvec
+from .rotations import rot6d_to_matrix as _rot6d_to_matrix
+from .rotations import rotvec_to_matrix as _rotvec_to_matrix
+from .tokenizer import QwenTokenizer
 
 __all__ = ["EmbodimentError", "GrootProcessor", "ObservationError"]
 
-
-class EmbodimentError(ValueError):
-    """An embodiment tag or modality configuration the checkpoint does not have."""
-
-
-# Eagle's image placeholder handling (processing_eagle3_vl): bounds of the resize to multiples of 28.
-MIN_TOKENS_PER_IMAGE, MAX_TOKENS_PER_IMAGE, MAX_ASPECT_RATIO = 4, 4096, 200
 PLACEHOLDER = re.compile(r"<image-(\d+)>")
-LANGUAGE_ALIASES = ("task", "prompt", "annotation.human.coarse_action")
-
-
-@dataclass(frozen=True)
-class StateKey:
-    key: str
-    dim: int
-    encoding: str  # "sincos" | "mean_std" | "min_max"
-    low: np.ndarray  # [dim] float64 (min, or q01 with use_percentiles)
-    high: np.ndarray
-    mean: np.ndarray
-    std: np.ndarray
-
-    @property
-    def encoded_dim(self) -> int:
-        return 2 * self.dim if self.encoding == "sincos" else self.dim
-
-
-@dataclass(frozen=True)
-class ActionKey:
-    key: str
-    dim: int
-    mean_std: bool
-    relative: bool
-    kind: str  # "NON_EEF" | "EEF"
-    format: str  # "DEFAULT" | "XYZ_ROT6D" | "XYZ_ROTVEC"
-    state_key: str
-    low: np.ndarray  # [dim] or [steps, dim] (relative keys: per-step statistics)
-    high: np.ndarray
-    mean: np.ndarray
-    std: np.ndarray
-
-
-@dataclass(frozen=True)
-class EmbodimentSpec:
-    """One embodiment of a checkpoint: cameras, state and action keys, statistics, projector slot."""
-
-    tag: str
-    slot: int
-    video_keys: tuple[str, ...]
-    video_horizon: int
-    state: tuple[StateKey, ...]
-    state_horizon: int
-    actions: tuple[ActionKey, ...]
-    action_horizon: int  # steps returned (len(delta_indices)), <= the model's horizon
-    language_key: str
-    clip_outliers: bool = True
-
-    @property
-    def state_dim(self) -> int:
-        return sum(s.dim for s in self.state)
-
-    @property
-    def encoded_state_dim(self) -> int:
-        return sum(s.encoded_dim for s in self.state)
-
-    @property
-    def action_dim(self) -> int:
-        return sum(a.dim for a in self.actions)
-
-    @property
-    def returned_dims(self) -> tuple[int, ...]:
-        """Per action key, the width of the robot actions :func:`decode_actions` returns for it."""
-        return tuple(returned_dim(a) for a in self.actions)
-
-
-def returned_dim(action: ActionKey) -> int:
-    """The width of ``action``'s robot actions: its model dims, except that a relative end-effector pose decoded to
-    ``XYZ_ROTVEC`` comes back as ``xyz + rotation vector`` (6) from ``xyz + rot6d`` (9)."""
-    if action.relative and action.kind == "EEF" and action.format == "XYZ_ROTVEC":
-        return 6
-    return action.dim
-
-
-@dataclass(frozen=True)
-class ImageSettings:
-    shortest_edge: int | None = 256
-    crop_fraction: float | None = 0.95
-    factor: int = 28  # patch x unshuffle: one backbone token per factor x factor pixels
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Reading the checkpoint's processor files
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise EmbodimentError(f"{path.parent}: no {path.name} (a GR00T checkpoint directory holds it)")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise EmbodimentError(f"{path}: not valid JSON ({exc})") from None
-
-
-def read_processor_files(checkpoint_dir: Path) -> tuple[dict, dict, dict[str, int]]:
-    """``processor_kwargs``, statistics and the embodiment → projector-slot map of a checkpoint."""
-    config = _read_json(checkpoint_dir / "processor_config.json")
-    kwargs = config.get("processor_kwargs") if isinstance(config, dict) else None
-    if not isinstance(kwargs, dict) or not isinstance(kwargs.get("modality_configs"), dict):
-        raise EmbodimentError(f"{checkpoint_dir}/processor_config.json: expected processor_kwargs.modality_configs")
-    statistics = _read_json(checkpoint_dir / "statistics.json")
-    slots_path = checkpoint_dir / "embodiment_id.json"
-    slots = _read_json(slots_path) if slots_path.is_file() else {}
-    return kwargs, statistics, {**DEFAULT_EMBODIMENT_SLOTS, **slots}
-
-
-#: The official tag → projector-slot table; a checkpoint's embodiment_id.json overrides it.
-DEFAULT_EMBODIMENT_SLOTS = {
-    "robocasa_panda_omron": 13,
-    "gr1": 20,
-    "behavior_r1_pro": 24,
-    "unitree_g1": 8,
-    "libero_panda": 2,
-    "oxe_google": 0,
-    "oxe_widowx": 1,
-    "oxe_droid": 16,
-    "new_embodiment": 10,
-}
-
-
-def _stats(stats: Mapping, key: str, where: str, fields=("min", "max", "mean", "std")) -> dict[str, np.ndarray]:
-    missing = [f for f in fields if f not in stats]
-    if missing:
-        raise EmbodimentError(f"{where}: statistics for {key!r} lack {', '.join(missing)}")
-    return {f: np.asarray(stats[f], dtype=np.float64) for f in stats}
-
-
-def embodiment_tags(kwargs: Mapping) -> tuple[str, ...]:
-    return tuple(kwargs["modality_configs"])
-
-
-def load_embodiment(checkpoint_dir: Path, tag: str | None, max_state_dim: int, max_action_dim: int,
-                    model_horizon: int, num_slots: int) -> tuple[EmbodimentSpec, ImageSettings, bool]:  # fmt: skip
-    """The embodiment ``tag`` (or the only one) of a checkpoint, its image settings and ``formalize_language``."""
-    kwargs, statistics, slots = read_processor_files(checkpoint_dir)
-    tags = embodiment_tags(kwargs)
-    if tag is None:
-        if len(tags) != 1:
-            raise EmbodimentError(
-                f"{checkpoint_dir}: the checkpoint has {len(tags)} embodiments "
-                f"({', '.join(tags)}); choose one with --embodiment / embodiment="
-            )
-        tag = tags[0]
-    if tag not in tags:
-        raise EmbodimentError(
-            f"embodiment {tag!r} is not in {checkpoint_dir}/processor_config.json; "
-            f"the checkpoint has: {', '.join(tags)}"
-        )
-    if tag not in statistics:
-        raise EmbodimentError(
-            f"{checkpoint_dir}/statistics.json has no statistics for embodiment {tag!r} "
-            f"(it has: {', '.join(statistics) or 'none'})"
-        )
-    if tag not in slots or not 0 <= int(slots[tag]) < num_slots:
-        raise EmbodimentError(
-            f"embodiment {tag!r}: no projector slot below {num_slots} in embodiment_id.json (got {slots.get(tag)!r})"
-        )
-    modalities = kwargs["modality_configs"][tag]
-    where = f"{checkpoint_dir}/processor_config.json [{tag}]"
-    for modality in ("video", "state", "action", "language"):
-        if modality not in modalities:
-            raise EmbodimentError(f"{where}: no {modality!r} modality")
-    use_percentiles = bool(kwargs.get("use_percentiles", False))
-    low_name, high_name = ("q01", "q99") if use_percentiles else ("min", "max")
-    stats = statistics[tag]
-
-    state_cfg = modalities["state"]
-    sincos = set(state_cfg.get("sin_cos_embedding_keys") or []) if kwargs.get("apply_sincos_state_encoding") else set()
-    state_mean_std = set(state_cfg.get("mean_std_embedding_keys") or [])
-    state_keys = []
-    for key in state_cfg["modality_keys"]:
-        if key not in stats.get("state", {}):
-            raise EmbodimentError(f"{checkpoint_dir}/statistics.json [{tag}]: no state statistics for {key!r}")
-        s = _stats(stats["state"][key], key, f"statistics.json [{tag}] state", ("min", "max", "mean", "std"))
-        encoding = "sincos" if key in sincos else "mean_std" if key in state_mean_std else "min_max"
-        low, high = s.get(low_name, s["min"]), s.get(high_name, s["max"])
-        state_keys.append(StateKey(key, int(s["min"].shape[-1]), encoding, low, high, s["mean"], s["std"]))
-
-    action_cfg = modalities["action"]
-    configs = action_cfg.get("action_configs") or [None] * len(action_cfg["modality_keys"])
-    action_mean_std = set(action_cfg.get("mean_std_embedding_keys") or [])
-    use_relative = bool(kwargs.get("use_relative_action", False))
-    action_keys = []
-    for key, rep in zip(action_cfg["modality_keys"], configs, strict=True):
-        if key not in stats.get("action", {}):
-            raise EmbodimentError(f"{checkpoint_dir}/statistics.json [{tag}]: no action statistics for {key!r}")
-        absolute = _stats(stats["action"][key], key, f"statistics.json [{tag}] action")
-        dim = int(absolute["min"].shape[-1])
-        relative = bool(rep) and rep.get("rep") == "RELATIVE" and use_relative
-        if relative:
-            rel = stats.get("relative_action", {}).get(key)
-            if rel is None:
-                raise EmbodimentError(
-                    f"{checkpoint_dir}/statistics.json [{tag}]: action {key!r} is relative but "
-                    "has no relative_action statistics"
-                )
-            s = _stats(rel, key, f"statistics.json [{tag}] relative_action")
-            low, high = s["min"], s["max"]  # the official code reads min/max here, whatever use_percentiles says
-        else:
-            s = absolute
-            low, high = s.get(low_name, s["min"]), s.get(high_name, s["max"])
-        kind = (rep or {}).get("type") or "NON_EEF"
-        fmt = (rep or {}).get("format") or "DEFAULT"
-        if relative and kind == "EEF" and fmt not in ("XYZ_ROT6D", "XYZ_ROTVEC"):
-            raise EmbodimentError(
-                f"{where}: end-effector action {key!r} in format {fmt}; supported: XYZ_ROT6D, XYZ_ROTVEC"
-            )
-        state_key = (rep or {}).get("state_key") or key
-        action_keys.append(
-            ActionKey(key, dim, key in action_mean_std, relative, kind, fmt, state_key, low, high, s["mean"], s["std"])
-        )
-    state_names = {s.key: s for s in state_keys}
-    for a in action_keys:
-        if a.relative and (a.state_key not in state_names or state_names[a.state_key].dim != a.dim):
-            raise EmbodimentError(f"{where}: relative action {a.key!r} needs state key {a.state_key!r} of {a.dim} dims")
-
-    language = modalities["language"]["modality_keys"]
-    if len(language) != 1:
-        raise EmbodimentError(f"{where}: expected one language key, got {language}")
-    spec = EmbodimentSpec(
-        tag=tag,
-        slot=int(slots[tag]),
-        video_keys=tuple(modalities["video"]["modality_keys"]),
-        video_horizon=len(modalities["video"]["delta_indices"]),
-        state=tuple(state_keys),
-        state_horizon=len(state_cfg["delta_indices"]),
-        actions=tuple(action_keys),
-        action_horizon=len(action_cfg["delta_indices"]),
-        language_key=language[0],
-        clip_outliers=bool(kwargs.get("clip_outliers", True)),
-    )
-    if spec.encoded_state_dim > max_state_dim:
-        raise EmbodimentError(
-            f"{where}: the state encodes to {spec.encoded_state_dim} dims > max_state_dim {max_state_dim}"
-        )
-    if spec.action_dim > max_action_dim or spec.action_horizon > model_horizon:
-        raise EmbodimentError(
-            f"{where}: actions {spec.action_horizon} x {spec.action_dim} exceed the model's "
-            f"{model_horizon} x {max_action_dim}"
-        )
-    images = ImageSettings(kwargs.get("shortest_image_edge", 256), kwargs.get("crop_fraction", 0.95))
-    return spec, images, bool(kwargs.get("formalize_language", True))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Images
-# ---------------------------------------------------------------------------------------------------------------
-
-
-#: The packages of GR00T's image processing (the ``[groot]`` extra): module name -> pip package.
-IMAGE_PACKAGES = {"cv2": "opencv-python-headless", "PIL": "pillow"}
-
-
-def require_image_packages() -> None:
-    """Raise ImportError naming the ``[groot]`` extra when OpenCV or Pillow is missing (checked before a policy is
-    built, not at its first call)."""
-    missing = []
-    for module, package in IMAGE_PACKAGES.items():
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing.append(package)
-    if missing:
-        raise ImportError(f"GR00T's image processing needs {' and '.join(missing)}: {EXTRA}")
-
-
-def _smallest_edge_to(frame: np.ndarray, edge: int) -> np.ndarray:
-    import cv2
-
-    height, width = frame.shape[:2]
-    scale = edge / float(min(height, width))
-    if scale == 1.0:
-        return frame
-    size = (round(height * scale), round(width * scale))
-    if size == (height, width):
-        return frame
-    return cv2.resize(frame, (size[1], size[0]), interpolation=cv2.INTER_AREA)
-
-
-def smart_resize(height: int, width: int, factor: int) -> tuple[int, int]:
-    """Eagle's target size: each side rounded to a multiple of ``factor``, total pixels within bounds."""
-    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
-        raise ObservationError(
-            f"image aspect ratio {max(height, width) / min(height, width):.0f} exceeds {MAX_ASPECT_RATIO}"
-        )
-    max_side = 500 * factor // 2
-    min_pixels, max_pixels = MIN_TOKENS_PER_IMAGE * factor**2, MAX_TOKENS_PER_IMAGE * factor**2
-    h_bar = min(max(factor, round(height / factor) * factor), max_side)
-    w_bar = min(max(factor, round(width / factor) * factor), max_side)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((h_bar * w_bar) / max_pixels)
-        h_bar, w_bar = math.floor(h_bar / beta / factor) * factor, math.floor(w_bar / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar, w_bar = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def transform_frame(frame: np.ndarray, settings: ImageSettings) -> np.ndarray:
-    """One uint8 HWC frame → the uint8 HWC image the vision tower sees (see the module docstring)."""
-    from PIL import Image
-
-    if settings.shortest_edge is not None:
-        frame = _smallest_edge_to(frame, settings.shortest_edge)
-    if settings.crop_fraction is not None:
-        height, width = frame.shape[:2]
-        crop_h, crop_w = max(1, int(height * settings.crop_fraction)), max(1, int(width * settings.crop_fraction))
-        top, left = (height - crop_h) // 2, (width - crop_w) // 2
-        frame = frame[top : top + crop_h, left : left + crop_w]
-        if settings.shortest_edge is not None:
-            frame = _smallest_edge_to(frame, settings.shortest_edge)
-    height, width = frame.shape[:2]
-    target_h, target_w = smart_resize(height, width, settings.factor)
-    image = Image.fromarray(np.ascontiguousarray(frame))
-    if (target_h, target_w) != (height, width):
-        image = image.resize((target_w, target_h), Image.Resampling.BICUBIC)
-    return np.asarray(image)
-
-
-def normalize_pixels(image: np.ndarray) -> np.ndarray:
-    """uint8 HWC → float32 CHW in [-1, 1]."""
-    return ((image.astype(np.float32) - 127.5) / 127.5).transpose(2, 0, 1)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -410,77 +107,6 @@ def encode_state(spec: EmbodimentSpec, values: Mapping[str, np.ndarray], max_sta
     encoded = np.concatenate(parts, axis=-1).astype(np.float32)
     pad = np.zeros((*encoded.shape[:-1], max_state_dim - encoded.shape[-1]), dtype=np.float32)
     return np.concatenate([encoded, pad], axis=-1)
-
-
-def _rot6d_to_matrix(rot6d: np.ndarray) -> np.ndarray:
-    """``[..., 6]`` (the first two rows of a rotation matrix) → ``[..., 3, 3]`` by Gram-Schmidt."""
-    rows = rot6d.reshape(*rot6d.shape[:-1], 2, 3)
-    first = rows[..., 0, :] / np.linalg.norm(rows[..., 0, :], axis=-1, keepdims=True)
-    second = rows[..., 1, :] - np.sum(first * rows[..., 1, :], axis=-1, keepdims=True) * first
-    second = second / np.linalg.norm(second, axis=-1, keepdims=True)
-    return np.stack([first, second, np.cross(first, second)], axis=-2)
-
-
-def _rotvec(matrix: np.ndarray) -> np.ndarray:
-    """Rotation matrices ``[..., 3, 3]`` → rotation vectors ``[..., 3]`` (axis x angle), robust near pi."""
-    trace = np.trace(matrix, axis1=-2, axis2=-1)
-    # quaternion (w, x, y, z) from the matrix, choosing the numerically largest component
-    candidates = np.stack(
-        [
-            1 + trace,
-            1 + 2 * matrix[..., 0, 0] - trace,
-            1 + 2 * matrix[..., 1, 1] - trace,
-            1 + 2 * matrix[..., 2, 2] - trace,
-        ],
-        axis=-1,
-    )
-    best = np.argmax(candidates, axis=-1)
-    quat = np.empty((*matrix.shape[:-2], 4))
-    m = matrix
-    for index in range(4):
-        sel = best == index
-        if not np.any(sel):
-            continue
-        mm, c = m[sel], np.sqrt(candidates[sel][:, index])
-        if index == 0:
-            q = np.stack(
-                [c, (mm[:, 2, 1] - mm[:, 1, 2]) / c, (mm[:, 0, 2] - mm[:, 2, 0]) / c, (mm[:, 1, 0] - mm[:, 0, 1]) / c],
-                axis=-1,
-            )
-        elif index == 1:
-            q = np.stack(
-                [(mm[:, 2, 1] - mm[:, 1, 2]) / c, c, (mm[:, 0, 1] + mm[:, 1, 0]) / c, (mm[:, 0, 2] + mm[:, 2, 0]) / c],
-                axis=-1,
-            )
-        elif index == 2:
-            q = np.stack(
-                [(mm[:, 0, 2] - mm[:, 2, 0]) / c, (mm[:, 0, 1] + mm[:, 1, 0]) / c, c, (mm[:, 1, 2] + mm[:, 2, 1]) / c],
-                axis=-1,
-            )
-        else:
-            q = np.stack(
-                [(mm[:, 1, 0] - mm[:, 0, 1]) / c, (mm[:, 0, 2] + mm[:, 2, 0]) / c, (mm[:, 1, 2] + mm[:, 2, 1]) / c, c],
-                axis=-1,
-            )
-        quat[sel] = q / 2
-    quat *= np.where(quat[..., :1] < 0, -1.0, 1.0)  # w >= 0: angle in [0, pi]
-    vector_norm = np.linalg.norm(quat[..., 1:], axis=-1, keepdims=True)
-    angle = 2 * np.arctan2(vector_norm, quat[..., :1])
-    scale = np.where(vector_norm > 1e-12, angle / np.maximum(vector_norm, 1e-300), 2.0)
-    return quat[..., 1:] * scale
-
-
-def _rotvec_to_matrix(rotvec: np.ndarray) -> np.ndarray:
-    """Rotation vectors ``[..., 3]`` (axis x angle) → rotation matrices ``[..., 3, 3]`` (Rodrigues' formula)."""
-    angle = np.linalg.norm(rotvec, axis=-1)[..., None, None]
-    x, y, z = np.moveaxis(rotvec, -1, 0)
-    zero = np.zeros_like(x)
-    cross = np.stack([np.stack([zero, -z, y], -1), np.stack([z, zero, -x], -1), np.stack([-y, x, zero], -1)], -2)
-    small = angle < 1e-8
-    safe = np.where(small, 1.0, angle)
-    sin_term = np.where(small, 1.0 - angle**2 / 6, np.sin(safe) / safe)
-    cos_term = np.where(small, 0.5 - angle**2 / 24, (1 - np.cos(safe)) / safe**2)
-    return np.eye(3) + sin_term * cross + cos_term * (cross @ cross)
 
 
 def _relative_eef(absolute: np.ndarray, reference: np.ndarray, fmt: str) -> np.ndarray:
@@ -643,111 +269,18 @@ class GrootProcessor:
     def known_keys(self) -> frozenset[str]:
         """Every observation key this processor reads, in each form it accepts (flat ``video.<camera>``, nested maps
         flattened with ``/``, the concatenated ``state``, the language key and its aliases, real-time chunking's)."""
-        spec, keys = self.spec, {"state", *RTC_KEYS}
-        for modality, names in (("video", spec.video_keys), ("state", [s.key for s in spec.state]),
-                                ("language", [spec.language_key])):  # fmt: skip
-            keys.update(f"{modality}{sep}{name}" for name in names for sep in "./")
-        keys.update((spec.language_key, *LANGUAGE_ALIASES))
-        return frozenset(keys)
+        return observation_keys(self.spec, RTC_KEYS)
 
-    # ---- validation
-
-    def _lookup(self, obs: Mapping[str, Any], modality: str, key: str) -> Any:
-        for name in (f"{modality}.{key}", f"{modality}/{key}"):
-            if name in obs:
-                return obs[name]
-        nested = obs.get(modality)
-        if isinstance(nested, Mapping) and key in nested:
-            return nested[key]
-        return None
+    # ---- validation (:mod:`.observation`)
 
     def _frames(self, obs: Mapping[str, Any], key: str) -> np.ndarray:
-        value = self._lookup(obs, "video", key)
-        horizon = self.spec.video_horizon
-        if value is None:
-            raise ObservationError(
-                f"observation['video.{key}']: missing; the embodiment {self.spec.tag!r} needs "
-                f"cameras {', '.join('video.' + k for k in self.spec.video_keys)}"
-            )
-        frames = np.asarray(value)
-        if frames.ndim == 3 and horizon == 1:
-            frames = frames[None]
-        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != horizon or frames.shape[-1] != 3:
-            raise ObservationError(
-                f"observation['video.{key}']: expected uint8 frames [{horizon}, H, W, 3] (or "
-                f"[H, W, 3]), got {frames.dtype} {list(frames.shape)}"
-            )
-        if min(frames.shape[1:3]) < 1:
-            raise ObservationError(f"observation['video.{key}']: empty image {list(frames.shape)}")
-        return frames
+        return read_frames(obs, self.spec, key)
 
     def _state(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        horizon, out = self.spec.state_horizon, {}
-        concatenated = obs.get("state")
-        if isinstance(concatenated, Mapping):
-            concatenated = None
-        if concatenated is not None and all(self._lookup(obs, "state", s.key) is None for s in self.spec.state):
-            vector = np.asarray(concatenated)  # its kind checked before any conversion (a cast allocates)
-            if vector.dtype.kind not in "biuf":
-                raise ObservationError(f"observation['state']: expected numbers, got {vector.dtype}")
-            vector = vector.astype(np.float32)
-            if vector.ndim == 1:
-                vector = vector[None]
-            if vector.shape != (horizon, self.spec.state_dim):
-                raise ObservationError(
-                    f"observation['state']: expected the concatenated state [{horizon}, "
-                    f"{self.spec.state_dim}] ({' + '.join(f'{s.key} {s.dim}' for s in self.spec.state)}), "
-                    f"got {list(vector.shape)}"
-                )
-            start = 0
-            for s in self.spec.state:
-                out[s.key] = vector[:, start : start + s.dim]
-                start += s.dim
-        else:
-            for s in self.spec.state:
-                value = self._lookup(obs, "state", s.key)
-                if value is None:
-                    raise ObservationError(
-                        f"observation['state.{s.key}']: missing; the embodiment "
-                        f"{self.spec.tag!r} needs state keys "
-                        f"{', '.join('state.' + k.key for k in self.spec.state)}"
-                    )
-                arr = np.asarray(value)
-                if arr.dtype.kind not in "biuf":
-                    raise ObservationError(f"observation['state.{s.key}']: expected numbers, got {arr.dtype}")
-                arr = arr.astype(np.float32)
-                if arr.ndim == 1:
-                    arr = arr[None]
-                if arr.shape != (horizon, s.dim):
-                    raise ObservationError(
-                        f"observation['state.{s.key}']: expected [{horizon}, {s.dim}] (or [{s.dim}]), "
-                        f"got {list(np.shape(value))}"
-                    )
-                out[s.key] = arr
-        for key, arr in out.items():
-            if not np.isfinite(arr).all():
-                raise ObservationError(f"observation['state.{key}']: contains NaN or infinity")
-        return out
+        return read_state(obs, self.spec)
 
     def _instruction(self, obs: Mapping[str, Any]) -> str | None:
-        for key in (self.spec.language_key, f"language.{self.spec.language_key}", f"language/{self.spec.language_key}",
-                    *LANGUAGE_ALIASES):  # fmt: skip
-            value = obs.get(key)
-            if value is None and key == self.spec.language_key:
-                nested = obs.get("language")
-                value = nested.get(key) if isinstance(nested, Mapping) else None
-            while isinstance(value, (list, tuple)) and len(value) == 1:
-                value = value[0]
-            if isinstance(value, np.ndarray) and value.ndim == 0:
-                value = value.item()
-            if value is not None:
-                if not isinstance(value, str):
-                    raise ObservationError(
-                        f"observation[{key!r}]: expected the instruction as a string, got {type(value).__name__}"
-                    )
-                check_prompt_size(value, self.max_prompt_tokens, f"observation[{key!r}]")  # before any work on it
-                return value
-        return None
+        return read_instruction(obs, self.spec, self.max_prompt_tokens)
 
     # ---- the pieces
 

@@ -75,9 +75,8 @@ TRANSFORMS.update({
 def weight_table(config: GrootConfig) -> tuple[KeyRule, ...]:
     """Our parameter (pattern) → checkpoint key(s) and the load-time transform (see the module docstring)."""
     q = config.llm
-    layer, block = rf"{LLM}.layers.\1", rf"{DIT}.transformer_blocks.\1"
+    layer = rf"{LLM}.layers.\1"
     qkv_rows = (q.num_heads * q.head_dim, q.num_kv_heads * q.head_dim, q.num_kv_heads * q.head_dim)
-    cross = [f"{DIT}.transformer_blocks.{i}.attn1.to_{p}" for i in config.dit.cross_blocks for p in "kv"]
     return (
         *linear(r"vision\.patch_embed", f"{VISION}.embeddings.patch_embedding"),
         KeyRule(r"vision\.position_embedding", (f"{VISION}.embeddings.position_embedding.weight",)),
@@ -99,6 +98,16 @@ def weight_table(config: GrootConfig) -> tuple[KeyRule, ...]:
         KeyRule(r"llm\.layers\.(\d+)\.down\.weight_t", (f"{layer}.mlp.down_proj.weight",), "t"),
         KeyRule(r"llm\.layers\.(\d+)\.(input|post_attention)_norm_weight", (rf"{layer}.\2_layernorm.weight",)),
         KeyRule(r"llm\.final_norm_weight", (f"{LLM}.norm.weight",)),
+        *head_table(config),
+    )  # fmt: skip
+
+
+def head_table(config) -> tuple[KeyRule, ...]:
+    """The action head's rows (``vlln``, the DiT, the position embedding, the per-embodiment MLPs), shared by
+    every GR00T version whose head is :class:`~.model.GrootHead`."""
+    cross = [f"{DIT}.transformer_blocks.{i}.attn1.to_{p}" for i in config.dit.cross_blocks for p in "kv"]
+    block = rf"{DIT}.transformer_blocks.\1"
+    return (
         # action head: vlln, the DiT (the K/V of every cross-attention block fused into one matrix, in block order)
         KeyRule(r"vlln_(weight|bias)", (rf"{HEAD}.vlln.\1",)),
         *linear(r"dit\.timestep_in", f"{DIT}.timestep_encoder.timestep_embedder.linear_1"),
@@ -123,14 +132,17 @@ def weight_table(config: GrootConfig) -> tuple[KeyRule, ...]:
     )  # fmt: skip
 
 
-def _rules(config: GrootConfig, parameters, slot: int) -> list[Rule]:
-    rules = expand(parameters, weight_table(config), config.name)
-    categories = config.max_num_embodiments
+def per_embodiment_rows(rules: list[Rule], categories: int, slot: int) -> list[Rule]:
+    """``rules`` with the per-embodiment tensors read at row ``slot`` of their ``categories`` rows."""
     return [
         replace(rule, row=slot, stored=tuple((categories, *shape) for shape in rule.source_shapes))
         if rule.target.split(".")[0] in PER_EMBODIMENT else rule
         for rule in rules
     ]  # fmt: skip
+
+
+def _rules(config: GrootConfig, parameters, slot: int) -> list[Rule]:
+    return per_embodiment_rows(expand(parameters, weight_table(config), config.name), config.max_num_embodiments, slot)
 
 
 def weight_rules(config: GrootConfig, slot: int = 0) -> list[Rule]:
