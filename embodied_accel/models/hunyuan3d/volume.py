@@ -59,10 +59,8 @@ def points_at(flat_index: torch.Tensor, axis: torch.Tensor, divisors: torch.Tens
 
 
 #: Refinement decodes a whole span instead of scattered points when at least this fraction of the span's points
-#: is wanted and the decoder's spans are cheaper than its points. The grid form's are: a span is one or two
-#: additions, a chunk of scattered points two gathers and an index conversion; on the reduced config (2048 points,
-#: one CPU thread) a span call took 0.89-0.94 of a points call, so a span of 90 % wanted points costs about as much
-#: per wanted point.
+#: is wanted and the decoder's spans are cheaper than its points (the grid form's are: one or two additions against
+#: two gathers and an index conversion), so such a span costs about as much per wanted point (docs/hunyuan3d.md).
 SPAN_DENSITY = 0.9
 
 #: Hierarchical decoding decodes the finest grid densely once more than this fraction of a finer level's points
