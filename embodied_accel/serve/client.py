@@ -88,8 +88,8 @@ class PolicyClient:
     A refused request raises :class:`RequestRefused` (kind, message), a failed connection :class:`ServerError`; the
     next call goes on regardless. It asks for error frames (``?error_frames=1``), so refusals keep the connection;
     a closed one is reconnected on the next call, backing off from 0.1 s to ``max_backoff_s`` for up to
-    ``connect_timeout_s`` (then :class:`ConnectionError`). ``api_key``: sent as openpi-client sends it. Unused-key ``warnings`` of a reply are
-    logged when they change and kept in :attr:`last_warnings`.
+    ``connect_timeout_s`` (then :class:`ConnectionError`). ``api_key``: sent as openpi-client sends it. A reply's
+    unused-key ``warnings`` are logged when they change and kept in :attr:`last_warnings`.
     """
 
     def __init__(
