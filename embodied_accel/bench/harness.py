@@ -105,12 +105,9 @@ KINETO_STATUS_LINE = re.compile(rb"^(USDT|STAGE):\d{4}-\d\d-\d\d \d\d:\d\d:\d\d 
 
 @contextlib.contextmanager
 def kineto_status_lines_dropped() -> Iterator[None]:
-    """Run the block with the process's stderr (file descriptor 2) going to a temporary file, then write back all
-    of it except libkineto's status lines (:data:`KINETO_STATUS_LINE`).
-
-    libkineto prints them from C++ for every trace; ``KINETO_LOG_LEVEL`` would silence them but is read once per
-    process, at the first trace, so it cannot be relied on from a library. Anything else written to stderr in the
-    block (warnings, errors, libkineto's own warnings) comes out unchanged, after the block.
+    """Run the block with stderr (fd 2) going to a temporary file, then write back all of it except libkineto's
+    status lines (:data:`KINETO_STATUS_LINE`). ``KINETO_LOG_LEVEL`` is read once per process, at the first trace, so a
+    library cannot rely on it to silence them; everything else comes out unchanged, after the block.
     """
     try:
         sys.stderr.flush()
@@ -268,17 +265,12 @@ def device_activity(
 ) -> tuple[int | None, float | None]:
     """``(kernel_launches, device_busy_fraction)`` of one call of ``fn``, or ``(None, None)`` off CUDA.
 
-    A call that replays no CUDA graph (eager, compiled) runs once under ``torch.profiler``: kernel launches are the
-    GPU kernels it ran; the busy fraction is the union of their execution intervals over the call's wall time (call
-    start to device synchronisation). The profiler adds host overhead, so on a host-bound call the fraction reads
-    low rather than high.
-
-    A call that replays CUDA graphs (``cudagraph``, ``compile+cudagraph``): the profiler's record of kernels inside a
-    graph is not reliable, so the busy fraction comes from CUDA events recorded around every replay
-    (:func:`~embodied_accel.runtime.cudagraph.timed_replays`): the graphs' device time over the call's wall time,
-    summed over ``calls`` calls without a profiler attached (a graph's kernels run back to back, so its span is busy
-    time; the input upload and the copy back are not counted, so this is a slight underestimate). Kernel launches
-    are then the host's launch calls (:func:`host_launches`): one per graph replay plus the kernels outside it.
+    Without CUDA graphs: one call under ``torch.profiler``; launches are its GPU kernels, the busy fraction the union
+    of their intervals over the call's wall time (the profiler's host overhead makes it read low, never high). With
+    graph replays (whose kernels the profiler does not record reliably): the graphs' device time from CUDA events
+    around each replay (:func:`~embodied_accel.runtime.cudagraph.timed_replays`) over ``calls`` unprofiled calls' wall
+    time (uploads and copies back not counted: a slight underestimate); launches are the host's
+    (:func:`host_launches`).
     """
     plat = plat or platform_mod.detect()
     if plat.device_type != "cuda":

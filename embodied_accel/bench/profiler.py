@@ -1,13 +1,10 @@
 """``embodied-accel profile``: where a model call's time goes, in the source documents' terms.
 
-One or more calls run under ``torch.profiler``. The summary gives the wall time per call, the fraction of it the
-device is busy (CUDA: the union of GPU kernel intervals; CPU: the union of the top-level aten ops' intervals, i.e.
-time in ATen rather than in Python), kernel launches (GPU) or top-level aten ops (CPU) per call, time by op type,
-the top kernels, and a verdict. On a GPU: host-bound when the device idles for most of the call. On a CPU the host
-is the device (it is busy whenever ATen runs, so "busy" says nothing about launch overhead): compute-bound when the
-matmul / attention / convolution kernels take most of the call, else overhead-bound (Python, op dispatch and small
-memory-bound ops). It writes the Chrome trace and, with matplotlib (the ``[profile]`` extra), a PNG chart of the
-breakdown.
+Calls run under ``torch.profiler``; the summary gives wall time per call, the device's busy fraction (CUDA: union of
+kernel intervals; CPU: of top-level aten ops), launches or top-level ops per call, time by op type, the top kernels
+and a verdict: on a GPU host-bound when the device idles for most of the call; on a CPU (where the host is the
+device, so "busy" says nothing of overhead) compute-bound when matmul / attention / convolution take most of it,
+else overhead-bound. Writes the Chrome trace and, with the ``[profile]`` extra, a PNG of the breakdown.
 """
 
 from __future__ import annotations

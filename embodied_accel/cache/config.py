@@ -4,21 +4,13 @@ JSON (every key optional except ``method``; an unknown key or a bad value is an 
 
     {"method": "taylorseer", "order": 1, "interval": 4, "warmup_steps": 3, "final_steps": 1}
     {"method": "fbcache", "residual_diff_threshold": 0.05, "warmup_steps": 2}
-    {"method": "teacache", "rel_l1_thresh": 0.1, "coefficients": [733.2, -401.1, 67.6, -3.15, 0.0961]}
 
-Common limits: ``warmup_steps`` (the first steps are always computed), ``final_steps`` (so are the last),
-``max_cached_steps`` (at most this many reused steps per generation; -1 = no limit),
-``max_consecutive_cached_steps`` (at most this many in a row; -1 = no limit). ``separate_cfg``: CFG runs as two
-calls per step, each stream with its own cache state (with batched CFG, one state serves the batch).
-
-The Ascend recipe's own ``cache_config.json`` is read as it is (:func:`cache_config_from_recipe`): ``cache_forward``
-names the section in force (``FBCache``, ``TeaCache``, ``Taylorseer`` or ``NoCache``), ``enable_separate_cfg`` is
-``separate_cfg``, and in the sections ``rel_l1_thresh`` is FBCache's ``residual_diff_threshold`` or TeaCache's
-``rel_l1_thresh``, ``n_derivatives`` is ``order``, ``warmup`` is ``warmup_steps``, ``cutoff_steps`` is
-``final_steps`` and ``skip_interval_steps`` is ``interval``: both count the steps from one computed step to the next
-(the recipe computes when ``(step − warmup + 1) % skip_interval_steps == 0``), so ``skip_interval_steps − 1`` steps
-are reused in between. The recipe's result tables name a setting by those reused steps instead: its "O1N5" is order
-1 with 5 steps reused, ``skip_interval_steps`` 6, our ``interval`` 6 (:meth:`CacheConfig.describe` gives both names).
+Limits: ``warmup_steps`` / ``final_steps`` (always computed), ``max_cached_steps`` and
+``max_consecutive_cached_steps`` (-1: none); ``separate_cfg``: a cache state per CFG stream. The Ascend recipe's
+``cache_config.json`` reads as it is (:func:`cache_config_from_recipe`): ``cache_forward`` picks the section,
+``warmup`` / ``cutoff_steps`` / ``n_derivatives`` / ``skip_interval_steps`` are ``warmup_steps`` / ``final_steps`` /
+``order`` / ``interval`` (both count from one computed step to the next: the recipe's "O1N5" is order 1, interval 6;
+:meth:`CacheConfig.describe` gives both names), ``rel_l1_thresh`` is the method's threshold.
 """
 
 from __future__ import annotations
@@ -147,11 +139,9 @@ _RECIPE_FIXED_VALUES = {
 def cache_config_from_recipe(data: dict[str, Any], where: str = "cache config") -> CacheConfig:
     """The Ascend recipe's ``cache_config.json`` (``cache_forward`` + one section per method) as our settings.
 
-    Every section present is checked (an unknown section or key, or a bad value, is an error naming it); the one
-    ``cache_forward`` names is used. A key the section leaves out takes our default. ``offload`` (keeping
-    TaylorSeer's derivatives in host memory) changes memory, not results, and is accepted either way: the
-    derivatives stay on the device here. See the module docstring for how the keys map (``skip_interval_steps`` is
-    our ``interval``)."""
+    Every section present is checked (unknown section, key or bad value: an error naming it); the one
+    ``cache_forward`` names is used, missing keys take our defaults. ``offload`` changes memory, not results, and is
+    accepted (derivatives stay on the device). The key mapping is in the module docstring."""
     known_top = {"cache_forward", "comment", "enable_separate_cfg", *RECIPE_SECTIONS}
     unknown = sorted(set(data) - known_top)
     if unknown:

@@ -1,26 +1,16 @@
 """Step-level DiT caches: FBCache, TeaCache and TaylorSeer, attached to a model through a declared plan.
 
-A model family declares a :class:`DiTCachePlan`: how one denoising step of its DiT splits into an always-computed
-``embed``, a ``first_block``, the ``rest`` of the block stack (what a cache may skip), and an always-computed
-``head``; which tensor of the hidden state is the residual stream; and the modulated input TeaCache watches.
-:class:`CachedDiT` runs a step through that plan and decides per step whether to compute the skippable part or to
-stand in for it:
+A family declares a :class:`DiTCachePlan`: a step's always-computed ``embed``, a ``first_block``, the skippable
+``rest`` of the stack and an always-computed ``head``, the residual stream and TeaCache's watched input.
+:class:`CachedDiT` decides per step whether to compute the skippable part or add its last computed residual:
+FBCache when the first block's residual changed (relative L1) less than the threshold since the last computed step;
+TeaCache while an accumulated ``poly(relative L1 of the modulated input)`` stays under it; TaylorSeer on a fixed
+``interval``, forecasting the residual with a Taylor series of ``order`` (``F(s + k) ≈ Σ_i Δ^i F · k^i / i!``).
+Every method computes the first ``warmup_steps`` and last ``final_steps`` and respects the cached-step limits.
 
-* **FBCache** runs the first block every step; ``r1`` = its residual. If ``mean|r1 − r1_ref| / mean|r1_ref|`` is
-  under the threshold (``r1_ref``: the first-block residual of the last *computed* step), the rest is skipped and
-  its last computed residual added; else the rest runs and ``r1_ref`` and the residual are renewed.
-* **TeaCache** watches the first block's modulated input ``m``: ``acc += poly(mean|m − m_prev| / mean|m_prev|)``
-  (``m_prev``: the previous step's, renewed every step); while ``acc`` is under the threshold the whole block stack
-  is skipped and its last computed residual added; a computed step resets ``acc``.
-* **TaylorSeer** computes the block stack every ``interval`` steps (after the warm-up) and in between forecasts its
-  residual with a Taylor series of ``order`` in the step index, from finite differences of the computed ones
-  divided by their step distance: ``F(s + k) ≈ Σ_i Δ^i F · k^i / i!``.
-
-Every method computes the first ``warmup_steps`` and the last ``final_steps`` steps, and respects
-``max_cached_steps`` / ``max_consecutive_cached_steps``. State lives in a :class:`CacheSession`, one per generation
-(:meth:`CachedDiT.begin`), kept apart per CFG stream (the ``stream`` argument); nothing is stored on the model.
-FBCache and TeaCache decide on the host (one scalar read per step, as every implementation of them does), so a
-cached step cannot be one captured graph: the pieces of the step are run (or captured) apart.
+State lives in a :class:`CacheSession` per generation (:meth:`CachedDiT.begin`), apart per CFG stream; nothing is
+stored on the model. FBCache and TeaCache decide on the host (one scalar read per step), so a cached step runs (or
+captures) its pieces apart rather than as one graph.
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@
     embodied-accel eval libero --server ws://gpu-box:8000 --suite libero_10 --workers 8 --episodes 50  # the protocol
     embodied-accel eval libero --model pi05-tiny --suite spatial --tasks 0 --max-steps 50  # plumbing
 
-By default one episode of every task of the suite (LIBERO's protocol is 50: ``--episodes 50``). Progress: a bar of
-control steps on a terminal, and on stderr a line per stage (scene building, reset, settling, the share of each step
-that rendering takes) and per episode. Writes ``OUT/results.json`` (per episode, per task, per suite) and
-``OUT/videos/*.mp4``, prints the success table.
+By default one episode per task (LIBERO's protocol is ``--episodes 50``). Shows a progress bar and a line per stage
+and episode; writes ``OUT/results.json`` (per episode, task and suite) and ``OUT/videos/*.mp4``, prints the success
+table.
 """
 
 from __future__ import annotations

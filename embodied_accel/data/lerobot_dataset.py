@@ -1,25 +1,13 @@
 """LeRobot datasets read from a local directory with pyarrow and PyAV; ``lerobot`` itself is not needed.
 
-Format v3.0 (what LeRobot ≥ 0.4 writes)::
+Format v3.0 (LeRobot ≥ 0.4): ``meta/info.json`` (fps, features, path templates), ``meta/stats.json``,
+``meta/tasks.parquet``, ``meta/episodes/chunk-*/file-*.parquet`` (each episode's rows and video spans),
+``data/chunk-*/file-*.parquet`` (one row per frame) and ``videos/<key>/chunk-*/file-*.mp4`` (several episodes per
+file). v2.1 / v2.0: ``meta/episodes.jsonl``, ``meta/tasks.jsonl``, one parquet and one mp4 per episode.
 
-    meta/info.json                                  fps, features, path templates, totals
-    meta/stats.json                                 per-feature statistics (mean, std, min, max, q01, q99, ...)
-    meta/tasks.parquet                              task strings (column or index ``task``) and ``task_index``
-    meta/episodes/chunk-000/file-000.parquet        per episode: length, ``dataset_from_index`` / ``_to_index``,
-                                                    ``data/chunk_index`` / ``file_index``, per camera
-                                                    ``videos/<key>/chunk_index`` / ``file_index`` / ``from_timestamp``
-    data/chunk-000/file-000.parquet                 one row per frame: numeric features, ``timestamp``,
-                                                    ``episode_index``, ``index``, ``task_index`` (and ``image`` features)
-    videos/<key>/chunk-000/file-000.mp4             camera frames, several episodes per file
-
-Format v2.1 (and v2.0) is read too: ``meta/episodes.jsonl``, ``meta/tasks.jsonl``, one parquet file and one mp4 per
-episode (``data/chunk-000/episode_000000.parquet``, ``videos/chunk-000/<key>/episode_000000.mp4``), statistics from
-``meta/stats.json`` when present.
-
-Every numeric column is read into memory once (a LIBERO dataset's states and actions are a few MB); camera frames are
-decoded on demand (:mod:`.video`), or read from the parquet bytes of ``image`` features. Statistics missing from the
-dataset's files are computed from its data (exact quantiles) with a log line. A file, key or shape that is not what
-the format says raises :class:`~.errors.DatasetError` naming the file and the key.
+Numeric columns are read into memory once; camera frames are decoded on demand (:mod:`.video`) or read from the
+parquet bytes of ``image`` features. Missing statistics are computed from the data (exact quantiles), with a log line.
+A file, key or shape off the format raises :class:`~.errors.DatasetError` naming the file and the key.
 """
 
 from __future__ import annotations

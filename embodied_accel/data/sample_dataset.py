@@ -1,13 +1,11 @@
 """The built-in sample dataset: a tiny LeRobot dataset made on the fly, what ``embodied-accel train`` trains on when
 no ``--dataset`` is given.
 
-Each episode is a gripper reaching for a red block on a table and closing on it, seen by the two cameras of the
-bundled sample observation (``observation.images.base_0_rgb``: the table from above, the block and the gripper
-drawn where they are; ``observation.images.left_wrist_0_rgb``: the block as the gripper sees it, larger as it comes
-closer), with the 8-dim state (end-effector position 3, orientation 3, the two gripper fingers) and the 7-dim action
-(end-effector velocity 3, rotation 3, gripper command: +1 open, -1 close) of the sample observation. The block lies
-elsewhere in every episode, so the actions depend on the images: a policy has something to learn. Written with the
-library's writer (:mod:`.writer`; LeRobot v3.0, h264 videos), which needs the ``[train]`` extra.
+Each episode is a gripper reaching for a red block and closing on it, seen by the bundled sample observation's two
+cameras (``base_0_rgb`` from above, ``left_wrist_0_rgb`` from the gripper), with its 8-dim state and 7-dim action
+(end-effector velocity 3, rotation 3, gripper +1 open / -1 close). The block lies elsewhere in every episode, so the
+actions depend on the images: a policy has something to learn. Written by :mod:`.writer` (LeRobot v3.0, h264),
+which needs the ``[train]`` extra.
 """
 
 from __future__ import annotations

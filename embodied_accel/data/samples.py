@@ -1,14 +1,12 @@
-"""Training samples of a LeRobot dataset for a pi0 / pi0.5 policy: one frame's cameras, state and task with the action
-chunk that follows it, batched by the policy's own processor, in an order that data-parallel ranks share.
+"""Training samples of a LeRobot dataset for a pi0 / pi0.5 policy, in an order that data-parallel ranks share.
 
-* :class:`FeatureMap` says which dataset key feeds which policy input (cameras by name, else in order; state; action).
-* :class:`ActionChunkSamples` (a map-style ``torch`` dataset): frame ``i`` → its camera frames (uint8, native size),
-  its state, the actions of frames ``i .. i + horizon - 1`` (clamped to the episode's last frame, with
-  ``action_is_pad`` set past it, as LeRobot's ``delta_timestamps`` do) and its task string.
-* batching belongs to the policy (:class:`embodied_accel.train.batches.TrainingCollator` runs its processor).
-* :class:`GlobalBatchSampler`: a seeded permutation per epoch, cut into global batches; rank ``r`` of ``W`` takes rows
-  ``[r·B, (r+1)·B)`` of each, so ``W`` ranks of batch ``B`` see exactly what one process of batch ``W·B`` sees, and a
-  resumed run continues where it stopped.
+:class:`FeatureMap`: which dataset key feeds which policy input (cameras by name, else in order; state; action).
+:class:`ActionChunkSamples` (map-style dataset): frame ``i`` → its camera frames (uint8, native size), state, task
+and the actions of frames ``i .. i + horizon - 1`` (clamped to the episode, ``action_is_pad`` past its end, as
+LeRobot's ``delta_timestamps``); the policy's processor batches them
+(:class:`embodied_accel.train.batches.TrainingCollator`). :class:`GlobalBatchSampler`: a seeded permutation per epoch
+cut into global batches, rank ``r`` of ``W`` taking rows ``[r·B, (r+1)·B)``, so ``W`` ranks see what one process of
+batch ``W·B`` sees and a resumed run continues where it stopped.
 """
 
 from __future__ import annotations

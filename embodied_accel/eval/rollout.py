@@ -1,27 +1,15 @@
 """The closed-loop harness: episodes on simulator processes, action chunks from a policy, success rates and videos.
 
-Every simulator runs its own episode. At each control step, the simulators that need a new chunk (every
-``replan_every`` steps: the policy's chunk is executed that far, then the policy is asked again) send their
-observations to the policy in one batch (:class:`DirectPolicy`: ``infer_batch`` of a loaded policy; or
-:class:`RemotePolicy`: one websocket client per simulator against a running ``embodied-accel serve``, the requests in
-flight together, so the server batches them); then every simulator steps at once (each is its own process). An episode
-ends on success or after ``max_steps``; the next episode of the plan starts on the freed simulator.
+Each simulator runs its own episode; at each control step those needing a new chunk (every ``replan_every`` steps)
+send their observations to the policy in one batch (:class:`DirectPolicy`, a loaded policy's ``infer_batch``, or
+:class:`RemotePolicy`, one websocket client per simulator so the server batches them), then all step at once. An
+episode ends on success or after ``max_steps``. The harness knows a simulator only as a :class:`Simulator` (reset,
+step) and ``observation_for(raw, episode)``.
 
-The harness knows nothing of a particular simulator: a :class:`Simulator` resets to an episode and steps, an
-``observation_for(raw, episode)`` turns its raw observation into the policy's observation dict. Any policy we load works.
-
-Progress: a bar counts control steps over every simulator (its total shrinks when an episode ends early), and
-``report`` gets a line as each episode starts and ends (success or failure, steps, seconds, and the simulator's own
-account of its step time when it has an ``episode_timing()``); a simulator reports its reset stages itself.
-
-Inference delay (``inference_delay = d`` control steps, simulated): a real robot keeps moving while the next chunk is
-computed. The simulators wait for the policy, so the harness replays that timing: the next chunk is requested ``d``
-steps before the current one's executed part ends, the robot executes those ``d`` steps from the current chunk
-meanwhile, and the new chunk takes over at its action ``d`` (its first ``d`` actions were meant for steps that have
-passed). With ``real_time_chunking`` each request also carries the current chunk's unexecuted rest
-(``previous_actions``) and ``inference_delay``, so the policy continues what the robot is already doing
-(:mod:`embodied_accel.nn.rtc`). At every switch the jump between the last action of the old chunk and the first of
-the new one is recorded (max over action dimensions).
+``inference_delay = d`` simulates a robot that keeps moving while the next chunk is computed: the chunk is requested
+``d`` steps early, the current chunk covers those steps, and the new one takes over at its action ``d``; with
+``real_time_chunking`` requests carry ``previous_actions`` and the delay (:mod:`embodied_accel.nn.rtc`). Each
+switch's jump (max over action dims between old last and new first action) is recorded.
 """
 
 from __future__ import annotations

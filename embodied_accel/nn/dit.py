@@ -1,16 +1,10 @@
-"""A diffusion transformer conditioned by AdaLN on the timestep, with self- and cross-attention blocks
-(GR00T N1.6's AlternateVLDiT).
+"""GR00T N1.6's AlternateVLDiT: a diffusion transformer with AdaLN on the timestep, alternating attention blocks.
 
-Block ``i`` has one attention: self-attention over the action-head tokens when ``i`` is odd, otherwise
-cross-attention to the vision-language tokens: to the non-image tokens when ``i % (2 * every) == 0`` and to the
-image tokens otherwise (``every`` = ``attend_text_every_n_blocks``). Each block:
-``x += attn(AdaLN(x, t))``; ``x += FF(LN(x))`` (GELU-tanh MLP, 4x wide). The output: ``AdaLN'(x, t)`` (its own
-shift/scale, eps 1e-6) → Linear.
-
-Everything that depends only on the timestep (the timestep embedding, every block's AdaLN scale and shift, the
-output modulation) is computed once per step schedule by :meth:`AlternateVLDiT.modulation`; the keys and values
-of every cross-attention block depend only on the vision-language tokens, so :meth:`AlternateVLDiT.cross_kv`
-computes them for all blocks in one GEMM, once per call.
+Odd blocks self-attend over the action tokens; even blocks cross-attend to the vision-language tokens (the non-image
+ones when ``i % (2 * attend_text_every_n_blocks) == 0``, the image ones otherwise). Each block:
+``x += attn(AdaLN(x, t)); x += FF(LN(x))`` (GELU-tanh, 4x wide); output ``AdaLN'(x, t)`` (eps 1e-6) → Linear.
+What depends only on the timestep is computed once per schedule (:meth:`AlternateVLDiT.modulation`); all blocks'
+cross-attention K/V in one GEMM per call (:meth:`AlternateVLDiT.cross_kv`).
 """
 
 from __future__ import annotations

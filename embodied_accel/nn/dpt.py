@@ -74,13 +74,11 @@ class ResidualConvUnit(nn.Module):
 
 
 class GroupedConv1x1(nn.Module):
-    """A (grouped) 1×1 convolution on a channels-last image, run as GEMMs on its NHWC rows: one GEMM, or with
-    groups one batched GEMM (a GEMM per group) whose results are interleaved into the channels-last output.
+    """A (grouped) 1×1 convolution on a channels-last image as GEMMs on its NHWC rows (one batched GEMM with groups).
 
-    The same arithmetic as the convolution; on CPUs faster than PyTorch's grouped 1×1 convolutions, which run group
-    by group through its slow path (16 channels in 2 groups: 3-4×), and without the wasted half of one
-    block-diagonal GEMM. The kernel is kept in the GEMM layout, ``weight_t [G, C_in, C_out]`` (the loader lays it
-    out). Inference only: the batched GEMM writes into its output (``out=``), which autograd does not support.
+    The same arithmetic as the convolution, faster on CPUs than PyTorch's grouped 1×1 convolutions (which run group
+    by group on a slow path). ``weight_t [G, C_in, C_out]`` (laid out by the loader). Inference only: the batched GEMM
+    writes into its output (``out=``), which autograd does not support.
     """
 
     def __init__(self, channels: int, groups: int = 1):
@@ -107,13 +105,12 @@ class GroupedConv1x1(nn.Module):
 
 
 class PatchConvTranspose2d(nn.Module):
-    """A (grouped) transposed convolution whose stride equals its kernel size ``k`` (each input pixel paints its
-    own k×k output patch, no overlap) on a channels-last image: per group one GEMM of the NHWC rows with the kernel
-    as a ``[C_in, k·k·C_out]`` matrix, then one copy that lays the patches out channels-last.
+    """A (grouped) transposed convolution with stride = kernel size ``k`` (each input pixel paints its own k×k patch)
+    on a channels-last image: per group one GEMM of the NHWC rows, then one copy that lays the patches out.
 
-    The same sums as the convolution (one product per output value); PyTorch's CPU transposed convolutions are 2-3×
-    slower for the DPT's small inputs. ``weight [G, C_in, k·k·C_out]`` (columns: ky, kx, output channel; the loader
-    lays the checkpoint's ``[G·C_in, C_out, k, k]`` kernel out so), ``bias [G·C_out]``.
+    The same sums as the convolution, faster than PyTorch's CPU transposed convolutions at the DPT's small inputs.
+    ``weight [G, C_in, k·k·C_out]`` (columns: ky, kx, output channel; laid out by the loader from the checkpoint's
+    ``[G·C_in, C_out, k, k]``), ``bias [G·C_out]``.
     """
 
     def __init__(self, channels: int, kernel: int, groups: int = 1):
@@ -240,11 +237,10 @@ _PER_HEAD_FIELDS = ("output_dim", "activation", "conf_activation")
 class DptHead(nn.Module):
     """One DPT head, or several of the same shape run as one pass (VGGT's depth and point heads).
 
-    Tokens of four layers → per-pixel ``(values [N, H, W, C-1], confidence [N, H, W])`` per head, or features. With
-    several heads, each has its own LayerNorm and projections; every convolution after them runs once for all heads
-    over their stacked channels (head after head), as grouped convolutions, except the last 1×1 convolution: one
-    GEMM on NHWC rows with a block-diagonal matrix (:meth:`block_diagonal_parameters`; the heads' outputs differ in
-    width). Both are the same arithmetic as separate heads, in fewer and faster calls.
+    Tokens of four layers → per-pixel ``(values [N, H, W, C-1], confidence [N, H, W])`` per head, or features. Each
+    head keeps its LayerNorm and projections; the convolutions after them run once for all heads as grouped
+    convolutions over the stacked channels, the last 1×1 as one block-diagonal GEMM
+    (:meth:`block_diagonal_parameters`). The same arithmetic as separate heads, in fewer calls.
     """
 
     def __init__(self, cfgs: DptConfig | tuple[DptConfig, ...], ops: OpSet):

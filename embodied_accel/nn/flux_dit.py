@@ -1,29 +1,16 @@
 """FLUX-style DiT blocks: AdaLN-modulated double-stream (joint attention) and single-stream (parallel) blocks.
 
-Used by Hunyuan3D-2's shape DiT; the same blocks are FLUX's (which adds RoPE on Q and K). A step's conditioning
-vector ``vec`` (time, and guidance for distilled models) modulates every block through a linear layer; that
-modulation depends only on the step, not on the tokens, so a sampler computes it once per step schedule
-(:meth:`DoubleStreamBlock.modulation` / :meth:`SingleStreamBlock.modulation`) and hands it to the blocks.
+Used by Hunyuan3D-2's shape DiT (FLUX's blocks without RoPE). The conditioning ``vec`` (time, guidance) modulates
+every block; it depends only on the step, so a sampler computes the modulation once per schedule (``modulation``)
+and hands it to the blocks. Tokens travel sequence-major as one joint stream ``[S, B, D]``, the ``T`` condition
+tokens then the ``L`` latents, so both streams share one Q/K/V buffer and no concatenation is needed::
 
-Tokens travel **sequence-major** as one joint stream ``[S, B, D]``: the ``T`` condition tokens (``txt``) first,
-then the ``L`` latent tokens (``img``), ``S = T + L``. Each stream's rows are then one contiguous block, so the
-double-stream blocks write both streams' Q/K/V into one buffer and their outputs into one tensor, and the joint
-attention and the single-stream blocks read them without a concatenation. Q and K are RMS-normalized per head
-(QK-norm) before attention; attention is the op layer's (no mask: every token sees every token).
+    double:  q, k, v = qk_norm(qkv(ada_ln(x, mod1)))  per stream; attention over [txt | img] jointly
+             x = x + gate1 * proj(attention_x);  x = x + gate2 * fc2(gelu_tanh(fc1(ada_ln(x, mod2))))
+    single:  [qkv | h] = linear1(ada_ln(x, mod));  x = x + gate * linear2([attention(qk_norm(qkv)) | gelu_tanh(h)])
 
-Double-stream block (``txt`` and ``img`` rows, each with its own weights)::
-
-    q, k, v = qk_norm(qkv(ada_ln(x, mod1)))      for x in (txt, img); attention over [txt | img] jointly
-    x = x + gate1 * proj(attention_x)
-    x = x + gate2 * mlp(ada_ln(x, mod2))          mlp = fc2(gelu_tanh(fc1(.)))
-
-Single-stream block (the joint stream)::
-
-    [qkv | h] = linear1(ada_ln(x, mod));  x = x + gate * linear2([attention(qk_norm(qkv)) | gelu_tanh(h)])
-
-QK-norm of a block's queries and keys (both streams) is one RMS normalization of the ``[S, B, 2, H, Dh]`` view of
-its Q/K/V buffer, then each stream's rows are scaled by that stream's ``[2, H, Dh]`` (query, key) weights; the
-normalization's constant factor ``sqrt(Dh)`` moves into the attention scale (equal up to fp32 rounding).
+QK-norm is one RMS normalization of the ``[S, B, 2, H, Dh]`` view, then per-stream ``[2, H, Dh]`` weights; its
+constant ``sqrt(Dh)`` moves into the attention scale (equal up to fp32 rounding). No mask: every token sees every token.
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """Real-time chunking (RTC): guiding a flow-matching sampler to continue the action chunk already being executed.
 
-A robot runs one chunk while the next is computed. When inference takes ``d`` control ticks, the first ``d`` actions
-of the new chunk are executed before it even arrives, so they must equal what the robot does meanwhile: the previous
-chunk's leftover. RTC (Black, Galliker, Levine: "Real-Time Execution of Action Chunking Flow Policies", 2025) treats
-the new chunk as inpainting: at every Euler step it predicts the clean chunk ``x1 = x_t - t v`` (time runs from
-t = 1, noise, to 0) and pulls it towards the leftover ``Y`` with per-position weights ``W`` (1 on the frozen prefix
-``i < d``, a soft mask decaying to 0 by the end of the overlap, 0 after it):
+When inference takes ``d`` control ticks, the new chunk's first ``d`` actions are executed before it arrives, so they
+must equal the previous chunk's leftover ``Y``. As inpainting (Black, Galliker, Levine, 2025): at every Euler step
+the predicted clean chunk ``x1 = x_t - t v`` (t from 1, noise, to 0) is pulled towards ``Y`` with per-position
+weights ``W`` (1 on the frozen prefix, decaying to 0 over the overlap)::
 
     v ← v - g(t) · W ⊙ (Y - x1),   g(t) = min(β, (1-τ)/τ · ((1-τ)² + τ²) / (1-τ)²),   τ = 1 - t
 
-``β`` clips the guidance weight (infinite at t = 1). The correction uses the identity for the Jacobian of ``x1``
-with respect to ``x_t``, as LeRobot 0.6.1 does (its ``RTCProcessor`` evaluates the velocity before making ``x_t``
-require grad): no backward pass through the network, so the guided sampler costs a few element-wise ops per step
-and stays capture-friendly. (The paper's guidance multiplies the same error by that Jacobian, a vector-Jacobian
-product through the model per step.)
-
-Everything here is shape-static: the leftover, the weights and ``β`` are tensors of the call (a new delay is new
-weights, not a new graph), and ``g`` depends only on the step schedule.
-
-**Samplers whose time runs the other way.** GR00T integrates from ``s = 0`` (noise) to ``s = 1`` (data) with
-``x ← x + v_s / n`` (``x_s = (1-s) noise + s data``, ``v_s = data - noise``). That is the same flow with ``t = 1 - s``
-and ``v = -v_s``: its predicted clean chunk is ``x1 = x_s + (1-s) v_s``, its step ``k`` sits at ``τ = s = k / n``
-(the same ``g`` as step ``k`` here, so :func:`guidance_coefficients` serves both), and the guided velocity is
-``v_s + g W ⊙ (Y - x1)``. :func:`guided_velocity_noise_to_data` is exactly that, by way of
-:func:`guided_velocity` (the negations are exact in floating point).
-
-A request (an observation dict) asks for the guidance with the keys in :data:`RTC_KEYS`; :func:`rtc_requested` and
-:func:`request_weights` read and check them for every family (the leftover itself is each family's to map into its
-model's action space).
+The Jacobian of ``x1`` is taken as the identity (as LeRobot 0.6.1 does): no backward pass, a few element-wise ops
+per step, capture-friendly; leftover, weights and ``β`` are tensors of the call. GR00T's noise-to-data time is
+handled by :func:`guided_velocity_noise_to_data` (docs/real-time-chunking.md). Requests carry :data:`RTC_KEYS`,
+read and checked by :func:`rtc_requested` and :func:`request_weights`.
 """
 
 from __future__ import annotations

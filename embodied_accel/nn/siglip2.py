@@ -1,10 +1,10 @@
 """SigLIP2 vision encoder as GR00T N1.6's Eagle backbone uses it: images of any size (multiples of the patch).
 
-The same encoder layers as SigLIP (:class:`~.siglip.SiglipLayer`); what differs is the embedding. The patch
-embedding is a linear map of each patch flattened in ``(row, col, channel)`` order (one GEMM over all patches of
-the call, which on a CPU is much cheaper than the equivalent strided convolution), and the learned square position
-table is resized per image grid (bilinear, antialiased) to the image's patch grid. Each image attends only to its own patches. The resized table depends only on the weights
-and the grid, so it is built once per shape bucket (:meth:`Siglip2VisionTower.position_table`) and handed in.
+SigLIP's encoder layers (:class:`~.siglip.SiglipLayer`) with another embedding: each patch flattened in ``(row, col,
+channel)`` order through one GEMM over all the call's patches (on a CPU much cheaper than the strided convolution),
+plus the learned square position table resized (bilinear, antialiased) to the image's patch grid. Each image attends
+only to its own patches. The resized table depends only on weights and grid, so it is built once per shape bucket
+(:meth:`Siglip2VisionTower.position_table`) and handed in.
 """
 
 from __future__ import annotations

@@ -1,32 +1,18 @@
-"""A Stable-Diffusion-style 2-D UNet on the op layer, with the 2.5-D (multiview) transformer blocks of
-Hunyuan3D-Paint.
+"""A Stable-Diffusion-style 2-D UNet (diffusers' ``UNet2DConditionModel``) with Hunyuan3D-Paint's 2.5-D blocks.
 
-The network is diffusers' ``UNet2DConditionModel`` for the block types Stable Diffusion 1.x / 2.x use: a sinusoidal
-time embedding and its MLP (``time_embedding_dim`` wide, by default 4 × the first level's channels; plus an optional
-guidance condition, ``time_cond_proj_dim``, and an optional class embedding, which Hunyuan3D-Paint uses for camera
-ids), ``conv_in`` (``conv_in_kernel``), down blocks (ResNet blocks, spatial transformers,
-a stride-2 convolution), a middle block, up blocks (skip connections concatenated on the channels, nearest 2×
-upsampling and a convolution), ``GroupNorm → SiLU → conv_out``::
+Time embedding (with optional guidance ``time_cond_proj_dim`` and class embedding: Paint's camera ids), ``conv_in``,
+down blocks, a middle block, up blocks (skips concatenated on channels), ``GroupNorm → SiLU → conv_out``::
 
-    temb = linear_2(silu(linear_1(sinusoid(t)) + cond_proj(c))) + class_embedding(camera)
     resnet(x)      = x' + conv2(silu(gn2(conv1(silu(gn1(x))) + time_proj(silu(temb)))))
-                     (scale_shift: silu(gn2(h) · (1 + scale) + shift), [scale | shift] = time_proj(silu(temb)))
     transformer(x) = x + proj_out(blocks(proj_in(gn(x))))          (tokens [images, H·W, C])
-    block(x):  n = ln1(x);  x += attn1(n)                           self-attention within an image
+    block(x):  n = ln1(x);  x += attn1(n)
                [2.5-D] x += ref(n, reference features);  x += multiview(n over the N views of a batch row)
                x += attn2(ln2(x), text);  x += ff(ln3(x))            ff = W2 (h * gelu(g)), [h | g] = W1 x
 
-The 2.5-D blocks (``UNetConfig.multiview``) give every transformer block two more attentions that read the block's
-own normalized input: **reference attention** (keys and values from the reference UNet's normalized input of the same
-block, computed once per generation) and **multiview attention** (self-attention over the tokens of all the views of
-one batch row). The reference UNet is the same network without them; run with ``UNetContext.features`` it records each
-block's normalized input instead of producing an output (``features_only``).
-
-Text conditioning reads per-block keys and values computed once per generation (:meth:`UNet2DCondition.cross_kv`:
-the pipelines' text embeddings are constants), and a batch row's views share one copy of them: the cross-attention's
-queries of the ``N`` views of a row attend to the row's keys as one ``N·H·W``-token sequence (each query attends
-independently, so this is the same attention as per image). Every transformer block's three self-side projections
-(Q/K/V, the reference Q and the multiview Q/K/V) are one GEMM over the normalized input (fused at load).
+Reference attention reads the reference UNet's normalized block inputs (the same network run with
+``UNetContext.features``, once per generation). Text keys/values are computed once per generation
+(:meth:`UNet2DCondition.cross_kv`) and shared by a row's ``N`` views as one ``N·H·W``-token sequence (the same
+attention per query). A block's self-side projections (Q/K/V, reference Q, multiview Q/K/V) are one GEMM, fused at load.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """DINOv2-style ViT blocks: pre-LN attention + MLP with optional QK-norm, 2-D RoPE and LayerScale.
 
-One :class:`VitBlock` covers DINOv2's blocks (no QK-norm, no RoPE, LayerScale; a GELU MLP, or the SwiGLU MLP of
-DINOv2-giant), VGGT's frame / global blocks (QK-norm, 2-D RoPE, LayerScale), VGGT's camera trunk and Hunyuan3D's
-ShapeVAE self-attention blocks (QK-norm, no LayerScale, no Q/K/V bias). Tokens travel as a 2-D
-``[groups * seq, width]`` tensor; ``groups`` independent sequences of ``seq`` tokens attend within themselves. Who
-attends to whom is decided by the caller through ``groups`` (VGGT's frame blocks: one group per frame; global blocks:
-one group per scene) and by the ``attend`` callable (the op layer's attention by default; a sequence-parallel attention from ``parallel/``).
-
-Block math (the residual add and the next LayerNorm go through the op layer's ``add_layer_norm``)::
+One :class:`VitBlock` serves DINOv2 (GELU or SwiGLU MLP), VGGT's frame / global blocks and camera trunk, and
+Hunyuan3D's ShapeVAE blocks. Tokens are ``[groups * seq, width]``: ``groups`` independent sequences attend within
+themselves (VGGT: a group per frame, or per scene); ``attend`` is the op layer's attention unless a
+sequence-parallel one from ``parallel/`` is given::
 
     x = x + ls1 * proj(attention(rope(qk_norm(q)), rope(qk_norm(k)), v))
-    x = x + ls2 * fc2(gelu(fc1(layer_norm(x))))          # mlp="gelu"
-    x = x + ls2 * fc2(silu(a) * b), [a | b] = fc1(...)     # mlp="swiglu" (DINOv2-giant)
+    x = x + ls2 * fc2(gelu(fc1(layer_norm(x))))          # or fc2(silu(a) * b), [a | b] = fc1(...)
 """
 
 from __future__ import annotations

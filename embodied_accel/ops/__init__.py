@@ -56,12 +56,10 @@ Pair = tuple[Tensor, Tensor]
 class OpSet:
     """The ops a model calls, bound to one backend: ``ops.rms_norm(...)``, ``ops.attention(...)``, ...
 
-    One field per op, typed with the op's signature; each defaults to the function of :mod:`.reference` of the same
-    name, which documents the op (a backend's function of that name in ``ops/cuda/backend.py`` or ``ops/npu.py``
-    replaces it). Each op is a plain attribute, so ``torch.compile`` traces through it like a module function.
-    ``fused`` / ``fallback`` list which ops the backend serves and which run the reference; ``notes`` says, per op
-    (or per load-time step), what the backend does and when it still runs the reference; ``settings`` holds the
-    backend options it was built with (e.g. ``{"cuda_attention": "triton"}``).
+    One field per op, typed with the op's signature, defaulting to :mod:`.reference`'s function of that name (which
+    documents the op); a backend's function replaces it. Plain attributes, so ``torch.compile`` traces through them.
+    ``fused`` / ``fallback``: the ops the backend serves / leaves to the reference; ``notes``: per op, what the
+    backend does; ``settings``: the backend options it was built with (e.g. ``{"cuda_attention": "triton"}``).
     """
 
     backend: str = "reference"
@@ -191,14 +189,10 @@ def get_ops(
 ) -> OpSet:
     """Resolve a backend name to an :class:`OpSet`.
 
-    ``reference`` always works. An explicit ``cuda``/``npu`` that cannot run raises
-    :class:`BackendUnavailableError`. ``auto`` tries the device's own backend, falls back to the
-    reference when it is unavailable, and logs what it chose.
-
-    ``cuda_attention`` picks the cuda backend's attention kernel (one of :data:`CUDA_ATTENTION_KERNELS`):
-    ``sdpa`` (packed multi-query SDPA) or ``triton`` (``ops/cuda/attention.py``). A value other than the default
-    with an explicit non-cuda backend raises; with ``auto`` on a machine without the cuda backend it is logged
-    as unused.
+    ``reference`` always works; an explicit ``cuda`` / ``npu`` that cannot run raises
+    :class:`BackendUnavailableError`; ``auto`` takes the device's backend or the reference, and logs which.
+    ``cuda_attention`` (:data:`CUDA_ATTENTION_KERNELS`): ``sdpa`` (packed multi-query SDPA) or ``triton``; a
+    non-default value with an explicit non-cuda backend raises, and with ``auto`` and no cuda backend is logged unused.
     """
     if backend not in BACKEND_NAMES:
         raise ValueError(f"backend must be one of {', '.join(BACKEND_NAMES)}; got {backend!r}")

@@ -1,14 +1,9 @@
 """Calls a backend's fused op hands to the reference: logged once per process and counted, never silent.
 
-A fused op (cuda, npu) that cannot take a call (a layout, dtype or alignment its kernel does not serve) runs the
-reference for it and says so through :func:`record`: the first time per ``(op, reason)`` a warning names the op,
-the shapes and the reason; every such call adds one to the op's count. ``info`` and every benchmark record carry
-the counts (``reference_fallbacks``: calls in all; ``reference_fallback_ops``: ``op=calls`` each), so a figure
-measured on a slow path says it was.
-
-Counts are of calls the Python code of the op sees: an eager call, the one call a CUDA graph is captured from (its
-replays run no Python), the eager calls before a compiled graph exists. Under ``torch.compile`` tracing nothing is
-recorded (the traced function would otherwise graph-break on the logging); the eager run of the same shapes counts.
+A fused op that cannot take a call (layout, dtype, alignment) runs the reference and says so through :func:`record`:
+a warning the first time per ``(op, reason)``, one count per call. ``info`` and benchmark records carry the counts
+(``reference_fallbacks``, ``reference_fallback_ops``). Counted are the calls the op's Python code sees: eager calls
+and the one call a CUDA graph is captured from; nothing while ``torch.compile`` traces (logging would break the graph).
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
 """The ``npu`` backend: torch_npu's fused operators behind the op layer (Ascend Atlas A2/A3).
 
-Every convention of an operator is handled here, once, so every model gets it:
-
-* ``rms_norm`` → ``npu_rms_norm(x, gamma, epsilon) -> (y, rstd)``. ``gamma`` is our weight as loaded: Gemma's
-  ``1 + w`` is folded in once by the loader, so it goes to the operator unchanged (the source recipe adds
-  ``1`` at the call site because LeRobot's weights are raw ``w``; doing both would apply it twice). A bf16/fp16
-  input takes an fp32 gamma as it is (a documented pair on A2/A3).
-* ``add_rms_norm`` → ``npu_add_rms_norm(x1, x2, gamma, epsilon) -> (y, rstd, x1 + x2)``; gamma in x's dtype.
-* ``ada_rms_norm`` → ``npu_rms_norm`` with ``gamma = 1 + scale`` (precomputed by the caller), then ``+ shift``;
-  ``gated_add_ada_rms_norm`` the same after the gated residual ``residual + x * gate`` (aten ``addcmul``).
-* ``layer_norm`` → ``npu_layer_norm_eval``; ``add_layer_norm`` → ``npu_add_layer_norm(...,
-  additional_output=True) -> (y, mean, rstd, x1 + x2)`` (without the flag the sum is not written).
-* ``rope`` → ``npu_rotary_mul(x, r1, r2, rotary_mode="half")`` once on the merged ``[B, S, heads, D]`` QKV tensor
-  (the model's memory layout, BSND): ``prepare_rope`` builds ``r1``/``r2`` once per pass with cos/sin on the Q and
-  K heads and 1/0 on the V heads, in the compute dtype on the tables' device. float64 tables are refused (the
-  NPU has no float64 kernels).
-* ``attention`` → ``npu_fused_infer_attention_score`` (FIA: one operator for prefill, Q_S > 1, and decode,
-  Q_S = 1), layout BSND (Q comes from the merged QKV tensor; the output is returned as a view the model's
-  ``transpose(1, 2).reshape`` turns back into rows without a copy), ``num_key_value_heads`` for grouped K/V,
-  an explicit ``scale`` (the operator's default is 1.0) and ``pre_tokens = next_tokens = 2**31 - 1`` so the
-  band limit never cuts the mask. ``prepare_attention_mask`` inverts our boolean "may attend" mask to the
-  operator's convention, int8 ``[B, 1, Sq, Sk]`` with 1 = masked. A query row that may attend to no key (a
-  padding token) would be fully masked, which the operator does not support in its default precision mode;
-  such a row attends to every key instead: its output stays finite and nobody reads it (a padding token is
-  hidden from every valid query). The operator needs a 16-byte aligned head dim for fp16/bf16 (32-byte when
-  Q_S > 1 and B > 128): other head dims are zero-padded (exact: zeros add nothing to Q·K, and the padded V
-  columns are dropped). It has no float32 kernel, so float32 attention runs the reference.
-
-Not fused, by design: ``linear`` (aten ``mm``/``addmm`` already is the NPU's matmul), ``gelu_tanh`` and
-``geglu``: ``npu_fast_gelu`` computes ``x * sigmoid(1.702 x)``, up to ~2e-2 away from the tanh-approximated
-GELU that Gemma and SigLIP use, so aten's ``gelu(approximate="tanh")`` stays.
-
-Load-time hook (:func:`prepare_weights`): 2-D convolution kernels are cast once to the FRACTAL_Z format with
-``npu_format_cast`` when torch_npu allows internal formats (``torch.npu.config.allow_internal_format = True``;
-off by default on A2/A3, where torch_npu would convert them back on every call).
+Each operator's conventions are handled here once (the mapping is tabled in docs/ascend.md): weights are the loaded
+effective scales (Gemma's ``1 + w`` is folded in by the loader, never again here), rope and attention work on the
+merged QKV tensor in BSND layout, and the boolean mask is inverted to the operator's int8 "1 = masked" form.
+Not fused, by design: ``linear`` (aten's matmul already is the NPU's), ``gelu_tanh`` / ``geglu`` (``npu_fast_gelu``
+is the sigmoid approximation, up to ~2e-2 off the tanh GELU that Gemma and SigLIP use). Float32 attention runs the
+reference (the operator has no float32 kernel).
 
 Verified against a CPU stand-in of torch_npu that follows the operators' documentation
 (``tests/torch_npu_standin``), not yet on an NPU.
@@ -230,9 +202,9 @@ def rope_store_kv(qkv: torch.Tensor, tables: RopeTables, kv_write: torch.Tensor)
 def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_heads: int) -> AttentionMask:
     """Boolean ``may_attend[B, Sq, Sk]`` → the mask :func:`attention` consumes for ``dtype``.
 
-    float16/bfloat16: the operator's inverted int8 ``[B, 1, Sq, Sk]`` as ``kernel_mask`` (a row with no allowed key
-    attends to every key, see the module docstring), and the reference's additive mask for calls the operator
-    cannot take. Other dtypes run the reference attention and get only its mask.
+    float16/bfloat16: the operator's inverted int8 ``[B, 1, Sq, Sk]`` as ``kernel_mask``, plus the reference's additive
+    mask for calls the operator cannot take; other dtypes get only the reference's. A row with no allowed key (a
+    padding token, read by nobody) attends to every key instead: the operator does not take fully masked rows.
     """
     reference_mask = reference.prepare_attention_mask(may_attend, dtype, num_heads)
     if dtype not in _ATTENTION_DTYPES:
@@ -266,7 +238,10 @@ def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: AttentionMask | None, scale: float
 ) -> torch.Tensor:
     """``npu_fused_infer_attention_score`` on ``q: [B, H, Sq, D]``, ``k, v: [B, Hkv, Sk, D]``; returns ``[B, H, Sq, D]``.
-    A mask without the operator's form, or shapes the operator cannot take, run the reference."""
+
+    BSND layout, an explicit ``scale`` (the operator's default is 1.0), no band limit. Head dims off the operator's
+    alignment are zero-padded (exact: zeros add nothing to Q·K; the padded V columns are dropped). A mask without
+    the operator's form, or shapes the operator cannot take, run the reference."""
     if (mask is not None and mask.kernel_mask is None) or not _fia_supported(q, k, v):
         fallbacks.record("attention", "a mask without the operator's form, or shapes / dtypes the fused attention "
                          "operator does not take", q=q, k=k, v=v)  # fmt: skip

@@ -1,19 +1,16 @@
 """Sequence-parallel attention on ``torch.distributed``: Ulysses, Ring, and the hybrid of the two (USP).
 
-The sequence is split into ``P`` contiguous shards, one per process of the sequence-parallel group (rank order =
-sequence order). Each process holds ``q, k, v: [B, H, S_local, D]`` of its shard and gets back its shard's output.
+The sequence is split into ``P`` contiguous shards in rank order; each process holds ``q, k, v: [B, H, S_local, D]``
+of its shard and gets its shard's output back.
 
-* **Ulysses** (all-to-all over heads): one all-to-all turns ``[B, H, S/P, D]`` of q, k, v into ``[B, H/P, S, D]``,
-  attention runs on the whole sequence for ``H/P`` heads, a second all-to-all brings the output back. Needs
-  ``H % P == 0``.
-* **Ring**: each process keeps its queries; K/V shards travel around the ring. The transfer of the next shard is
-  posted (``batch_isend_irecv``) before the current shard's attention runs, so it overlaps; the partial results are
-  merged by their log-sum-exp in fp32.
-* **Hybrid**: Ulysses inside groups of ``U`` consecutive ranks, Ring across the ``R = P / U`` groups (ranks with the
-  same position in their Ulysses group form a ring).
+* **Ulysses**: an all-to-all turns ``[B, H, S/P, D]`` into ``[B, H/P, S, D]``, attention runs on the whole sequence
+  for ``H/P`` heads, a second all-to-all returns the output. Needs ``H % P == 0``.
+* **Ring**: queries stay; K/V shards travel around the ring, the next transfer posted before the current shard's
+  attention (overlap); partial results merge by their log-sum-exp in fp32.
+* **Hybrid**: Ulysses inside groups of ``U`` consecutive ranks, Ring across the ``P / U`` groups.
 
-A sequence whose length is not a multiple of ``P`` is padded at its end; ``valid_length`` masks the padding keys
-(a large negative additive bias), so padded positions never change a real token's output.
+A length not divisible by ``P`` is padded at the end; ``valid_length`` masks the padding keys, so they never change a
+real token's output.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""FP8 linear layers (E4M3, the format of Hopper's and Ada's FP8 tensor cores): float8 weights with static
-per-output-channel scales (computed once, at attach time) and float8 activations with dynamic per-token scales
-(computed inside every call), fp32 accumulation.
+"""FP8 linear layers (E4M3): float8 weights with static per-output-channel scales (at attach time) and float8
+activations with dynamic per-token scales (in every call), fp32 accumulation; the same plans as W8A8 pick the layers.
 
-The same plans as W8A8 pick the layers (:func:`~embodied_accel.quant.w8a8.replace_linears`). Scales map each row's or
-channel's largest magnitude to E4M3's largest finite value, 448; a value then keeps 3 mantissa bits, a relative
-rounding error of at most 2⁻⁴, against int8's absolute step of ``max / 127``: FP8 loses less on a row whose values
-span several orders of magnitude. The GEMM is the backend's ``fp8_linear``: on the cuda backend the row-wise scaled
-FP8 GEMM of ``torch._scaled_mm`` (compute capability 9.0 and newer; 8.9 with torch 2.7 or newer, see
-:func:`check_fp8_device`), elsewhere the reference (the same float8 values, the product in fp32).
+Scales map each row's or channel's largest magnitude to 448, E4M3's largest finite value; a value then keeps 3
+mantissa bits (relative error ≤ 2⁻⁴), against int8's absolute step of ``max / 127``, so FP8 loses less on rows that
+span orders of magnitude. The GEMM is the backend's ``fp8_linear``: ``torch._scaled_mm`` row-wise on the cuda backend
+(see :func:`check_fp8_device` for the devices), elsewhere the reference (same float8 values, product in fp32).
 """
 
 from __future__ import annotations

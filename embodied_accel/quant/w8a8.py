@@ -1,11 +1,10 @@
 """W8A8 linear layers: int8 weights with static per-output-channel scales (computed once, at attach time) and int8
 activations with dynamic per-token scales (computed inside every call), int32 accumulation.
 
-A model family declares a plan as plain data (the fields of :class:`~embodied_accel.plans.QuantPlan`, e.g. a dict
-in its ``plans.py``): which of its :class:`~embodied_accel.nn.linear.Linear` layers (by module name) run in W8A8;
-everything else (e.g. vision towers, norms, heads) keeps the model's dtype. Attaching replaces exactly those named modules with
-:class:`W8A8Linear` (same call signature); no class or forward is patched, and a plan entry that names no Linear is an
-error. :func:`~embodied_accel.quant.modes.quantize` applies a ``quant`` setting with a family's plan.
+A family's plan (a :class:`~embodied_accel.plans.QuantPlan`, plain data in its ``plans.py``) names the
+:class:`~embodied_accel.nn.linear.Linear` modules that run in W8A8; everything else keeps the model's dtype. Attaching
+replaces exactly those modules with :class:`W8A8Linear` (same call signature); nothing is patched, and an entry that
+names no Linear is an error. :func:`~embodied_accel.quant.modes.quantize` applies a ``quant`` setting with a plan.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """How a model call is executed (never what it computes): the one runner every family uses.
 
-* :mod:`.runner`: :class:`~.runner.Runner`, the owner of a loaded model's calls (device and its context, capture
-  mode, static buffers, one CUDA-graph cache and pool); families build their calls with ``Runner.call``, each a
-  :class:`~.runner.BucketedCall` (one model function run per shape bucket against the buffers its plan declares).
-* :mod:`.buffers`: :class:`~.buffers.StaticBuffers`, the one owner of the static buffers (built before any capture,
-  reused when large enough, retired when outgrown).
-* The capture modes (:data:`CAPTURE_MODES`, :func:`capture_call`): ``eager``; ``compile`` specializes on each shape
-  bucket (``dynamic=False``) and traces the whole call as one graph (``fullgraph=True``: a graph break is an error,
-  not a silent slow path), up to a set number of buckets per call (:mod:`.compiled`); ``cudagraph`` captures one CUDA
-  graph per bucket, at most a set number of graphs per runner with least-recently-used eviction (:mod:`.cudagraph`);
-  ``compile+cudagraph`` captures the compiled call; ``torchair`` compiles through torchair's NPU backend
-  (:mod:`.torchair`).
+:class:`~.runner.Runner` owns a loaded model's calls (:class:`~.runner.BucketedCall`, one per entry point);
+:class:`~.buffers.StaticBuffers` owns the static buffers they read. Capture modes (:data:`CAPTURE_MODES`,
+:func:`capture_call`): ``eager``; ``compile`` (one ``fullgraph=True, dynamic=False`` graph per shape bucket up to a
+limit, :mod:`.compiled`: a graph break is an error); ``cudagraph`` (one CUDA graph per bucket, LRU-capped,
+:mod:`.cudagraph`); ``compile+cudagraph``; ``torchair`` (:mod:`.torchair`, Ascend).
 """
 
 from __future__ import annotations
@@ -60,11 +54,9 @@ def check_capture(mode: str, plat: platform_mod.Platform | None = None) -> platf
 def capture_call(fn: Callable, mode: str, plat: platform_mod.Platform | None = None) -> Callable:
     """Wrap ``fn`` (a model's whole call) for ``mode``.
 
-    ``eager`` returns it unchanged; ``compile`` returns a :class:`~.compiled.CompiledCall` (``torch.compile(fn,
-    fullgraph=True, dynamic=False)``, compiled lazily on the first call of each shape bucket, up to its bucket limit).
-    ``cudagraph`` captures the whole eager call as one CUDA graph per shape bucket (:class:`~.cudagraph.GraphedCall`);
-    ``compile+cudagraph`` captures the compiled call (inductor's fused kernels, our graph). Both need an NVIDIA GPU
-    and ``torchair`` an Ascend NPU; they raise :class:`CaptureUnavailableError` elsewhere.
+    ``eager``: ``fn`` unchanged; ``compile``: a :class:`~.compiled.CompiledCall`; ``cudagraph``: one CUDA graph per
+    shape bucket (:class:`~.cudagraph.GraphedCall`); ``compile+cudagraph``: the compiled call captured. The graph
+    modes need an NVIDIA GPU and ``torchair`` an Ascend NPU: :class:`CaptureUnavailableError` elsewhere.
     """
     plat = check_capture(mode, plat)
     if mode == "eager":

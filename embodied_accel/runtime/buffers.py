@@ -1,22 +1,11 @@
 """The static buffers of a model's calls: one owner, an explicit lifetime.
 
-A model family reads some device tensors across calls that are not weights and not inputs: a KV cache, rotary
-tables, per-step constants of a sampler, positional tables per image size. A captured call (a CUDA graph) reads
-them by address, so they must exist before capture and live as long as any graph that read them.
-
-:class:`StaticBuffers` is their one owner. A family declares, per shape bucket, what it needs
-(:class:`BufferSpec`: how to build it, the sizes the bucket needs, and a key for buffers that are distinct
-per value, such as the number of denoising steps). :meth:`StaticBuffers.acquire` returns buffers that serve the
-bucket:
-
-* a buffer with the same name and key that is large enough is reused (a batch-1 call uses the leading rows of a
-  batch-8 KV cache);
-* one that is too small is **replaced** by one built for the elementwise maximum of both sizes, and retired: its
-  owner drops it, and so must every capture that read it (:meth:`StaticBuffers.is_live` tells them), after
-  which its memory is free;
-* nothing is ever grown inside a call or parked in a list.
-
-The owner does not know what the buffers are; the model is a pure function of (weights, inputs, buffers).
+Device tensors read across calls that are neither weights nor inputs (KV caches, rotary tables, sampler constants)
+are read by address by a captured graph, so they must exist before capture and outlive every graph that read them.
+A family declares per shape bucket what it needs (:class:`BufferSpec`: a builder, the sizes, a key for buffers
+distinct per value); :meth:`StaticBuffers.acquire` reuses a large-enough buffer (a batch-1 call uses the leading
+rows of a batch-8 cache) or **replaces** a too-small one with one of the elementwise maximum size and retires the
+old (captures that read it check :meth:`StaticBuffers.is_live` and drop it). Nothing grows inside a call.
 """
 
 from __future__ import annotations

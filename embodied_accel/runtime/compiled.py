@@ -1,17 +1,10 @@
 """The ``compile`` capture mode's bucket policy: one ``torch.compile`` graph per shape bucket, up to a set limit.
 
-``torch.compile(fn, fullgraph=True, dynamic=False)`` specializes on every input shape, and dynamo keeps the graphs
-of one function in one cache per code object with a limit (``recompile_limit``, 8 by default): the ninth shape
-bucket of a call (pi0.5 alone has 13 prompt-length buckets) would silently run eager. :class:`CompiledCall` makes
-the policy explicit instead:
-
-* it counts the buckets it has compiled (a bucket: the shapes, dtypes and devices of the tensor arguments and the
-  identity of the other arguments) and compiles up to ``max_buckets`` of them (:data:`DEFAULT_MAX_COMPILED_BUCKETS`
-  unless set), raising dynamo's limits for the first call of each bucket (the call that compiles) so that its
-  cache, which every instance of the same function shares, never stands in the way; should dynamo hit a limit
-  there anyway, it raises instead of falling back (``fail_on_recompile_limit_hit``);
-* a bucket beyond ``max_buckets`` runs the function eagerly, **counted** (``eager_fallbacks``) and logged as a
-  warning, never silently.
+``torch.compile(fn, fullgraph=True, dynamic=False)`` specializes on every shape, and dynamo's per-code-object
+``recompile_limit`` (8) would silently run a ninth bucket eagerly (pi0.5 alone has 13 prompt-length buckets).
+:class:`CompiledCall` makes the policy explicit: it compiles up to ``max_buckets`` buckets (raising dynamo's limits
+for each compiling call, and failing rather than falling back should dynamo hit one anyway); a bucket beyond that
+runs eagerly, counted (``eager_fallbacks``) and logged.
 """
 
 from __future__ import annotations

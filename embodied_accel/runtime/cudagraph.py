@@ -1,27 +1,16 @@
 """Whole-call CUDA graphs: one graph per shape bucket, static input and output buffers, replayed per call.
 
-The first call of a bucket (the shapes, dtypes and devices of every tensor argument plus the values of
-the other arguments) warms the function up on a side stream (Triton compiles and autotunes, cuBLAS
-picks its algorithms, lazy buffers get allocated), then captures one call into a ``torch.cuda.CUDAGraph``
-reading from freshly allocated static input tensors. Every later call of that bucket copies its
-inputs into those tensors, replays the graph (one launch from the host instead of thousands) and
-returns a copy of the static output.
+A bucket's first call (shapes, dtypes, devices of the tensor arguments, values of the others) warms the function up
+on a side stream, then captures one call reading freshly allocated static inputs; later calls copy their inputs in,
+replay (one host launch instead of thousands) and return a copy of the static output.
 
-The graphs of one owner (a :class:`~.runner.Runner`: every :class:`GraphedCall` of its calls) are held by one
-:class:`GraphCache`: one capture backend with one memory pool, and at most ``max_graphs`` graphs. Sharing the pool is safe because calls run
-one after another on one stream and each call copies its output out of the pool before the next replay can reuse
-the memory. The cap bounds a long-running server's memory: a bucket key includes every input shape (e.g. each raw
-camera resolution), so new keys keep coming; when a capture would exceed the cap, the least recently replayed graph
-is evicted (its static buffers and graph freed; recaptured if its bucket comes back). Every capture and eviction is
-logged and counted (``GraphCache.captures`` / ``evictions``).
+One :class:`GraphCache` per owner (a :class:`~.runner.Runner`) holds its graphs: one memory pool (safe: calls run in
+turn on one stream and copy their output out before the next replay), at most ``max_graphs`` graphs with the least
+recently replayed evicted (bucket keys include raw input shapes, so a server keeps seeing new ones); captures and
+evictions are counted. Capture runs under the model's ``torch.cuda.device``.
 
-Capture runs under ``torch.cuda.device(device)`` of the model (a server's worker thread starts on device 0
-whatever the model's device is).
-
-The function must be capture-safe: no host syncs, no ``.item()``, no allocation of tensors that outlive
-the call, no Python branches on tensor values; the buffers it reads across calls (KV caches, tables)
-must exist before capture and live as long as a graph that read them: :class:`~.buffers.StaticBuffers` owns them
-and :class:`~.runner.BucketedCall` drops every graph that read a buffer before that buffer is freed.
+The function must be capture-safe (no host syncs, ``.item()``, outliving allocations or branches on tensor values);
+buffers it reads across calls are owned by :class:`~.buffers.StaticBuffers` and outlive every graph that read them.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """The one runner every model family executes through: one owner of a loaded model's calls.
 
-A family's user-facing object (a policy, the reconstruction, shape and texture pipelines) is a model, a processor
-and a plan on top of one :class:`Runner`. The runner holds what a capture mode needs for the life of that object:
+A family's user-facing object (a policy, a pipeline) is a model, a processor and a plan on top of one
+:class:`Runner`, which holds for its lifetime: the normalized device and its context (every call runs under
+``torch.cuda.device(device)``, from any thread); the capture mode (checked by
+:func:`~embodied_accel.runtime.check_capture` before anything is built) and its limits (compiled buckets per call,
+CUDA graphs per owner with LRU eviction); the static buffers (:class:`~.buffers.StaticBuffers`); one
+:class:`~.cudagraph.GraphCache`, so one graph pool, for all its calls.
 
-* the **device** (normalized: ``cuda:0``, never bare ``cuda``) and its context: every call runs under
-  ``torch.cuda.device(device)``, so captures, Triton launches and streams land on the model's GPU from any thread;
-* the **capture mode** (eager, compile, cudagraph, compile+cudagraph, torchair; :func:`~embodied_accel.runtime.
-  check_capture` refuses one this machine cannot run before anything is built) with its bucket and capture
-  policies: at most ``max_compiled_buckets`` shape buckets compiled per call (:class:`~.compiled.CompiledCall`), at
-  most ``max_graphs`` CUDA graphs for the whole owner with least-recently-used eviction
-  (:class:`~.cudagraph.GraphCache`);
-* the **static buffers** of every call (:class:`~.buffers.StaticBuffers`: one owner, so a KV cache or a table is
-  built once and shared by every call that reads it);
-* **one graph pool per owner**: the single :class:`~.cudagraph.GraphCache` of the runner (its capture backend holds
-  one CUDA memory pool) serves every call made through :meth:`Runner.call`.
-
-:meth:`Runner.call` turns a model function ``fn(buffers, *inputs)`` and the family's plan (bucket → the
-:class:`~.buffers.BufferSpec` of each buffer it reads) into a :class:`BucketedCall` bound to this owner: for each
-call it acquires the buffers of the call's bucket (before any capture) and runs the call captured against exactly
-those buffers (``cudagraph`` modes: one :class:`~.cudagraph.GraphedCall` per set of buffers; when a buffer is
-retired, every graph that read it is dropped and recaptured on demand against the new one). :meth:`Runner.with_capture` gives a fresh owner (its own buffers and graphs) for the same device and options
-in another mode: a benchmark loads weights once and wraps them per mode.
+:meth:`Runner.call` turns ``fn(buffers, *inputs)`` and a plan (bucket → :class:`~.buffers.BufferSpec` per buffer)
+into a :class:`BucketedCall`: per call it acquires the bucket's buffers (before any capture) and runs the call
+captured against them; a graph that read a retired buffer is dropped and recaptured on demand.
+:meth:`Runner.with_capture` gives a fresh owner for the same device in another mode (a benchmark loads weights once).
 """
 
 from __future__ import annotations
@@ -71,11 +61,10 @@ def owner_graph_cache(
 class BucketedCall:
     """``fn(buffers, *inputs)`` run per bucket with the buffers ``plan(bucket)`` declares, in capture ``mode``.
 
-    ``assemble(values)`` turns the acquired buffers (a dict by name) into the object ``fn`` reads (e.g. a frozen
-    dataclass). ``graphs`` holds the CUDA graphs (graph modes): pass one :class:`~.cudagraph.GraphCache` to every
-    call of an owner so that they share its memory pool and its cap; without one, a private cache is made with
-    ``graph_backend`` (a CPU stand-in in tests) or real CUDA graphs on ``device``. ``compile`` modes compile at most
-    ``max_compiled_buckets`` shape buckets (:class:`~.compiled.CompiledCall`).
+    ``assemble(values)`` turns the acquired buffers (a dict by name) into the object ``fn`` reads. ``graphs``: the
+    owner's :class:`~.cudagraph.GraphCache`, shared by its calls (pool and cap); without one, a private cache on
+    ``graph_backend`` (a CPU stand-in in tests) or real CUDA graphs. ``compile`` modes compile at most
+    ``max_compiled_buckets`` buckets.
     """
 
     def __init__(

@@ -1,9 +1,8 @@
 """Intra-op threads for a model on the CPU, chosen by its size (the commands' default; the library never changes it).
 
-A small model's ops last microseconds: splitting each over two threads costs more in wake-ups than it saves, and on a
-busy machine a second thread waits for a core at every op (pi0-tiny's warm call, 2-core AMD EPYC with other jobs:
-0.4–6.2 s with torch's default of 2 threads, 0.09–0.19 s with 1). A model below :data:`SMALL_MODEL_PARAMETERS` runs
-on one thread unless ``--threads N`` or ``OMP_NUM_THREADS`` says otherwise; larger ones keep torch's default.
+A small model's ops last microseconds: a second thread costs more in wake-ups (and, on a busy machine, in waiting for
+a core) than it saves (figures in docs/first-use.md). A model below :data:`SMALL_MODEL_PARAMETERS` runs on one
+thread unless ``--threads N`` or ``OMP_NUM_THREADS`` says otherwise; larger ones keep torch's default.
 """
 
 from __future__ import annotations

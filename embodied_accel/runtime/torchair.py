@@ -1,15 +1,11 @@
 """The ``torchair`` capture mode: the whole call compiled into one Ascend graph by torchair's NPU backend.
 
-As the source recipes configure it: ``torch.compile(fn, backend=torchair.get_npu_backend(compiler_config=...),
-dynamic=False, fullgraph=True)`` in torchair's default ``max-autotune`` mode (Ascend's graph engine), with
-frozen parameters (weights become graph constants: they do not change after load), tiling-schedule
-optimization (tiling computed on the device, "tiling下沉"), and in-place input mutations kept in the graph
-(the static KV cache is written in place). One graph per shape bucket, compiled on its first call; a graph
-break is an error, not a silent slow path.
-
-The NPU caching allocator gets ``PYTORCH_NPU_ALLOC_CONF=expandable_segments:True`` unless the user set the
-variable: the allocator reads it once, at the first NPU allocation, so :func:`configure_allocator` must run
-before the weights go to the device (``Runner.prepare`` does it before a family's loader reads weights).
+``torch.compile(fn, backend=torchair.get_npu_backend(...), dynamic=False, fullgraph=True)`` as the source recipes
+configure it: ``max-autotune`` mode, frozen parameters (weights become graph constants), tiling computed on the
+device, in-place input mutations kept in the graph (the KV cache is written in place). One graph per shape bucket;
+a graph break is an error. :func:`configure_allocator` sets ``PYTORCH_NPU_ALLOC_CONF=expandable_segments:True``
+unless the user did; the allocator reads it once, so it must run before the weights reach the device
+(``Runner.prepare`` does).
 """
 
 from __future__ import annotations

@@ -1,35 +1,15 @@
 """Request batching: one queue for all connections, one inference thread, per-request error isolation.
 
-Each observation is checked alone when it arrives (:meth:`Runner.prepare`: the processor's validation and
-tokenization), on the server's decoder threads, so a bad one fails only its own request and no request's
-validation holds up the model. The event loop hands each prepared observation to :meth:`Batcher.submit` and gets an
-``asyncio.Future``. A batch loop takes the oldest requests, up to ``max_batch``, and runs them on the single
-inference thread, so the event loop keeps serving sockets while the model computes.
+Observations are validated one by one on the decoder threads (:meth:`Runner.prepare`), so a bad one fails only its
+own request; :meth:`Batcher.submit` queues it and returns an ``asyncio.Future``. The batch loop takes the oldest
+requests (up to ``max_batch``), groups them by :meth:`Runner.signature` into model calls on the inference thread,
+and retries a failed batch one request at a time, so only the culprit gets the error.
 
-How long a batch waits for more requests: robots (and openpi-client) send their next observation only when the
-previous answer has arrived, so while a batch runs its clients cannot send, and the others queue up. If the next
-batch started at once with what is queued, clients would settle into two groups that take turns: measured with
-8 closed-loop clients and ``max_batch`` 8 on pi0-tiny (CPU, in-process load test), 4.05 requests per model call,
-each client waiting for the other group's call before its own. So the window of ``batch_wait_s`` opens when the
-oldest request could first run (its arrival, or the end of the model call it queued behind), and the batch
-waits in it only for clients that may still send within it: those with a request queued, those that connected
-since the last model call began, and those the last call answered whose previous request came back within the
-window after its answer (clients that run a request loop). Nobody else is waited for: not a robot that paces its
-requests (it executes its chunk first), a monitor that never sends, or a client that is gone. With a window that
-covers the clients' turnaround (answer → next request) the groups merge into full batches (README, "Batching").
-
-Each batch then goes through two steps:
-
-1. the prepared observations are grouped by :meth:`Runner.signature` (:func:`merge_signatures`: shapes that can be
-   stacked) and each group is one model call (:meth:`Runner.run`, for a policy one ``run_validated``);
-2. if a batched call fails anyway, its requests are retried one by one, so only the culprit gets the error.
-
-Health: ``unhealthy_after`` requests in a row that fail with an internal error in the model call (a failed
-device turns every call into one) make :attr:`Batcher.healthy` false, so ``/healthz`` answers 503 and a supervisor
-restarts the server; an answered request makes it true again.
-
-Results go back to the loop with ``call_soon_threadsafe``; a request whose future is already done (timed out or
-its connection gone) is skipped before its batch starts and its late result is dropped.
+The oldest request waits up to ``batch_wait_s`` (from when it could first run) only for clients that may still send
+in that window: closed-loop clients cannot send while their batch runs, and starting at once splits them into two
+groups that take turns (docs/serving.md has the measurements). ``unhealthy_after`` internal errors in a row make
+:attr:`Batcher.healthy` false (``/healthz`` 503); an answer makes it true. A request whose future is already done
+is skipped, and a late result dropped.
 """
 
 from __future__ import annotations
@@ -95,15 +75,12 @@ class Runner(Protocol):
 
 
 class ValidatedRowsRunner:
-    """A policy with the validated-rows interface (every policy: :class:`~embodied_accel.policies.base.Policy`):
-    each observation checked once when it arrives, the group called in one batch.
+    """A policy with the validated-rows interface (:class:`~embodied_accel.policies.base.Policy`): each observation
+    checked once on arrival (``validate``), a compatible group run as one ``run_validated`` call.
 
-    ``prepare`` is the policy's ``validate`` (the same checks and error messages as ``infer_batch``; pi0 leaves the
-    image processing to the device, GR00T resizes and tokenizes here); its signature says which rows pack into one
-    call (pi0: the frame shape and dtype of each camera the row sends; GR00T: the processed frames' sizes). ``run``
-    is one ``policy.run_validated`` on the rows as validated (nothing is checked twice). With ``noise_seed`` every
-    row starts from the noise of a single ``policy.infer(obs, seed=noise_seed)``, so a batched answer equals the
-    single-request one.
+    The signature says which rows pack into one call (pi0: each camera's frame shape and dtype; GR00T: the processed
+    frames' sizes). With ``noise_seed`` every row starts from the noise of ``policy.infer(obs, seed=noise_seed)``,
+    so a batched answer equals the single-request one.
     """
 
     def __init__(

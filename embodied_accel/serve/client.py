@@ -85,15 +85,11 @@ def http_get(url: str, path: str, timeout_s: float = 10.0, api_key: str | None =
 class PolicyClient:
     """A blocking client: ``infer(observation) -> {"actions": [horizon, dim], "server_timing": {...}}``.
 
-    Each call reports its own outcome: a refused request raises :class:`RequestRefused` (kind and message), a
-    connection that fails raises :class:`ServerError`, and the next call goes on regardless. The client asks the
-    server for error messages (``?error_frames=1``), so a refusal leaves the connection open; a server that closes
-    the connection anyway (openpi's protocol, a message over the size limit, a restart) is reconnected on the next
-    call, retrying with backoff (0.1 s doubling to ``max_backoff_s``) for up to ``connect_timeout_s``, which also
-    bounds the wait for a server that is still starting (then :class:`ConnectionError`). ``api_key``: the key of a
-    server started with ``--api-key`` (sent as openpi-client sends it); a refused key raises at once. Replies may
-    carry ``warnings`` (keys of the observation the model did not use): logged as one line when they change (at
-    most 10 lines in all), and kept in :attr:`last_warnings`.
+    A refused request raises :class:`RequestRefused` (kind, message), a failed connection :class:`ServerError`; the
+    next call goes on regardless. It asks for error frames (``?error_frames=1``), so refusals keep the connection;
+    a closed one is reconnected on the next call, backing off from 0.1 s to ``max_backoff_s`` for up to
+    ``connect_timeout_s`` (then :class:`ConnectionError`). ``api_key``: sent as openpi-client sends it. A reply's
+    unused-key ``warnings`` are logged when they change and kept in :attr:`last_warnings`.
     """
 
     def __init__(
@@ -248,27 +244,17 @@ class ExecutorStats:
 class ActionChunkExecutor:
     """Runs a policy's action chunks on a control loop, inferring the next chunk while the current one executes.
 
-    Call :meth:`step` once per control tick with the current observation; it returns the action for this tick.
-    Time is counted in ticks. When at most ``prefetch_steps`` actions of the current chunk are left, a request
-    with the current observation starts in the background. A chunk's first action belongs to the tick of its
-    observation, so when it arrives ``d`` ticks later its first ``d`` actions are already in the past: they are
-    skipped and execution continues with action ``d``, in step with the robot's clock.
+    Call :meth:`step` once per control tick with the current observation; it returns this tick's action. When at
+    most ``prefetch_steps`` actions are left (``None``: one more than the largest delay seen, initially half a
+    chunk), a request starts in the background. A chunk that arrives ``d`` ticks after its observation starts at
+    its action ``d``, in step with the robot's clock. When the chunk runs out first, ``on_starve="wait"`` blocks and
+    ``"hold"`` repeats the last action; a failed request is retried while actions last, then :meth:`step` raises.
 
-    ``prefetch_steps=None`` adapts: one more than the largest delay seen so far (initially half a chunk).
-    If the current chunk runs out before the next one arrives, ``on_starve="wait"`` blocks until it does and
-    ``"hold"`` repeats the last action. A failed request is retried while the current chunk lasts; when no
-    action is left, :meth:`step` raises its error.
-
-    With ``real_time_chunking``, each request also carries the current chunk's unexecuted actions
-    (``previous_actions``, from this tick on) and the delay it expects (``inference_delay``: the largest of the
-    last few measured delays, in ticks), so a server with real-time chunking makes the new chunk continue the one
-    being executed (see :mod:`embodied_accel.nn.rtc`); ``execution_horizon`` is sent when given. Servers that do
-    not know these keys ignore them.
-
-    ``infer`` is any callable ``observation -> {"actions": [H, D]}`` (or the array), e.g.
-    :meth:`PolicyClient.infer` or openpi-client's ``WebsocketClientPolicy.infer``. Observations are passed on by
-    reference: give each step fresh arrays. ``submit`` runs ``infer`` in the background (default: one worker
-    thread); tests inject a scheduler to control when results arrive.
+    ``real_time_chunking``: requests also carry the unexecuted actions (``previous_actions``) and the expected delay
+    (``inference_delay``, in ticks), so an RTC server continues the executing chunk (:mod:`embodied_accel.nn.rtc`);
+    other servers ignore them. ``infer``: any ``observation -> {"actions": [H, D]}`` callable (e.g.
+    :meth:`PolicyClient.infer`); observations are passed by reference, so give each step fresh arrays. ``submit``
+    runs ``infer`` in the background (default: one worker thread; tests inject a scheduler).
     """
 
     def __init__(

@@ -1,20 +1,11 @@
 """openpi's wire format: msgpack, with numpy arrays and scalars as tagged maps.
 
-An array travels as ``{b"__ndarray__": True, b"data": <raw bytes>, b"dtype": arr.dtype.str, b"shape": [...]}``
-and a numpy scalar as ``{b"__npgeneric__": True, b"data": <item>, b"dtype": <str>}``; everything else is plain
-msgpack. :func:`packb` writes that format byte for byte as openpi-client does.
-
-:func:`unpackb` reads it strictly, because its input comes from the network: every tagged array is checked
-(known numeric / bool / string dtype, a shape of non-negative ints, exactly ``prod(shape) * itemsize`` bytes)
-before an array is made, so a message that declares a huge shape costs nothing, and every problem raises
-:class:`WireError` naming the field, e.g. ``observation['images']['cam_high']: shape [224, 224, 3] of uint8
-needs 150528 bytes, got 12``. Needs numpy and msgpack only (no torch), so the robot side can use it.
-
-What a message may expand to is bounded by counts, not only by its size in bytes (:class:`DecodeLimits`): one
-byte of msgpack can be an empty map, so a 16 MiB message could otherwise become 16.7 million Python dicts
-(2.3 GB, seconds of CPU). A list or map longer than ``max_collection_len`` is refused from its header, before
-its entries are built, and decoding stops once the lists, maps and their entries in a message exceed
-``max_items``; both are far above what an observation holds (tens of entries; arrays travel as one ``bin``).
+An array is ``{b"__ndarray__": True, b"data": bytes, b"dtype": arr.dtype.str, b"shape": [...]}``, a numpy scalar
+``{b"__npgeneric__": True, b"data": item, b"dtype": str}``; :func:`packb` writes it byte for byte as openpi-client
+does. :func:`unpackb` reads network input strictly: each array's dtype, shape and byte count are checked before it
+is made, and every problem raises :class:`WireError` naming the field. What a message may expand to is bounded by
+counts (:class:`DecodeLimits`), not only bytes: one msgpack byte can be an empty map, so 16 MiB could otherwise
+become millions of dicts. Needs numpy and msgpack only (no torch).
 """
 
 from __future__ import annotations

@@ -1,39 +1,17 @@
 """Isaac-GR00T's policy protocol (ZeroMQ REQ/REP, msgpack, arrays as ``.npy`` bytes): a second front end over the
-serving core of :mod:`.server` (its batcher, decoder threads, limits, metrics and drain).
+serving core of :mod:`.server` (its batcher, decoder threads, limits, metrics and drain); docs/serving.md.
 
-Wire format, as Isaac-GR00T's ``PolicyClient`` speaks it: one request is one msgpack map ``{"endpoint": name,
-"data": {...}, "api_token": token}`` (no ``endpoint``: ``get_action``); a numpy array travels as the map
-``{"__ndarray_class__": True, "as_npy": <the bytes of a .npy file>}`` and a modality config as
-``{"__ModalityConfig_class__": True, "as_json": {"delta_indices": [...], "modality_keys": [...], ...}}``. Every
-request gets one reply: the endpoint's result, or ``{"error": message}`` (the client raises with it).
+A request is ``{"endpoint": name, "data": {...}, "api_token": token}`` (default endpoint ``get_action``); an array
+travels as ``{"__ndarray_class__": True, "as_npy": bytes}``, a modality config as
+``{"__ModalityConfig_class__": True, "as_json": {...}}``; every request gets one reply, the result or
+``{"error": message}``. Endpoints: ``ping``, ``get_modality_config``, ``get_action`` (``[{action_key: [B, T, D]
+float32}, info]``), ``reset`` (``{}``: no state is kept), ``kill`` (only with ``--allow-remote-kill``).
 
-=======================  =====================================================================================
-endpoint                 reply
-=======================  =====================================================================================
-``ping``                 ``{"status": "ok", "message": "Server is running"}``
-``get_modality_config``  ``{"video" | "state" | "action" | "language": ModalityConfig}``: the keys and time steps
-``get_action``           ``data = {"observation": ..., "options": ...}`` → ``[{action_key: [B, T, D] float32}, info]``
-``reset``                ``{}`` (the server keeps no state between requests)
-``kill``                 nil, then a graceful shutdown; refused unless the server runs with ``--allow-remote-kill``
-=======================  =====================================================================================
-
-An observation is batched and timed, flat as GR00T's simulation wrapper sends it (``video.<camera>`` uint8
-``[B, T, H, W, 3]``, ``state.<key>`` float32 ``[B, T, D]``, the instruction ``[[str]] * B`` or ``[str] * B`` under
-its language key, e.g. ``annotation.human.action.task_description``; the reply's keys are ``action.<key>``) or
-nested as ``Gr00tPolicy`` takes it (``{"video": {camera: ...}, "state": {...}, "language": {...}}``; the reply's
-keys are the bare action keys). Its B rows are validated one by one on the decoder threads and queued together, so
-they run in one model call (up to ``max_batch``). A pi0 / pi0.5 model reads the ``video.*`` cameras in order, the
-``state.*`` parts concatenated in order and the instruction (see :mod:`.keymap`); its actions come back under one
-key, ``actions``.
-
-Bounds (the websocket front end's, where ZeroMQ allows): a message over ``max_message_bytes`` makes ZeroMQ drop
-the sender's connection unread; each client (ZeroMQ identity) has at most ``max_inflight_per_connection``
-requests in the server and at most ``max_connections`` clients at once, beyond which requests are refused
-(``limit``); the socket is not read while received, unanswered messages hold ``max_buffered_bytes``; every request
-ends within ``request_timeout_s``; the token is compared in constant time; while draining, requests are refused
-with ``server is shutting down`` and those received are answered. Arrays are read from the ``.npy`` header, parsed
-here and checked (a plain numeric, bool or string dtype; a shape that matches the bytes) before anything is made;
-pickled (object) arrays are refused, as is any ``.npy`` feature beyond a plain array.
+Observations come flat (``video.<camera>`` uint8 ``[B, T, H, W, 3]``, ``state.<key>`` float32 ``[B, T, D]``, the
+instruction) or nested as ``Gr00tPolicy`` takes them; the B rows are validated apart and run in one model call.
+Bounds are the websocket front end's where ZeroMQ allows (per-client in-flight requests, clients, buffered bytes,
+timeouts, constant-time token check). ``.npy`` payloads are parsed and checked here (plain dtype, a shape that
+matches the bytes) before anything is made; pickled arrays are refused.
 """
 
 from __future__ import annotations

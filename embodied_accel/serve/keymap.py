@@ -1,36 +1,14 @@
 """Observation keys as openpi robots send them → the model's cameras, state and instruction.
 
-openpi's example robots name their observations per platform (``examples/{libero,aloha_real,droid}`` and
-``openpi/policies/*_policy.py``):
-
-=========  ======================================================  ==================================  ========
-robot      cameras (model slot order: base, left wrist, right wrist)  state                               text
-=========  ======================================================  ==================================  ========
-LIBERO     ``observation/image``, ``observation/wrist_image``          ``observation/state`` [8]            ``prompt``
-ALOHA      ``images: {cam_high, cam_left_wrist, cam_right_wrist}``     ``state`` [14]                       ``prompt``
-DROID      ``observation/exterior_image_1_left``,                      ``observation/joint_position`` [7] + ``prompt``
-           ``observation/wrist_image_left``                            ``observation/gripper_position`` [1]
-=========  ======================================================  ==================================  ========
-
-Nested maps are flattened with ``/`` (ALOHA's ``images: {cam_high: ...}`` is ``images/cam_high``). A camera of a key
-map whose name (its last ``/`` part) is the name of one of the model's cameras (a GR00T embodiment's
-``video.wrist_image`` for LIBERO's ``observation/wrist_image``) feeds that camera; the others feed the model's
-remaining camera slots (``IOSpec.image_keys``) in order. Cameras beyond the model's slots are dropped (as openpi
-drops ALOHA's ``cam_low``), and a camera the robot does not send leaves its slot empty: masked for pi0, an error for
-GR00T. State parts go to the model's state keys of the same names when it has them all (GR00T's ``state.<key>``),
-else they are concatenated in order. Only keys are mapped: robot-specific value transforms (ALOHA's joint sign
-flips, gripper conversions) belong to the checkpoint's own processor.
-
-Every wire key the model does not use is reported (:class:`UnusedKey`): ``misspelled`` when it is close to a key the
-message lacks (``observation/imag`` for a missing ``observation/image``), ``ignored`` when it is known but left out
-(a camera beyond the model's slots, the text of an instruction also sent as token ids), ``unknown`` otherwise; the
-server puts them in the reply's ``warnings`` and its metrics, or refuses them (``--strict-keys``).
-
-A message may also use the model's own keys (``observation.images.*``, ``observation.state``, ``task`` /
-``prompt``, ``observation.language.tokens``): the ``identity`` map. ``auto`` picks the map per message from
-the keys present. A custom map is a JSON file ``{"name": ..., "cameras": [...], "state": [...], "prompt": ...}``.
-Real-time chunking's keys pass through every map unchanged; a leftover sent as a map per action key (GR00T's
-``previous_actions: {key: [n, D]}``) arrives as that map again, not flattened. Needs numpy only.
+The built-in maps follow openpi's example robots (``examples/{libero,aloha_real,droid}``): LIBERO
+(``observation/image``, ``observation/wrist_image``, ``observation/state`` [8]), ALOHA (``images/{cam_high,
+cam_left_wrist,cam_right_wrist}``, ``state`` [14]), DROID (``observation/exterior_image_1_left``,
+``observation/wrist_image_left``, joint [7] + gripper [1] position); ``prompt`` is the text. ``identity`` takes the
+model's own keys, ``auto`` picks a map per message, a JSON file defines a custom one. Nested maps flatten with ``/``.
+A camera feeds the model camera of its name, else the remaining slots in order (extra ones dropped, missing ones
+empty); state parts fill same-named state keys, else are concatenated. Only keys are mapped (value transforms belong
+to the checkpoint's processor). Every unused wire key is reported (:class:`UnusedKey`: ``misspelled``, ``ignored``,
+``unknown``). Real-time chunking keys pass through unchanged (a per-key leftover map stays a map). Needs numpy only.
 """
 
 from __future__ import annotations
@@ -194,13 +172,10 @@ def flatten(observation: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 class ObservationMapper:
     """Maps decoded wire observations to the model's observation dict.
 
-    :meth:`map` returns a :class:`MappedObservation` (the model observation, where each model key came from, the
-    wire keys the model does not use); ``__call__`` returns its first two. ``state_keys``: the model's per-part state
-    keys (GR00T's ``state.<key>``), filled by name when a key map's state parts all match them. ``known_keys``: every
-    key the model reads in its own layout (e.g. :attr:`~embodied_accel.models.pi0.processor.Pi0Processor.known_keys`);
-    with it, a message in the model's own keys passes on only those and reports the others, without it (a policy that
-    does not say) everything passes and nothing is reported. ``max_keys``: the most keys (after flattening) a message
-    may have.
+    :meth:`map` returns a :class:`MappedObservation` (the model observation, each model key's source, the unused wire
+    keys); ``__call__`` its first two. ``state_keys``: the model's per-part state keys (GR00T's ``state.<key>``).
+    ``known_keys``: every key the model reads in its own layout; without it everything passes and nothing is
+    reported. ``max_keys``: the most keys (after flattening) a message may have.
     """
 
     def __init__(

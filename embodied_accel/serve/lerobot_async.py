@@ -1,33 +1,14 @@
 """LeRobot's async-inference protocol (``serve --protocol lerobot-async``): the ``transport.AsyncInference`` gRPC
-service that LeRobot 0.6.1's ``lerobot.async_inference.robot_client`` talks to.
+service that LeRobot 0.6.1's ``robot_client`` talks to (docs/lerobot.md).
 
-The service has four methods. Every payload is a Python pickle, as LeRobot defines them:
-
-* ``Ready(Empty) -> Empty``: a client (re)starts; the server forgets the timesteps it has predicted.
-* ``SendPolicyInstructions(PolicySetup{data}) -> Empty``: ``data`` pickles a ``RemotePolicyConfig`` (policy type,
-  checkpoint, the robot's features, actions per chunk, device, rename map).
-* ``SendObservations(stream Observation{transfer_state, data}) -> Empty``: one pickled ``TimedObservation`` in
-  chunks (BEGIN, MIDDLE..., END).
-* ``GetActions(Empty) -> Actions{data}``: a pickled list of ``TimedAction`` for the latest observation, or empty
-  ``data`` when no observation came within the wait.
-
-A pickle can run any code while it is loaded, so this protocol is only served with ``--trusted-network``, and even
-then every payload is loaded by :class:`RestrictedUnpickler`: it resolves only the classes those payloads are made
-of (LeRobot's three dataclasses, mapped onto plain records of ours; numpy's array, dtype and scalar rebuilders; a
-few builtin containers) and refuses any other global by name before anything is called.
-
-The messages (``bytes data`` and an enum) are encoded here by hand in protobuf's wire format, so only ``grpcio``
-is needed (the ``[lerobot-async]`` extra); no generated module and no protobuf runtime.
-
-The observation reaches the model the way LeRobot's ``PolicyServer`` prepares it
-(``raw_observation_to_observation`` in ``lerobot/async_inference/helpers.py``): the state is the robot's values of
-the ``observation.state`` feature's ``names`` in order; each ``observation.images.<camera>`` feature takes the raw
-frame of ``<camera>``, resized bilinearly (``align_corners=False``) to the policy's image shape and scaled to
-``[0, 1]``; the ``rename_map`` renames keys; ``task`` is the instruction. The chunk's first ``actions_per_chunk``
-actions come back as ``TimedAction(timestamp=t0 + i / fps, timestep=i0 + i, action)`` with the observation's
-timestamp ``t0`` and timestep ``i0``. As LeRobot's server does, an observation is skipped (not predicted) when its
-timestep was predicted already, or its state is within 1 (Euclidean norm) of the last predicted one, unless the
-client marked it ``must_go``; only the latest observation waits for ``GetActions``.
+Four methods: ``Ready``, ``SendPolicyInstructions`` (a pickled ``RemotePolicyConfig``), ``SendObservations`` (a
+pickled ``TimedObservation`` streamed in chunks) and ``GetActions`` (a pickled list of ``TimedAction``, empty when no
+observation came within the wait). A pickle can run code as it loads, so the protocol is served only with
+``--trusted-network``, and every payload goes through :class:`RestrictedUnpickler` (only the payloads' own classes,
+mapped onto plain records; any other global refused by name before anything runs). The messages are encoded here in
+protobuf's wire format by hand, so only ``grpcio`` is needed. Observations are prepared and skipped as LeRobot's
+``PolicyServer`` does (``raw_observation_to_observation``; a repeated timestep, or a state within 1 of the last
+predicted one, unless ``must_go``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Load test: N concurrent clients × M requests against a policy server; latency, throughput, errors, memory.
 
-Every client holds one websocket connection and sends its next observation as soon as the previous answer
-arrives (a robot that never idles). After ``warmup`` untimed requests per client, the server's resident memory
-is read from ``/metrics``; then the timed requests run, the memory is sampled every second, and read again at
-the end: ``server_rss_peak_mb`` is the largest of these readings (a sampled peak: a spike shorter than the
-sampling interval can be missed), ``server_rss_final_mb`` the last. One reading moves by tens of MB as the
-allocator takes and returns batch buffers, so the leak indicator is ``server_rss_trend_mb``: the mean of the last
-quarter of the samples minus the mean of the first quarter. Latency is the client's round trip (pack, send,
-server, receive, unpack). Needs numpy, msgpack and websockets (no torch).
+Each client holds one websocket and sends its next observation as soon as the previous answer arrives. After
+``warmup`` requests per client, the server's resident memory is sampled every second from ``/metrics``:
+``server_rss_peak_mb`` (a sampled peak), ``server_rss_final_mb``, and ``server_rss_trend_mb`` (last quarter's mean
+minus the first's: the leak indicator, since single readings move with the allocator). Latency is the client's
+round trip. Needs numpy, msgpack and websockets (no torch).
 """
 
 from __future__ import annotations

@@ -104,24 +104,19 @@ def _glibc() -> Any:
 
 def map_large_allocations(threshold: int = LARGE_ALLOCATION_BYTES) -> bool:
     """Make glibc map every allocation of ``threshold`` bytes or more directly from the system, so that it goes back
-    to the system when freed (``mallopt(M_MMAP_THRESHOLD)``); False where unavailable.
+    when freed (``mallopt(M_MMAP_THRESHOLD)``); False where unavailable.
 
-    By default glibc raises that threshold each time a large mapped block is freed, up to 32 MiB: after a few
-    16 MiB messages, such messages are carved from its heaps instead, and that memory stays resident after the
-    connections that sent them are gone (60 to 150 MB more than before, measured with three clients pushing
-    15 MiB messages; none with the threshold fixed at 4 MiB, ``tools/measure_serve_attacks.py``). 4 MiB leaves the
-    model's own smaller allocations where they were (pi0-tiny's latency on the CPU unchanged). It is a setting of
-    the whole process: the ``serve`` command makes it at start; a program that runs the server in-process may."""
+    glibc otherwise raises that threshold up to 32 MiB as large blocks are freed, and large messages then stay
+    resident in its heaps after their connections are gone (figures in docs/serving.md). A process-wide setting:
+    ``serve`` makes it at start; a program that runs the server in-process may."""
     libc = _glibc()
     return bool(libc and libc.mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD (malloc.h)
 
 
 def release_free_memory() -> bool:
-    """Collect the garbage of the young generations, then give the free pages of glibc's heaps back to the system
-    (``malloc_trim``); False where glibc is not the C library. The websocket layer leaves a closed connection's
-    parser, its buffer and its last frames in reference cycles: a connection that sent 15 MiB messages holds 15 to
-    30 MB until they are collected. Collecting generations 0 and 1 frees them in milliseconds (a full collection,
-    with a model loaded, holds the interpreter for about 200 ms). Call it off the event loop, now and then, after
+    """Collect the young generations' garbage, then give glibc's free heap pages back (``malloc_trim``); False where
+    glibc is not the C library. The websocket layer leaves a closed connection's buffers in reference cycles; young
+    collections free them quickly where a full one would stall the interpreter. Call it off the event loop, after
     large buffers were let go."""
     gc.collect(1)
     libc = _glibc()

@@ -1,49 +1,19 @@
-"""A websocket policy server speaking openpi's protocol, with batching across connections.
+"""A websocket policy server speaking openpi's protocol, with batching across connections (docs/serving.md).
 
-Protocol (openpi-client 0.1.2's ``WebsocketClientPolicy``): on connect the server sends one msgpack map of
-metadata; then each binary frame is one observation (see :mod:`.codec`) and is answered by one binary frame
-``{"actions": [horizon, action_dim] float32, "server_timing": {"infer_ms", "queue_ms", "batch_size",
-"prev_total_ms" (from the second answer on: the previous request's time in the server, receipt to reply sent)}}``,
-plus ``"warnings": [...]`` when the observation had keys the model did not use (openpi-client ignores it), and for a
-GR00T model the same actions per action key, ``"action.<key>": [horizon, D]``, as GR00T's own clients read them.
-With ``action_horizon`` (``serve --action-horizon N``) every chunk is cut to its first N steps.
-A refused request is answered by a text frame with the error, then close code 1011 (1001 when the server is
-shutting down). A client that connects with ``?error_frames=1`` in its URL (our :class:`~.client.PolicyClient`)
-gets the refusal as a binary message ``{"error": {"kind": ..., "message": ...}}`` instead, and its connection
-stays open. A message over ``max_message_bytes`` is refused by the websocket layer (close code 1009) before it
-is read. ``GET /healthz`` answers 200 (503 while draining, or after repeated internal errors in model calls) and
-``GET /metrics`` the Prometheus text, on the same port.
+Protocol (openpi-client 0.1.2): a metadata map on connect, then one msgpack observation per binary frame
+(:mod:`.codec`), answered by ``{"actions": [horizon, action_dim] float32, "server_timing": {...}}`` (plus
+``warnings`` for unused keys, and ``action.<key>`` arrays for a GR00T model). A refusal is a text frame and close
+code 1011, or with ``?error_frames=1`` a binary ``{"error": {"kind", "message"}}`` on an open connection.
+``GET /healthz`` and ``GET /metrics`` share the port; Isaac-GR00T's ZeroMQ protocol is a second front end over
+the same core (:mod:`.gr00t`).
 
-Who may connect: with ``api_key``, a handshake must carry ``Authorization: Api-Key <key>`` (what openpi-client
-sends when given ``api_key=``; ``Bearer <key>`` works too), else HTTP 401; a handshake with an ``Origin`` header
-(a browser page) is refused with 403 unless the origin is in ``allowed_origins``; beyond ``max_connections`` open
-connections, 503; a connection whose first bytes are no HTTP request (a ZeroMQ client dialling the wrong port) is
-closed at once. Each refusal is counted (``connections_refused_total``) and logged at WARNING with the peer.
-Isaac-GR00T's ZeroMQ protocol is a second front end over the same batcher, decoder threads, limits, metrics and
-drain (:mod:`.gr00t`; ``protocols``).
-
-Per connection, a reader task receives messages (at most ``max_inflight_per_connection`` unfinished), decodes,
-maps and validates each on a decoder thread (``Runner.prepare`` of :mod:`.batching`: tokenization included; a large
-or hostile message never stalls the event loop or the model; what a message may expand to is bounded, see
-:class:`~.codec.DecodeLimits`) and queues it, and the connection's handler answers them strictly in arrival order.
-Receiving bytes costs the server CPU time in proportion to their number (the websocket layer copies each message
-several times, 16 MiB ones with fresh pages), time the model's thread then waits for. So messages are decoded on
-two lanes. A message up to ``large_message_bytes`` from a connection that keeps within ``connection_byte_rate``
-(bytes/s on average, a burst of one full message; :class:`BytePacer`) is decoded at once by ``decode_workers``
-threads: a robot's observations (hundreds of kB, tens a second) never wait. Every other message (a large one, or
-one from a connection that sends faster) goes through the paced lane: one at a time, connections in turn, at most
-``paced_byte_rate`` bytes/s in all; while its message waits, a connection's reader waits, so the websocket layer
-stops reading its socket and the sender is held back by TCP. Each connection has at most one message being
-decoded. What a client can make the server hold is bounded: the websocket layer stops reading a connection's
-socket when more than ``max_queued_messages`` (0) of its messages wait to be received (so it parks one, and part
-of the next), a connection that already has a message in the server receives its next one only while all
-connections together hold less than ``max_buffered_bytes`` of received, unanswered messages, and there are at most
-``max_connections``. Worst case: ``max_connections`` x 3 x ``max_message_bytes`` + ``max_buffered_bytes``.
-
-Every received request ends in exactly one way, counted in ``requests_total``: answered (``ok``), refused
-(``error``, by kind), or ``dropped`` when no reply can be sent (by reason). A slow or stalled client holds only its
-own tasks: the batch loop never waits on a socket, and the model runs on the inference thread (:mod:`.batching`).
-Shutdown (:meth:`PolicyServer.shutdown`) keeps to ``drain_timeout_s``.
+Contract: every received request ends exactly once (``ok``, ``error`` by kind, or ``dropped`` by reason); a slow or
+hostile client holds only its own tasks (decoding on threads, the model on the inference thread of
+:mod:`.batching`); what clients can make the server hold is bounded (connections, in-flight requests, buffered
+bytes, :class:`~.codec.DecodeLimits`; worst case ``max_connections`` x 3 x ``max_message_bytes`` +
+``max_buffered_bytes``). Messages up to ``large_message_bytes`` from a connection within ``connection_byte_rate``
+(:class:`BytePacer`) are decoded at once; the rest go through one paced lane, so receiving bytes never starves the
+model's thread of CPU. Shutdown keeps to ``drain_timeout_s``.
 """
 
 from __future__ import annotations
@@ -467,14 +437,10 @@ class PolicyServer:
     async def shutdown(self) -> None:
         """Drain, then stop; done within ``drain_timeout_s`` (plus a model call that is running, if any).
 
-        1. Draining: the port stays open, ``/healthz`` answers 503 (so a load balancer takes the server out),
-           a new websocket connection is refused with HTTP 503, and a message that arrives is refused with a
-           ``shutdown`` error; every request already received is answered.
-        2. When nothing is in flight (or the time left is the close reserve: a quarter of the drain timeout, at
-           most 1 s), each connection stops reading, answers what it received, and closes with 1001.
-        3. At the drain timeout, connections that have not closed (a client that does not read its answers) are
-           cut; their unanswered requests count as dropped (``drain_timeout``).
-        4. The listener closes and the batcher stops.
+        While draining, ``/healthz`` answers 503, new connections get HTTP 503 and new messages a ``shutdown``
+        refusal; requests already received are answered. Then (nothing in flight, or the close reserve left: a
+        quarter of the timeout, at most 1 s) connections close with 1001; those still open at the timeout are cut,
+        their requests counted ``dropped`` (``drain_timeout``). Last, the listener and the batcher stop.
         """
         if self._draining or not self._started:
             return

@@ -1,11 +1,10 @@
 """Training batches: dataset samples through the policy's own processor, then onto the device as model inputs.
 
-:class:`TrainingCollator` (run in the DataLoader's workers) validates and tokenizes each sample with
-:class:`~embodied_accel.models.pi0.processor.Pi0Processor`, the processor ``serve`` runs (pi0.5's state-in-prompt
-included), and packs the batch as the raw bytes the inference path uploads. :func:`model_inputs` then runs the same
-device-side processing as an inference call (:class:`~embodied_accel.models.pi0.device_processing.DeviceProcessing`:
-resize-with-pad, ``[-1, 1]``, camera masks, state normalization) and normalizes the action chunks with the same
-statistics, so a fine-tune sees exactly the numbers it will be served.
+:class:`TrainingCollator` (in the DataLoader's workers) validates and tokenizes each sample with the processor
+``serve`` runs (:class:`~embodied_accel.models.pi0.processor.Pi0Processor`) and packs the raw bytes the inference
+path uploads; :func:`model_inputs` runs the inference call's device-side processing
+(:class:`~embodied_accel.models.pi0.device_processing.DeviceProcessing`) and normalizes the action chunks with the
+same statistics, so a fine-tune sees exactly the numbers it will be served.
 """
 
 from __future__ import annotations

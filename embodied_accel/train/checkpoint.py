@@ -1,22 +1,16 @@
 """Checkpoints of a fine-tune: a LeRobot policy directory plus the training state for an exact resume.
 
-Layout (LeRobot's ``checkpoints/<step>/{pretrained_model,training_state}``)::
+Layout (LeRobot's)::
 
-    OUT/checkpoints/000500/pretrained_model/   config.json, model.safetensors (LeRobot keys, fp32, both lm_heads),
-                                               policy_preprocessor.json + ..._normalizer_processor.safetensors,
-                                               policy_postprocessor.json + ..._unnormalizer_processor.safetensors,
-                                               tokenizer.model (when the run had one), train_config.json
-    OUT/checkpoints/000500/training_state/     optimizer.pt (state and schedule), progress.json (step, samples),
-                                               trainable_parameters.safetensors (see below)
+    OUT/checkpoints/000500/pretrained_model/   config.json, model.safetensors (LeRobot keys, fp32), the pre- and
+                                               postprocessor files, tokenizer.model (if any), train_config.json
+    OUT/checkpoints/000500/training_state/     optimizer.pt, progress.json, trainable_parameters.safetensors
     OUT/checkpoints/last -> 000500
 
-``pretrained_model`` is what LeRobot's ``PI0Policy.from_pretrained`` / ``PI05Policy.from_pretrained``, our
-``load_policy`` and ``embodied-accel serve --checkpoint`` read: no conversion. The weights go through the inverse of the
-loader's key table (:mod:`embodied_accel.models.pi0.export`), LoRA pairs merged in. That trip is not bit-exact for
-every fp32 value (the token embedding's ``/ sqrt(width)`` at full size, a norm scale below 1/2), and LoRA runs need
-their pairs apart, so ``training_state`` also keeps every trainable tensor as it is (our names): a resume rebuilds the
-model from the run's base, configures the same trainable set, loads them, and continues bit for bit. For a full
-fine-tune that is one more copy of the weights beside the optimizer's two.
+``pretrained_model`` is read as it is by LeRobot's ``from_pretrained``, ``load_policy`` and ``serve``: weights go
+through :mod:`embodied_accel.models.pi0.export`, LoRA merged. That trip is not bit-exact for every fp32 value and
+loses LoRA's pairs, so ``training_state`` also keeps every trainable tensor under our names: a resume rebuilds the
+model from the run's base, loads them and continues bit for bit.
 """
 
 from __future__ import annotations

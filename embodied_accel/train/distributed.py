@@ -1,9 +1,8 @@
 """Processes for data-parallel training: ``torch.distributed`` from ``torchrun``'s environment, the backend the device
 speaks (NCCL on NVIDIA GPUs, HCCL on Ascend NPUs, gloo on the CPU), DDP or FSDP2 (``fully_shard``) around the model.
 
-The caching allocator's expandable segments (the source recipe's fix for reserved memory far above allocated memory,
-which let its batch grow 4× at lower peak) are switched on by :func:`configure_allocator` before the first device
-allocation, unless the user set the variable.
+:func:`configure_allocator` switches on the caching allocator's expandable segments (the source recipe's fix for
+reserved memory far above allocated) before the first device allocation, unless the user set the variable.
 """
 
 from __future__ import annotations

@@ -29,13 +29,10 @@ def training_velocity(
 ) -> torch.Tensor:
     """The velocity ``v(x_t, t)`` ``[B, horizon, max_action_dim]`` (fp32) of one training forward, with autograd.
 
-    Run once over ``[prefix | suffix]`` at one flow time per row, as LeRobot's ``PI0Pytorch.forward`` does: the VLM over the prefix (prefix-LM over valid tokens) writes each
-    layer's K/V into a fresh per-layer tensor; the expert then runs over the suffix (pi0: state token + action
-    tokens, the state not seeing the actions; pi0.5: action tokens) with each layer attending to that layer's
-    prefix K/V followed by its own. pi0.5's adaRMS modulation is per row (one time per sample).
-    ``checkpoint_layers`` recomputes the vision tower and every Gemma layer in the backward pass instead of
-    keeping their activations (gradient checkpointing). Under ``torch.autocast`` the K/V tensors, rotary tables
-    and masks take the autocast dtype.
+    One pass over ``[prefix | suffix]`` at one flow time per row, as LeRobot's ``PI0Pytorch.forward``: the VLM writes
+    each layer's prefix K/V into a fresh tensor, the expert attends to it followed by its own (pi0's state token not
+    seeing the actions); pi0.5's adaRMS modulation is per row. ``checkpoint_layers`` recomputes the vision tower and
+    every Gemma layer in backward. Under ``torch.autocast`` K/V, rotary tables and masks take the autocast dtype.
     """
     cfg, ops = model.config, model.ops
     batch, horizon = x_t.shape[:2]

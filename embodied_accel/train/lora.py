@@ -1,11 +1,10 @@
 """Which parameters train: freezing whole parts (vision, VLM, expert) and LoRA on the Gemma towers' matrices.
 
-LoRA is a parametrization of the weight itself (``torch.nn.utils.parametrize``): ``W + (alpha / rank) · A B`` with
-``A [in, rank]``, ``B [rank, out]`` (B starts at zero, so training starts from the base model exactly). Each matrix is
-a :class:`~embodied_accel.nn.linear.Linear` whose call reads its ``weight_t``, so the parametrized attribute is all it
-needs: no layer is replaced. Saving reads the same attribute, so a checkpoint holds the merged weights and loads as a plain model.
-openpi's LoRA fine-tunes put LoRA on attention and MLP of both Gemma towers; the fused ``qkv`` and ``gate_up`` matrices
-get one LoRA pair each.
+LoRA parametrizes the weight itself (``torch.nn.utils.parametrize``): ``W + (alpha / rank) · A B``, ``A [in, rank]``,
+``B [rank, out]`` starting at zero (training starts from the base model exactly). A
+:class:`~embodied_accel.nn.linear.Linear` reads its ``weight_t``, so no layer is replaced, and a checkpoint holds the
+merged weights. As in openpi's LoRA fine-tunes: attention and MLP of both towers, one pair per fused ``qkv`` /
+``gate_up`` matrix.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The flow-matching objective of pi0 / pi0.5 (openpi's convention, as LeRobot 0.6.1 trains them).
 
-For a batch of normalized action chunks ``actions [B, H, A]`` (zero-padded to the model's ``max_action_dim``):
-
-* flow time ``t ~ Beta(α=1.5, β=1) · 0.999 + 0.001`` per row (:func:`sample_flow_time`), noise ``ε ~ N(0, 1)``;
-* ``x_t = t·ε + (1 − t)·actions`` (t = 1 is pure noise, the sampler's start);
-* the model predicts the velocity ``v(x_t, t)``; the target is ``u = ε − actions``;
-* the loss is the squared error over the robot's own action dims (the padding dims past ``action_dim`` are left out),
-  averaged over the steps that lie inside their episode: steps past an episode's end (``action_is_pad``) are masked.
-  With no padded step this is LeRobot's ``losses[..., :action_dim].mean()``.
-
-The Beta sample is drawn as a ratio of two Gamma samples from an explicit generator, so that a step's noise and times
-depend only on its seed (exact resume, identical draws on every device); no Dirichlet kernel is needed on the device.
+For normalized action chunks ``actions [B, H, A]`` (zero-padded to ``max_action_dim``): ``t ~ Beta(1.5, 1) · 0.999 +
+0.001`` per row (:func:`sample_flow_time`), ``ε ~ N(0, 1)``, ``x_t = t·ε + (1 − t)·actions``, target ``u = ε −
+actions``; the loss is the squared error of the predicted velocity over the robot's own action dims, averaged over
+the steps inside their episode (``action_is_pad`` masked; with none padded, LeRobot's
+``losses[..., :action_dim].mean()``). The Beta sample is a ratio of Gamma samples from an explicit generator, so a
+step's draws depend only on its seed (exact resume, identical on every device).
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """The fine-tuning loop: a LeRobot dataset, a pi0 / pi0.5 base, AdamW, checkpoints LeRobot and ``serve`` read.
 
-One process, or one per device under ``torchrun`` (DDP or FSDP2). Each step:
-
-1. the next batch from the DataLoader's workers (decoded, validated and tokenized by the policy's processor);
-2. on the device, the inference path's own pre-processing (:func:`~.batches.model_inputs`) and the action chunks
-   normalized with the dataset's statistics;
-3. noise and flow times drawn for the whole global batch from a generator seeded by ``(seed, step)``, each rank
-   taking its rows: a run on ``W`` ranks of batch ``B`` draws what one process of batch ``W·B`` draws, and a resumed
-   run draws what the uninterrupted one would have;
-4. the training forward (:func:`~.forward.training_velocity`, bf16 autocast over
-   fp32 weights when ``dtype = bfloat16``), the masked flow-matching loss normalized by the valid elements of the
-   whole global batch, backward, gradient clipping, AdamW, the schedule.
-
-Rank 0 writes ``metrics.jsonl`` (loss, grad norm, lr, samples/s, the fraction of the time spent waiting for data,
-peak memory), a progress bar, checkpoints every ``save_every`` steps and at the end, and ``loss_curve.png``.
+One process, or one per device under ``torchrun`` (DDP or FSDP2). Each step: the next batch from the DataLoader
+(processed by the policy's processor); on the device, the inference path's pre-processing
+(:func:`~.batches.model_inputs`) and normalized action chunks; noise and flow times for the whole global batch from
+a generator seeded by ``(seed, step)``, each rank taking its rows (so ``W`` ranks of batch ``B`` draw what one process
+of ``W·B`` does, and a resumed run what the uninterrupted one would); the training forward
+(:func:`~.forward.training_velocity`; with ``bfloat16``, autocast over fp32 weights), the loss normalized over the
+global batch's valid elements, backward, clipping, AdamW, the schedule. Rank 0 writes ``metrics.jsonl``, a progress
+bar, checkpoints and ``loss_curve.png``.
 """
 
 from __future__ import annotations

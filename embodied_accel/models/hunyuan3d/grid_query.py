@@ -1,31 +1,16 @@
-"""The ShapeVAE geometry decoder on grid points, with its per-shape constants folded in.
+"""The ShapeVAE geometry decoder on grid points, with its per-shape constants folded in (docs/hunyuan3d.md).
 
-Volume decoding asks the decoder (:meth:`~.model.ShapeVaeDecoder.query`) for the SDF at every point of a regular
-grid. Four facts about that call make a cheaper but equal form of it (equal up to fp32 rounding; the parity
-tests hold it to hy3dgen within 1e-4 like the direct form):
+An equal but cheaper form of :meth:`~.model.ShapeVaeDecoder.query` on a regular grid (equal up to fp32 rounding;
+the parity tests hold it to hy3dgen within 1e-4 like the direct form):
 
-1. **The query embedding is linear in per-axis features.** ``query_proj(fourier(x, y, z))`` is a sum of three
-   terms, each depending on one coordinate: ``T_x[i] + T_y[j] + T_z[k]`` for the grid point ``(i, j, k)``. The
-   three tables (:func:`axis_tables`) are made once per grid resolution. A span of consecutive grid points (dense
-   decoding) is one or two broadcast additions of ``T_x[i]`` to a slice of the ``T_y + T_z`` table of the ``(j, k)``
-   plane; scattered points (refinement) gather three table columns each. No sin / cos, no GEMM per point.
-2. **LayerNorm affines, the attention scale, the QK-norm affine, the key and value projections' consumers, the
-   output projection and every bias are constants per shape** (:func:`fold`): LayerNorm weights and biases move
-   into the next linear layer; each linear layer's bias becomes a column of its weight, multiplied by a row of ones
-   kept under the layer's input; the query's per-head mean moves into ``c_q`` (its rows minus their head's mean),
-   its per-head LayerNorm affine into the keys (weight) and a per-key score bias (bias); ``c_proj`` moves into the
-   values (``V_h · W_proj,h``, plus ``b_proj / H`` per key: each head's softmax row sums to 1). Only the
-   parameter-free normalizations remain per point.
-3. **Few keys.** When the latent set is small (``L · (H − 1) ≤ W``: the fold of ``c_proj`` into the values then
-   costs no more than what it replaces; the reduced test config has 16 latents × 2 heads at width 32), the attention
-   runs as two matrix products with an explicit softmax, in a **feature-major** layout (activations ``[features,
-   points]``): the normalizations' statistics come from small GEMMs with an averaging matrix, and softmax runs over
-   the key axis of ``[H, L, points]``. Larger latent sets, the released models' 3072 × 16 heads included, take the
-   direct form, whose attention is the op layer's (flash / SDPA); see :func:`applies`.
-4. **Every intermediate has one size per chunk**, so a :class:`GridWorkspace` the runtime owns holds them all and
-   each op writes into it. On a CPU this matters beyond the allocations themselves: glibc returns freed blocks of
-   128 KiB and more to the OS, and every chunk would fault its intermediates' pages in again (measured: 1.8× the
-   decoding time at 2048 points per chunk in a process whose allocator had not been warmed by other imports).
+1. The query embedding is linear in per-axis features: ``T_x[i] + T_y[j] + T_z[k]`` from tables made once per
+   resolution (:func:`axis_tables`); no sin / cos and no GEMM per point.
+2. LayerNorm affines, the attention scale, the QK-norm affine, ``c_proj`` and every bias fold into per-shape
+   constants (:func:`fold`); only parameter-free normalizations remain per point.
+3. With few keys (``L · (H − 1) ≤ W``, :func:`applies`) the attention is two matrix products and an explicit softmax
+   in a feature-major layout (``[features, points]``); larger latent sets take the direct form.
+4. Every intermediate has one size per chunk, so a :class:`GridWorkspace` owned by the runtime holds them all (on a
+   CPU, re-faulting freed large blocks every chunk would cost more than the allocations).
 """
 
 from __future__ import annotations
@@ -62,8 +47,8 @@ class FoldedDecoder:
 def applies(vae: ShapeVaeDecoder) -> bool:
     """Whether the grid form serves this decoder: when the values with ``c_proj`` folded in (``W · H · L``
     multiply-adds per point) cost no more than the attention output and ``c_proj`` they replace (``H · L · Dh +
-    W²``), i.e. ``L · (H − 1) ≤ W``. Then the key set is small too, and an explicit softmax over it is cheap; for
-    larger ones the direct form's fused attention was faster (measured: 256 latents × 4 heads at width 256)."""
+    W²``), i.e. ``L · (H − 1) ≤ W``. Then the key set is small and an explicit softmax over it is cheap; larger ones
+    take the direct form's fused attention."""
     cfg = vae.config
     return cfg.num_latents * (cfg.heads - 1) <= cfg.width
 

@@ -1,27 +1,14 @@
-"""Marching cubes in whole-array NumPy: the iso-surface of a 3D grid as vertices and triangles.
+"""Marching cubes in whole-array NumPy with the asymptotic decider on cell faces (Nielson and Hamann, 1991).
 
-The algorithm is the classic one with the asymptotic decider on cell faces (Nielson and Hamann, 1991):
+A point is inside when ``value > level`` (hy3dgen's SDF logits are positive inside); each crossed grid edge carries
+one vertex (linear interpolation, shared between cells: an indexed mesh). An ambiguous face (diagonal inside corners)
+is decided by comparing the products of the two diagonals' values relative to the level; both cells sharing the face
+decide the same way, so the mesh has no cracks. Each cell's segments chain into loops, wound so normals point out of
+the shape and triangulated by the shortest diagonals no neighbour could draw.
 
-* A grid point is *inside* when its value is above the level (``value > level``; hy3dgen's SDF logits are positive
-  inside). A cell whose 8 corners are not all on one side is *crossed*; only crossed cells make triangles.
-* Each grid edge whose two ends are on opposite sides carries one vertex, placed by linear interpolation of the two
-  values. Cells share these vertices, so the mesh is indexed (no duplicate vertices).
-* Within a crossed cell, the surface meets each of the 6 faces in 0, 1 or 2 segments joining the crossed edges of the
-  face. A face whose inside corners are diagonal (4 crossed edges) is ambiguous; the asymptotic decider resolves it:
-  the two inside corners are joined through the face when the bilinear interpolant's saddle value is inside, i.e.
-  when the product of the inside diagonal's values exceeds the product of the outside diagonal's (values taken
-  relative to the level). Both cells that share a face compute the same decision from the same four values, so the
-  mesh has no cracks.
-* The segments chain into closed loops around the cell; each loop is one polygon, wound so that the triangles'
-  normals point from inside to outside (out of the shape), and triangulated with the shortest diagonals that no
-  neighbouring cell could draw too (a polygon with none is fanned around a vertex at its centre).
-
-The triangulation of every (corner signs, face decisions) combination is derived below from these rules once (no
-hand-written case table), then applied to all crossed cells at once: one table look-up per cell, and one look-up
-per triangle corner in an edge -> vertex map built slab by slab. What the classic algorithm does not resolve is an ambiguity in a cell's interior
-(the trilinear interpolant may join two of its faces' patches through a tunnel that never touches a face); Lewiner's
-variant, scikit-image's, adds interior tests and extra vertices for it. Both give the same vertices on the grid's
-edges; the triangles differ where cells are ambiguous or where the same polygon is split along another diagonal.
+The triangulation of every (corner signs, face decisions) case is derived from these rules once (no hand-written
+table), then applied to all crossed cells at once. Interior ambiguities (tunnels) are not resolved, unlike Lewiner's
+variant (scikit-image's): the vertices are the same, the triangles differ in ambiguous cells.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Triangle meshes: surface extraction from an SDF grid, export to .glb / .obj / .ply, and reading them back.
 
-Surface extraction is this package's marching cubes (``marching_cubes.py``: whole-array NumPy, the asymptotic
-decider on cell faces, watertight). ``method="scikit-image"`` runs scikit-image's Lewiner marching cubes instead
-(what upstream runs: same vertices, its own triangulation; ``pip install scikit-image``); it is told (its ``mask``)
-which cells the surface crosses, which shortens its traversal and changes nothing in its output. Vertices are placed
-at ``index / R * 2 · bounds − bounds`` (upstream divides by ``R + 1``, which shrinks its meshes by ``R / (R + 1)``);
-faces are wound so that normals point out of the shape (upstream reverses scikit-image's order when it exports, and
-so does this module for that method).
-
-The writers are small and dependency-free: binary glTF 2.0 (one mesh, one primitive: POSITION + indices),
-Wavefront OBJ and binary little-endian PLY.
+Extraction is :mod:`.marching_cubes` (watertight), or scikit-image's Lewiner variant (``method="scikit-image"``,
+what upstream runs; same vertices, given a ``mask`` of crossed cells). Vertices lie at ``index / R * 2 · bounds −
+bounds`` (upstream's ``R + 1`` shrinks its meshes by ``R / (R + 1)``); normals point out of the shape. The writers
+are dependency-free: binary glTF 2.0 (POSITION + indices), Wavefront OBJ, binary little-endian PLY.
 """
 
 from __future__ import annotations

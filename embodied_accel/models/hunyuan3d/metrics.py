@@ -1,16 +1,9 @@
-"""Geometric agreement of two meshes: Chamfer distance, F-score at a distance threshold, volume IoU.
+"""Geometric agreement of two meshes in one frame: Chamfer distance, F-score at a threshold, volume IoU.
 
-Both meshes are compared as they are (same coordinate frame: a cached or accelerated run against a reference run
-of the same model, seed and settings). Surfaces are sampled uniformly by area (seeded); distances are Euclidean
-nearest-point distances between the two samples.
-
-* **Chamfer distance**: ``mean_a d(a, B) + mean_b d(b, A)`` (sum of the two mean distances), where ``d(p, M)`` is
-  the exact distance from a sample point to the other mesh's surface (to the nearest of the ``candidates``
-  triangles whose centroids are closest to it; two samplings of one mesh score 0).
-* **F-score@τ**: harmonic mean of precision (fraction of A's samples within τ of B) and recall (B's within τ of A).
-* **Volume IoU**: on a regular grid over both meshes' bounding box, a point is inside a mesh when a ray from it
-  along +x crosses the mesh an odd number of times (closed meshes, as marching cubes makes them); IoU =
-  |inside both| / |inside either|. (:func:`winding_numbers` is the slower test robust to holes.)
+Surfaces are sampled uniformly by area (seeded). Chamfer: ``mean_a d(a, B) + mean_b d(b, A)`` with exact
+point-to-surface distances (over the ``candidates`` nearest triangles). F-score@τ: the harmonic mean of the shares of
+each sample within τ of the other mesh. Volume IoU on a grid over both bounding boxes, inside by ray parity along +x
+(closed meshes; :func:`winding_numbers` is the slower test robust to holes).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Hunyuan3D-2 shape generation: DINOv2 conditioner → flow-matching DiT → ShapeVAE decoder → SDF at 3-D points.
 
-1. **Conditioner** (:class:`DinoConditioner`): the processed image ``[B, 3, S, S]`` in [-1, 1] is mapped to [0, 1],
-   resized (bilinear, antialiased) and center-cropped to the DINOv2 input size, normalized with ImageNet statistics,
-   and run through DINOv2 (SwiGLU MLP, LayerScale; learned positions interpolated bicubically when the input's patch
-   grid differs from the stored one). Output: all tokens ``[B, 1 + grid², C]`` after the final LayerNorm.
-2. **DiT** (:class:`Hunyuan3DDiT`): latents ``[B, L, C_lat]`` and condition tokens go through double-stream blocks
-   (separate weights, joint attention), then single-stream blocks over ``[conditions | latents]``; no positional
-   embedding (the latent set is unordered). Every block is modulated by ``vec = time_in(t) (+ guidance_in(g))``,
-   which depends only on the step, so :meth:`Hunyuan3DDiT.step_schedule` computes every block's modulation for a
-   whole schedule once.
-3. **ShapeVAE decoder** (:class:`ShapeVaeDecoder`): latents / scale → ``post_kl`` → self-attention transformer; the
-   geometry decoder embeds query points with Fourier features and cross-attends to the decoded latents (their
-   keys and values are computed once per shape, :meth:`ShapeVaeDecoder.geometry_kv`) → one SDF logit per point.
-   On grid points it also runs in an equal, cheaper form: :mod:`.grid_query`.
+1. :class:`DinoConditioner`: the processed image ``[B, 3, S, S]`` in [-1, 1] → resized, center-cropped, ImageNet-
+   normalized → DINOv2 → all tokens ``[B, 1 + grid², C]`` after the final LayerNorm.
+2. :class:`Hunyuan3DDiT`: latents ``[B, L, C_lat]`` and condition tokens through double- then single-stream blocks, no
+   positional embedding (the latent set is unordered); the step-only modulation is computed once per schedule
+   (:meth:`Hunyuan3DDiT.step_schedule`).
+3. :class:`ShapeVaeDecoder`: latents / scale → ``post_kl`` → transformer; query points (Fourier features)
+   cross-attend to the latents (K/V once per shape, :meth:`ShapeVaeDecoder.geometry_kv`) → one SDF logit per point;
+   on grid points, the equal grid form of :mod:`.grid_query`.
 
-Every module is a pure function of its weights and the tensors it is handed; nothing is kept between calls.
+Every module is a pure function of its weights and the tensors it is handed.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Input images → the processed image tensor the conditioner reads: Hunyuan3D-2's ``ImageProcessorV2``, pixel for pixel.
 
-An image with an alpha channel uses it as the foreground mask (an RGB image is all foreground; no background removal
-model is run). The foreground's box runs from its first row and column to its last ones, which upstream leaves out
-(``image[top:bottom, left:right]`` with ``bottom`` / ``right`` the last foreground row / column), and so do we: a
-foreground one pixel high or wide is empty, refused as upstream refuses it. The box is resized with OpenCV's area
-filter to ``1 − border_ratio`` of a square canvas (the image's longer side), centered, composited on white, resized
-with OpenCV's bicubic filter to the model's processor size and mapped to [-1, 1]: the steps, filters, rounding and
-arithmetic of upstream's, so the same image gives the same processed tensor.
-
-Files are decoded with OpenCV too (as upstream's file path does, so JPEG decoding is the same), with what upstream
-gets wrong done right: a 16-bit image is scaled to 8 bits (``round(v · 255 / 65535)``) instead of wrapping around,
-and a grayscale one becomes RGB.
+The alpha channel is the foreground mask (RGB: all foreground; no background removal). The foreground box (its last
+row and column left out, as upstream does) is area-resized to ``1 − border_ratio`` of a square canvas, centered on
+white, bicubic-resized to the processor size and mapped to [-1, 1], with upstream's OpenCV filters and rounding.
+Files are decoded with OpenCV as upstream does, except that 16-bit images are scaled to 8 bits (not wrapped) and
+grayscale becomes RGB.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """Flow-matching Euler sampling with classifier-free guidance, as Hunyuan3D-2 is sampled.
 
-Time runs from t = 0 (noise) to t = 1 (shape). The standard scheduler evaluates the velocity at the N sigmas
-``linspace(0, 1, N)`` and steps ``x ← x + (σ_{i+1} − σ_i) · v`` with a final σ = 1 appended, so the last of N
-steps has ``dt = 0``: N steps are N − 1 updates, and the last velocity is never needed (it is not computed here;
-the result is the same). The turbo models' consistency scheduler takes its N sigmas from a 50-point grid of
-training sigmas instead; the update is the same. The model sees ``t = σ`` (upstream's ``σ · 1000 / 1000`` in fp32).
-
-CFG runs as one batch ``[conditional | unconditional]`` (the unconditional condition is all zeros) and combines
-``v = v_u + g · (v_c − v_u)``; guidance-distilled models embed ``g`` instead and run the conditional half only.
+Time runs from t = 0 (noise) to 1 (shape). The scheduler's N sigmas ``linspace(0, 1, N)`` with σ = 1 appended make
+``x ← x + (σ_{i+1} − σ_i) · v`` N − 1 real updates (the last has ``dt = 0``, so its velocity is not computed); the
+turbo models' consistency scheduler takes its sigmas from a 50-point training grid, same update. The model sees
+``t = σ`` (upstream's ``σ · 1000 / 1000`` in fp32). CFG is one batch ``[conditional | unconditional]`` (zero
+condition), ``v = v_u + g · (v_c − v_u)``; guidance-distilled models embed ``g`` and run the conditional half only.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Volume decoding: SDF logits of a shape on a regular 3-D grid, densely or coarse-to-fine.
 
-The grid has ``R + 1`` points per axis over ``[-bounds, bounds]`` (``R`` = the octree resolution), in ``ij``
-order (x slowest), coordinates from an fp32 ``linspace`` per axis (as upstream). A :class:`GridDecoder` (one shape's
-decoder) is asked for grid points in chunks of a fixed size, so every decoder call has the same shape (one captured
-graph serves them all): a **span** of consecutive flat indices (dense decoding; the last span runs past the grid's
-end and is padded) or **points** given by their flat indices (refinement; the last chunk padded with its first
-point). The model turns either into tokens: from coordinates (:func:`point_query`) or from per-axis tables (the grid
-form, :mod:`.grid_query`).
+The grid has ``R + 1`` points per axis over ``[-bounds, bounds]``, ``ij`` order, fp32 ``linspace`` coordinates (as
+upstream). A :class:`GridDecoder` is asked for fixed-size chunks (one captured graph serves them all): a span of flat
+indices (dense; the last padded) or scattered points (refinement; padded with the first).
 
-* :func:`decode_dense` queries all ``(R + 1)³`` points (56.6 M at R = 384).
-* :func:`decode_hierarchical` decodes a coarse grid (``R / 2^k``, the coarsest at least ``min_resolution``), then at
-  each finer level queries only the points near the surface found so far: coarse points whose sign differs from a
-  neighbour's or whose logit is within ``band`` of the level, dilated; the other fine points take the coarse grid's
-  trilinear value (their sign is what matters to marching cubes). Finally every cell of the fine grid whose corners
-  straddle the level but were not all queried is queried too, until none is left, so each cell marching cubes
-  turns into triangles has exact corners: the mesh equals the dense one wherever the coarse grid saw the surface.
-  (Upstream's hierarchical decoder marks the never-queried points NaN; in hy3dgen 2.0.2 it queries (−1, −1, −1)
-  only.) When more than :data:`DENSE_SWITCH` of a level's points are near the surface, the surface is everywhere
-  at that scale (noise, random weights) and refining cannot save work: the finest grid is then decoded densely.
+:func:`decode_dense` queries all ``(R + 1)³`` points. :func:`decode_hierarchical` decodes a coarse grid, then per
+finer level only the points near the surface (sign changes or logits within ``band``, dilated; the rest take the
+coarse trilinear value), and finally every straddling cell's unqueried corners, so the mesh equals the dense one
+wherever the coarse grid saw the surface. Past :data:`DENSE_SWITCH` of a level near the surface, the finest grid is
+decoded densely.
 """
 
 from __future__ import annotations
@@ -68,10 +59,8 @@ def points_at(flat_index: torch.Tensor, axis: torch.Tensor, divisors: torch.Tens
 
 
 #: Refinement decodes a whole span instead of scattered points when at least this fraction of the span's points
-#: is wanted and the decoder's spans are cheaper than its points. The grid form's are: a span is one or two
-#: additions, a chunk of scattered points two gathers and an index conversion; on the reduced config (2048 points,
-#: one CPU thread) a span call took 0.89-0.94 of a points call, so a span of 90 % wanted points costs about as much
-#: per wanted point.
+#: is wanted and the decoder's spans are cheaper than its points (the grid form's are: one or two additions against
+#: two gathers and an index conversion), so such a span costs about as much per wanted point (docs/hunyuan3d.md).
 SPAN_DENSITY = 0.9
 
 #: Hierarchical decoding decodes the finest grid densely once more than this fraction of a finer level's points

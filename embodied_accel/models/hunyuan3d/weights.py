@@ -1,18 +1,12 @@
 """Strict loading of released Hunyuan3D-2 shape checkpoints into :class:`~.model.Hunyuan3DModel`.
 
-A model directory as users have it (``tencent/Hunyuan3D-2/hunyuan3d-dit-v2-0``, ...) holds ``config.yaml`` and one
-weights file, in this order of preference: ``model.fp16.safetensors``, ``model.safetensors``, ``model.fp16.ckpt``,
-``model.ckpt``. The safetensors keys start with the module they belong to (``model.`` = DiT, ``vae.``,
-``conditioner.``); a ``.ckpt`` is ``{"model": ..., "vae": ..., "conditioner": ...}`` of state dicts.
-
-The name mapping is data (:data:`DIT_RENAMES`, :data:`VAE_RENAMES`, :data:`DINO_RENAMES`: our parameter name's
-pattern → the upstream key(s) and a transform). Load-time transforms: linear weights become ``[in, out]``; DINOv2's
-separate query / key / value become one QKV matrix, its patch-embedding convolution a ``[3·p·p, C]`` matrix and its
-LayerScales fold into the layers before them; the ShapeVAE's per-head interleaved ``[q_h | k_h | v_h]`` (and
-``[k_h | v_h]``) output rows are regrouped as ``[q heads | k heads | v heads]``; QK-norm weights are stacked (the
-DiT's repeated per head). A missing, unexpected, mis-shaped or non-floating-point tensor is an error listing them by
-name and shape in the checkpoint's own layout, a tensor holding a NaN or an infinity is an error naming it; nothing is
-randomly initialized.
+A model directory (``tencent/Hunyuan3D-2/hunyuan3d-dit-v2-0``, ...) holds ``config.yaml`` and one weights file,
+preferred in the order ``model.fp16.safetensors``, ``model.safetensors``, ``model.fp16.ckpt``, ``model.ckpt`` (keys
+under ``model.`` / ``vae.`` / ``conditioner.``). The name mapping is data (:data:`DIT_RENAMES`, :data:`VAE_RENAMES`,
+:data:`DINO_RENAMES`); load-time transforms transpose linears to ``[in, out]``, fuse DINOv2's Q/K/V, flatten its patch
+convolution, fold its LayerScales, regroup the ShapeVAE's per-head interleaved rows and stack QK-norm weights.
+Missing, unexpected, mis-shaped, non-float or non-finite tensors are errors naming them; nothing is randomly
+initialized.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The numeric half of the processor, as tensor ops on the model's device (inside the captured call).
 
-The host validates an observation and uploads its bytes (:class:`.processor.RawInputs`); this module
-turns them into model inputs and the model's output into robot actions with the same formulas, in
-the same order, as the host processor (:mod:`.processor`), so both paths give the same numbers:
-
-* frames ``[B, H, W, 3]`` uint8 → float ``/ 255`` → resize-with-pad to the model's size (when the size
-  differs) → ``[-1, 1]``; a missing camera becomes all ``-1``;
-* robot state → normalized with the checkpoint's statistics → zero-padded to ``max_state_dim``;
-* model actions → truncated to the robot's dims → un-normalized.
-
-Everything here is shape-static and sync-free, so it can be compiled and captured with the model.
+From the host's validated, uploaded bytes (:class:`.processor.RawInputs`) to model inputs, and from model output to
+robot actions, with the host processor's formulas in its order, so both paths give the same numbers: frames
+``[B, H, W, 3]`` uint8 → ``/ 255`` → resize-with-pad → ``[-1, 1]`` (missing camera: all ``-1``); state normalized and
+zero-padded to ``max_state_dim``; actions truncated to the robot's dims and unnormalized. Shape-static and
+sync-free, so it compiles and captures with the model.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Our pi0 / pi0.5 parameters back in LeRobot's layout: the inverse of :mod:`.weights`' key table.
+"""Our pi0 / pi0.5 parameters back in LeRobot's layout: :mod:`.weights`' key table read backwards.
 
-:func:`.weights.weight_rules` says how each of our parameters is made from LeRobot tensors; this module reads the same
-table backwards (one source of truth): un-transpose, split fused q/k/v and gate/up, unfold Gemma's ``1 + w``, un-scale
-the token embedding. It maps weights (for saving a checkpoint LeRobot and :func:`~embodied_accel.load_policy` read)
-and gradients (for comparing a training step with LeRobot's): every load-time transform is linear, so a gradient goes
-back through its adjoint, which differs from the inverse only for the scaled embedding (``E' = s·E`` gives
-``dL/dE = s·dL/dE'``) and the folded norm (``w' = 1 + w``: the gradient passes unchanged).
-
-Round trips are exact where the arithmetic is: transposes, splits and ``(1 + w) - 1`` for effective scales ≥ 1/2, and
-the embedding when ``sqrt(width)`` is a power of two (the tiny presets). At full size the embedding's ``/ sqrt(2048)``
-then ``· sqrt(2048)`` may move an fp32 value by one unit in the last place.
+Un-transpose, split fused q/k/v and gate/up, unfold Gemma's ``1 + w``, un-scale the token embedding, for weights
+(a checkpoint LeRobot and :func:`~embodied_accel.load_policy` read) and gradients (every load transform is linear,
+so a gradient goes back through its adjoint: ``s · dL/dE'`` for the scaled embedding, unchanged for ``1 + w``).
+Round trips are exact for transposes and splits, for ``(1 + w) - 1`` with scales ≥ 1/2 and for the embedding when
+``sqrt(width)`` is a power of two; at full size the embedding may move by one fp32 ulp.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """pi0 / pi0.5: SigLIP + Gemma-2B prefix, Gemma-300M action expert, flow-matching Euler sampler.
 
-One call of :meth:`Pi0Model.sample_actions`:
+One :meth:`Pi0Model.sample_actions` call:
 
-1. **Prefix**: every camera through SigLIP and the projector, prompt tokens through the (pre-scaled)
-   embedding; the VLM runs once over ``[images | tokens]`` with prefix-LM attention and writes its
-   K/V into a preallocated :class:`StaticKVCache`.
-2. **State token** (pi0 only): it sees the prefix and itself, never the actions, and does not depend on
-   the flow time, so it runs through the expert once per call and its K/V join the cache.
-3. **Denoising loop**: ``num_steps`` Euler steps from t = 1 (noise) to 0. Each step embeds the noisy
-   actions with the time, runs the expert over the 50 action tokens attending to the cache in place,
-   and updates ``x ← x + dt · v``. Everything that depends only on the step schedule (pi0's time
-   features, pi0.5's adaRMS modulation) is computed once per schedule (:class:`StepSchedule`).
+1. **Prefix**: cameras through SigLIP and the projector, tokens through the pre-scaled embedding; the VLM runs once
+   over ``[images | tokens]`` (prefix-LM attention) and writes its K/V into a :class:`StaticKVCache`.
+2. **State token** (pi0 only): independent of the flow time, so it runs through the expert once per call.
+3. **Denoising**: ``num_steps`` Euler steps from t = 1 (noise) to 0, the expert over the action tokens attending
+   to the cache in place, ``x ← x + dt · v``; what depends only on the schedule is in :class:`StepSchedule`.
 
-The model is a pure function of its weights, the inputs and the static buffers it is handed
-(:class:`Pi0Buffers`: the KV cache, the rotary table, the step schedule). It builds them on request
-(:meth:`Pi0Model.new_kv_cache`, :meth:`~Pi0Model.rotary_table`, :meth:`~Pi0Model.step_schedule`) but never keeps
-them: the runtime owns them (:mod:`embodied_accel.runtime.buffers`), allocates them per shape bucket before any
-capture, and frees them when no captured call needs them. A direct call without buffers allocates its own.
+A pure function of weights, inputs and the static buffers it is handed (:class:`Pi0Buffers`: KV cache, rotary
+table, step schedule), which it can build (:meth:`Pi0Model.new_kv_cache`, ...) but never keeps: the runtime owns
+them (:mod:`embodied_accel.runtime.buffers`). A direct call without buffers allocates its own.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
-"""Observation dict → pi0 / pi0.5 model inputs, and model actions → robot actions.
+"""Observation dict → pi0 / pi0.5 model inputs, and model actions → robot actions (LeRobot 0.6.1's processing).
 
-This is LeRobot 0.6.1's pre- and post-processing for its ``pi0`` and ``pi05`` policies, in plain torch and numpy.
-Each observation is validated once (:meth:`Pi0Processor.validate`, giving a :class:`ValidatedObservation`), then a
-batch of them is packed for one of two paths that compute the same numbers:
-
-* the **device path** (:meth:`Pi0Processor.pack_raw` → :class:`RawInputs`): frames stay bytes at their own size and
-  the numeric half (resize, scale, mask, normalize) runs on the device inside the captured call
-  (:mod:`.device_processing`);
-* the **host path** (:meth:`Pi0Processor.pack_model_inputs` → :class:`ModelInputs`), the reference:
-
-  * **Images** (``PI0Policy._preprocess_images``): uint8 ``0..255`` or float ``0..1``, HWC or CHW, any size →
-    float32, resized with padding to the model's image size (:func:`.images.resize_with_pad`), then mapped to
-    ``[-1, 1]``. A camera absent from the observation becomes an all ``-1`` image with mask ``False``.
-  * **State** (``NormalizerProcessorStep``): normalized with the checkpoint's statistics
-    (:mod:`.normalization`), then zero-padded to ``max_state_dim``.
-
-* **Instruction** (both paths, on the host): pi0 tokenizes ``task + "\\n"``; pi0.5 tokenizes ``"Task: ..., State:
-  <256-bin discretized state>;\\nAction: "`` (:mod:`.tokenizer`). Tokens are right-padded with 0 to
-  ``max_token_len``; a prompt that does not fit is an error (LeRobot truncates), and one longer than
-  ``max_token_len`` x 64 bytes is refused before it is tokenized (:func:`~embodied_accel.errors.check_prompt_size`).
-* **Actions** (``UnnormalizerProcessorStep``): the model's ``[B, H, max_action_dim]`` output is truncated to the
-  robot's action dims and unnormalized.
-
-Every malformed observation raises :class:`ObservationError` naming the field and what was expected. A key the
-policy does not read is reported in a warning (one line per observation naming at most 10 new keys, and the first's
-closest expected key); the first 64 distinct keys are reported, then one line says that no more will be.
+Each observation is validated once (:meth:`Pi0Processor.validate` → :class:`ValidatedObservation`), then a batch is
+packed for one of two paths that compute the same numbers: the device path (:meth:`Pi0Processor.pack_raw` →
+:class:`RawInputs`: frames stay bytes and :mod:`.device_processing` runs inside the captured call) or the host path,
+the reference (:meth:`Pi0Processor.pack_model_inputs` → :class:`ModelInputs`): images to float32, resized with
+padding (:func:`.images.resize_with_pad`), mapped to ``[-1, 1]`` (a missing camera: all ``-1``, mask False); state
+normalized (:mod:`.normalization`) and zero-padded to ``max_state_dim``. On both, the instruction is tokenized on the
+host (pi0: ``task + "\\n"``; pi0.5: the prompt with the 256-bin state, :mod:`.tokenizer`), right-padded to
+``max_token_len`` (too long is an error, not LeRobot's truncation), and actions ``[B, H, max_action_dim]`` are
+truncated to the robot's dims and unnormalized. A malformed observation raises :class:`ObservationError` naming
+the field; unread keys are reported in a warning (the first 64 distinct ones).
 """
 
 from __future__ import annotations

@@ -216,17 +216,13 @@ def locate_tokenizer(
     checkpoint_dir: str | Path | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> TokenizerSearch:
-    """The tokenizer a policy of ``config`` uses for text instructions (None: only token ids work), and where it
-    was looked for.
+    """The tokenizer a policy of ``config`` uses for text (None: only token ids work), and where it was looked for.
 
-    Looked for, in order: ``explicit`` (a ``tokenizer.model`` file or a directory holding one: ``--tokenizer``);
-    ``tokenizer.model`` in ``checkpoint_dir``; for a preset (no ``checkpoint_dir``) with a bundled tokenizer, that
-    one; then the Hugging Face hub cache (:func:`hub_cache_dir`) that LeRobot users have: the repository the
-    checkpoint's ``policy_preprocessor.json`` names (``tokenizer_name``), ``google/paligemma-3b-pt-224`` and the
-    other ``google/paligemma-3b-*`` repositories, each ``snapshots/<revision>/tokenizer.model``. A tokenizer with
-    more pieces than the model's vocabulary is not this model's and is skipped (an explicit or checkpoint one is an
-    error). Logs (INFO) which tokenizer is used, and (WARNING) every place searched when none is found.
-    ``environ`` replaces ``os.environ`` for the cache location (tests).
+    In order: ``explicit`` (``--tokenizer``: a ``tokenizer.model`` or its directory), the checkpoint directory, a
+    preset's bundled tokenizer, then the Hugging Face hub cache (:func:`hub_cache_dir`): the repository the
+    checkpoint's preprocessor names, then ``google/paligemma-3b-*``. A tokenizer with more pieces than the model's
+    vocabulary is skipped (an error when explicit or in the checkpoint). Logs the choice, or every place searched.
+    ``environ`` replaces ``os.environ`` (tests).
     """
     search = search_tokenizer(config, explicit=explicit, checkpoint_dir=checkpoint_dir, environ=environ)
     if search.tokenizer is not None:

@@ -161,14 +161,11 @@ def checkpoint_shapes(checkpoint_dir: str | Path) -> dict[str, tuple[int, ...]]:
 def config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None) -> Pi0Config:
     """The architecture of a LeRobot pi0 / pi0.5 checkpoint directory.
 
-    Without ``preset`` it is read from the checkpoint: the family from ``config.json``'s ``type`` (checked against
-    the tensors), widths, depths, MLP widths, vocabulary and the vision tower's patch and image size from the tensor
-    shapes in ``model.safetensors``' header (no tensor is read), horizon, token length, steps and the time-embedding
-    periods from ``config.json``. A checkpoint does not store attention head counts: they come from the preset with
-    the same network when there is one, else LeRobot's Gemma convention (8 query heads) and SigLIP So400m's 16 vision
-    heads are assumed, with a warning. With ``preset``, that preset's architecture is used and must match the
-    tensors. Any disagreement raises :class:`CheckpointError` that summarizes it first (e.g. "VLM width: 64 in the
-    checkpoint, 2048 in preset 'pi0'") and says what to do.
+    Without ``preset``: the family from ``config.json``'s ``type``, widths, depths and vocabulary from the
+    safetensors header's shapes (no tensor read), horizon, token length, steps and time periods from ``config.json``;
+    head counts (not stored) from the preset with the same network, else LeRobot's Gemma / SigLIP defaults, with a
+    warning. With ``preset``, its architecture must match the tensors. A disagreement raises
+    :class:`CheckpointError`, summarized first (e.g. "VLM width: 64 in the checkpoint, 2048 in preset 'pi0'").
     """
     checkpoint_dir = Path(checkpoint_dir)
     family, cfg = _family_of(checkpoint_dir)

@@ -1,9 +1,8 @@
 """Triton gated-activation kernels of the ``cuda`` backend: GeGLU (tanh GELU) and SwiGLU over a merged
 ``[gate | up]`` projection.
 
-Each kernel is a ``torch.library`` custom op with a fake (meta) implementation, so ``torch.compile`` traces it
-without a graph break; statistics in fp32 whatever the I/O dtype. The kernels also run on the CPU under
-``TRITON_INTERPRET=1`` (set before this module is imported), which is how CI checks them against the reference.
+Custom ops with fake implementations (no graph break under ``torch.compile``); statistics in fp32 whatever the I/O
+dtype; CI runs them on the CPU under ``TRITON_INTERPRET=1`` (set before import) against the reference.
 """
 
 from __future__ import annotations

@@ -64,11 +64,8 @@ class AttentionLaunch:
 def default_launch(head_dim: int, dtype: torch.dtype, shared_bytes: int = INTERPRETER_SHARED_BYTES) -> AttentionLaunch:
     """Block sizes for a head dim and I/O dtype, without autotuning (nothing runs at import or first call).
 
-    Chosen by compiling for sm_90 (and sm_80) without a GPU and reading shared memory and ``ptxas`` register
-    use: for Gemma's head_dim 256 in bf16/fp16, 64 rows x 32 keys, 8 warps, 3 stages: Q 64 x 256 (32 KiB) plus
-    three stages of K and V 32 x 256 tiles (16 KiB each, 96 KiB) is 136 KiB of shared memory (227 KiB on sm_90,
-    163 KiB on sm_80), no register spills. 64 keys per tile need 176 KiB at 2 stages and spill; fp32 I/O (whose
-    ``ieee`` dots bypass the tensor cores' TF32) needs smaller tiles to stay out of local memory.
+    The largest tiles that fit shared memory without register spills on sm_80 / sm_90, read from compiled kernels
+    (the derivation is in docs/gpu.md); fp32 I/O gets smaller tiles.
     """
     if dtype == torch.float32:
         return AttentionLaunch(block_m=32, block_n=16 if head_dim > 64 else 32, num_warps=4, num_stages=2)
@@ -94,12 +91,10 @@ def _device_limits(device: torch.device) -> tuple[int, int]:
 def key_split_plan(programs: int, key_blocks: int, sm_count: int, requested: int = 0) -> tuple[int, int]:
     """``(splits, key blocks per split)`` for a grid of ``programs`` row blocks over ``key_blocks`` key blocks.
 
-    ``requested`` > 0 forces that many splits (at most one per key block). Automatically (0): whenever the row
-    blocks alone leave SMs idle (``programs < sm_count``), the split count whose grid takes the least time in
-    key blocks walked, ``ceil(programs * splits / sm_count) * blocks per split`` (waves of one program per SM: the
-    tiles take most of an SM's shared memory), the fewest splits among equals, each split still walking at least two
-    key blocks (a split costs a write and a re-read of its fp32 partial rows, which this count leaves out). Every
-    split gets at least one key block, so each partial softmax has a finite maximum.
+    ``requested`` > 0 forces that many splits (at most one per key block). Automatically (0), when the row blocks
+    leave SMs idle: the split count minimizing ``ceil(programs * splits / sm_count) * blocks per split`` (one program
+    per SM at a time), the fewest among equals, each split walking at least two key blocks (a split costs a write
+    and re-read of its fp32 partials). Every split gets a key block, so each partial softmax has a finite maximum.
     """
     if requested > 0:
         splits = min(requested, key_blocks)

@@ -78,11 +78,10 @@ def prepare_attention_mask(may_attend: torch.Tensor, dtype: torch.dtype, num_hea
 def attention(q, k, v, mask: AttentionMask | None, scale: float) -> torch.Tensor:
     """Attention for one shared K/V head (Gemma's MQA) as a single-head SDPA over ``Sq * H`` query rows.
 
-    ``q: [B, H, Sq, D]``, ``k, v: [B, 1, Sk, D]``. With a mask, SDPA's flash kernel is out and ``enable_gqa`` would
-    send the call to the unfused math path; packing the heads into rows keeps it on the fused mask-capable kernels
-    and reads each K/V block once for all heads. The output is a ``[B, H, Sq, D]`` view of ``[B, Sq, H, D]``
-    memory. Unmasked calls go to SDPA as they are (flash); masked calls with several K/V heads (Qwen3's GQA), or
-    a mask packed for another head count, go to the Triton kernel.
+    ``q: [B, H, Sq, D]``, ``k, v: [B, 1, Sk, D]``; returns a ``[B, H, Sq, D]`` view of ``[B, Sq, H, D]`` memory. With
+    a mask, packing the heads into rows keeps SDPA on its fused mask-capable kernels (``enable_gqa`` would fall to the
+    math path) and reads each K/V block once for all heads. Unmasked calls go to SDPA as they are; masked calls with
+    several K/V heads, or a mask packed for another head count, go to the Triton kernel.
     """
     batch, heads, seq, dim = q.shape
     packed_mask = None if mask is None else mask.kernel_mask

@@ -1,9 +1,9 @@
 """Eager calls of the cuda backend's fused ops launch their kernels directly; ``torch.compile`` sees the custom ops.
 
-Every kernel is registered as a ``torch.library`` custom op (with a fake implementation) so that ``torch.compile``
-traces it as one node without a graph break. In eager mode (and while a CUDA graph is captured) going through the
-dispatcher costs a schema check, argument boxing and a Python re-entry per call, for some 800 fused calls per pi0
-call: :func:`eager_direct` calls the op's own Python body instead, and the custom op only under tracing.
+Every kernel is a ``torch.library`` custom op (with a fake implementation), so ``torch.compile`` traces it as one
+node. Eagerly (and during CUDA graph capture) the dispatcher's per-call schema check, boxing and Python re-entry add
+up over a model call's hundreds of fused calls, so :func:`eager_direct` calls the op's Python body directly and
+goes through the custom op only under tracing.
 """
 
 from __future__ import annotations

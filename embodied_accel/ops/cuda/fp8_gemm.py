@@ -1,10 +1,9 @@
 """The cuda backend's ``fp8_linear``: cuBLASLt's FP8 GEMM (``torch._scaled_mm``) with row-wise scales.
 
-``out = (x_q @ w_qᵀ) * x_scale[:, None] * w_scale[None, :] (+ bias)``: the per-token and per-channel scales are
-applied in the GEMM's epilogue (the bias too), the accumulation is fp32 on the tensor cores (compute capability
-8.9 and newer, checked when the layers are attached). The row-wise-scaled GEMM writes bfloat16; a call it cannot
-serve runs the reference (:func:`embodied_accel.ops.reference.fp8_linear`, the same float8 values with the product in fp32):
-another output dtype, or ``K`` / ``N`` not multiples of 16 (the FP8 GEMM's alignment).
+``out = (x_q @ w_qᵀ) * x_scale[:, None] * w_scale[None, :] (+ bias)``: scales and bias in the GEMM's epilogue, fp32
+accumulation on the tensor cores (compute capability 8.9 and newer, checked at attach). The row-wise GEMM writes
+bfloat16; another output dtype, or ``K`` / ``N`` not multiples of 16, runs the reference
+(:func:`embodied_accel.ops.reference.fp8_linear`: the same float8 values, the product in fp32).
 """
 
 from __future__ import annotations

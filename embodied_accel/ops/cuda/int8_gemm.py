@@ -1,16 +1,12 @@
 """Triton int8 GEMM with the W8A8 scales fused into the epilogue (the cuda backend's ``int8_linear``).
 
-``out[m, n] = float(sum_k x_q[m, k] * w_q[k, n]) * x_scale[m] * w_scale[n] + bias[n]``: int8 tiles, int32
-accumulation (exact), the fp32 epilogue in the reference's order, stored in the output dtype. With ``RAW`` the
-kernel stores the int32 accumulator itself (used to check the integer part exactly). Registered as a
-``torch.library`` custom op with a fake implementation.
+``out[m, n] = float(sum_k x_q[m, k] * w_q[k, n]) * x_scale[m] * w_scale[n] + bias[n]``: int8 tiles, exact int32
+accumulation, the fp32 epilogue in the reference's order, stored in the output dtype. ``RAW`` stores the int32
+accumulator itself (to test the integer part exactly). A ``torch.library`` custom op with a fake implementation.
 
-Two paths, chosen by shape (:func:`choose_path`): cuBLAS's int8 GEMM through ``torch._int_mm`` (int32
-accumulation, exact) followed by the same fp32 epilogue as torch ops, where ``_int_mm`` takes the shape on CUDA
-(more than 16 rows, K and N positive multiples of 8, the activation row-major and the weight row- or column-major);
-the Triton kernel everywhere else, counted and logged once per reason through :mod:`embodied_accel.ops.fallbacks`.
-The Triton kernel's tiles come from a static plan by row count (:data:`TILE_PLAN`), never from autotuning, so a
-CUDA graph capture launches exactly what an eager call does.
+:func:`choose_path` takes cuBLAS's int8 GEMM (``torch._int_mm``, then the same epilogue as torch ops) where it accepts
+the shape, and this kernel elsewhere, counted through :mod:`embodied_accel.ops.fallbacks`. Tiles come from a static
+plan by row count (:data:`TILE_PLAN`), never autotuning, so a CUDA graph capture launches what an eager call does.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Triton rotary-embedding kernels of the ``cuda`` backend: RoPE on merged Q/K/V heads, RoPE fused with the write
 of K/V into a cache slot, and Qwen3's per-head RMSNorm of Q and K fused with RoPE.
 
-Each kernel is a ``torch.library`` custom op with a fake (meta) implementation, so ``torch.compile`` traces it
-without a graph break; statistics in fp32 whatever the I/O dtype. The kernels also run on the CPU under
-``TRITON_INTERPRET=1`` (set before this module is imported), which is how CI checks them against the reference.
+Custom ops with fake implementations (no graph break under ``torch.compile``); statistics in fp32 whatever the I/O
+dtype; CI runs them on the CPU under ``TRITON_INTERPRET=1`` (set before import) against the reference.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""The cuda backend's dynamic per-row activation quantization for W8A8 and FP8: one Triton kernel per call (the row's
-max magnitude, its scale and the cast) instead of the reference's five or six separate ops.
+"""The cuda backend's dynamic per-row activation quantization for W8A8 and FP8: one Triton kernel per call (row max,
+scale and cast) instead of the reference's five or six ops.
 
-Each program quantizes one row of ``x [M, K]`` in two passes over its columns: ``amax = max |x|``, then
-``scale = max(amax / QMAX, 1e-12)`` and ``q = cast(x / scale)`` with IEEE-rounded divisions (``div_rn``), so the
-result is the reference's bit for bit (:func:`embodied_accel.ops.reference.quantize_rows_int8` /
-``quantize_rows_fp8``): int8 rounds half to even and clamps to ±127; E4M3 clamps to ±448 and rounds to nearest even
-(in fp32 arithmetic, before an exact cast: the interpreter's own float8 cast loses the carry into the next binade).
-Registered as a ``torch.library`` custom op with a fake implementation; checked on the CPU under the interpreter.
+One program per row of ``x [M, K]``, two passes: ``amax = max |x|``, then ``scale = max(amax / QMAX, 1e-12)`` and
+``q = cast(x / scale)`` with IEEE-rounded divisions, so the result is the reference's bit for bit
+(:func:`embodied_accel.ops.reference.quantize_rows_int8` / ``quantize_rows_fp8``): int8 rounds half to even and
+clamps to ±127; E4M3 clamps to ±448 and rounds to nearest even in fp32 before an exact cast (the interpreter's own
+float8 cast loses the carry into the next binade). A ``torch.library`` custom op with a fake implementation.
 """
 
 from __future__ import annotations
