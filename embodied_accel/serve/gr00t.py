@@ -24,7 +24,6 @@ import io
 import logging
 import math
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import msgpack
