@@ -3,6 +3,7 @@ in eager and in the CUDA-graph mode's CPU stand-in, for any frame chunk and batc
 chunk; the aggregator keeps only what the heads read; ``reconstruct --plan`` prints the estimate without running;
 ``reconstruct`` writes per-frame arrays, COLMAP text files and the point cloud of the whole-call path."""
 
+import dataclasses
 import json
 import math
 
@@ -14,6 +15,7 @@ from test_vggt_capture import GPU
 
 from embodied_accel import cli
 from embodied_accel.models.vggt import export
+from embodied_accel.models.vggt.buffers import build_vggt_buffers
 from embodied_accel.models.vggt.config import PRESETS
 from embodied_accel.models.vggt.geometry import quaternion_to_matrix
 from embodied_accel.models.vggt.memory import (
@@ -24,6 +26,9 @@ from embodied_accel.models.vggt.memory import (
     meta_weight_bytes,
     weight_bytes,
 )
+from embodied_accel.models.vggt.model import MIN_CHUNK_ROWS, VggtModel, row_chunks
+from embodied_accel.models.vggt.weights import init_random_weights
+from embodied_accel.ops import get_ops
 from embodied_accel.pipelines.reconstruction import load_vggt_pipeline
 
 torch.set_num_threads(1)
@@ -54,6 +59,36 @@ def test_streamed_outputs_equal_the_whole_call_bit_for_bit(runner, batch, frames
                              on_cameras=lambda poses: seen.append(len(poses)))  # fmt: skip
     assert_same(streamed, whole)
     assert seen == [runner.config.camera.iterations]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_aggregator_in_place_by_frame_chunks_equals_whole_blocks_bit_for_bit(monkeypatch, threads):
+    """Each round's blocks over chunks of frames, written in place, give the values of the blocks over every frame
+    at once (new tensors per block, kept layers concatenated): at 1 and 2 threads (the CPU BLAS's GEMM depends on
+    the row count below MIN_CHUNK_ROWS; the chunks never go below it). Heads of 16 values: at 8 (vggt-tiny's), the
+    CPU's fused attention with 2 threads depends on the batch (frames) count; VGGT's heads have 64."""
+    config = dataclasses.replace(PRESETS["vggt-tiny"], num_heads=2)
+    with torch.device("meta"):
+        model = VggtModel(config, get_ops("reference"))
+    init_random_weights(model, 5, torch.device("cpu"))
+    images = torch.rand(2, 7, 3, 56, 56, generator=torch.Generator().manual_seed(7))  # 21 tokens a frame
+    buffers = build_vggt_buffers(model, 2, 7, (56, 56), torch.device("cpu"), torch.float32)
+    assert [(c.start, c.stop) for c in row_chunks(2 * 7 * 21, 21, 1)] == [(0, 84), (84, 168), (168, 294)]
+    assert [(c.start, c.stop) for c in row_chunks(7 * 21, 21, 1)] == [(0, 147)]  # a remainder under the floor
+    assert all(c.stop - c.start >= MIN_CHUNK_ROWS for c in row_chunks(1000, 21, 1))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            whole = model.aggregator.forward_whole(images, buffers)
+            for chunk in (1, 3, 5, None):
+                monkeypatch.setattr(model.aggregator, "chunk_frames", chunk)
+                chunked = model.aggregator(images, buffers)
+                assert sorted(chunked) == sorted(whole)
+                for i, value in whole.items():
+                    assert torch.equal(chunked[i], value), (chunk, i)
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_chunks_arrive_in_order_as_each_finishes(runner):

@@ -92,6 +92,10 @@ class PatchEmbed(nn.Module):
 
 
 class Aggregator(nn.Module):
+    #: Frames per chunk of a round's row-wise work (:func:`frame_block_in_place`, :func:`global_block_in_place`);
+    #: ``None``: each block over every frame at once (:meth:`forward_whole`).
+    chunk_frames: int | None = 8
+
     def __init__(self, config: VggtConfig, ops: OpSet):
         super().__init__()
         self.config, self.ops = config, ops
@@ -102,20 +106,61 @@ class Aggregator(nn.Module):
         self.frame_blocks = nn.ModuleList(VitBlock(config.aggregator_block(), ops) for _ in range(config.depth))
         self.global_blocks = nn.ModuleList(VitBlock(config.aggregator_block(), ops) for _ in range(config.depth))
 
-    def forward(
-        self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
-    ) -> dict[int, torch.Tensor]:
-        """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read
-        (:attr:`~.config.VggtConfig.kept_layers`; a layer only the camera head reads keeps its camera tokens alone,
-        ``[B, S, 1, 2C]``). Nothing else outlives its last reader: one round's input and output at a time."""
-        config = self.config
+    def tokens(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
+        """``images [B, S, 3, H, W]`` → the first round's input ``[B*S*P, C]``: camera and register tokens, then
+        the DINOv2 patch tokens of each frame."""
         batch, frames, _, height, width = images.shape
         patches = self.patch_embed(images.reshape(batch * frames, 3, height, width), buffers)
         special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
         hidden = torch.cat([special, patches], dim=1)  # [B*S, P, C]
         del patches, special  # nothing reads them past the concatenation
-        per_frame, c = hidden.shape[1], config.width
-        hidden = hidden.view(-1, c)
+        return hidden.view(-1, self.config.width)
+
+    def forward(
+        self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
+    ) -> dict[int, torch.Tensor]:
+        """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read
+        (:attr:`~.config.VggtConfig.kept_layers`; a layer only the camera head reads keeps its camera tokens alone,
+        ``[B, S, 1, 2C]``).
+
+        One ``[B*S*P, C]`` tensor of tokens is updated in place, round by round, :attr:`chunk_frames` frames at a
+        time (frame blocks: whole frames; global blocks: the row-wise work around the attention over all frames),
+        so a round holds that tensor, the global block's Q/K/V and one chunk's temporaries. Bit for bit the values
+        of :meth:`forward_whole` (the same ops on fewer rows; tests/test_vggt_stream.py checks it at 1 and 2
+        threads)."""
+        if self.chunk_frames is None:
+            return self.forward_whole(images, buffers, global_attend)
+        config = self.config
+        batch, frames = images.shape[:2]
+        hidden = self.tokens(images, buffers)
+        c, per_frame = config.width, hidden.shape[0] // (batch * frames)
+        dense, camera_only = set(config.dense_layers), set(config.kept_layers) - set(config.dense_layers)
+        shape, outputs = (batch, frames, per_frame, c), {}
+        for i in range(config.depth):
+            frame_block_in_place(self.frame_blocks[i], hidden, per_frame, self.chunk_frames, buffers.rope)
+            kept = None
+            if i in dense:
+                kept = hidden.new_empty(batch, frames, per_frame, 2 * c)
+            elif i in camera_only:  # the camera head reads the camera token of each frame, nothing else
+                kept = hidden.new_empty(batch, frames, 1, 2 * c)
+            if kept is not None:
+                kept[..., :c].copy_(hidden.view(shape)[:, :, : kept.shape[2]])
+            global_block_in_place(self.global_blocks[i], hidden, batch, per_frame, self.chunk_frames, buffers.rope,
+                                  global_attend)  # fmt: skip
+            if kept is not None:
+                kept[..., c:].copy_(hidden.view(shape)[:, :, : kept.shape[2]])
+                outputs[i] = kept
+        return outputs
+
+    def forward_whole(
+        self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
+    ) -> dict[int, torch.Tensor]:
+        """:meth:`forward` with each block over every frame at once (new tensors per block, the kept layers
+        concatenated): one round holds a block's activations over every token of the scene."""
+        config = self.config
+        batch, frames = images.shape[:2]
+        hidden = self.tokens(images, buffers)
+        c, per_frame = config.width, hidden.shape[0] // (batch * frames)
         dense, camera_only = set(config.dense_layers), set(config.kept_layers) - set(config.dense_layers)
         shape = (batch, frames, per_frame, c)
         outputs = {}
@@ -125,10 +170,70 @@ class Aggregator(nn.Module):
             hidden = self.global_blocks[i](frame_out, groups=batch, rope=buffers.rope, attend=global_attend)
             if i in dense:
                 outputs[i] = torch.cat([frame_out.view(shape), hidden.view(shape)], dim=-1)
-            elif i in camera_only:  # the camera head reads the camera token of each frame, nothing else
+            elif i in camera_only:
                 outputs[i] = torch.cat([frame_out.view(shape)[:, :, :1], hidden.view(shape)[:, :, :1]], dim=-1)
             del frame_out
         return outputs
+
+
+#: The fewest rows a chunk's GEMMs get (a remainder joins the chunk before it): the CPU BLAS takes another kernel
+#: for a few rows (measured with 2 threads on an AMD EPYC: 1-11 rows but 4 and 8 give other bits than a tall GEMM).
+MIN_CHUNK_ROWS = 64
+
+
+def row_chunks(rows: int, per_frame: int, chunk_frames: int) -> list[slice]:
+    """``[0, rows)`` in chunks of whole frames: ``chunk_frames`` frames each, at least :data:`MIN_CHUNK_ROWS` rows
+    (all of them when there are fewer), the remainder joined to the last chunk."""
+    step = per_frame * max(chunk_frames, -(-MIN_CHUNK_ROWS // per_frame))
+    starts = list(range(0, rows, step))
+    if len(starts) > 1 and rows - starts[-1] < MIN_CHUNK_ROWS:
+        starts.pop()
+    return [slice(s, e) for s, e in zip(starts, starts[1:] + [rows], strict=True)]
+
+
+def frame_block_in_place(block: VitBlock, x: torch.Tensor, per_frame: int, chunk: int, rope) -> None:
+    """A frame block on ``x [frames * per_frame, C]``, ``chunk`` whole frames at a time (:func:`row_chunks`), each
+    chunk's output written over its input (attention is within a frame: a chunk needs nothing of the others)."""
+    for rows in row_chunks(x.shape[0], per_frame, chunk):
+        part = x[rows]
+        part.copy_(block(part, groups=part.shape[0] // per_frame, rope=rope))
+
+
+def global_block_in_place(block: VitBlock, x: torch.Tensor, groups: int, per_frame: int, chunk: int, rope,
+                          attend: AttendFn | None = None) -> None:  # fmt: skip
+    """A global block on ``x [groups * seq, C]`` (``groups`` scenes of whole frames), its output written over its
+    input: the pre-attention work (LayerNorm, QKV, QK-norm, RoPE) and the post-attention work (projection,
+    LayerScale, residual, MLP) run ``chunk`` frames at a time, the attention over each scene's every token. The
+    same ops as :meth:`VitBlock.forward` with the same layouts (QKV ``[tokens, 3C]``, the rotated Q/K
+    ``[tokens, 2C]``), on fewer rows."""
+    ops, cfg, attn = block.ops, block.cfg, block.attn
+    tokens, c = x.shape
+    heads, head_dim, seq = cfg.num_heads, cfg.head_dim, tokens // groups
+    qkv = x.new_empty(tokens, 3 * c)
+    qk = x.new_empty(tokens, 2, heads, head_dim)
+    weight = attn.qk_norm_weight if cfg.qk_norm else None
+    bias = attn.qk_norm_bias if cfg.qk_norm else None
+    for rows in row_chunks(tokens, per_frame, chunk):
+        part = qkv[rows]
+        part.copy_(attn.qkv(ops.layer_norm(x[rows], block.norm1_weight, block.norm1_bias, cfg.norm_eps)))
+        view = part.view(-1, per_frame, 3, heads, head_dim)[:, :, :2]
+        rotated = ops.qk_layer_norm_rope_2d(view, weight, bias, cfg.qk_norm_eps, rope)
+        qk[rows].copy_(rotated.view(-1, 2, heads, head_dim))
+        del rotated
+    q, k = qk.view(groups, seq, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # [G, H, S, D] views
+    v = qkv.view(groups, seq, 3, heads, head_dim)[:, :, 2].transpose(1, 2)
+    out = (attend or attn.default_attend)(q, k, v, head_dim**-0.5).transpose(1, 2)  # [G, S, H, D]
+    del q, k, v, qk, qkv
+    for g in range(groups):
+        for span in row_chunks(seq, per_frame, chunk):
+            rows = slice(g * seq + span.start, g * seq + span.stop)
+            a = attn.proj(out[g, span].reshape(-1, c))
+            if cfg.layerscale:
+                a = a * block.ls1
+            h, total = ops.add_layer_norm(a, x[rows], block.norm2_weight, block.norm2_bias, cfg.norm_eps)
+            del a
+            m = block.fc2(ops.swiglu(block.fc1(h)) if cfg.mlp == "swiglu" else ops.gelu(block.fc1(h)))
+            x[rows].copy_(torch.addcmul(total, m, block.ls2) if cfg.layerscale else total + m)
 
 
 class CameraHead(nn.Module):
