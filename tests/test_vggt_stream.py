@@ -67,7 +67,8 @@ def test_the_aggregator_in_place_by_frame_chunks_equals_whole_blocks_bit_for_bit
     at once (new tensors per block, kept layers concatenated): at 1 and 2 threads (the CPU BLAS's GEMM depends on
     the row count below MIN_CHUNK_ROWS; the chunks never go below it). Heads of 16 values: at 8 (vggt-tiny's), the
     CPU's fused attention with 2 threads depends on the batch (frames) count; VGGT's heads have 64."""
-    config = dataclasses.replace(PRESETS["vggt-tiny"], num_heads=2)
+    tiny = PRESETS["vggt-tiny"]
+    config = dataclasses.replace(tiny, num_heads=2, patch_embed=dataclasses.replace(tiny.patch_embed, num_heads=2))
     with torch.device("meta"):
         model = VggtModel(config, get_ops("reference"))
     init_random_weights(model, 5, torch.device("cpu"))

@@ -106,14 +106,24 @@ class Aggregator(nn.Module):
         self.frame_blocks = nn.ModuleList(VitBlock(config.aggregator_block(), ops) for _ in range(config.depth))
         self.global_blocks = nn.ModuleList(VitBlock(config.aggregator_block(), ops) for _ in range(config.depth))
 
-    def tokens(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
+    def tokens(self, images: torch.Tensor, buffers: VggtBuffers, chunk: int | None = None) -> torch.Tensor:
         """``images [B, S, 3, H, W]`` → the first round's input ``[B*S*P, C]``: camera and register tokens, then
-        the DINOv2 patch tokens of each frame."""
+        the DINOv2 patch tokens of each frame (``chunk`` frames at a time, written into place; DINOv2 attends
+        within a frame)."""
         batch, frames, _, height, width = images.shape
-        patches = self.patch_embed(images.reshape(batch * frames, 3, height, width), buffers)
+        images = images.reshape(batch * frames, 3, height, width)
         special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
-        hidden = torch.cat([special, patches], dim=1)  # [B*S, P, C]
-        del patches, special  # nothing reads them past the concatenation
+        if chunk is None:
+            hidden = torch.cat([special, self.patch_embed(images, buffers)], dim=1)  # [B*S, P, C]
+            return hidden.view(-1, self.config.width)
+        start = self.config.patch_start
+        patches = (height // self.config.patch_size) * (width // self.config.patch_size)
+        hidden = special.new_empty(batch * frames, start + patches, self.config.width)
+        hidden[:, :start].copy_(special)
+        dino_tokens = 1 + self.config.patch_embed.num_register_tokens + patches  # DINOv2's rows per frame
+        for rows in row_chunks(batch * frames * dino_tokens, dino_tokens, chunk):
+            part = slice(rows.start // dino_tokens, rows.stop // dino_tokens)
+            hidden[part, start:].copy_(self.patch_embed(images[part], buffers))
         return hidden.view(-1, self.config.width)
 
     def forward(
@@ -124,7 +134,8 @@ class Aggregator(nn.Module):
         ``[B, S, 1, 2C]``).
 
         One ``[B*S*P, C]`` tensor of tokens is updated in place, round by round, :attr:`chunk_frames` frames at a
-        time (frame blocks: whole frames; global blocks: the row-wise work around the attention over all frames),
+        time (the DINOv2 patch embedding and the frame blocks: whole frames; global blocks: the row-wise work
+        around the attention over all frames),
         so a round holds that tensor, the global block's Q/K/V and one chunk's temporaries. Bit for bit the values
         of :meth:`forward_whole` (the same ops on fewer rows; tests/test_vggt_stream.py checks it at 1 and 2
         threads)."""
@@ -132,7 +143,7 @@ class Aggregator(nn.Module):
             return self.forward_whole(images, buffers, global_attend)
         config = self.config
         batch, frames = images.shape[:2]
-        hidden = self.tokens(images, buffers)
+        hidden = self.tokens(images, buffers, self.chunk_frames)
         c, per_frame = config.width, hidden.shape[0] // (batch * frames)
         dense, camera_only = set(config.dense_layers), set(config.kept_layers) - set(config.dense_layers)
         shape, outputs = (batch, frames, per_frame, c), {}
