@@ -30,6 +30,7 @@ from ...nn.vit import AttendFn, VitBlock, layer_norm_no_affine
 from ...ops import OpSet
 from .buffers import VggtBuffers
 from .config import VggtConfig
+from .memory import BLOCK_CHUNK_FRAMES, MIN_CHUNK_ROWS
 from .track import TrackHead
 
 
@@ -94,7 +95,7 @@ class PatchEmbed(nn.Module):
 class Aggregator(nn.Module):
     #: Frames per chunk of a round's row-wise work (:func:`frame_block_in_place`, :func:`global_block_in_place`);
     #: ``None``: each block over every frame at once (:meth:`forward_whole`).
-    chunk_frames: int | None = 8
+    chunk_frames: int | None = BLOCK_CHUNK_FRAMES
 
     def __init__(self, config: VggtConfig, ops: OpSet):
         super().__init__()
@@ -185,11 +186,6 @@ class Aggregator(nn.Module):
                 outputs[i] = torch.cat([frame_out.view(shape)[:, :, :1], hidden.view(shape)[:, :, :1]], dim=-1)
             del frame_out
         return outputs
-
-
-#: The fewest rows a chunk's GEMMs get (a remainder joins the chunk before it): the CPU BLAS takes another kernel
-#: for a few rows (measured with 2 threads on an AMD EPYC: 1-11 rows but 4 and 8 give other bits than a tall GEMM).
-MIN_CHUNK_ROWS = 64
 
 
 def row_chunks(rows: int, per_frame: int, chunk_frames: int) -> list[slice]:
