@@ -204,5 +204,5 @@ def fit_chunk(config: VggtConfig, frames: int, image_hw: tuple[int, int], max_me
     return max(1, min(frames, int((budget - (one.heads_peak - one.dense_chunk)) // per_frame)))
 
 
-__all__ = ["BLOCK_CHUNK_FRAMES", "MIN_CHUNK_ROWS", "MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk", "format_bytes", "meta_weight_bytes",
-           "weight_bytes"]
+__all__ = ["BLOCK_CHUNK_FRAMES", "MIN_CHUNK_ROWS", "MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk",
+           "format_bytes", "meta_weight_bytes", "weight_bytes"]
