@@ -35,7 +35,7 @@ GB = 1e9
 #: Frames per chunk of the aggregator's row-wise work (:class:`~.model.Aggregator`'s default ``chunk_frames``).
 BLOCK_CHUNK_FRAMES = 8
 #: The fewest rows a chunk's GEMMs get (a remainder joins the chunk before it): the CPU BLAS takes another kernel for
-#: a few rows (measured with 2 threads on an AMD EPYC: 1-11 rows but 4 and 8 give other bits than a tall GEMM).
+#: a few rows (measured on an AMD EPYC: 1-3 rows with 1 thread, 1-11 but 4 and 8 with 2, give other bits).
 MIN_CHUNK_ROWS = 64
 #: ``C``-wide rows per token held through the global attention: the tokens, QKV, the rotated Q/K, the output.
 GLOBAL_ATTENTION_ROWS = 7
