@@ -8,7 +8,7 @@ A call holds, besides the weights and the frames:
   values for each layer the DPT heads read, one token for a layer only the camera head reads. This is the part that
   grows with the frame count and stays: the official implementation keeps all ``depth`` layers.
 * **one aggregator round**: the tokens (updated in place, ``C`` per token) and, around the global attention, its
-  QKV (``3C``), the rotated Q/K (``2C``) and the attention output (``C``) over every token of the scene; besides,
+  QKV (``3C``, Q/K rotated in place) and the attention output (``C``) over every token of the scene; besides,
   one chunk's temporaries (:data:`BLOCK_CHUNK_FRAMES` frames, at least :data:`MIN_CHUNK_ROWS` rows): a block's
   normalized input, QKV, the projection, or in the MLP the residual sum, the normalized copy, the hidden layer and
   its activation (``max(10, 5 + 2 * ratio)`` rows of ``C``). Global attention goes through fused
@@ -37,8 +37,8 @@ BLOCK_CHUNK_FRAMES = 8
 #: The fewest rows a chunk's GEMMs get (a remainder joins the chunk before it): the CPU BLAS takes another kernel for
 #: a few rows (measured on an AMD EPYC: 1-3 rows with 1 thread, 1-11 but 4 and 8 with 2, give other bits).
 MIN_CHUNK_ROWS = 64
-#: ``C``-wide rows per token held through the global attention: the tokens, QKV, the rotated Q/K, the output.
-GLOBAL_ATTENTION_ROWS = 7
+#: ``C``-wide rows per token held through the global attention: the tokens, QKV (Q/K rotated in place), the output.
+GLOBAL_ATTENTION_ROWS = 5
 
 
 def round_activations(width: int, mlp_ratio: float) -> float:

@@ -136,10 +136,9 @@ class Aggregator(nn.Module):
 
         One ``[B*S*P, C]`` tensor of tokens is updated in place, round by round, :attr:`chunk_frames` frames at a
         time (the DINOv2 patch embedding and the frame blocks: whole frames; global blocks: the row-wise work
-        around the attention over all frames),
-        so a round holds that tensor, the global block's Q/K/V and one chunk's temporaries. Bit for bit the values
-        of :meth:`forward_whole` (the same ops on fewer rows; tests/test_vggt_stream.py checks it at 1 and 2
-        threads)."""
+        around the attention over all frames), so a round holds that tensor, the global block's QKV and output and
+        one chunk's temporaries. Bit for bit the values of :meth:`forward_whole` (the same ops on fewer rows;
+        tests/test_vggt_stream.py checks it at 1 and 2 threads)."""
         if self.chunk_frames is None:
             return self.forward_whole(images, buffers, global_attend)
         config = self.config
@@ -211,26 +210,22 @@ def global_block_in_place(block: VitBlock, x: torch.Tensor, groups: int, per_fra
     """A global block on ``x [groups * seq, C]`` (``groups`` scenes of whole frames), its output written over its
     input: the pre-attention work (LayerNorm, QKV, QK-norm, RoPE) and the post-attention work (projection,
     LayerScale, residual, MLP) run ``chunk`` frames at a time, the attention over each scene's every token. The
-    same ops as :meth:`VitBlock.forward` with the same layouts (QKV ``[tokens, 3C]``, the rotated Q/K
-    ``[tokens, 2C]``), on fewer rows."""
+    same ops as :meth:`VitBlock.forward` on fewer rows; the rotated Q/K are written back over their QKV rows
+    (``[tokens, 3C]``: the attention reads Q/K/V as strided views, as it reads V in :class:`VitAttention`)."""
     ops, cfg, attn = block.ops, block.cfg, block.attn
     tokens, c = x.shape
     heads, head_dim, seq = cfg.num_heads, cfg.head_dim, tokens // groups
     qkv = x.new_empty(tokens, 3 * c)
-    qk = x.new_empty(tokens, 2, heads, head_dim)
     weight = attn.qk_norm_weight if cfg.qk_norm else None
     bias = attn.qk_norm_bias if cfg.qk_norm else None
     for rows in row_chunks(tokens, per_frame, chunk):
         part = qkv[rows]
         part.copy_(attn.qkv(ops.layer_norm(x[rows], block.norm1_weight, block.norm1_bias, cfg.norm_eps)))
         view = part.view(-1, per_frame, 3, heads, head_dim)[:, :, :2]
-        rotated = ops.qk_layer_norm_rope_2d(view, weight, bias, cfg.qk_norm_eps, rope)
-        qk[rows].copy_(rotated.view(-1, 2, heads, head_dim))
-        del rotated
-    q, k = qk.view(groups, seq, 2, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # [G, H, S, D] views
-    v = qkv.view(groups, seq, 3, heads, head_dim)[:, :, 2].transpose(1, 2)
+        view.copy_(ops.qk_layer_norm_rope_2d(view, weight, bias, cfg.qk_norm_eps, rope))
+    q, k, v = qkv.view(groups, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # [G, H, S, D] views
     out = (attend or attn.default_attend)(q, k, v, head_dim**-0.5).transpose(1, 2)  # [G, S, H, D]
-    del q, k, v, qk, qkv
+    del q, k, v, qkv
     for g in range(groups):
         for span in row_chunks(seq, per_frame, chunk):
             rows = slice(g * seq + span.start, g * seq + span.stop)
