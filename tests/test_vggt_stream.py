@@ -26,7 +26,8 @@ from embodied_accel.models.vggt.memory import (
     meta_weight_bytes,
     weight_bytes,
 )
-from embodied_accel.models.vggt.model import MIN_CHUNK_ROWS, VggtModel, row_chunks
+from embodied_accel.models.vggt.chunking import MIN_CHUNK_ROWS, row_chunks
+from embodied_accel.models.vggt.model import VggtModel
 from embodied_accel.models.vggt.weights import init_random_weights
 from embodied_accel.ops import get_ops
 from embodied_accel.pipelines.reconstruction import load_vggt_pipeline

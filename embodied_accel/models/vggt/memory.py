@@ -29,14 +29,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from .chunking import BLOCK_CHUNK_FRAMES, MIN_CHUNK_ROWS
 from .config import VggtConfig
 
 GB = 1e9
-#: Frames per chunk of the aggregator's row-wise work (:class:`~.model.Aggregator`'s default ``chunk_frames``).
-BLOCK_CHUNK_FRAMES = 8
-#: The fewest rows a chunk's GEMMs get (a remainder joins the chunk before it): the CPU BLAS takes another kernel for
-#: a few rows (measured on an AMD EPYC: 1-3 rows with 1 thread, 1-11 but 4 and 8 with 2, give other bits).
-MIN_CHUNK_ROWS = 64
 #: ``C``-wide rows per token held through the global attention: the tokens, QKV (Q/K rotated in place), the output.
 GLOBAL_ATTENTION_ROWS = 5
 
@@ -204,5 +200,5 @@ def fit_chunk(config: VggtConfig, frames: int, image_hw: tuple[int, int], max_me
     return max(1, min(frames, int((budget - (one.heads_peak - one.dense_chunk)) // per_frame)))
 
 
-__all__ = ["BLOCK_CHUNK_FRAMES", "MIN_CHUNK_ROWS", "MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk",
+__all__ = ["MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk",
            "format_bytes", "meta_weight_bytes", "weight_bytes"]

@@ -30,7 +30,7 @@ from ...nn.vit import AttendFn, VitBlock, layer_norm_no_affine
 from ...ops import OpSet
 from .buffers import VggtBuffers
 from .config import VggtConfig
-from .memory import BLOCK_CHUNK_FRAMES, MIN_CHUNK_ROWS
+from .chunking import BLOCK_CHUNK_FRAMES, row_chunks
 from .track import TrackHead
 
 
@@ -185,16 +185,6 @@ class Aggregator(nn.Module):
                 outputs[i] = torch.cat([frame_out.view(shape)[:, :, :1], hidden.view(shape)[:, :, :1]], dim=-1)
             del frame_out
         return outputs
-
-
-def row_chunks(rows: int, per_frame: int, chunk_frames: int) -> list[slice]:
-    """``[0, rows)`` in chunks of whole frames: ``chunk_frames`` frames each, at least :data:`MIN_CHUNK_ROWS` rows
-    (all of them when there are fewer), the remainder joined to the last chunk."""
-    step = per_frame * max(chunk_frames, -(-MIN_CHUNK_ROWS // per_frame))
-    starts = list(range(0, rows, step))
-    if len(starts) > 1 and rows - starts[-1] < MIN_CHUNK_ROWS:
-        starts.pop()
-    return [slice(s, e) for s, e in zip(starts, starts[1:] + [rows], strict=True)]
 
 
 def frame_block_in_place(block: VitBlock, x: torch.Tensor, per_frame: int, chunk: int, rope) -> None:
