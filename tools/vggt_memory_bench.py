@@ -3,7 +3,8 @@
 
 CPU: the peak resident set size of the process during the call (``VmHWM``, reset to the current RSS just before
 it), and its growth over the process's size before the call (weights built, frames made). GPU (``--device cuda``):
-the allocator's peak. Implementations:
+the allocator's peak. Before the measured call, each process makes one warm-up call on ``--warmup-frames`` frames
+(default 2), so first-use costs (code pages, lazy set-up) are not counted. Implementations:
 
 * ``streamed``: this checkout's :meth:`VggtRunner.stream`, the dense heads' outputs written to per-frame ``.npy``
   files as each chunk finishes (what ``reconstruct`` does);
@@ -27,8 +28,8 @@ and image size (``--width``, ``--image-size``), seeded random weights. Writes ``
     python tools/vggt_memory_bench.py --plot-only bench/results/<stamp>_vggt_memory_cpu.json
 
 Each record: ``peak_rss_mb``, ``growth_mb`` (peak minus the RSS before the call: weights and frames already there),
-``predicted_peak_growth_mb`` (:func:`~embodied_accel.models.vggt.memory.estimate_memory`'s peak without the
-weights, the frames included).
+``predicted_peak_growth_mb`` (:func:`~embodied_accel.models.vggt.memory.estimate_memory`'s peak of the streamed
+call without the weights, the frames included; the same number on every implementation's record).
 """
 
 from __future__ import annotations
