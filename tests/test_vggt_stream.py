@@ -73,10 +73,12 @@ def test_the_aggregator_in_place_by_frame_chunks_equals_whole_blocks_bit_for_bit
     with torch.device("meta"):
         model = VggtModel(config, get_ops("reference"))
     init_random_weights(model, 5, torch.device("cpu"))
-    images = torch.rand(2, 7, 3, 56, 56, generator=torch.Generator().manual_seed(7))  # 21 tokens a frame
-    buffers = build_vggt_buffers(model, 2, 7, (56, 56), torch.device("cpu"), torch.float32)
-    assert [(c.start, c.stop) for c in row_chunks(2 * 7 * 21, 21, 1)] == [(0, 84), (84, 168), (168, 294)]
-    assert [(c.start, c.stop) for c in row_chunks(7 * 21, 21, 1)] == [(0, 147)]  # a remainder under the floor
+    # 11 tokens a frame (and 11 DINOv2 tokens): a frame per chunk would be an 11-row GEMM, whose bits differ from
+    # the tall GEMM's with 2 threads; the chunks keep at least MIN_CHUNK_ROWS rows
+    images = torch.rand(2, 7, 3, 28, 42, generator=torch.Generator().manual_seed(7))
+    buffers = build_vggt_buffers(model, 2, 7, (28, 42), torch.device("cpu"), torch.float32)
+    assert [(c.start, c.stop) for c in row_chunks(2 * 7 * 11, 11, 1)] == [(0, 66), (66, 154)]
+    assert [(c.start, c.stop) for c in row_chunks(7 * 11, 11, 1)] == [(0, 77)]  # a remainder under the floor
     assert all(c.stop - c.start >= MIN_CHUNK_ROWS for c in row_chunks(1000, 21, 1))
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
