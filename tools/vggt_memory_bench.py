@@ -156,6 +156,8 @@ def our_call(args: argparse.Namespace):
         model = VggtModel(config, get_ops("reference"), torch.float32)
     init_random_weights(model, 0, device)
     model.eval()
+    if args.block_chunk != "default":  # the aggregator's frame chunks (``none``: whole blocks, the previous form)
+        model.aggregator.chunk_frames = None if args.block_chunk == "none" else int(args.block_chunk)
     runner = VggtRunner(model, device)
 
     def call(images, out_dir: str) -> None:
@@ -255,6 +257,8 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--warmup-frames", type=int, default=2, help="frames of a warm-up call before the measured one")
+    p.add_argument("--block-chunk", default="default",
+                   help="our aggregator's frames per chunk: a number, none (whole blocks) or default")  # fmt: skip
     p.add_argument("--device", default="cpu")
     p.add_argument("--baseline-commit", default="97296e0", help="the commit whose whole-call path is 'held'")
     p.add_argument("--official", type=Path, metavar="DIR", help="a facebookresearch/vggt checkout (its vggt/)")
@@ -294,7 +298,7 @@ def main() -> None:
             cmd = [python, str(Path(__file__).resolve()), "--child", impl, "--frames-one", str(count),
                    "--width", str(args.width), "--image-size", str(args.image_size), "--chunk", str(args.chunk),
                    "--threads", str(args.threads), "--device", args.device,
-                   "--warmup-frames", str(args.warmup_frames)]  # fmt: skip
+                   "--warmup-frames", str(args.warmup_frames), "--block-chunk", args.block_chunk]  # fmt: skip
             if impl == "official":
                 cmd += ["--official", str(args.official.resolve())]
             env = {**os.environ, "PYTHONPATH": "" if impl == "official" else root,
@@ -340,7 +344,7 @@ def main() -> None:
         "model": "vggt", "preset": f"reduced: depth 24, width {args.width}, 4 heads, {args.image_size} px, "
         "DINOv2 2 blocks, heads read layers 4/11/17/23", "device": device_name, "backend": "reference",
         "capture": "eager", "dtype": "float32", "batch": 1, "frames_chunk_size": args.chunk, "threads": args.threads,
-        "warmup_frames": args.warmup_frames,
+        "warmup_frames": args.warmup_frames, "block_chunk": args.block_chunk,
         "measure": "peak RSS of a fresh process during the call (VmHWM reset before it, after a warm-up call); "
                    "growth = peak - RSS before the call",
         "baseline_commit": args.baseline_commit, "records": records, "summary": summary,
