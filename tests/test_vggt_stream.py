@@ -3,7 +3,6 @@ in eager and in the CUDA-graph mode's CPU stand-in, for any frame chunk and batc
 chunk; the aggregator keeps only what the heads read; ``reconstruct --plan`` prints the estimate without running;
 ``reconstruct`` writes per-frame arrays, COLMAP text files and the point cloud of the whole-call path."""
 
-import dataclasses
 import json
 import math
 
@@ -15,7 +14,6 @@ from test_vggt_capture import GPU
 
 from embodied_accel import cli
 from embodied_accel.models.vggt import export
-from embodied_accel.models.vggt.buffers import build_vggt_buffers
 from embodied_accel.models.vggt.config import PRESETS
 from embodied_accel.models.vggt.geometry import quaternion_to_matrix
 from embodied_accel.models.vggt.memory import (
@@ -27,9 +25,6 @@ from embodied_accel.models.vggt.memory import (
     weight_bytes,
 )
 from embodied_accel.models.vggt.chunking import MIN_CHUNK_ROWS, row_chunks
-from embodied_accel.models.vggt.model import VggtModel
-from embodied_accel.models.vggt.weights import init_random_weights
-from embodied_accel.ops import get_ops
 from embodied_accel.pipelines.reconstruction import load_vggt_pipeline
 
 torch.set_num_threads(1)
@@ -63,20 +58,16 @@ def test_streamed_outputs_equal_the_whole_call_bit_for_bit(runner, batch, frames
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_the_aggregator_in_place_by_frame_chunks_equals_whole_blocks_bit_for_bit(monkeypatch, threads):
+def test_the_aggregator_in_place_by_frame_chunks_equals_whole_blocks_bit_for_bit(runner, monkeypatch, threads):
     """Each round's blocks over chunks of frames, written in place, give the values of the blocks over every frame
-    at once (new tensors per block, kept layers concatenated): at 1 and 2 threads (the CPU BLAS's GEMM depends on
-    the row count below MIN_CHUNK_ROWS; the chunks never go below it). Heads of 16 values: at 8 (vggt-tiny's), the
-    CPU's fused attention with 2 threads depends on the batch (frames) count; VGGT's heads have 64."""
-    tiny = PRESETS["vggt-tiny"]
-    config = dataclasses.replace(tiny, num_heads=2, patch_embed=dataclasses.replace(tiny.patch_embed, num_heads=2))
-    with torch.device("meta"):
-        model = VggtModel(config, get_ops("reference"))
-    init_random_weights(model, 5, torch.device("cpu"))
+    at once (new tensors per block, kept layers concatenated): at 1 and 2 threads. The CPU BLAS's GEMM depends on
+    the row count below MIN_CHUNK_ROWS (the chunks never go below it), and the fused attention with 2 threads on
+    8-value heads (vggt-tiny's) on the number of frames (it always runs over all of them)."""
+    model = runner.model
     # 11 tokens a frame (and 11 DINOv2 tokens): a frame per chunk would be an 11-row GEMM, whose bits differ from
     # the tall GEMM's with 2 threads; the chunks keep at least MIN_CHUNK_ROWS rows
     images = torch.rand(2, 7, 3, 28, 42, generator=torch.Generator().manual_seed(7))
-    buffers = build_vggt_buffers(model, 2, 7, (28, 42), torch.device("cpu"), torch.float32)
+    buffers = runner.buffers(runner.bucket_of(images))
     assert [(c.start, c.stop) for c in row_chunks(2 * 7 * 11, 11, 1)] == [(0, 66), (66, 154)]
     assert [(c.start, c.stop) for c in row_chunks(7 * 11, 11, 1)] == [(0, 77)]  # a remainder under the floor
     assert all(c.stop - c.start >= MIN_CHUNK_ROWS for c in row_chunks(1000, 21, 1))

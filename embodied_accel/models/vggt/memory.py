@@ -7,14 +7,14 @@ A call holds, besides the weights and the frames:
 * **the layers the heads read** (:attr:`~.config.VggtConfig.kept_layers`): per frame ``P`` tokens of ``2C``
   values for each layer the DPT heads read, one token for a layer only the camera head reads. This is the part that
   grows with the frame count and stays: the official implementation keeps all ``depth`` layers.
-* **one aggregator round**: the tokens (updated in place, ``C`` per token) and, around the global attention, its
+* **one aggregator round**: the tokens (updated in place, ``C`` per token) and, around a block's attention, its
   QKV (``3C``, Q/K rotated in place) and the attention output (``C``) over every token of the scene; besides,
   one chunk's temporaries (:data:`BLOCK_CHUNK_FRAMES` frames, at least :data:`MIN_CHUNK_ROWS` rows): a block's
   normalized input, QKV, the projection, or in the MLP the residual sum, the normalized copy, the hidden layer and
   its activation (``max(10, 5 + 2 * ratio)`` rows of ``C``). Global attention goes through fused
   scaled-dot-product attention: no score matrix.
-* **the DINOv2 patch embedding** before that: the first round's tokens and one chunk of frames' activations (the
-  same count at its own width over its own tokens, the normalized pixels).
+* **the DINOv2 patch embedding** before that: its tokens, QKV and attention output over every frame (the same
+  ``5C`` per token, its own tokens) and one chunk of frames' activations (the normalized pixels, a block's).
 * **one chunk of the dense heads**: per frame the DPT's feature maps (the largest: the full-resolution maps of the
   last convolutions, the 8x-upsampled fusion stage) and the chunk's outputs before they leave the device.
 * with query points, the tracker's feature maps of every frame (it attends across frames).
@@ -33,7 +33,7 @@ from .chunking import BLOCK_CHUNK_FRAMES, MIN_CHUNK_ROWS
 from .config import VggtConfig
 
 GB = 1e9
-#: ``C``-wide rows per token held through the global attention: the tokens, QKV (Q/K rotated in place), the output.
+#: ``C``-wide rows per token held through a block's attention: the tokens, QKV (Q/K rotated in place), the output.
 GLOBAL_ATTENTION_ROWS = 5
 
 
@@ -140,7 +140,7 @@ def estimate_memory(
 
         round_elements = (n * tokens * GLOBAL_ATTENTION_ROWS * c
                           + chunk_frames(tokens) * tokens * round_activations(c, config.mlp_ratio))  # fmt: skip
-        patch_embed = (n * tokens * c + chunk_frames(dino_tokens)
+        patch_embed = (n * dino_tokens * GLOBAL_ATTENTION_ROWS * c + chunk_frames(dino_tokens)
                        * (dino_tokens * round_activations(c, pe.mlp_ratio) + 2 * 3 * h * w)) * e  # fmt: skip
     return MemoryEstimate(
         frames=frames,

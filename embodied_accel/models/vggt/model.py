@@ -69,6 +69,17 @@ class PatchEmbed(nn.Module):
         ImageNet normalization writes the patches out in the kernel's channels-last order (one op), and the bias
         rides with the position embedding (``buffers.patch_pos_embed``) in the GEMM's addend.
         """
+        hidden = self.embed(images, buffers)
+        n, seq, width = hidden.shape
+        hidden = hidden.view(n * seq, width)
+        for block in self.blocks:
+            hidden = block(hidden, groups=n)
+        prefix = buffers.prefix_tokens.shape[0]
+        out = hidden.view(n, seq, width)[:, prefix:]
+        return self.ops.layer_norm(out, self.norm_weight, self.norm_bias, self.config.patch_embed.norm_eps)
+
+    def embed(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
+        """``images [N, 3, H, W]`` → the first block's input ``[N, 1 + registers + patches, C]``."""
         n, _, h, w = images.shape
         p, width = self.config.patch_size, self.config.width
         pixels = images.reshape(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3]
@@ -81,19 +92,11 @@ class PatchEmbed(nn.Module):
         patches = torch.baddbmm(
             buffers.patch_pos_embed, patches.view(n, -1, kernel_t.shape[0]), kernel_t.expand(n, -1, -1)
         )  # [N, patches, C]
-        hidden = torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
-        del patches  # each block's input dies with the block: one block's activations at a time
-        seq = hidden.shape[1]
-        hidden = hidden.view(n * seq, width)
-        for block in self.blocks:
-            hidden = block(hidden, groups=n)
-        prefix = buffers.prefix_tokens.shape[0]
-        out = hidden.view(n, seq, width)[:, prefix:]
-        return self.ops.layer_norm(out, self.norm_weight, self.norm_bias, self.config.patch_embed.norm_eps)
+        return torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
 
 
 class Aggregator(nn.Module):
-    #: Frames per chunk of a round's row-wise work (:func:`frame_block_in_place`, :func:`global_block_in_place`);
+    #: Frames per chunk of a round's row-wise work (:func:`block_in_place`);
     #: ``None``: each block over every frame at once (:meth:`forward_whole`).
     chunk_frames: int | None = BLOCK_CHUNK_FRAMES
 
@@ -109,23 +112,34 @@ class Aggregator(nn.Module):
 
     def tokens(self, images: torch.Tensor, buffers: VggtBuffers, chunk: int | None = None) -> torch.Tensor:
         """``images [B, S, 3, H, W]`` → the first round's input ``[B*S*P, C]``: camera and register tokens, then
-        the DINOv2 patch tokens of each frame (``chunk`` frames at a time, written into place; DINOv2 attends
-        within a frame)."""
+        the DINOv2 patch tokens of each frame. With ``chunk``: the patch projection ``chunk`` frames at a time into
+        one DINOv2 token tensor, its blocks in place (:func:`block_in_place`, one group per frame), its final
+        LayerNorm a chunk at a time into the first round's tensor."""
         batch, frames, _, height, width = images.shape
         images = images.reshape(batch * frames, 3, height, width)
         special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
         if chunk is None:
             hidden = torch.cat([special, self.patch_embed(images, buffers)], dim=1)  # [B*S, P, C]
             return hidden.view(-1, self.config.width)
-        start = self.config.patch_start
+        pe, c, n = self.patch_embed, self.config.width, batch * frames
+        start, prefix = self.config.patch_start, buffers.prefix_tokens.shape[0]
         patches = (height // self.config.patch_size) * (width // self.config.patch_size)
-        hidden = special.new_empty(batch * frames, start + patches, self.config.width)
+        dino_tokens = prefix + patches  # DINOv2's rows per frame
+        frame_chunks = [slice(r.start // dino_tokens, r.stop // dino_tokens)
+                        for r in row_chunks(n * dino_tokens, dino_tokens, chunk)]  # fmt: skip
+        dino = special.new_empty(n, dino_tokens, c)
+        for part in frame_chunks:
+            dino[part].copy_(pe.embed(images[part], buffers))
+        dino = dino.view(-1, c)
+        for block in pe.blocks:
+            block_in_place(block, dino, n, dino_tokens, chunk, None)
+        dino = dino.view(n, dino_tokens, c)
+        hidden = special.new_empty(n, start + patches, c)
         hidden[:, :start].copy_(special)
-        dino_tokens = 1 + self.config.patch_embed.num_register_tokens + patches  # DINOv2's rows per frame
-        for rows in row_chunks(batch * frames * dino_tokens, dino_tokens, chunk):
-            part = slice(rows.start // dino_tokens, rows.stop // dino_tokens)
-            hidden[part, start:].copy_(self.patch_embed(images[part], buffers))
-        return hidden.view(-1, self.config.width)
+        for part in frame_chunks:
+            hidden[part, start:].copy_(self.ops.layer_norm(dino[part, prefix:], pe.norm_weight, pe.norm_bias,
+                                                           self.config.patch_embed.norm_eps))  # fmt: skip
+        return hidden.view(-1, c)
 
     def forward(
         self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
@@ -148,7 +162,7 @@ class Aggregator(nn.Module):
         dense, camera_only = set(config.dense_layers), set(config.kept_layers) - set(config.dense_layers)
         shape, outputs = (batch, frames, per_frame, c), {}
         for i in range(config.depth):
-            frame_block_in_place(self.frame_blocks[i], hidden, per_frame, self.chunk_frames, buffers.rope)
+            block_in_place(self.frame_blocks[i], hidden, batch * frames, per_frame, self.chunk_frames, buffers.rope)
             kept = None
             if i in dense:
                 kept = hidden.new_empty(batch, frames, per_frame, 2 * c)
@@ -156,8 +170,8 @@ class Aggregator(nn.Module):
                 kept = hidden.new_empty(batch, frames, 1, 2 * c)
             if kept is not None:
                 kept[..., :c].copy_(hidden.view(shape)[:, :, : kept.shape[2]])
-            global_block_in_place(self.global_blocks[i], hidden, batch, per_frame, self.chunk_frames, buffers.rope,
-                                  global_attend)  # fmt: skip
+            block_in_place(self.global_blocks[i], hidden, batch, per_frame, self.chunk_frames, buffers.rope,
+                           global_attend)  # fmt: skip
             if kept is not None:
                 kept[..., c:].copy_(hidden.view(shape)[:, :, : kept.shape[2]])
                 outputs[i] = kept
@@ -187,21 +201,15 @@ class Aggregator(nn.Module):
         return outputs
 
 
-def frame_block_in_place(block: VitBlock, x: torch.Tensor, per_frame: int, chunk: int, rope) -> None:
-    """A frame block on ``x [frames * per_frame, C]``, ``chunk`` whole frames at a time (:func:`row_chunks`), each
-    chunk's output written over its input (attention is within a frame: a chunk needs nothing of the others)."""
-    for rows in row_chunks(x.shape[0], per_frame, chunk):
-        part = x[rows]
-        part.copy_(block(part, groups=part.shape[0] // per_frame, rope=rope))
-
-
-def global_block_in_place(block: VitBlock, x: torch.Tensor, groups: int, per_frame: int, chunk: int, rope,
-                          attend: AttendFn | None = None) -> None:  # fmt: skip
-    """A global block on ``x [groups * seq, C]`` (``groups`` scenes of whole frames), its output written over its
-    input: the pre-attention work (LayerNorm, QKV, QK-norm, RoPE) and the post-attention work (projection,
-    LayerScale, residual, MLP) run ``chunk`` frames at a time, the attention over each scene's every token. The
-    same ops as :meth:`VitBlock.forward` on fewer rows; the rotated Q/K are written back over their QKV rows
-    (``[tokens, 3C]``: the attention reads Q/K/V as strided views, as it reads V in :class:`VitAttention`)."""
+def block_in_place(block: VitBlock, x: torch.Tensor, groups: int, per_frame: int, chunk: int, rope,
+                   attend: AttendFn | None = None) -> None:  # fmt: skip
+    """A block on ``x [groups * seq, C]`` (``groups`` sequences of whole frames of ``per_frame`` tokens: one per
+    frame for a frame block, one per scene for a global block), its output written over its input: the
+    pre-attention work (LayerNorm, QKV, QK-norm, RoPE) and the post-attention work (projection, LayerScale,
+    residual, MLP) run ``chunk`` frames at a time (:func:`row_chunks`), the attention once over every group, as
+    the whole block runs it. The same ops as :meth:`VitBlock.forward` on fewer rows; the rotated Q/K are written
+    back over their QKV rows (``[tokens, 3C]``: the attention reads Q/K/V as strided views, as it reads V in
+    :class:`VitAttention`)."""
     ops, cfg, attn = block.ops, block.cfg, block.attn
     tokens, c = x.shape
     heads, head_dim, seq = cfg.num_heads, cfg.head_dim, tokens // groups
@@ -211,21 +219,35 @@ def global_block_in_place(block: VitBlock, x: torch.Tensor, groups: int, per_fra
     for rows in row_chunks(tokens, per_frame, chunk):
         part = qkv[rows]
         part.copy_(attn.qkv(ops.layer_norm(x[rows], block.norm1_weight, block.norm1_bias, cfg.norm_eps)))
-        view = part.view(-1, per_frame, 3, heads, head_dim)[:, :, :2]
-        view.copy_(ops.qk_layer_norm_rope_2d(view, weight, bias, cfg.qk_norm_eps, rope))
+        if cfg.qk_norm or rope is not None:
+            view = part.view(-1, per_frame, 3, heads, head_dim)[:, :, :2]
+            view.copy_(ops.qk_layer_norm_rope_2d(view, weight, bias, cfg.qk_norm_eps, rope))
     q, k, v = qkv.view(groups, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # [G, H, S, D] views
     out = (attend or attn.default_attend)(q, k, v, head_dim**-0.5).transpose(1, 2)  # [G, S, H, D]
     del q, k, v, qkv
-    for g in range(groups):
-        for span in row_chunks(seq, per_frame, chunk):
-            rows = slice(g * seq + span.start, g * seq + span.stop)
-            a = attn.proj(out[g, span].reshape(-1, c))
-            if cfg.layerscale:
-                a = a * block.ls1
-            h, total = ops.add_layer_norm(a, x[rows], block.norm2_weight, block.norm2_bias, cfg.norm_eps)
-            del a
-            m = block.fc2(ops.swiglu(block.fc1(h)) if cfg.mlp == "swiglu" else ops.gelu(block.fc1(h)))
-            x[rows].copy_(torch.addcmul(total, m, block.ls2) if cfg.layerscale else total + m)
+    for rows in row_chunks(tokens, per_frame, chunk):
+        a = attn.proj(token_rows(out, rows))
+        if cfg.layerscale:
+            a = a * block.ls1
+        h, total = ops.add_layer_norm(a, x[rows], block.norm2_weight, block.norm2_bias, cfg.norm_eps)
+        del a
+        m = block.fc2(ops.swiglu(block.fc1(h)) if cfg.mlp == "swiglu" else ops.gelu(block.fc1(h)))
+        x[rows].copy_(torch.addcmul(total, m, block.ls2) if cfg.layerscale else total + m)
+
+
+def token_rows(out: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Rows ``rows`` of the attention output ``out [G, S, H, D]`` read as ``[G * S, H * D]`` tokens (a copy, as
+    the whole block's reshape makes one)."""
+    groups, seq = out.shape[:2]
+    if rows.start % seq == 0 and rows.stop % seq == 0:  # whole groups (frame blocks)
+        return out[rows.start // seq : rows.stop // seq].reshape(-1, out.shape[2] * out.shape[3])
+    pieces, r = [], rows.start
+    while r < rows.stop:
+        g, s = divmod(r, seq)
+        end = min(rows.stop, (g + 1) * seq)
+        pieces.append(out[g, s : s + end - r].reshape(-1, out.shape[2] * out.shape[3]))
+        r = end
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 class CameraHead(nn.Module):
