@@ -4,7 +4,8 @@
 2. **Aggregator**: per frame, 1 camera token + registers (the scene's first frame gets its own pair) + patches;
    ``depth`` rounds of a *frame* block (attention within each frame) then a *global* block (attention across all
    frames of the scene), with QK-norm, 2-D RoPE and LayerScale. The outputs of the rounds the heads read are kept
-   as ``[frame | global]`` concatenations ``[B, S, P, 2C]``.
+   as ``[frame | global]`` pairs ``[B, S, P, 2C]``; the rounds update one token tensor in place, a chunk of frames
+   at a time around each attention.
 3. **Heads**: the camera head refines a pose encoding from the last round's camera tokens (attention across
    frames); DPT heads turn four rounds' patch tokens into depth and world points with confidences (frames in
    chunks); the track head tracks query points of the first frame through all frames.
@@ -148,10 +149,10 @@ class Aggregator(nn.Module):
         (:attr:`~.config.VggtConfig.kept_layers`; a layer only the camera head reads keeps its camera tokens alone,
         ``[B, S, 1, 2C]``).
 
-        One ``[B*S*P, C]`` tensor of tokens is updated in place, round by round, :attr:`chunk_frames` frames at a
-        time (the DINOv2 patch embedding and the frame blocks: whole frames; global blocks: the row-wise work
-        around the attention over all frames), so a round holds that tensor, the global block's QKV and output and
-        one chunk's temporaries. Bit for bit the values of :meth:`forward_whole` (the same ops on fewer rows;
+        One ``[B*S*P, C]`` tensor of tokens is updated in place, round by round: each block's row-wise work runs
+        :attr:`chunk_frames` whole frames at a time, its attention once over every frame (:func:`block_in_place`),
+        so a round holds that tensor, a block's QKV and attention output and one chunk's temporaries; a kept layer
+        is filled half by half. Bit for bit the values of :meth:`forward_whole` (the same ops on fewer rows;
         tests/test_vggt_stream.py checks it at 1 and 2 threads)."""
         if self.chunk_frames is None:
             return self.forward_whole(images, buffers, global_attend)
