@@ -225,3 +225,56 @@ def test_full_size_loader_reads_exactly_the_released_layout():
         == 1_256_536_492
     )
     assert model.aggregator.frame_blocks[23].attn.qkv.weight_t.shape == (1024, 3072)
+
+
+def _reconstruct_worker(rank, world, port, argv, result_dir):
+    """One torchrun-like process of ``reconstruct --sp`` (gloo on the CPU)."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    torch.set_num_threads(1)
+    try:
+        code = cli.main(argv)
+        Path(result_dir, f"code.{rank}").write_text(str(code))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_reconstruct_sp_streams_each_chunk_to_rank_zero(tmp_path, capsys):
+    """``--sp`` over 2 processes (3 frames: 2 per process, the last one padding), one frame per chunk: rank 0
+    writes every frame's files from the gathered chunks, and they match one process's run within the
+    sequence-parallel tolerance (attention merged across shards); the padding frame writes nothing."""
+    import socket
+
+    import torch.multiprocessing as mp
+    from test_parallel import TOLERANCES
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for path in sorted(SAMPLE_DIR.glob("*.png"))[:3]:
+        shutil.copy(path, folder / path.name)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    common = ["reconstruct", str(folder), "--no-progress", "--frames-chunk-size", "1", "--colmap"]
+    single = tmp_path / "one" / "scene.ply"
+    code, _, err = run_cli(capsys, *common, "-o", single)
+    assert code == 0, err
+    parallel = tmp_path / "sp" / "scene.ply"
+    argv = [*common, "-o", str(parallel), "--sp", "ring"]
+    mp.spawn(_reconstruct_worker, args=(2, port, argv, str(tmp_path)), nprocs=2, join=True)
+    assert [(tmp_path / f"code.{r}").read_text() for r in range(2)] == ["0", "0"]
+    frames = sorted(p.stem for p in folder.glob("*.png"))
+    files = sorted(p.name for p in (tmp_path / "sp" / "scene_depth").glob("*.npy"))
+    assert files == sorted(f"{f}_{k}.npy" for f in frames for k in ("depth", "conf", "points", "points_conf"))
+    for name in files:
+        a, b = (np.load(d / "scene_depth" / name) for d in (tmp_path / "sp", tmp_path / "one"))
+        error = float(np.max(np.abs(a - b) / (1 + np.abs(b))))
+        assert error <= TOLERANCES["vggt"], (name, error)
+    assert parallel.is_file() and (tmp_path / "sp" / "scene_colmap" / "images.txt").is_file()
+    cameras = json.loads((tmp_path / "sp" / "scene_cameras.json").read_text())
+    assert [c["image"] for c in cameras["cameras"]] == [f"{f}.png" for f in frames]

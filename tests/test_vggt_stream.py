@@ -24,6 +24,7 @@ from embodied_accel.models.vggt.memory import (
     meta_weight_bytes,
     weight_bytes,
 )
+from embodied_accel.models.vggt.chunking import MIN_CHUNK_ROWS, row_chunks
 from embodied_accel.pipelines.reconstruction import load_vggt_pipeline
 
 torch.set_num_threads(1)
@@ -54,6 +55,35 @@ def test_streamed_outputs_equal_the_whole_call_bit_for_bit(runner, batch, frames
                              on_cameras=lambda poses: seen.append(len(poses)))  # fmt: skip
     assert_same(streamed, whole)
     assert seen == [runner.config.camera.iterations]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_aggregator_in_place_by_frame_chunks_equals_whole_blocks_bit_for_bit(runner, monkeypatch, threads):
+    """Each round's blocks over chunks of frames, written in place, give the values of the blocks over every frame
+    at once (new tensors per block, kept layers concatenated): at 1 and 2 threads. The CPU BLAS's GEMM depends on
+    the row count below MIN_CHUNK_ROWS (the chunks never go below it), and the fused attention with 2 threads on
+    8-value heads (vggt-tiny's) on the number of frames (it always runs over all of them)."""
+    model = runner.model
+    # 11 tokens a frame (and 11 DINOv2 tokens): a frame per chunk would be an 11-row GEMM, whose bits differ from
+    # the tall GEMM's with 2 threads; the chunks keep at least MIN_CHUNK_ROWS rows
+    images = torch.rand(2, 7, 3, 28, 42, generator=torch.Generator().manual_seed(7))
+    buffers = runner.buffers(runner.bucket_of(images))
+    assert [(c.start, c.stop) for c in row_chunks(2 * 7 * 11, 11, 1)] == [(0, 66), (66, 154)]
+    assert [(c.start, c.stop) for c in row_chunks(7 * 11, 11, 1)] == [(0, 77)]  # a remainder under the floor
+    assert all(c.stop - c.start >= MIN_CHUNK_ROWS for c in row_chunks(1000, 21, 1))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            whole = model.aggregator.forward_whole(images, buffers)
+            for chunk in (1, 3, 5, None):
+                monkeypatch.setattr(model.aggregator, "chunk_frames", chunk)
+                chunked = model.aggregator(images, buffers)
+                assert sorted(chunked) == sorted(whole)
+                for i, value in whole.items():
+                    assert torch.equal(chunked[i], value), (chunk, i)
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_chunks_arrive_in_order_as_each_finishes(runner):

@@ -10,7 +10,8 @@
 #   triton-attention [MODEL]   pi0 (or pi05) with the Triton attention kernel, eager and CUDA graph, 2 views batch 1
 #   vggt                       full-size VGGT, 1/10/50/100 frames of 518x518: aggregator time and peak memory
 #   vggt-w8a8                  the same with the W8A8 plan, 1/10/50 frames
-#   vggt-long                  full-size VGGT streamed, 100/500/1,000 frames: time, peak memory and its estimate
+#   vggt-long                  full-size VGGT streamed, 100/500/1,000 frames: time, peak memory and its estimate;
+#                              the chunked aggregator against its whole-block form (bit-equal?) on 8 frames
 #   hunyuan3d [CAPTURE [DECODING [CACHE]]]   Hunyuan3D-2, one configuration (default: eager hierarchical none;
 #                              CAPTURE eager|compile|cudagraph, DECODING hierarchical|dense, CACHE none|taylorseer-o1n5)
 #   texture [CAPTURE]          Hunyuan3D-Paint's whole texture stage at full size (20k faces, 2048), stage by stage
@@ -28,7 +29,7 @@ set -uo pipefail
 
 # shellcheck source=tools/gpu_common.sh
 source "$(dirname "$0")/gpu_common.sh"
-gpu_arguments '2,26p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile groot-n17 buckets train int8-gemm tests)" "$@"
+gpu_arguments '2,27p' 2 "[--cpu] OUT_DIR STEP [ARGS]  (steps: pi05 triton-attention vggt vggt-long vggt-w8a8 hunyuan3d texture texture-unwrap compile quant groot-compile groot-n17 buckets train int8-gemm tests)" "$@"
 OUT=${ARGS[0]}
 STEP=${ARGS[1]}
 STEP_ARGS=("${ARGS[@]:2}")
@@ -76,7 +77,7 @@ case $STEP in
     vggt-long)
         LONG_FRAMES=(100 500 1000)
         [ "$CPU_MODE" = 1 ] && LONG_FRAMES=(4 16)
-        gpu_step vggt-long 520 "$FIGURES|estimate" "$PY" tools/vggt_long_gpu_bench.py --preset "$(tiny vggt)" \
+        gpu_step vggt-long 520 "$FIGURES|estimate|bit-equal" "$PY" tools/vggt_long_gpu_bench.py --preset "$(tiny vggt)" \
             --size "$VGGT_SIZE" --frames "${LONG_FRAMES[@]}" --out-dir "$RESULTS" "${CPU[@]}"
         ;;
     vggt-w8a8)

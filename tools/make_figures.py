@@ -193,8 +193,9 @@ def memory_data(results: Path) -> dict:
         s["frames"].append(r["frames"])
         s["growth_mb"].append(r["growth_mb"])
         s["predicted_peak_growth_mb"].append(r.get("predicted_peak_growth_mb"))
+    official = "; official: its DPT heads' default chunk, 8" if "official" in series else ""
     return {"device": rec["device"], "settings": f"{rec['preset']}; {rec['dtype']}, {rec.get('threads')} thread(s), "
-                                                  f"frame chunks of {rec['frames_chunk_size']}",
+                                                  f"frame chunks of {rec['frames_chunk_size']}{official}",
             "measure": rec.get("measure", ""), "series": series, "sources": [name]}  # fmt: skip
 
 

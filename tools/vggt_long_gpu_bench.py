@@ -8,7 +8,9 @@ estimate of ``reconstruct --plan`` (the same formula, :mod:`embodied_accel.model
 
 Random weights drawn on the device; frames are uniform noise. One call per frame count, smallest first (a session
 cut short keeps the ones done), one JSON file each, one summary line each; the dense-head chunk is the one the
-budget allows; a frame count that runs out of memory is reported and the next one is tried.
+budget allows; a frame count that runs out of memory is reported and the next one is tried. First, on
+``--check-frames`` frames, the aggregator in place by frame chunks is compared with its whole-block form
+(bit-equal on the CPU; on a GPU the GEMM library may pick other kernels for fewer rows): one summary line.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> int:
     parser.add_argument("--backend", default=None, help="default cuda (reference on a CPU)")
     parser.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--allow-cpu", action="store_true", help="dry run on the CPU (e.g. --preset vggt-tiny)")
+    parser.add_argument("--check-frames", type=int, default=8, help="frames of the chunked-aggregator check (0: none)")
     args = parser.parse_args()
     plat = platform_mod.detect()
     if plat.device_type != "cuda" and not args.allow_cpu:
@@ -53,6 +56,8 @@ def main() -> int:
     runner = VggtRunner(model, plat.device)
     e = torch.empty((), dtype=model.compute_dtype).element_size()
     image_hw = (args.size, args.size)
+    if args.check_frames:
+        check_chunked_aggregator(model, runner, args.check_frames, image_hw)
     for frames in args.frames:
         try:
             chunk = chunk_for_budget(model, frames, image_hw, args.max_memory)
@@ -94,6 +99,21 @@ def main() -> int:
         if on_gpu:
             torch.cuda.empty_cache()
     return 0
+
+
+def check_chunked_aggregator(model, runner: VggtRunner, frames: int, image_hw: tuple[int, int]) -> None:
+    """The aggregator in place by frame chunks (its default) against its whole-block form on the same frames."""
+    images = torch.rand(1, frames, 3, *image_hw, generator=torch.Generator().manual_seed(0)).to(runner.device)
+    buffers = runner.buffers(runner.bucket_of(images))
+    with torch.inference_mode():
+        chunked = model.aggregate(images, buffers)
+        whole = model.aggregator.forward_whole(images.to(model.compute_dtype), buffers)
+    equal = all(torch.equal(chunked[i], whole[i]) for i in whole)
+    diff = max((chunked[i].float() - whole[i].float()).abs().max().item() for i in whole)
+    print(f"{model.config.name} aggregator in frame chunks of {model.aggregator.chunk_frames} vs whole blocks, "
+          f"{frames} frames: bit-equal {'yes' if equal else 'no'} (max |diff| {diff:.3g})", flush=True)  # fmt: skip
+    del chunked, whole
+    runner.release()
 
 
 if __name__ == "__main__":

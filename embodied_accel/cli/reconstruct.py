@@ -6,7 +6,8 @@ chunk of frames ``scene_depth/<name>_{depth,conf,points,points_conf}.npy``, then
 ``_conf.png`` previews, the point cloud ``scene.ply`` (filtered by confidence, assembled frame by frame) and, with
 ``--glb``, ``scene.glb``. ``--max-memory GB`` sizes the dense heads' frame chunk; ``--plan`` prints the memory
 estimate and exits (docs/vggt.md). Under ``torchrun --nproc-per-node N`` with ``--sp``,
-the frames are split across the processes (sequence-parallel global attention); rank 0 writes the outputs.
+the frames are split across the processes (sequence-parallel global attention); each chunk of every process's
+frames is gathered to rank 0 as it finishes, and rank 0 writes the outputs as above.
 """
 
 from __future__ import annotations
@@ -206,10 +207,7 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
         )
         first = parallel.first_frame
     runner = VggtRunner(model, device, parallel, capture=args.capture)
-    if world is not None:
-        code = _reconstruct_parallel(args, runner, parallel, world, local, first, images, paths, outputs, say)
-    else:
-        code = _reconstruct_streamed(args, runner, images, paths, outputs, say, progress)
+    code = _reconstruct_streamed(args, runner, images, paths, outputs, say, progress and rank == 0, world, local, first)
     if args.preview is not None and rank == 0:
         from .preview import write_reconstruction_preview
 
@@ -217,9 +215,31 @@ def run_reconstruct(args: argparse.Namespace, print_fn=print) -> int:
     return code
 
 
-def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: bool) -> int:
-    """One process: the heads stream their outputs chunk by chunk to per-frame files, the point cloud is assembled
-    from them (:class:`~embodied_accel.models.vggt.export.FrameWriter`, :func:`~.export.write_ply_frames`)."""
+def _gather_chunk(chunk_out: dict, world) -> list[dict] | None:
+    """Every process's dense outputs of one chunk (the same frames of each shard) on rank 0, one dict per rank in
+    rank order (``None`` on the other ranks): one ``gather`` of the outputs packed per frame."""
+    import torch
+    import torch.distributed as dist
+
+    names = sorted(chunk_out)
+    n = chunk_out[names[0]].shape[0]
+    packed = torch.cat([chunk_out[k].reshape(n, -1) for k in names], dim=1).contiguous()
+    parts = [torch.empty_like(packed) for _ in range(world.size)] if world.rank == 0 else None
+    dist.gather(packed, parts, dst=0)
+    if parts is None:
+        return None
+    sizes = [chunk_out[k][0].numel() for k in names]
+    return [{k: v.reshape(chunk_out[k].shape) for k, v in zip(names, part.split(sizes, dim=1), strict=True)}
+            for part in parts]  # fmt: skip
+
+
+def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: bool, world=None, local=None,
+                          first: int = 0) -> int:  # fmt: skip
+    """The heads stream their outputs chunk by chunk to per-frame files, the point cloud is assembled from them
+    (:class:`~embodied_accel.models.vggt.export.FrameWriter`, :func:`~.export.write_ply_frames`). Under ``--sp``
+    (``world``: the process group, ``local``: this process's frames from ``first``), every process streams its
+    shard, each chunk's outputs are gathered to rank 0 as it finishes (the shards have the same frame count:
+    padded), and rank 0 writes them; its memory is that of one chunk per process, not of the scene."""
     import torch
 
     from ..models.vggt import export
@@ -227,21 +247,29 @@ def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: b
     from ..models.vggt.memory import chunk_for_budget
 
     frames, image_hw = images.shape[0], tuple(images.shape[-2:])
+    writing = world is None or world.rank == 0
+    shard = images if local is None else local
+    per_process = shard.shape[-4] if shard.dim() == 5 else shard.shape[0]
     chunk = args.frames_chunk_size
     if chunk is None:
         try:
-            chunk = 8 if args.max_memory is None else chunk_for_budget(runner.model, frames, image_hw, args.max_memory)
+            chunk = 8 if args.max_memory is None else chunk_for_budget(runner.model, per_process, image_hw,
+                                                                       args.max_memory)  # fmt: skip
         except ValueError as exc:  # the flag's name for the budget
             raise ValueError(str(exc).replace("max_memory", "--max-memory", 1)) from None
     if args.max_memory is not None:
         say(f"--max-memory {args.max_memory:g} GB: dense heads {chunk} frame(s) per pass")
     names = [p.stem for p in paths]
-    outputs["ply"].parent.mkdir(parents=True, exist_ok=True)
-    writer = export.FrameWriter(outputs["depth"], names)
+    writer = None
+    if writing:
+        outputs["ply"].parent.mkdir(parents=True, exist_ok=True)
+        writer = export.FrameWriter(outputs["depth"], names)
     cameras: dict[str, torch.Tensor] = {}
     written = [outputs["ply"], outputs["cameras"], outputs["depth"]]
 
-    def on_cameras(poses) -> None:
+    def on_cameras(poses) -> None:  # every frame's cameras (gathered across processes under --sp)
+        if not writing:
+            return
         extrinsics, intrinsics = pose_encoding_to_cameras(poses[-1][0].float().cpu(), image_hw)
         cameras.update(extrinsics=extrinsics, intrinsics=intrinsics)
         export.write_cameras(outputs["cameras"], [p.name for p in paths], extrinsics.numpy(), intrinsics.numpy(),
@@ -256,22 +284,37 @@ def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: b
         def on_stage(name: str) -> None:
             bar.set_postfix_str("heads" if name == "aggregator" else "done")
 
-        def on_chunk(start: int, chunk_out: dict[str, torch.Tensor]) -> None:
-            depth = chunk_out["depth"][..., 0].float().cpu()
-            depth_conf = chunk_out["depth_conf"].float().cpu()
-            n = depth.shape[0]
+        def write_frames(start: int, chunk_out: dict[str, torch.Tensor]) -> None:
+            n = min(chunk_out["depth"].shape[0], frames - start)  # a shard's padding frames are not written
+            if n <= 0:
+                return
+            depth = chunk_out["depth"][:n, ..., 0].float().cpu()
+            depth_conf = chunk_out["depth_conf"][:n].float().cpu()
             if args.points_from == "depth":
                 ext, intr = cameras["extrinsics"][start : start + n], cameras["intrinsics"][start : start + n]
                 points, conf = depth_to_world_points(depth, ext, intr), depth_conf
             else:
-                points, conf = chunk_out["world_points"].float().cpu(), chunk_out["world_points_conf"].float().cpu()
+                points = chunk_out["world_points"][:n].float().cpu()
+                conf = chunk_out["world_points_conf"][:n].float().cpu()
             for k in range(n):
                 writer.write(start + k, depth[k].numpy(), depth_conf[k].numpy(), points[k].numpy(), conf[k].numpy())
             bar.update(n)
 
-        runner.stream(images, on_chunk, frames_chunk_size=chunk, on_cameras=on_cameras, on_stage=on_stage)
+        def on_chunk(start: int, chunk_out: dict[str, torch.Tensor]) -> None:
+            if world is None:
+                write_frames(start, chunk_out)
+                return
+            gathered = _gather_chunk(chunk_out, world)
+            for rank, part in enumerate(gathered or []):
+                write_frames(rank * per_process + start, part)
+
+        runner.stream(shard, on_chunk, frames_chunk_size=chunk, on_cameras=on_cameras, on_stage=on_stage,
+                      first_frame=first)  # fmt: skip
+    if not writing:
+        return 0
     times = runner.last_times
-    say(f"stages: aggregator {times.aggregator_s * 1e3:.1f} ms, heads {times.heads_s * 1e3:.1f} ms")
+    where = "" if world is None else f" (rank 0 of {world.size}, --sp {args.sp})"
+    say(f"stages: aggregator {times.aggregator_s * 1e3:.1f} ms, heads {times.heads_s * 1e3:.1f} ms{where}")
     writer.write_previews()
 
     def load(frame: int):
@@ -285,48 +328,6 @@ def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: b
     if args.colmap:
         written.append(outputs["colmap"])
     say(f"{count} points (confidence >= p{args.conf_percentile:g}); wrote " + ", ".join(str(p) for p in written))
-    return 0
-
-
-def _reconstruct_parallel(args, runner, parallel, world, local, first, images, paths, outputs, say) -> int:
-    """Under ``--sp``: every process runs its shard of the frames, rank 0 gathers the dense outputs and writes."""
-    from ..models.vggt import export
-    from ..models.vggt.geometry import depth_to_world_points, pose_encoding_to_cameras
-
-    chunk = args.frames_chunk_size or 8
-    out = runner(local, frames_chunk_size=chunk, first_frame=first)
-    times = runner.last_times
-    for name in ("depth", "depth_conf", "world_points", "world_points_conf"):
-        setattr(out, name, parallel.gather_frames(getattr(out, name), dim=1))
-    if world.rank != 0:
-        return 0
-    say(f"stages: aggregator {times.aggregator_s * 1e3:.1f} ms, heads {times.heads_s * 1e3:.1f} ms "
-        f"(rank 0 of {world.size}, --sp {args.sp})")  # fmt: skip
-    image_hw = tuple(images.shape[-2:])
-    extrinsics, intrinsics = pose_encoding_to_cameras(out.pose_enc[0].float().cpu(), image_hw)
-    depth = out.depth[0, ..., 0].float().cpu()
-    depth_conf = out.depth_conf[0].float().cpu()
-    if args.points_from == "depth":
-        points, conf = depth_to_world_points(depth, extrinsics, intrinsics), depth_conf
-    else:
-        points, conf = out.world_points[0].float().cpu(), out.world_points_conf[0].float().cpu()
-    colors = (images.permute(0, 2, 3, 1).numpy() * 255).round().astype(np.uint8)
-    names = [p.stem for p in paths]
-    outputs["ply"].parent.mkdir(parents=True, exist_ok=True)
-    export.write_cameras(outputs["cameras"], [p.name for p in paths], extrinsics.numpy(), intrinsics.numpy(), image_hw)
-    if args.colmap:
-        export.write_colmap_text(outputs["colmap"], [p.name for p in paths], extrinsics.numpy(), intrinsics.numpy(),
-                                 image_hw)  # fmt: skip
-    export.write_depth_previews(outputs["depth"], depth.numpy(), depth_conf.numpy(), names)
-    kept, kept_colors = export.filter_points(
-        points.numpy(), colors, conf.numpy(), args.conf_percentile, args.max_points
-    )
-    export.write_ply(outputs["ply"], kept, kept_colors)
-    written = [outputs["ply"], outputs["cameras"], outputs["depth"]]
-    if args.glb:
-        export.write_glb(outputs["glb"], kept, kept_colors)
-        written.append(outputs["glb"])
-    say(f"{len(kept)} points (confidence >= p{args.conf_percentile:g}); wrote " + ", ".join(str(p) for p in written))
     return 0
 
 

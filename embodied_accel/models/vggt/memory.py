@@ -7,12 +7,14 @@ A call holds, besides the weights and the frames:
 * **the layers the heads read** (:attr:`~.config.VggtConfig.kept_layers`): per frame ``P`` tokens of ``2C``
   values for each layer the DPT heads read, one token for a layer only the camera head reads. This is the part that
   grows with the frame count and stays: the official implementation keeps all ``depth`` layers.
-* **one aggregator round's activations**, transient, over every token of the scene: the block's input, its
-  normalized copy, QKV, the rotated Q/K, the attention output and its projection (10 ``C``-wide rows per token), or
-  in the MLP the input, the residual sum, the normalized copy, the hidden layer and its activation (``2 * ratio``)
-  and the output (``5 + 2 * ratio``), whichever is larger. Global attention goes through fused scaled-dot-product
-  attention: no score matrix.
-* **the DINOv2 patch embedding's activations** before that, the same count at its own width over its own tokens.
+* **one aggregator round**: the tokens (updated in place, ``C`` per token) and, around a block's attention, its
+  QKV (``3C``, Q/K rotated in place) and the attention output (``C``) over every token of the scene; besides,
+  one chunk's temporaries (:data:`BLOCK_CHUNK_FRAMES` frames, at least :data:`MIN_CHUNK_ROWS` rows): a block's
+  normalized input, QKV, the projection, or in the MLP the residual sum, the normalized copy, the hidden layer and
+  its activation (``max(10, 5 + 2 * ratio)`` rows of ``C``). Global attention goes through fused
+  scaled-dot-product attention: no score matrix.
+* **the DINOv2 patch embedding** before that: its tokens, QKV and attention output over every frame (the same
+  ``5C`` per token, its own tokens) and one chunk of frames' activations (the normalized pixels, a block's).
 * **one chunk of the dense heads**: per frame the DPT's feature maps (the largest: the full-resolution maps of the
   last convolutions, the 8x-upsampled fusion stage) and the chunk's outputs before they leave the device.
 * with query points, the tracker's feature maps of every frame (it attends across frames).
@@ -27,9 +29,12 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from .chunking import BLOCK_CHUNK_FRAMES, MIN_CHUNK_ROWS
 from .config import VggtConfig
 
 GB = 1e9
+#: ``C``-wide rows per token held through a block's attention: the tokens, QKV (Q/K rotated in place), the output.
+GLOBAL_ATTENTION_ROWS = 5
 
 
 def round_activations(width: int, mlp_ratio: float) -> float:
@@ -114,18 +119,29 @@ def estimate_memory(
     weights: int,
     tracking: bool = False,
     batch: int = 1,
+    block_chunk: int | None = BLOCK_CHUNK_FRAMES,
 ) -> MemoryEstimate:
-    """The peak of a streamed call of ``batch`` scenes of ``frames`` frames (dense heads ``chunk`` frames a pass)."""
+    """The peak of a streamed call of ``batch`` scenes of ``frames`` frames (dense heads ``chunk`` frames a pass;
+    the aggregator ``block_chunk`` frames at a time, ``None``: every block over all frames at once)."""
     n = batch * frames
     tokens, dino_tokens = tokens_per_frame(config, image_hw)
     h, w = image_hw
-    e = dtype_bytes
+    e, c = dtype_bytes, config.width
     dense_layers = len(config.dense_layers)
     camera_only = len(set(config.kept_layers) - set(config.dense_layers))
-    layers = n * 2 * config.width * (dense_layers * tokens + camera_only) * e
-    round_rows = round_activations(config.width, config.mlp_ratio) + 2 * config.width  # + the kept layer's concat
+    layers = n * 2 * c * (dense_layers * tokens + camera_only) * e
     pe = config.patch_embed
-    patch_embed = n * (dino_tokens * round_activations(config.width, pe.mlp_ratio) + 2 * 3 * h * w) * e
+    if block_chunk is None:  # whole blocks: one block's activations over every token, the kept layer concatenated
+        round_elements = n * tokens * (round_activations(c, config.mlp_ratio) + 2 * c)
+        patch_embed = n * (dino_tokens * round_activations(c, pe.mlp_ratio) + 2 * 3 * h * w) * e
+    else:
+        def chunk_frames(per_frame: int) -> int:
+            return min(n, max(block_chunk, -(-MIN_CHUNK_ROWS // per_frame)))
+
+        round_elements = (n * tokens * GLOBAL_ATTENTION_ROWS * c
+                          + chunk_frames(tokens) * tokens * round_activations(c, config.mlp_ratio))  # fmt: skip
+        patch_embed = (n * dino_tokens * GLOBAL_ATTENTION_ROWS * c + chunk_frames(dino_tokens)
+                       * (dino_tokens * round_activations(c, pe.mlp_ratio) + 2 * 3 * h * w)) * e  # fmt: skip
     return MemoryEstimate(
         frames=frames,
         chunk=chunk,
@@ -133,7 +149,7 @@ def estimate_memory(
         images=int(n * 3 * h * w * (4 + (e if e != 4 else 0))),  # fp32 frames, and their compute-dtype copy
         layers=int(layers),
         patch_embed=int(patch_embed),
-        aggregator_round=int(n * tokens * round_rows * e),
+        aggregator_round=int(round_elements * e),
         dense_chunk=int(min(chunk, n) * dense_frame_elements(config, image_hw) * e),
         track=int(n * track_elements(config, image_hw) * 4) if tracking else 0,
     )
@@ -184,5 +200,5 @@ def fit_chunk(config: VggtConfig, frames: int, image_hw: tuple[int, int], max_me
     return max(1, min(frames, int((budget - (one.heads_peak - one.dense_chunk)) // per_frame)))
 
 
-__all__ = ["MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk", "format_bytes", "meta_weight_bytes",
-           "weight_bytes"]
+__all__ = ["MemoryEstimate", "chunk_for_budget", "estimate_memory", "fit_chunk",
+           "format_bytes", "meta_weight_bytes", "weight_bytes"]

@@ -4,7 +4,8 @@
 2. **Aggregator**: per frame, 1 camera token + registers (the scene's first frame gets its own pair) + patches;
    ``depth`` rounds of a *frame* block (attention within each frame) then a *global* block (attention across all
    frames of the scene), with QK-norm, 2-D RoPE and LayerScale. The outputs of the rounds the heads read are kept
-   as ``[frame | global]`` concatenations ``[B, S, P, 2C]``.
+   as ``[frame | global]`` pairs ``[B, S, P, 2C]``; the rounds update one token tensor in place, a chunk of frames
+   at a time around each attention.
 3. **Heads**: the camera head refines a pose encoding from the last round's camera tokens (attention across
    frames); DPT heads turn four rounds' patch tokens into depth and world points with confidences (frames in
    chunks); the track head tracks query points of the first frame through all frames.
@@ -30,6 +31,7 @@ from ...nn.vit import AttendFn, VitBlock, layer_norm_no_affine
 from ...ops import OpSet
 from .buffers import VggtBuffers
 from .config import VggtConfig
+from .chunking import BLOCK_CHUNK_FRAMES, row_chunks
 from .track import TrackHead
 
 
@@ -68,6 +70,17 @@ class PatchEmbed(nn.Module):
         ImageNet normalization writes the patches out in the kernel's channels-last order (one op), and the bias
         rides with the position embedding (``buffers.patch_pos_embed``) in the GEMM's addend.
         """
+        hidden = self.embed(images, buffers)
+        n, seq, width = hidden.shape
+        hidden = hidden.view(n * seq, width)
+        for block in self.blocks:
+            hidden = block(hidden, groups=n)
+        prefix = buffers.prefix_tokens.shape[0]
+        out = hidden.view(n, seq, width)[:, prefix:]
+        return self.ops.layer_norm(out, self.norm_weight, self.norm_bias, self.config.patch_embed.norm_eps)
+
+    def embed(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
+        """``images [N, 3, H, W]`` → the first block's input ``[N, 1 + registers + patches, C]``."""
         n, _, h, w = images.shape
         p, width = self.config.patch_size, self.config.width
         pixels = images.reshape(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3]
@@ -80,18 +93,14 @@ class PatchEmbed(nn.Module):
         patches = torch.baddbmm(
             buffers.patch_pos_embed, patches.view(n, -1, kernel_t.shape[0]), kernel_t.expand(n, -1, -1)
         )  # [N, patches, C]
-        hidden = torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
-        del patches  # each block's input dies with the block: one block's activations at a time
-        seq = hidden.shape[1]
-        hidden = hidden.view(n * seq, width)
-        for block in self.blocks:
-            hidden = block(hidden, groups=n)
-        prefix = buffers.prefix_tokens.shape[0]
-        out = hidden.view(n, seq, width)[:, prefix:]
-        return self.ops.layer_norm(out, self.norm_weight, self.norm_bias, self.config.patch_embed.norm_eps)
+        return torch.cat([buffers.prefix_tokens.expand(n, -1, -1), patches], dim=1)
 
 
 class Aggregator(nn.Module):
+    #: Frames per chunk of a round's row-wise work (:func:`block_in_place`);
+    #: ``None``: each block over every frame at once (:meth:`forward_whole`).
+    chunk_frames: int | None = BLOCK_CHUNK_FRAMES
+
     def __init__(self, config: VggtConfig, ops: OpSet):
         super().__init__()
         self.config, self.ops = config, ops
@@ -102,20 +111,82 @@ class Aggregator(nn.Module):
         self.frame_blocks = nn.ModuleList(VitBlock(config.aggregator_block(), ops) for _ in range(config.depth))
         self.global_blocks = nn.ModuleList(VitBlock(config.aggregator_block(), ops) for _ in range(config.depth))
 
+    def tokens(self, images: torch.Tensor, buffers: VggtBuffers, chunk: int | None = None) -> torch.Tensor:
+        """``images [B, S, 3, H, W]`` → the first round's input ``[B*S*P, C]``: camera and register tokens, then
+        the DINOv2 patch tokens of each frame. With ``chunk``: the patch projection ``chunk`` frames at a time into
+        one DINOv2 token tensor, its blocks in place (:func:`block_in_place`, one group per frame), its final
+        LayerNorm a chunk at a time into the first round's tensor."""
+        batch, frames, _, height, width = images.shape
+        images = images.reshape(batch * frames, 3, height, width)
+        special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
+        if chunk is None:
+            hidden = torch.cat([special, self.patch_embed(images, buffers)], dim=1)  # [B*S, P, C]
+            return hidden.view(-1, self.config.width)
+        pe, c, n = self.patch_embed, self.config.width, batch * frames
+        start, prefix = self.config.patch_start, buffers.prefix_tokens.shape[0]
+        patches = (height // self.config.patch_size) * (width // self.config.patch_size)
+        dino_tokens = prefix + patches  # DINOv2's rows per frame
+        frame_chunks = [slice(r.start // dino_tokens, r.stop // dino_tokens)
+                        for r in row_chunks(n * dino_tokens, dino_tokens, chunk)]  # fmt: skip
+        dino = special.new_empty(n, dino_tokens, c)
+        for part in frame_chunks:
+            dino[part].copy_(pe.embed(images[part], buffers))
+        dino = dino.view(-1, c)
+        for block in pe.blocks:
+            block_in_place(block, dino, n, dino_tokens, chunk, None)
+        dino = dino.view(n, dino_tokens, c)
+        hidden = special.new_empty(n, start + patches, c)
+        hidden[:, :start].copy_(special)
+        for part in frame_chunks:
+            hidden[part, start:].copy_(self.ops.layer_norm(dino[part, prefix:], pe.norm_weight, pe.norm_bias,
+                                                           self.config.patch_embed.norm_eps))  # fmt: skip
+        return hidden.view(-1, c)
+
     def forward(
         self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
     ) -> dict[int, torch.Tensor]:
         """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read
         (:attr:`~.config.VggtConfig.kept_layers`; a layer only the camera head reads keeps its camera tokens alone,
-        ``[B, S, 1, 2C]``). Nothing else outlives its last reader: one round's input and output at a time."""
+        ``[B, S, 1, 2C]``).
+
+        One ``[B*S*P, C]`` tensor of tokens is updated in place, round by round: each block's row-wise work runs
+        :attr:`chunk_frames` whole frames at a time, its attention once over every frame (:func:`block_in_place`),
+        so a round holds that tensor, a block's QKV and attention output and one chunk's temporaries; a kept layer
+        is filled half by half. Bit for bit the values of :meth:`forward_whole` (the same ops on fewer rows;
+        tests/test_vggt_stream.py checks it at 1 and 2 threads)."""
+        if self.chunk_frames is None:
+            return self.forward_whole(images, buffers, global_attend)
         config = self.config
-        batch, frames, _, height, width = images.shape
-        patches = self.patch_embed(images.reshape(batch * frames, 3, height, width), buffers)
-        special = torch.cat([self.camera_token, self.register_token], dim=1).index_select(0, buffers.special_index)
-        hidden = torch.cat([special, patches], dim=1)  # [B*S, P, C]
-        del patches, special  # nothing reads them past the concatenation
-        per_frame, c = hidden.shape[1], config.width
-        hidden = hidden.view(-1, c)
+        batch, frames = images.shape[:2]
+        hidden = self.tokens(images, buffers, self.chunk_frames)
+        c, per_frame = config.width, hidden.shape[0] // (batch * frames)
+        dense, camera_only = set(config.dense_layers), set(config.kept_layers) - set(config.dense_layers)
+        shape, outputs = (batch, frames, per_frame, c), {}
+        for i in range(config.depth):
+            block_in_place(self.frame_blocks[i], hidden, batch * frames, per_frame, self.chunk_frames, buffers.rope)
+            kept = None
+            if i in dense:
+                kept = hidden.new_empty(batch, frames, per_frame, 2 * c)
+            elif i in camera_only:  # the camera head reads the camera token of each frame, nothing else
+                kept = hidden.new_empty(batch, frames, 1, 2 * c)
+            if kept is not None:
+                kept[..., :c].copy_(hidden.view(shape)[:, :, : kept.shape[2]])
+            block_in_place(self.global_blocks[i], hidden, batch, per_frame, self.chunk_frames, buffers.rope,
+                           global_attend)  # fmt: skip
+            if kept is not None:
+                kept[..., c:].copy_(hidden.view(shape)[:, :, : kept.shape[2]])
+                outputs[i] = kept
+        return outputs
+
+    def forward_whole(
+        self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
+    ) -> dict[int, torch.Tensor]:
+        """:meth:`forward` with each block over every frame at once (new tensors per block, the kept layers
+        concatenated): one round holds a block's activations over every token of the scene."""
+        config = self.config
+        batch, frames = images.shape[:2]
+        hidden = self.tokens(images, buffers)
+        c, per_frame = config.width, hidden.shape[0] // (batch * frames)
         dense, camera_only = set(config.dense_layers), set(config.kept_layers) - set(config.dense_layers)
         shape = (batch, frames, per_frame, c)
         outputs = {}
@@ -125,10 +196,59 @@ class Aggregator(nn.Module):
             hidden = self.global_blocks[i](frame_out, groups=batch, rope=buffers.rope, attend=global_attend)
             if i in dense:
                 outputs[i] = torch.cat([frame_out.view(shape), hidden.view(shape)], dim=-1)
-            elif i in camera_only:  # the camera head reads the camera token of each frame, nothing else
+            elif i in camera_only:
                 outputs[i] = torch.cat([frame_out.view(shape)[:, :, :1], hidden.view(shape)[:, :, :1]], dim=-1)
             del frame_out
         return outputs
+
+
+def block_in_place(block: VitBlock, x: torch.Tensor, groups: int, per_frame: int, chunk: int, rope,
+                   attend: AttendFn | None = None) -> None:  # fmt: skip
+    """A block on ``x [groups * seq, C]`` (``groups`` sequences of whole frames of ``per_frame`` tokens: one per
+    frame for a frame block, one per scene for a global block), its output written over its input: the
+    pre-attention work (LayerNorm, QKV, QK-norm, RoPE) and the post-attention work (projection, LayerScale,
+    residual, MLP) run ``chunk`` frames at a time (:func:`row_chunks`), the attention once over every group, as
+    the whole block runs it. The same ops as :meth:`VitBlock.forward` on fewer rows; the rotated Q/K are written
+    back over their QKV rows (``[tokens, 3C]``: the attention reads Q/K/V as strided views, as it reads V in
+    :class:`VitAttention`)."""
+    ops, cfg, attn = block.ops, block.cfg, block.attn
+    tokens, c = x.shape
+    heads, head_dim, seq = cfg.num_heads, cfg.head_dim, tokens // groups
+    qkv = x.new_empty(tokens, 3 * c)
+    weight = attn.qk_norm_weight if cfg.qk_norm else None
+    bias = attn.qk_norm_bias if cfg.qk_norm else None
+    for rows in row_chunks(tokens, per_frame, chunk):
+        part = qkv[rows]
+        part.copy_(attn.qkv(ops.layer_norm(x[rows], block.norm1_weight, block.norm1_bias, cfg.norm_eps)))
+        if cfg.qk_norm or rope is not None:
+            view = part.view(-1, per_frame, 3, heads, head_dim)[:, :, :2]
+            view.copy_(ops.qk_layer_norm_rope_2d(view, weight, bias, cfg.qk_norm_eps, rope))
+    q, k, v = qkv.view(groups, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # [G, H, S, D] views
+    out = (attend or attn.default_attend)(q, k, v, head_dim**-0.5).transpose(1, 2)  # [G, S, H, D]
+    del q, k, v, qkv
+    for rows in row_chunks(tokens, per_frame, chunk):
+        a = attn.proj(token_rows(out, rows))
+        if cfg.layerscale:
+            a = a * block.ls1
+        h, total = ops.add_layer_norm(a, x[rows], block.norm2_weight, block.norm2_bias, cfg.norm_eps)
+        del a
+        m = block.fc2(ops.swiglu(block.fc1(h)) if cfg.mlp == "swiglu" else ops.gelu(block.fc1(h)))
+        x[rows].copy_(torch.addcmul(total, m, block.ls2) if cfg.layerscale else total + m)
+
+
+def token_rows(out: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Rows ``rows`` of the attention output ``out [G, S, H, D]`` read as ``[G * S, H * D]`` tokens (a copy, as
+    the whole block's reshape makes one)."""
+    groups, seq = out.shape[:2]
+    if rows.start % seq == 0 and rows.stop % seq == 0:  # whole groups (frame blocks)
+        return out[rows.start // seq : rows.stop // seq].reshape(-1, out.shape[2] * out.shape[3])
+    pieces, r = [], rows.start
+    while r < rows.stop:
+        g, s = divmod(r, seq)
+        end = min(rows.stop, (g + 1) * seq)
+        pieces.append(out[g, s : s + end - r].reshape(-1, out.shape[2] * out.shape[3]))
+        r = end
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 class CameraHead(nn.Module):
