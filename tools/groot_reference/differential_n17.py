@@ -41,12 +41,14 @@ PROMPTS = {
     "inside; finally wipe the table with the towel, carefully.",
     "spaces": "  Move   the MARKER\tinto the cup ,  now  ",
     "unicode": "Pon el vaso en la mesa — déjalo allí, ¿vale? ½ café naïve Ünïcode 把杯子放在桌子上！",
+    "tricky": "ΟΔΟΣ İSTANBUL Straße cafe\u0301 \ufb01ne ＡＢＣ snake_case 42\n\tnext   line ٣",
+    "empty": "?!...",
     "punct": "UPPER-case... (with) [brackets] & symbols: #1, 2%; 'quotes' \"double\"?!",
 }
 
 # One case: the official embodiment config (tag), the batch's prompts and images, the model and processor knobs.
 BASE = dict(tag="libero_sim", prompts=["short"], history=1, horizon=6, steps=4, select_layer=3, vl_sa=True,
-            attend_every=2, alt_dit=True, image_hw=None, edge=64, albumentations=True, sincos=True,
+            attend_every=2, alt_dit=True, image_hw=None, edge=64, crop_fraction=0.95, target=None, crop=None, albumentations=True, sincos=True,
             relative=True, percentiles=True, model_horizon=8, seed=0)  # fmt: skip
 CASES = {
     "libero_b1": {},
@@ -67,7 +69,13 @@ CASES = {
     "steps_1": dict(steps=1, prompts=["short", "unicode"]),
     "edge_96": dict(edge=96, image_hw=[(50, 70), (70, 50)]),
     "edge_80": dict(edge=80),
-    "torchvision": dict(albumentations=False, image_hw=[(45, 81), (64, 48)]),
+    "torchvision": dict(albumentations=False, target=[64, 64], crop=[60, 60], image_hw=[(45, 81), (64, 48)]),
+    "torchvision_rect": dict(albumentations=False, target=[64, 96], crop=[60, 90], image_hw=[(45, 81), (20, 30)]),
+    "albu_target_crop": dict(edge=None, crop_fraction=None, target=[64, 64], crop=[56, 56]),
+    "odd_letterbox_big": dict(image_hw=[(41, 80), (257, 131)], prompts=["tricky", "short"]),
+    "steps_3": dict(steps=3, tag="simpler_env_google"),
+    "empty_prompt": dict(prompts=["empty"]),
+    "b3_all_padded_kinds": dict(prompts=["empty", "tricky", "long"], tag="robocasa_gr1_tabletop", history=3),
     "horizon_model": dict(horizon=8, tag="robocasa_gr1_tabletop", history=3),
 }
 
@@ -155,7 +163,8 @@ def official_side(work: Path, names: list[str]) -> None:
         mf.randomize(model, torch.Generator().manual_seed(mf.SEED + spec["seed"] + len(name)))
         processor = mf.processing.Gr00tN1d7Processor(
             statistics=stats, modality_configs={tag: modality}, use_percentiles=spec["percentiles"],
-            clip_outliers=True, shortest_image_edge=spec["edge"], crop_fraction=mf.CROP_FRACTION,
+            clip_outliers=True, shortest_image_edge=spec["edge"], crop_fraction=spec["crop_fraction"],
+            image_target_size=spec["target"], image_crop_size=spec["crop"],
             formalize_language=True, model_name=mf.BASE_MODEL_NAME, max_state_dim=max_state,
             max_action_dim=max_action, max_action_horizon=spec["model_horizon"],
             apply_sincos_state_encoding=spec["sincos"], use_albumentations=spec["albumentations"],
@@ -197,6 +206,9 @@ def official_side(work: Path, names: list[str]) -> None:
             original = model.get_action
 
             def get_action(*args, **kwargs):
+                inputs = args[0] if args else kwargs["inputs"]
+                captured["input_ids"] = inputs["input_ids"].clone()
+                captured["state"] = inputs["state"].float().clone()
                 result = original(*args, **kwargs)
                 captured["pred"] = result["action_pred"].float().clone()
                 return result
@@ -213,7 +225,8 @@ def official_side(work: Path, names: list[str]) -> None:
                     h.remove()
             return {**{f"action.{k}": np.asarray(v, dtype=np.float32) for k, v in actions.items()},
                     "action_pred": captured["pred"].numpy(), "features": captured["features"].numpy(),
-                    "mask": captured["mask"].numpy()}  # fmt: skip
+                    "mask": captured["mask"].numpy(), "input_ids": captured["input_ids"].numpy(),
+                    "state": captured["state"].numpy()}  # fmt: skip
 
         record = {"noise": noise.numpy(), **{k: v for k, v in obs.items() if k.startswith(("video.", "state."))}}
         try:
@@ -288,6 +301,9 @@ def ours_side(work: Path, names: list[str]) -> int:
             actions = policy.infer_batch(observations, noise=noise)
             mask = z["batch.mask"].astype(bool)
             length = mask.shape[1]
+            ids = inputs.input_ids[:, -length:].numpy()
+            result["ids_equal"] = bool(ids.shape == z["batch.input_ids"].shape and (ids[mask] == z["batch.input_ids"][mask]).all())
+            result["state"] = rel(inputs.state.numpy(), z["batch.state"])
             result["features"] = rel(features[:, -length:][mask], z["batch.features"][mask])
             padded = ~mask.all(axis=1)
             sa = info["spec"]["vl_sa"]
@@ -308,8 +324,8 @@ def ours_side(work: Path, names: list[str]) -> int:
             unpadded = ~padded if sa else np.ones(batch, bool)
             result["bf16_official"] = max(rel(z[f"bf16.{k}"][unpadded], z[f"batch.{k}"][unpadded]) for k in keys)
             result["padded_rows"] = int(padded.sum())
-            worst = max(result["features"], result["pred"], result["actions"])
-            verdict = "PASS" if worst <= RTOL else "FAIL"
+            worst = max(result["state"], result["features"], result["pred"], result["actions"])
+            verdict = "PASS" if worst <= RTOL and result["ids_equal"] else "FAIL"
         except Exception as exc:
             verdict = f"ERROR {type(exc).__name__}: {str(exc)[:300]}"
         failures += verdict != "PASS"
