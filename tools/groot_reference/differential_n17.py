@@ -49,7 +49,7 @@ PROMPTS = {
 # One case: the official embodiment config (tag), the batch's prompts and images, the model and processor knobs.
 BASE = dict(tag="libero_sim", prompts=["short"], history=1, horizon=6, steps=4, select_layer=3, vl_sa=True,
             attend_every=2, alt_dit=True, image_hw=None, edge=64, crop_fraction=0.95, target=None, crop=None, albumentations=True, sincos=True,
-            relative=True, percentiles=True, model_horizon=8, seed=0)  # fmt: skip
+            relative=True, percentiles=True, vlln=True, pos_embed=True, clip=True, formalize=True, vl_sa_pos="none", model_horizon=8, seed=0)  # fmt: skip
 CASES = {
     "libero_b1": {},
     "libero_b3_prompts": dict(prompts=["short", "long", "spaces"]),
@@ -76,6 +76,9 @@ CASES = {
     "steps_3": dict(steps=3, tag="simpler_env_google"),
     "empty_prompt": dict(prompts=["empty"]),
     "b3_all_padded_kinds": dict(prompts=["empty", "tricky", "long"], tag="robocasa_gr1_tabletop", history=3),
+    "vl_sa_sinusoidal": dict(vl_sa_pos="absent", prompts=["long", "short"]),
+    "no_vlln_no_pos_embed": dict(vlln=False, pos_embed=False),
+    "no_clip_no_formalize": dict(clip=False, formalize=False, prompts=["punct", "tricky"]),
     "horizon_model": dict(horizon=8, tag="robocasa_gr1_tabletop", history=3),
 }
 
@@ -92,10 +95,8 @@ def case_spec(name: str) -> dict:
 def official_side(work: Path, names: list[str]) -> None:
     sys.argv = sys.argv[:1]
     sys.path.insert(0, str(HERE))
-    import torch
-
     import make_fixtures_n17 as mf  # ISAAC_GROOT checked there; its patches point model_name at the stand-in
-
+    import torch
     from gr00t.configs.data.embodiment_configs import MODALITY_CONFIGS
     from gr00t.data.types import ActionFormat, ActionRepresentation
 
@@ -125,7 +126,9 @@ def official_side(work: Path, names: list[str]) -> None:
         history = spec["history"]
         horizon = spec["horizon"]
         sin_cos = official["state"].sin_cos_embedding_keys or []
-        state_width = sum(dim[k] * (2 if spec["sincos"] and k in sin_cos else 1) for k in official["state"].modality_keys)
+        state_width = sum(
+            dim[k] * (2 if spec["sincos"] and k in sin_cos else 1) for k in official["state"].modality_keys
+        )
         action_width = sum(dim[k] for k in official["action"].modality_keys)
         max_state, max_action = state_width + 3, action_width + 2
         modality = {
@@ -156,16 +159,20 @@ def official_side(work: Path, names: list[str]) -> None:
                          attend_text_every_n_blocks=spec["attend_every"],
                          use_relative_action=spec["relative"], use_percentiles=spec["percentiles"],
                          apply_sincos_state_encoding=spec["sincos"])  # fmt: skip
+        model_cfg.update(use_vlln=spec["vlln"], add_pos_embed=spec["pos_embed"])
         if not spec["vl_sa"]:
             model_cfg.pop("vl_self_attention_cfg")
+        elif spec["vl_sa_pos"] == "absent":  # the constructor's default: sinusoidal positions
+            model_cfg["vl_self_attention_cfg"] = {k: v for k, v in model_cfg["vl_self_attention_cfg"].items()
+                                                  if k != "positional_embeddings"}  # fmt: skip
         config = mf.Gr00tN1d7Config(**model_cfg)
         model = mf.modeling.Gr00tN1d7(config).float().eval()
         mf.randomize(model, torch.Generator().manual_seed(mf.SEED + spec["seed"] + len(name)))
         processor = mf.processing.Gr00tN1d7Processor(
             statistics=stats, modality_configs={tag: modality}, use_percentiles=spec["percentiles"],
-            clip_outliers=True, shortest_image_edge=spec["edge"], crop_fraction=spec["crop_fraction"],
+            clip_outliers=spec["clip"], shortest_image_edge=spec["edge"], crop_fraction=spec["crop_fraction"],
             image_target_size=spec["target"], image_crop_size=spec["crop"],
-            formalize_language=True, model_name=mf.BASE_MODEL_NAME, max_state_dim=max_state,
+            formalize_language=spec["formalize"], model_name=mf.BASE_MODEL_NAME, max_state_dim=max_state,
             max_action_dim=max_action, max_action_horizon=spec["model_horizon"],
             apply_sincos_state_encoding=spec["sincos"], use_albumentations=spec["albumentations"],
             use_relative_action=spec["relative"], embodiment_id_mapping={tag: 4},
@@ -197,7 +204,7 @@ def official_side(work: Path, names: list[str]) -> None:
         torch.manual_seed(7)
         noise = torch.randn(batch, spec["model_horizon"], max_action)
 
-        def run(model, rows, dtype_fp32=True):
+        def run(model, rows, dtype_fp32=True, policy=policy, obs=obs, noise=noise):
             policy.model = model
             captured = {}
             hooks = [model.backbone.register_forward_hook(
@@ -302,7 +309,9 @@ def ours_side(work: Path, names: list[str]) -> int:
             mask = z["batch.mask"].astype(bool)
             length = mask.shape[1]
             ids = inputs.input_ids[:, -length:].numpy()
-            result["ids_equal"] = bool(ids.shape == z["batch.input_ids"].shape and (ids[mask] == z["batch.input_ids"][mask]).all())
+            result["ids_equal"] = bool(
+                ids.shape == z["batch.input_ids"].shape and (ids[mask] == z["batch.input_ids"][mask]).all()
+            )
             result["state"] = rel(inputs.state.numpy(), z["batch.state"])
             result["features"] = rel(features[:, -length:][mask], z["batch.features"][mask])
             padded = ~mask.all(axis=1)
