@@ -40,7 +40,7 @@ PROMPTS = {
     "long": "Pick up the RED block, then place it on the Plate! After that, open the top drawer and put the bowl "
     "inside; finally wipe the table with the towel, carefully.",
     "spaces": "  Move   the MARKER\tinto the cup ,  now  ",
-    "unicode": "Pon el vaso en la mesa — déjalo allí, ¿vale? ½ café naïve Ünïcode 把杯子放在桌子上！",
+    "unicode": "Pon el vaso en la mesa — déjalo allí, ¿vale? ½ café naïve Ünïcode 把杯子放在桌子上！",  # noqa: E501
     "tricky": "ΟΔΟΣ İSTANBUL Straße cafe\u0301 \ufb01ne ＡＢＣ snake_case 42\n\tnext   line ٣",
     "empty": "?!...",
     "punct": "UPPER-case... (with) [brackets] & symbols: #1, 2%; 'quotes' \"double\"?!",
@@ -48,8 +48,9 @@ PROMPTS = {
 
 # One case: the official embodiment config (tag), the batch's prompts and images, the model and processor knobs.
 BASE = dict(tag="libero_sim", prompts=["short"], history=1, horizon=6, steps=4, select_layer=3, vl_sa=True,
-            attend_every=2, alt_dit=True, image_hw=None, edge=64, crop_fraction=0.95, target=None, crop=None, albumentations=True, sincos=True,
-            relative=True, percentiles=True, vlln=True, pos_embed=True, clip=True, formalize=True, vl_sa_pos="none", model_horizon=8, seed=0)  # fmt: skip
+            attend_every=2, alt_dit=True, image_hw=None, edge=64, crop_fraction=0.95, target=None, crop=None,
+            albumentations=True, sincos=True, relative=True, percentiles=True, vlln=True, pos_embed=True, clip=True,
+            formalize=True, vl_sa_pos="none", model_horizon=8, seed=0)  # fmt: skip
 CASES = {
     "libero_b1": {},
     "libero_b3_prompts": dict(prompts=["short", "long", "spaces"]),
