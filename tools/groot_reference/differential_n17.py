@@ -50,7 +50,7 @@ PROMPTS = {
 BASE = dict(tag="libero_sim", prompts=["short"], history=1, horizon=6, steps=4, select_layer=3, vl_sa=True,
             attend_every=2, alt_dit=True, image_hw=None, edge=64, crop_fraction=0.95, target=None, crop=None,
             albumentations=True, sincos=True, relative=True, percentiles=True, vlln=True, pos_embed=True, clip=True,
-            formalize=True, vl_sa_pos="none", model_horizon=8, seed=0)  # fmt: skip
+            formalize=True, vl_sa_pos="none", model_horizon=8, buckets=1000, seed=0)  # fmt: skip
 CASES = {
     "libero_b1": {},
     "libero_b3_prompts": dict(prompts=["short", "long", "spaces"]),
@@ -80,12 +80,17 @@ CASES = {
     "vl_sa_sinusoidal": dict(vl_sa_pos="absent", prompts=["long", "short"]),
     "no_vlln_no_pos_embed": dict(vlln=False, pos_embed=False),
     "no_clip_no_formalize": dict(clip=False, formalize=False, prompts=["punct", "tricky"]),
+    "no_vlln": dict(vlln=False, prompts=["long", "short"]),
+    "buckets_100": dict(buckets=100, steps=3),
+    "libero_h16": dict(horizon=16, model_horizon=16, steps=2),
     "horizon_model": dict(horizon=8, tag="robocasa_gr1_tabletop", history=3),
 }
 
 
 def case_spec(name: str) -> dict:
-    return {**BASE, **CASES[name], "name": name}
+    """``name`` or ``name@k``: the case with its random draws (weights, statistics, inputs) from seed ``k``."""
+    base, _, seed = name.partition("@")
+    return {**BASE, **CASES[base], "name": name, "seed": int(seed or 0)}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -113,7 +118,7 @@ def official_side(work: Path, names: list[str]) -> None:
         spec = case_spec(name)
         out = work / name
         out.mkdir(parents=True, exist_ok=True)
-        rng = np.random.default_rng(1000 + sum(map(ord, name)))
+        rng = np.random.default_rng(1000 + sum(map(ord, name)) + 7919 * spec["seed"])
         tag = spec["tag"]
         official = MODALITY_CONFIGS[tag]
         action_cfgs = official["action"].action_configs
@@ -156,7 +161,8 @@ def official_side(work: Path, names: list[str]) -> None:
         }}  # fmt: skip
         model_cfg = dict(mf.MODEL, select_layer=spec["select_layer"], max_state_dim=max_state,
                          max_action_dim=max_action, action_horizon=spec["model_horizon"], state_history_length=history,
-                         num_inference_timesteps=spec["steps"], use_alternate_vl_dit=spec["alt_dit"],
+                         num_inference_timesteps=spec["steps"], num_timestep_buckets=spec["buckets"],
+                         use_alternate_vl_dit=spec["alt_dit"],
                          attend_text_every_n_blocks=spec["attend_every"],
                          use_relative_action=spec["relative"], use_percentiles=spec["percentiles"],
                          apply_sincos_state_encoding=spec["sincos"])  # fmt: skip
@@ -332,6 +338,7 @@ def ours_side(work: Path, names: list[str]) -> int:
             ab = bf16.infer_batch(observations, noise=noise)
             result["bf16_ours"] = max(rel(ab[k], refs[k]) for k in keys)
             unpadded = ~padded if sa else np.ones(batch, bool)
+            result["bf16_vs_official_bf16"] = max(rel(ab[k][unpadded], z[f"bf16.{k}"][unpadded]) for k in keys)
             result["bf16_official"] = max(rel(z[f"bf16.{k}"][unpadded], z[f"batch.{k}"][unpadded]) for k in keys)
             result["padded_rows"] = int(padded.sum())
             worst = max(result["state"], result["features"], result["pred"], result["actions"])
@@ -351,13 +358,15 @@ def main() -> None:
     parser.add_argument("--side", choices=["official", "ours"])
     parser.add_argument("--work", type=Path, help="the directory of the cases (default: a new temp dir)")
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
+    parser.add_argument("--repeat", type=int, default=1, help="run each case with this many seeds (name@k)")
     parser.add_argument("--official-python", default=os.environ.get("OFFICIAL_PYTHON", sys.executable))
     parser.add_argument("--ours-python", default=os.environ.get("OURS_PYTHON", sys.executable))
     args = parser.parse_args()
     names = [n for n in args.cases.split(",") if n]
-    unknown = [n for n in names if n not in CASES]
+    unknown = [n for n in names if n.partition("@")[0] not in CASES]
     if unknown:
         sys.exit(f"--cases: unknown {unknown}; known: {', '.join(CASES)}")
+    names = [n if k == 0 else f"{n}@{k}" for n in names for k in range(args.repeat)]
     work = args.work or Path(tempfile.mkdtemp(prefix="groot_n17_differential_"))
     work.mkdir(parents=True, exist_ok=True)
     if args.side == "official":
