@@ -46,6 +46,23 @@ PROMPTS = {
     "punct": "UPPER-case... (with) [brackets] & symbols: #1, 2%; 'quotes' \"double\"?!",
 }
 
+#: Modalities of the tag new_embodiment (no shipped config): the EEF formats and mean/std keys the shipped ones miss.
+#: state key -> (action representation, type, format, state key) per action key.
+CUSTOM = {
+    "rotvec": dict(
+        video=["front", "wrist"], state=["eef", "grip", "joints"], state_mean_std=["joints"], sin_cos=["grip"],
+        action={"eef": ("RELATIVE", "EEF", "XYZ_ROTVEC", "eef"), "grip": ("ABSOLUTE", "NON_EEF", "DEFAULT", None),
+                "joints": ("RELATIVE", "NON_EEF", "DEFAULT", "joints")},
+        action_mean_std=[],
+    ),
+    "rot6d_abs": dict(
+        video=["front"], state=["pose", "grip"], state_mean_std=["grip"], sin_cos=[],
+        action={"pose": ("ABSOLUTE", "EEF", "XYZ_ROT6D", "pose"), "grip": ("ABSOLUTE", "NON_EEF", "DEFAULT", None),
+                "base": ("ABSOLUTE", "NON_EEF", "DEFAULT", None)},
+        action_mean_std=["base", "grip"],
+    ),
+}  # fmt: skip
+
 # One case: the official embodiment config (tag), the batch's prompts and images, the model and processor knobs.
 BASE = dict(tag="libero_sim", prompts=["short"], history=1, horizon=6, steps=4, select_layer=3, vl_sa=True,
             attend_every=2, alt_dit=True, image_hw=None, edge=64, crop_fraction=0.95, target=None, crop=None,
@@ -83,6 +100,8 @@ CASES = {
     "no_vlln": dict(vlln=False, prompts=["long", "short"]),
     "buckets_100": dict(buckets=100, steps=3),
     "libero_h16": dict(horizon=16, model_horizon=16, steps=2),
+    "rotvec_relative": dict(tag="new_embodiment", custom="rotvec", history=2, prompts=["short", "punct"]),
+    "rot6d_absolute_mean_std": dict(tag="new_embodiment", custom="rot6d_abs", history=2),
     "horizon_model": dict(horizon=8, tag="robocasa_gr1_tabletop", history=3),
 }
 
@@ -120,14 +139,15 @@ def official_side(work: Path, names: list[str]) -> None:
         out.mkdir(parents=True, exist_ok=True)
         rng = np.random.default_rng(1000 + sum(map(ord, name)) + 7919 * spec["seed"])
         tag = spec["tag"]
-        official = MODALITY_CONFIGS[tag]
+        official = MODALITY_CONFIGS[tag] if "custom" not in spec else custom_modality(CUSTOM[spec["custom"]])
         action_cfgs = official["action"].action_configs
-        eef_keys = set()
+        eef_dims = {}  # the width of each EEF pose key (actions and the states they are relative to)
         if action_cfgs:
             for key, cfg in zip(official["action"].modality_keys, action_cfgs, strict=True):
-                if cfg.format == ActionFormat.XYZ_ROT6D:
-                    eef_keys |= {key, cfg.state_key or key}
-        dim = {k: 9 if k in eef_keys else int(rng.integers(1, 4)) for k in
+                width = {ActionFormat.XYZ_ROT6D: 9, ActionFormat.XYZ_ROTVEC: 6}.get(cfg.format)
+                if width:
+                    eef_dims.update({key: width, cfg.state_key or key: width})
+        dim = {k: eef_dims.get(k) or int(rng.integers(1, 4)) for k in
                [*official["state"].modality_keys, *official["action"].modality_keys]}  # fmt: skip
         history = spec["history"]
         horizon = spec["horizon"]
@@ -201,9 +221,11 @@ def official_side(work: Path, names: list[str]) -> None:
         obs = {f"video.{c}": rng.integers(0, 256, size=(batch, frames, *sizes[i], 3), dtype=np.uint8)
                for i, c in enumerate(cams)}  # fmt: skip
         for k in official["state"].modality_keys:
-            if dim[k] == 9:
+            if k in eef_dims and dim[k] == 9:
                 obs[f"state.{k}"] = np.stack([np.stack([mf.random_rot6d_pose(rng) for _ in range(history)])
                                               for _ in range(batch)]).astype(np.float32)  # fmt: skip
+            elif k in eef_dims:  # xyz + rotation vector (angle < pi)
+                obs[f"state.{k}"] = rng.uniform(-0.9, 0.9, size=(batch, history, 6)).astype(np.float32)
             else:
                 obs[f"state.{k}"] = rng.uniform(-1.2, 0.6, size=(batch, history, dim[k])).astype(np.float32)
         language = modality["language"]["modality_keys"][0]
@@ -257,6 +279,21 @@ def official_side(work: Path, names: list[str]) -> None:
                 "dims": dim}  # fmt: skip
         (out / "case.json").write_text(json.dumps(info, indent=1, default=str))
         print(f"official {name}: {'ok' if error is None else error}", flush=True)
+
+
+def custom_modality(c: dict) -> dict:
+    from gr00t.data.types import ActionConfig, ActionFormat, ActionRepresentation, ActionType, ModalityConfig
+
+    actions = [ActionConfig(rep=ActionRepresentation[r], type=ActionType[t], format=ActionFormat[f], state_key=s)
+               for r, t, f, s in c["action"].values()]  # fmt: skip
+    return {
+        "video": ModalityConfig(delta_indices=[0], modality_keys=c["video"]),
+        "state": ModalityConfig(delta_indices=[0], modality_keys=c["state"], sin_cos_embedding_keys=c["sin_cos"] or None,
+                                mean_std_embedding_keys=c["state_mean_std"] or None),
+        "action": ModalityConfig(delta_indices=[0], modality_keys=list(c["action"]), action_configs=actions,
+                                 mean_std_embedding_keys=c["action_mean_std"] or None),
+        "language": ModalityConfig(delta_indices=[0], modality_keys=["task"]),
+    }  # fmt: skip
 
 
 class _null:
