@@ -67,7 +67,8 @@ CUSTOM = {
 BASE = dict(tag="libero_sim", prompts=["short"], history=1, horizon=6, steps=4, select_layer=3, vl_sa=True,
             attend_every=2, alt_dit=True, image_hw=None, edge=64, crop_fraction=0.95, target=None, crop=None,
             albumentations=True, sincos=True, relative=True, percentiles=True, vlln=True, pos_embed=True, clip=True,
-            formalize=True, vl_sa_pos="none", model_horizon=8, buckets=1000, seed=0)  # fmt: skip
+            formalize=True, vl_sa_pos="none", model_horizon=8, buckets=1000, shard="250KB",
+            ckpt_dtype="bfloat16", seed=0)  # fmt: skip
 CASES = {
     "libero_b1": {},
     "libero_b3_prompts": dict(prompts=["short", "long", "spaces"]),
@@ -87,6 +88,10 @@ CASES = {
     "steps_1": dict(steps=1, prompts=["short", "unicode"]),
     "edge_96": dict(edge=96, image_hw=[(50, 70), (70, 50)]),
     "edge_80": dict(edge=80),
+    "edge_48_min_pixels": dict(edge=48, image_hw=[(30, 41), (100, 33)]),
+    "edge_40_min_pixels": dict(edge=40, prompts=["short", "long"]),
+    "plain_dit": dict(alt_dit=False),
+    "fp32_one_file_checkpoint": dict(shard="1GB", ckpt_dtype="float32", prompts=["long", "short"]),
     "torchvision": dict(albumentations=False, target=[64, 64], crop=[60, 60], image_hw=[(45, 81), (64, 48)]),
     "torchvision_rect": dict(albumentations=False, target=[64, 96], crop=[60, 90], image_hw=[(45, 81), (20, 30)]),
     "albu_target_crop": dict(edge=None, crop_fraction=None, target=[64, 64], crop=[56, 56]),
@@ -205,8 +210,8 @@ def official_side(work: Path, names: list[str]) -> None:
             use_relative_action=spec["relative"], embodiment_id_mapping={tag: 4},
         )  # fmt: skip
         ckpt = out / "checkpoint"
-        bf16_state = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
-        model.save_pretrained(ckpt, state_dict=bf16_state, max_shard_size=mf.SHARD_SIZE, safe_serialization=True)
+        saved = {k: v.to(getattr(torch, spec["ckpt_dtype"])) for k, v in model.state_dict().items()}
+        model.save_pretrained(ckpt, state_dict=saved, max_shard_size=spec["shard"], safe_serialization=True)
         processor.save_pretrained(ckpt)
         policy = mf.gr00t_policy.Gr00tPolicy(tag, str(ckpt), device="cpu")  # bf16, as the official policy runs
         bf16_model = policy.model
