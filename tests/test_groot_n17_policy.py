@@ -165,11 +165,14 @@ def test_compiled_whole_call_is_one_graph_without_recompiles():
     torch.testing.assert_close(again, policy.model.sample_actions(*args, other, buffers), rtol=1e-5, atol=1e-5)
 
 
-def test_w8a8_plan_reaches_backbone_head_and_dit():
+@pytest.mark.parametrize("quant", ["w8a8", "fp8"])
+def test_quant_plan_reaches_backbone_head_and_dit(quant):
+    from embodied_accel.quant import FP8Linear
     from embodied_accel.quant.w8a8 import W8A8Linear
 
-    policy = load_policy("groot-n1.7-tiny", quant="w8a8", progress=False)
-    names = {name for name, module in policy.model.named_modules() if isinstance(module, W8A8Linear)}
+    policy = load_policy("groot-n1.7-tiny", quant=quant, progress=False)
+    layer = {"w8a8": W8A8Linear, "fp8": FP8Linear}[quant]
+    names = {name for name, module in policy.model.named_modules() if isinstance(module, layer)}
     assert {"qwen3_vl.layers.0.qkv", "qwen3_vl.layers.1.down", "vl_blocks.0.ff_in", "dit.blocks.0.q"} <= names
     assert not any(name.startswith(("qwen3_vl.vision", "state_", "action_", "decoder_")) for name in names)
     obs = observation(policy)
@@ -288,3 +291,31 @@ def test_the_dit_cache_plan_serves_n17_bit_for_bit():
     reusing = CachedDiT(dit_cache_plan(model), CacheConfig(method="taylorseer", order=1, interval=2, warmup_steps=1))
     sample_with_cache(model, reusing, *args)
     assert reusing.session.report.reused_steps > 0
+
+
+def test_cudagraph_mode_captures_once_per_bucket_with_and_without_real_time_chunking():
+    """The runtime in cudagraph mode on a GPU platform, the replay stand-in (which checks the captured call for
+    capture-unsafe ops) in place of CUDA graphs: prompts of one 32-token bucket share a capture; the call with
+    real-time chunking is captured once for any leftover and delay."""
+    from test_cudagraph import ReplayStandIn
+
+    from embodied_accel.platform import Platform
+
+    base = tiny()
+    standin = ReplayStandIn()
+    gpu = Platform("cuda", "CPU stand-in for a GPU", has_triton=True, has_torch_npu=False)
+    policy = GrootN17Policy(base.model, base.processor, source="groot-n1.7-tiny", random_weights=True, device="cpu",
+                            capture="cudagraph", plat=gpu, graph_backend=standin, pad_id=base.processor.pad_id)  # fmt: skip
+    a, b = policy.prepare(observation(policy, 0)), policy.prepare(observation(policy, 1, extra_text=1))
+    assert a.bucket == b.bucket and a.valid.sum() != b.valid.sum()
+    noise = policy.make_noise(1, seed=0)
+    for inputs in (a, b):
+        eager = base.sample(inputs, noise)
+        torch.testing.assert_close(policy.sample(inputs, noise), eager, rtol=0, atol=0)
+    assert standin.captures == 1
+    plain = policy.infer(observation(policy, 0), noise=noise)["actions"]
+    for steps, delay in ((5, 1), (3, 3)):
+        obs = {**observation(policy, 0), "previous_actions": plain[:steps], "inference_delay": delay}
+        np.testing.assert_allclose(policy.infer(obs, noise=noise)["actions"], base.infer(obs, noise=noise)["actions"],
+                                   rtol=0, atol=0)  # fmt: skip
+    assert standin.captures == 2

@@ -10,15 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from embodied_accel.models.groot.n17_actions import decode_n17_actions, encode_n17_actions, encode_n17_state
+from embodied_accel.models.groot.n17_embodiment import image_settings, load_n17_embodiment
 from embodied_accel.models.groot.n17_images import N17ImageSettings, crop_and_resize, patchify, smart_resize
-from embodied_accel.models.groot.n17_processor import (
-    GrootN17Processor,
-    decode_n17_actions,
-    encode_n17_actions,
-    encode_n17_state,
-    image_settings,
-    load_n17_embodiment,
-)
+from embodied_accel.models.groot.n17_processor import GrootN17Processor
 from embodied_accel.models.groot.processor import EmbodimentError, ObservationError
 from embodied_accel.models.groot.rotations import rotvec_to_matrix
 
@@ -328,6 +323,11 @@ def test_bad_observations_name_the_key(checkpoint):
     del obs["annotation.task"]
     with pytest.raises(ObservationError, match="annotation.task"):
         proc.validate(obs)
+    concatenated = {k: v for k, v in observation().items() if not k.startswith("state.")}
+    concatenated["state"] = np.concatenate([observation()[f"state.{k}"] for k in DIMS], axis=-1)  # [2, 12]
+    np.testing.assert_array_equal(proc.validate(concatenated).state, proc.validate(observation()).state)
+    with pytest.raises(ObservationError, match=r"concatenated state \[2, 12\]"):
+        proc.validate({**concatenated, "state": concatenated["state"][:, :-1]})
     with pytest.raises(EmbodimentError, match="state_history_length 1"):
         GrootN17Processor.from_checkpoint(checkpoint, state_history_length=1)
     with pytest.raises(EmbodimentError, match="slot 5"):

@@ -169,7 +169,7 @@ def test_concatenated_state_and_nested_observations_are_accepted():
 def test_a_non_groot_directory_is_refused(tmp_path):
     from embodied_accel import load_policy
 
-    with pytest.raises(ValueError, match="not a checkpoint of a known model family.*GR00T N1.6 directory"):
+    with pytest.raises(ValueError, match="not a checkpoint of a known model family.*GR00T N1.6 or N1.7 directory"):
         load_policy(tmp_path)
     broken = tmp_path / "ckpt"
     shutil.copytree(DIR, broken)

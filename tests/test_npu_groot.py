@@ -54,3 +54,28 @@ def test_groot_on_the_npu_backend_matches_isaac_groot(ops, calls):  # noqa: F811
         # Isaac-GR00T's call and ours (the fused operators) round differently: a GR00T call's bound
         assert err <= groot_tolerance() * abs(expected).max(), (key.key, err)
     assert {"npu_rms_norm", "npu_swiglu", "npu_layer_norm_eval", "npu_rotary_mul"} <= set(calls)
+
+
+@requires_groot_extra
+def test_groot_n17_on_the_npu_backend_matches_the_official_model(ops, calls):  # noqa: F811
+    """GR00T N1.7 (Qwen3-VL backbone with M-RoPE, vl self-attention, N1.6's head) on the npu backend against the
+    official N1.7 fixture (each row alone)."""
+    from test_groot_n17_model import FIXTURE, _fixture, _observations, _policy
+
+    from embodied_accel.models.groot.n17_model import GrootN17Model
+    from embodied_accel.models.groot.n17_weights import load_n17_weights
+    from embodied_accel.policies.groot_n17 import GrootN17Policy
+
+    embodiment = "libero_sim"
+    z, meta = _fixture()
+    reference_policy = _policy(embodiment)
+    with torch.device("meta"):
+        model = GrootN17Model(reference_policy.config, ops)
+    load_n17_weights(model, FIXTURE / "checkpoint", reference_policy.processor.spec.slot, "cpu", progress=False)
+    policy = GrootN17Policy(model.eval(), reference_policy.processor, source=str(FIXTURE), random_weights=False,
+                            device="cpu", pad_id=reference_policy.processor.pad_id)  # fmt: skip
+    out = policy.infer_batch(_observations(z, meta, embodiment), noise=torch.from_numpy(z[f"{embodiment}.noise"]))
+    for key in (k for k in out if k.startswith("action.")):
+        expected = z[f"{embodiment}.single_{key}"]
+        assert abs(out[key] - expected).max() <= 1e-4 * abs(expected).max(), key
+    assert {"npu_rms_norm", "npu_swiglu", "npu_rotary_mul"} <= set(calls)

@@ -395,7 +395,8 @@ def load_groot_n17_policy(
     a Qwen3-VL model directory, else ``preset``'s, else Cosmos-Reason2-2B)."""
     check_quant(quant)
     if rtc is not None:
-        raise ValueError("rtc: real-time chunking is not available for GR00T N1.7 policies")
+        raise ValueError("rtc: GR00T N1.7's real-time chunking is its own inpainting (previous_actions and "
+                         "inference_delay per request); the guidance settings (--rtc-*) do not apply to it")
     compute_dtype = platform_mod.resolve_dtype(dtype, COMPUTE_DTYPES)
     Runner.prepare(capture)
     device = platform_mod.normalize_device(device)

@@ -5,7 +5,7 @@ NOT run by CI. It needs a checkout of Isaac-GR00T with the N1.7 code (``gr00t/mo
 environment with transformers 4.57 (Qwen3-VL), diffusers 0.35.1, albumentations 1.4.18 and opencv; see
 ``README.md`` beside this file. flash-attention is not needed (the official backbone falls back to SDPA)::
 
-    ISAAC_GROOT=/path/to/Isaac-GR00T  V/bin/python tools/groot_reference/make_fixtures_n17.py
+    ISAAC_GROOT=/path/to/Isaac-GR00T  V/bin/python tools/groot_reference/make_fixtures_n17.py [--size small]
 
 The script imports and drives the official ``Gr00tN1d7``, ``Gr00tN1d7Processor`` and ``Gr00tPolicy`` (no upstream
 code is copied). The official code builds its backbone and its Qwen3-VL processor from the hub repository named by
@@ -240,7 +240,53 @@ EMBODIMENTS = {
     },
 }
 #: The wrong-embodiment control: the same inputs with another embodiment's slot.
-WRONG_SLOT = {"robocasa_gr1_tabletop": 1, "libero_sim": 5, "oxe_droid_relative_eef_relative_joint": 3}
+WRONG_SLOT = {"robocasa_gr1_tabletop": 1, "libero_sim": 5, "oxe_droid_relative_eef_relative_joint": 3,
+              "simpler_env_widowx": 0}  # fmt: skip
+HISTORY = 2  # state history steps (state_history_length)
+USE_PERCENTILES = True
+
+# ``--size small`` (tests/fixtures/groot_n17_small): other widths, so that a loader must read the sizes from the
+# files, and the official code's defaults the tiny size does not take: one state step (state_history_length 1,
+# the released default), no vl_self_attention (Identity: Gr00tN1d7Config has no vl_self_attention_cfg), min/max
+# normalization (use_percentiles false), 96-px frames (6x6 patches from a 4x4 position table, 9 tokens each), a
+# 3-layer text model truncated to 2 with 2 query / 1 KV heads of 40 (M-RoPE sections [8, 6, 6]), one deepstack tap.
+SMALL = dict(
+    VISION=dict(VISION, depth=2, hidden_size=24, intermediate_size=48, num_heads=2, out_hidden_size=64,
+                num_position_embeddings=16, deepstack_visual_indexes=[0]),
+    TEXT=dict(TEXT, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=40,
+              rope_scaling={"rope_type": "default", "mrope_section": [8, 6, 6], "mrope_interleaved": True}),
+    MODEL={**{k: v for k, v in MODEL.items() if k != "vl_self_attention_cfg"},
+           "backbone_embedding_dim": 64, "select_layer": 2, "hidden_size": 24, "input_embedding_dim": 24,
+           "max_state_dim": 12, "max_action_dim": 8, "action_horizon": 6, "state_history_length": 1,
+           "max_num_embodiments": 4, "max_seq_len": 16, "use_percentiles": False,
+           "diffusion_model_cfg": dict(MODEL["diffusion_model_cfg"], num_attention_heads=3, attention_head_dim=8, output_dim=24)},
+    SHORTEST_IMAGE_EDGE=96,
+    TOKENIZER_VOCAB=360,  # so the added tokens (image pad ...) get other ids than the tiny size's
+    HISTORY=1,
+    USE_PERCENTILES=False,
+    EMBODIMENTS={
+        "simpler_env_widowx": {
+            "slot": 2,
+            "video": ["image_0", "image_1"],
+            "video_delta": [0],
+            "image_hw": (90, 120),
+            "state": {"joints": 5, "gripper": 1},
+            "sin_cos": [],
+            "state_mean_std": [],
+            "action": {"joints": 5, "gripper": 1},
+            "action_horizon": 4,
+            "action_configs": [
+                {"rep": "RELATIVE", "type": "NON_EEF", "format": "DEFAULT"},
+                {"rep": "ABSOLUTE", "type": "NON_EEF", "format": "DEFAULT"},
+            ],
+            "action_mean_std": [],
+            "language": "annotation.human.action.task_description",
+            "instructions": ["Put the spoon on the towel.", "move the carrot to the LEFT of the pot"],
+            "pixel_values": False,
+        }
+    },
+)  # fmt: skip
 
 # --------------------------------------------------------------------------------------------------------------
 # The stand-in for nvidia/Cosmos-Reason2-2B: Qwen3-VL config, processor settings, tiny tokenizer, chat template
@@ -452,7 +498,7 @@ def modality_configs() -> dict:
         configs[tag] = {
             "video": {"delta_indices": emb["video_delta"], "modality_keys": emb["video"]},
             "state": {
-                "delta_indices": [-1, 0],
+                "delta_indices": list(range(1 - HISTORY, 1)),
                 "modality_keys": list(emb["state"]),
                 "sin_cos_embedding_keys": emb["sin_cos"] or None,
                 "mean_std_embedding_keys": emb["state_mean_std"] or None,
@@ -492,7 +538,7 @@ def random_rot6d_pose(rng: np.random.Generator) -> np.ndarray:
 
 def observation(tag: str, rng: np.random.Generator) -> dict:
     """The flat observation Gr00tSimPolicyWrapper takes: video.<cam> uint8 [B, T, H, W, 3], state.<key> float32
-    [B, 2, D] (two history steps), the language key -> list of B strings."""
+    [B, HISTORY, D], the language key -> list of B strings."""
     emb = EMBODIMENTS[tag]
     frames = len(emb["video_delta"])
     obs = {
@@ -502,10 +548,10 @@ def observation(tag: str, rng: np.random.Generator) -> dict:
     for key, dim in emb["state"].items():
         if dim == 9:  # xyz + rot6d
             obs[f"state.{key}"] = np.stack(
-                [np.stack([random_rot6d_pose(rng) for _ in range(2)]) for _ in range(BATCH)]
+                [np.stack([random_rot6d_pose(rng) for _ in range(HISTORY)]) for _ in range(BATCH)]
             ).astype(np.float32)
         else:
-            obs[f"state.{key}"] = rng.uniform(-1.2, 0.6, size=(BATCH, 2, dim)).astype(np.float32)
+            obs[f"state.{key}"] = rng.uniform(-1.2, 0.6, size=(BATCH, HISTORY, dim)).astype(np.float32)
     obs[emb["language"]] = list(emb["instructions"])
     return obs
 
@@ -718,7 +764,7 @@ def run_embodiment(policy, policy_bf16, tag: str, rng: np.random.Generator, stat
     }
 
     if emb.get("rtc"):
-        prev = torch.from_numpy(t["action_pred"]).clone()  # the previous chunk, model space [B, 8, 14]
+        prev = torch.from_numpy(t["action_pred"]).clone()  # the previous chunk, model space [B, H, A]
         options = dict(RTC_OPTIONS, action_horizon=emb["action_horizon"])
         gen = torch.Generator().manual_seed(NOISE_SEED + 2)
         rtc_noise = torch.randn(noise.shape, generator=gen)
@@ -742,47 +788,47 @@ def run_embodiment(policy, policy_bf16, tag: str, rng: np.random.Generator, stat
 
 MEANINGS = {
     "video.": "raw camera frames given to the policy, uint8 [B, T_video, H, W, 3]",
-    "state.": "raw state, float32 [B, 2, D] (history steps t-1, t)",
+    "state.": "raw state, float32 [B, T, D] (T history steps, oldest first)",
     "input_ids": "collated token ids (left padded with <|endoftext|>), [B, L]",
     "attention_mask": "1 = real token, 0 = left padding, [B, L]",
     "image_grid_thw": "per image (t, h, w) in 16-px patches, rows' images in order, [N_img, 3]",
-    "state": "normalized state padded to max_state_dim, [B, 2, 16] (model input before the time-major flatten)",
+    "state": "normalized state padded to max_state_dim, [B, T, S] (model input before the time-major flatten)",
     "embodiment_id": "projector slot per row, [B]",
     "image_mask": "input_ids == image_token_id, [B, L]",
-    "resized_images": "frames after the official albumentations eval transform, uint8 [N_img, 64, 64, 3], "
+    "resized_images": "frames after the official albumentations eval transform, uint8 [N_img, edge, edge, 3], "
     "row-major: row, then frame, then camera",
     "pixel_values": "Qwen3-VL image processor output, float32 [sum(t*h*w), 3*2*16*16]",
     "position_ids": "M-RoPE positions the text model receives, [3, B, L] (t, h, w)",
-    "vision_embeds": "vision tower output after the merger (all images of the batch), [N_tok, 48]",
-    "deepstack.": "deepstack features of ViT block i after its merger, [N_tok, 48]",
-    "llm_last_hidden_normed": "text model last_hidden_state (final RMSNorm applied) of the truncated LLM, [B, L, 48]",
-    "backbone_features": "the official backbone's output features (hidden_states[-1]), [B, L, 48]",
-    "vlln_features": "after action_head.vlln (LayerNorm), [B, L, 48]",
-    "vl_features": "after action_head.vl_self_attention: what the DiT cross-attends to, [B, L, 48]",
-    "state_encoder_input": "state viewed [B, 1, 2*16] (time-major flatten) as the state encoder sees it",
-    "state_features": "state encoder output, [B, 1, 32]",
-    "noise": "initial x (seed 7), [B, 8, 14]",
-    "step_actions": "x_t entering the action encoder at each of the 4 steps, [B, 4, 8, 14]",
-    "step_timesteps": "discretized timestep per step and row (0, 250, 500, 750), [B, 4]",
-    "step_velocities": "predicted velocity per step (decoder output on the action tokens), [B, 4, 8, 14]",
-    "action_pred": "normalized chunk after 4 Euler steps, [B, 8, 14]",
+    "vision_embeds": "vision tower output after the merger (all images of the batch), [N_tok, W]",
+    "deepstack.": "deepstack features of ViT block i after its merger, [N_tok, W]",
+    "llm_last_hidden_normed": "text model last_hidden_state (final RMSNorm applied) of the truncated LLM, [B, L, W]",
+    "backbone_features": "the official backbone's output features (hidden_states[-1]), [B, L, W]",
+    "vlln_features": "after action_head.vlln (LayerNorm), [B, L, W]",
+    "vl_features": "after action_head.vl_self_attention: what the DiT cross-attends to, [B, L, W]",
+    "state_encoder_input": "state viewed [B, 1, T*S] (time-major flatten) as the state encoder sees it",
+    "state_features": "state encoder output, [B, 1, E]",
+    "noise": "initial x (seed 7), [B, H, A]",
+    "step_actions": "x_t entering the action encoder at each of the K steps, [B, K, H, A]",
+    "step_timesteps": "discretized timestep per step and row (0, 250, 500, 750), [B, K]",
+    "step_velocities": "predicted velocity per step (decoder output on the action tokens), [B, K, H, A]",
+    "action_pred": "normalized chunk after K Euler steps, [B, H, A]",
     "action.": "robot-unit actions from Gr00tPolicy.get_action (fp32), [B, horizon, D]",
-    "row0_single_backbone_features": "row 0 run alone (batch 1, unpadded): backbone features, [L0, 48]",
-    "row0_single_vl_features": "row 0 run alone: vl_self_attention output, [L0, 48]",
-    "single_action_pred": "each row run alone with its row of noise: normalized chunk, [B, 8, 14]",
+    "row0_single_backbone_features": "row 0 run alone (batch 1, unpadded): backbone features, [L0, W]",
+    "row0_single_vl_features": "row 0 run alone: vl_self_attention output, [L0, W]",
+    "single_action_pred": "each row run alone with its row of noise: normalized chunk, [B, H, A]",
     "single_action.": "each row run alone: robot-unit actions, [B, horizon, D]",
-    "control_noise": "perturbed noise (noise + 0.05 N(0,1), seed 8), [B, 8, 14]",
-    "control_noise_action_pred": "chunk from control_noise, [B, 8, 14]",
+    "control_noise": "perturbed noise (noise + 0.05 N(0,1), seed 8), [B, H, A]",
+    "control_noise_action_pred": "chunk from control_noise, [B, H, A]",
     "control_embodiment_id": "the wrong slot used by the embodiment control, scalar",
-    "control_embodiment_action_pred": "chunk with every row's embodiment_id set to the wrong slot, [B, 8, 14]",
+    "control_embodiment_action_pred": "chunk with every row's embodiment_id set to the wrong slot, [B, H, A]",
     "control_stats.action.": "robot-unit actions with statistics_swapped.json (state and action), [B, horizon, D]",
     "bf16.action.": "robot-unit actions from the official Gr00tPolicy as shipped (bf16 model and inputs)",
-    "rtc_prev_action": "RTC: the previous chunk (this case's action_pred), model space [B, 8, 14]",
-    "rtc_noise": "RTC: noise drawn by the sampler before inpainting (seed 9), [B, 8, 14]",
-    "rtc_step_actions": "RTC: x_t per step (step 0 = noise with the overlap inpainted), [B, 4, 8, 14]",
-    "rtc_step_velocities": "RTC: velocity per step, [B, 4, 8, 14]",
-    "rtc_vel_strength": "RTC: the sampler's per-element velocity weights, [B, 8, 14]",
-    "rtc_action_pred": "RTC: normalized chunk, [B, 8, 14]",
+    "rtc_prev_action": "RTC: the previous chunk (this case's action_pred), model space [B, H, A]",
+    "rtc_noise": "RTC: noise drawn by the sampler before inpainting (seed 9), [B, H, A]",
+    "rtc_step_actions": "RTC: x_t per step (step 0 = noise with the overlap inpainted), [B, K, H, A]",
+    "rtc_step_velocities": "RTC: velocity per step, [B, K, H, A]",
+    "rtc_vel_strength": "RTC: the sampler's per-element velocity weights, [B, H, A]",
+    "rtc_action_pred": "RTC: normalized chunk, [B, H, A]",
     "rtc_action.": "RTC: robot-unit actions (decode_action with the raw state), [B, horizon, D]",
 }
 
@@ -797,8 +843,17 @@ def meaning(name: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--size",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="tiny: tests/fixtures/groot_n17_tiny; small: other sizes and defaults (groot_n17_small)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="default: tests/fixtures/groot_n17_<size>")
     args = parser.parse_args()
+    if args.size == "small":
+        globals().update(SMALL)  # the functions above read these module settings when called
+    args.out = args.out or DEFAULT_OUT.parent / f"groot_n17_{args.size}"
 
     work = Path(tempfile.mkdtemp(prefix="groot_n17_fixture_"))
     out = args.out
@@ -824,7 +879,7 @@ def main() -> None:
     stats = statistics(rng)
     processor_kwargs = dict(
         modality_configs=modality_configs(),
-        use_percentiles=True,
+        use_percentiles=USE_PERCENTILES,
         clip_outliers=True,
         shortest_image_edge=SHORTEST_IMAGE_EDGE,
         crop_fraction=CROP_FRACTION,
@@ -891,11 +946,25 @@ def main() -> None:
         "model": MODEL,
         "tokens": {name: qwen_processor.tokenizer.convert_tokens_to_ids(name) for name, _ in QWEN3VL_ADDED},
         "image_processor_class": type(qwen_processor.image_processor).__name__,
+        "size": args.size,
+        "state_history_length": HISTORY,
+        "use_percentiles": USE_PERCENTILES,
         "shortest_image_edge": SHORTEST_IMAGE_EDGE,
         "crop_fraction": CROP_FRACTION,
         "min_pixels": MIN_PIXELS,
         "vl_self_attention_class": type(head.vl_self_attention).__name__,
         "embodiments": infos,
+        "symbols": {
+            "B": BATCH,
+            "T": HISTORY,
+            "S": MODEL["max_state_dim"],
+            "A": MODEL["max_action_dim"],
+            "H": MODEL["action_horizon"],
+            "K": MODEL["num_inference_timesteps"],
+            "W": MODEL["backbone_embedding_dim"],
+            "E": MODEL["input_embedding_dim"],
+            "edge": SHORTEST_IMAGE_EDGE,
+        },  # fmt: skip
         "arrays": {
             name: {"shape": list(v.shape), "dtype": str(v.dtype), "meaning": meaning(name)}
             for name, v in arrays.items()

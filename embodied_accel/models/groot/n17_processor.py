@@ -17,7 +17,9 @@ actions. It follows the official ``Gr00tN1d7Processor`` (eval mode) for one embo
   ``XYZ_ROTVEC`` 6), the state key read in that same format.
 * **Embodiment id**: ``embodiment_id.json`` over the official tag → projector table.
 
-API: :meth:`GrootN17Processor.validate` (one observation → :class:`N17Row`), :meth:`~GrootN17Processor.prepare`
+Modules: :mod:`.n17_embodiment` (the checkpoint's files), :mod:`.n17_actions` (state and actions),
+:mod:`.n17_images`, :mod:`.n17_text`, :mod:`.observation` (reading an observation). API:
+:meth:`GrootN17Processor.validate` (one observation → :class:`N17Row`), :meth:`~GrootN17Processor.prepare`
 (rows → :class:`N17Inputs`), :meth:`~GrootN17Processor.postprocess` (normalized chunk → robot actions).
 """
 
@@ -31,277 +33,20 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ObservationError, check_prompt_size
-from .embodiment import LANGUAGE_ALIASES, ActionKey, EmbodimentError, EmbodimentSpec, StateKey, _read_json, _stats
+from ...errors import ObservationError
+from .embodiment import ActionKey, EmbodimentError, EmbodimentSpec, StateKey, _read_json
+from .n17_actions import decode_n17_actions, encode_n17_actions, encode_n17_state
+from .n17_embodiment import N17_EMBODIMENT_SLOTS, image_settings, load_n17_embodiment, processor_dir
 from .n17_images import N17ImageSettings, crop_and_resize, patchify, qwen_resize
 from .n17_text import N17Tokenizer, find_n17_tokenizer_dir
-from .rotations import matrix_to_rotvec, rot6d_to_matrix, rotvec_to_matrix
+from .observation import observation_keys, read_frames, read_instruction, read_state
 
-__all__ = ["N17_EMBODIMENT_SLOTS", "GrootN17Processor", "N17Inputs", "N17Row", "decode_n17_actions",
-           "encode_n17_actions"]
+__all__ = ["N17_EMBODIMENT_SLOTS", "TOKEN_IDS_KEY", "GrootN17Processor", "N17Inputs", "N17Row", "decode_n17_actions",
+           "encode_n17_actions", "encode_n17_state", "image_settings", "load_n17_embodiment"]
 
-#: The official tag → projector-slot table of N1.7; a checkpoint's embodiment_id.json overrides it.
-N17_EMBODIMENT_SLOTS = {
-    "oxe_droid_relative_eef_relative_joint": 24,
-    "xdof_relative_eef_relative_joint": 27,
-    "xdof_relative_eef_relative_joint_subtask": 27,
-    "real_g1_relative_eef_relative_joints": 25,
-    "real_r1_pro_sharpa_relative_eef": 26,
-    "real_r1_pro_sharpa_relative_eef_human": 26,
-    "real_r1_pro_sharpa_relative_eef_maxinsights": 26,
-    "real_r1_pro_sharpa_relative_eef_mecka": 26,
-    "unitree_g1_full_body_with_waist_height_nav_cmd": 25,
-    "unitree_g1_sonic": 11,
-    "simpler_env_google": 0,
-    "simpler_env_widowx": 1,
-    "libero_sim": 2,
-    "new_embodiment": 10,
-    "robocasa_panda_omron": 10,
-    "robocasa_gr1_tabletop": 10,
-}
 #: Qwen3-VL's image pad and pad ids (used when prompts come as token ids, without a tokenizer).
 QWEN3_VL_IMAGE_PAD_ID, QWEN3_VL_PAD_ID = 151655, 151643
-EEF_FORMAT_DIMS = {"XYZ_ROT6D": 9, "XYZ_ROTVEC": 6}
 TOKEN_IDS_KEY = "prompt_token_ids"
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# The checkpoint's processor files
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def processor_dir(checkpoint_dir: Path) -> Path:
-    """Where the processor files are: the root, or ``processor/`` when the root has no ``processor_config.json``."""
-    sub = checkpoint_dir / "processor"
-    return sub if sub.is_dir() and not (checkpoint_dir / "processor_config.json").is_file() else checkpoint_dir
-
-
-def image_settings(kwargs: Mapping, image_config: Mapping) -> N17ImageSettings:
-    """The crop / resize of ``processor_kwargs`` and the Qwen3-VL image processor's ``preprocessor_config.json``."""
-    crop, target = kwargs.get("image_crop_size"), kwargs.get("image_target_size")
-    torchvision_sizes = None
-    if not kwargs.get("use_albumentations", False):  # the torchvision transforms: target and crop sizes only
-        if not crop or not target or len(set(crop)) != 1 or len(set(target)) != 1 or crop[0] > target[0]:
-            raise EmbodimentError(f"processor_config.json: use_albumentations false needs square image_crop_size "
-                                  f"<= image_target_size, got {crop} / {target}")  # fmt: skip
-        torchvision_sizes = (int(target[0]), int(crop[0]))
-    fraction, edge = kwargs.get("crop_fraction"), kwargs.get("shortest_image_edge")
-    if fraction is None:
-        if not crop or not target:
-            raise EmbodimentError("processor_config.json: neither crop_fraction nor image_crop_size/image_target_size")
-        fraction = crop[0] / target[0]
-    if edge is None:
-        if not target:
-            raise EmbodimentError("processor_config.json: neither shortest_image_edge nor image_target_size")
-        edge = target[0]
-    size = image_config.get("size") or {}
-    defaults = N17ImageSettings()
-    return N17ImageSettings(
-        shortest_edge=int(edge), crop_fraction=float(fraction), torchvision_sizes=torchvision_sizes,
-        patch_size=int(image_config.get("patch_size", defaults.patch_size)),
-        temporal_patch_size=int(image_config.get("temporal_patch_size", defaults.temporal_patch_size)),
-        merge_size=int(image_config.get("merge_size", defaults.merge_size)),
-        min_pixels=int(image_config.get("min_pixels") or size.get("shortest_edge", defaults.min_pixels)),
-        max_pixels=int(image_config.get("max_pixels") or size.get("longest_edge", defaults.max_pixels)),
-        mean=tuple(image_config.get("image_mean", defaults.mean)),
-        std=tuple(image_config.get("image_std", defaults.std)),
-        rescale_factor=float(image_config.get("rescale_factor", defaults.rescale_factor)),
-    )  # fmt: skip
-
-
-def load_n17_embodiment(kwargs: Mapping, statistics: Mapping, slots: Mapping[str, int], tag: str | None,
-                        where: str) -> tuple[EmbodimentSpec, bool]:  # fmt: skip
-    """The embodiment ``tag`` (or the only one) of ``processor_kwargs`` + statistics, and ``exclude_state``."""
-    configs = kwargs.get("modality_configs")
-    if not isinstance(configs, dict) or not configs:
-        raise EmbodimentError(f"{where}/processor_config.json: expected processor_kwargs.modality_configs")
-    if tag is None:
-        if len(configs) != 1:
-            raise EmbodimentError(f"{where}: the checkpoint has {len(configs)} embodiments ({', '.join(configs)}); "
-                                  "choose one with embodiment=")  # fmt: skip
-        tag = next(iter(configs))
-    if tag not in configs:
-        raise EmbodimentError(f"embodiment {tag!r} is not in {where}/processor_config.json; "
-                              f"the checkpoint has: {', '.join(configs)}")  # fmt: skip
-    if tag not in statistics:
-        raise EmbodimentError(f"{where}/statistics.json has no statistics for embodiment {tag!r} "
-                              f"(it has: {', '.join(statistics) or 'none'})")  # fmt: skip
-    if tag not in slots:
-        raise EmbodimentError(f"embodiment {tag!r}: no projector slot in embodiment_id.json nor the official table")
-    modalities, stats, here = configs[tag], statistics[tag], f"{where}/processor_config.json [{tag}]"
-    for modality in ("video", "state", "action", "language"):
-        if modality not in modalities:
-            raise EmbodimentError(f"{here}: no {modality!r} modality")
-    low_name, high_name = ("q01", "q99") if kwargs.get("use_percentiles", False) else ("min", "max")
-    bound_fields = ("mean", "std", low_name, high_name)
-
-    state_cfg = modalities["state"]
-    sincos = set(state_cfg.get("sin_cos_embedding_keys") or []) if kwargs.get("apply_sincos_state_encoding") else set()
-    state_mean_std = set(state_cfg.get("mean_std_embedding_keys") or [])
-    state_keys = []
-    for key in state_cfg["modality_keys"]:
-        if key not in stats.get("state", {}):
-            raise EmbodimentError(f"{where}/statistics.json [{tag}]: no state statistics for {key!r}")
-        s = _stats(stats["state"][key], key, f"statistics.json [{tag}] state", bound_fields)
-        encoding = "sincos" if key in sincos else "mean_std" if key in state_mean_std else "min_max"
-        state_keys.append(StateKey(key, int(s[low_name].shape[-1]), encoding, s[low_name], s[high_name],
-                                   s["mean"], s["std"]))  # fmt: skip
-
-    action_cfg = modalities["action"]
-    reps = action_cfg.get("action_configs") or [None] * len(action_cfg["modality_keys"])
-    action_mean_std = set(action_cfg.get("mean_std_embedding_keys") or [])
-    action_keys = []
-    for key, rep in zip(action_cfg["modality_keys"], reps, strict=True):
-        if key not in stats.get("action", {}):
-            raise EmbodimentError(f"{where}/statistics.json [{tag}]: no action statistics for {key!r}")
-        absolute = _stats(stats["action"][key], key, f"statistics.json [{tag}] action", bound_fields)
-        dim = int(absolute[low_name].shape[-1])
-        relative = bool(rep) and rep.get("rep") == "RELATIVE" and bool(kwargs.get("use_relative_action", False))
-        if relative:
-            rel = stats.get("relative_action", {}).get(key)
-            if rel is None:
-                raise EmbodimentError(f"{where}/statistics.json [{tag}]: action {key!r} is relative but has no "
-                                      "relative_action statistics")  # fmt: skip
-            s = _stats(rel, key, f"statistics.json [{tag}] relative_action")
-            low, high = s["min"], s["max"]  # the relative statistics replace the bounds whatever use_percentiles says
-        else:
-            s, low, high = absolute, absolute[low_name], absolute[high_name]
-        kind, fmt = (rep or {}).get("type") or "NON_EEF", (rep or {}).get("format") or "DEFAULT"
-        if relative and kind == "EEF" and EEF_FORMAT_DIMS.get(fmt) != dim:
-            raise EmbodimentError(f"{here}: relative end-effector action {key!r} in format {fmt} with {dim} dims; "
-                                  "supported: XYZ_ROT6D (9), XYZ_ROTVEC (6)")  # fmt: skip
-        action_keys.append(ActionKey(key, dim, key in action_mean_std, relative, kind, fmt,
-                                     (rep or {}).get("state_key") or key, low, high, s["mean"], s["std"]))  # fmt: skip
-    by_name = {s.key: s for s in state_keys}
-    for a in action_keys:
-        if a.relative and (a.state_key not in by_name or by_name[a.state_key].dim != a.dim):
-            raise EmbodimentError(f"{here}: relative action {a.key!r} needs state key {a.state_key!r} of {a.dim} dims")
-    language = modalities["language"]["modality_keys"]
-    spec = EmbodimentSpec(
-        tag=tag, slot=int(slots[tag]), video_keys=tuple(modalities["video"]["modality_keys"]),
-        video_horizon=len(modalities["video"]["delta_indices"]), state=tuple(state_keys),
-        state_horizon=len(state_cfg["delta_indices"]), actions=tuple(action_keys),
-        action_horizon=len(action_cfg["delta_indices"]), language_key=language[0],
-        clip_outliers=bool(kwargs.get("clip_outliers", True)),
-    )  # fmt: skip
-    return spec, bool(kwargs.get("exclude_state", False) or state_cfg.get("exclude_state", False))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# State and actions
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def encode_n17_state(spec: EmbodimentSpec, values: Mapping[str, np.ndarray], max_state_dim: int,
-                     exclude: bool = False) -> np.ndarray:  # fmt: skip
-    """Raw state per key ``[T, D]`` float32 → normalized, concatenated, zero-padded ``[T, max_state_dim]`` float32."""
-    parts = []
-    for s in spec.state:
-        v = values[s.key]
-        if exclude:
-            parts.append(np.zeros_like(v))  # the raw width, as the official code zeroes it
-        elif s.encoding == "sincos":
-            parts.append(np.concatenate([np.sin(v), np.cos(v)], axis=-1))
-        elif s.encoding == "mean_std":
-            out, mask = np.zeros_like(v), s.std != 0
-            out[..., mask] = (v[..., mask] - s.mean[..., mask]) / s.std[..., mask]
-            out[..., ~mask] = v[..., ~mask]
-            parts.append(out)
-        else:
-            out, mask = np.zeros_like(v), ~np.isclose(s.high, s.low)
-            out[..., mask] = (v[..., mask] - s.low[..., mask]) / (s.high[..., mask] - s.low[..., mask])
-            out[..., mask] = 2 * out[..., mask] - 1
-            parts.append(np.clip(out, -1.0, 1.0) if spec.clip_outliers else out)
-    encoded = np.concatenate(parts, axis=-1).astype(np.float32)
-    if encoded.shape[-1] > max_state_dim:
-        raise EmbodimentError(f"embodiment {spec.tag!r}: the state encodes to {encoded.shape[-1]} dims > "
-                              f"max_state_dim {max_state_dim}")  # fmt: skip
-    pad = np.zeros((*encoded.shape[:-1], max_state_dim - encoded.shape[-1]), dtype=np.float32)
-    return np.concatenate([encoded, pad], axis=-1)
-
-
-def _pose_matrices(values: np.ndarray, fmt: str) -> np.ndarray:
-    """``[..., 9]`` xyz + rot6d or ``[..., 6]`` xyz + rotation vector → homogeneous ``[..., 4, 4]``."""
-    rotation = rot6d_to_matrix(values[..., 3:]) if fmt == "XYZ_ROT6D" else rotvec_to_matrix(values[..., 3:])
-    out = np.zeros((*values.shape[:-1], 4, 4))
-    out[..., :3, :3], out[..., :3, 3], out[..., 3, 3] = rotation, values[..., :3], 1.0
-    return out
-
-
-def decode_n17_actions(spec: EmbodimentSpec, normalized: np.ndarray,
-                       state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:  # fmt: skip
-    """Normalized chunk ``[B, H, max_action_dim]`` and the raw state per key ``[B, T, D]`` → robot actions per key
-    ``[B, action_horizon, D]`` float32."""
-    out, start = {}, 0
-    for a in spec.actions:
-        x = np.asarray(normalized[..., : spec.action_horizon, start : start + a.dim], dtype=np.float32)
-        start += a.dim
-        if a.mean_std:
-            values, mask = np.zeros_like(x), a.std != 0
-            values[..., mask] = x[..., mask] * a.std[..., mask] + a.mean[..., mask]
-            values[..., ~mask] = x[..., ~mask]
-        else:
-            values = (np.clip(x, -1.0, 1.0) + 1.0) / 2.0 * (a.high - a.low) + a.low
-        if a.relative:
-            reference = np.asarray(state[a.state_key], dtype=np.float64)[:, -1]  # the last observed state [B, D]
-            if a.kind == "EEF":
-                pose = _pose_matrices(reference, a.format)[:, None] @ _pose_matrices(np.asarray(values, np.float64),
-                                                                                     a.format)  # fmt: skip
-                rotation = pose[..., :3, :3]
-                tail = (rotation[..., :2, :].reshape(*rotation.shape[:-2], 6) if a.format == "XYZ_ROT6D"
-                        else matrix_to_rotvec(rotation))  # fmt: skip
-                values = np.concatenate([pose[..., :3, 3], tail], axis=-1)
-            else:
-                values = reference[:, None, :] + values
-        out[a.key] = np.asarray(values, dtype=np.float32)
-    return out
-
-
-def _first_steps(statistic: np.ndarray, steps: int) -> np.ndarray:
-    """Per-step statistics ``[H, D]`` (relative keys) cut to ``steps`` rows; ``[D]`` ones serve every step."""
-    return statistic[:steps] if statistic.ndim == 2 else statistic
-
-
-def encode_n17_actions(spec: EmbodimentSpec, actions: Mapping[str, np.ndarray],
-                       state: Mapping[str, np.ndarray]) -> np.ndarray:  # fmt: skip
-    """The official training-side transform, the inverse of :func:`decode_n17_actions`: robot actions per key
-    ``[B, n, D]`` (``n <= action_horizon``) and the raw state ``[B, T, D]`` → the normalized chunk
-    ``[B, n, action_dim]`` float32. Relative keys are made relative to the last state (joints subtracted, end
-    effectors ``T_state⁻¹ @ T_action`` in the key's format), then normalized (mean/std where ``std != 0``, else
-    min/max → [-1, 1], 0 where the range is zero) and clipped to [-1, 1] with ``clip_outliers``."""
-    parts = []
-    for a in spec.actions:
-        values = np.asarray(actions[a.key], dtype=np.float32)
-        steps = values.shape[1]
-        if a.relative:  # float64 from here, as the official pose arithmetic
-            values = values.astype(np.float64)
-            reference = np.asarray(state[a.state_key], dtype=np.float64)[:, -1]  # [B, D]
-            if a.kind == "EEF":
-                ref = _pose_matrices(reference, a.format)[:, None]  # [B, 1, 4, 4]
-                inverse_rotation = np.swapaxes(ref[..., :3, :3], -1, -2)
-                pose = _pose_matrices(values, a.format)
-                rotation = inverse_rotation @ pose[..., :3, :3]
-                translation = (inverse_rotation @ (pose[..., :3, 3] - ref[..., :3, 3])[..., None])[..., 0]
-                tail = (rotation[..., :2, :].reshape(*rotation.shape[:-2], 6) if a.format == "XYZ_ROT6D"
-                        else matrix_to_rotvec(rotation))  # fmt: skip
-                values = np.concatenate([translation, tail], axis=-1)
-            else:
-                values = values - reference[:, None, :]
-        out = np.zeros_like(values)
-        if a.mean_std:
-            mean, std = _first_steps(a.mean, steps), _first_steps(a.std, steps)
-            mask = np.broadcast_to(std != 0, values.shape[1:])
-            mean, std = np.broadcast_to(mean, values.shape[1:]), np.broadcast_to(std, values.shape[1:])
-            out[:, mask] = (values[:, mask] - mean[mask]) / std[mask]
-            out[:, ~mask] = values[:, ~mask]
-        else:
-            low, high = _first_steps(a.low, steps), _first_steps(a.high, steps)
-            mask = np.broadcast_to(~np.isclose(high, low), values.shape[1:])
-            low, high = np.broadcast_to(low, values.shape[1:]), np.broadcast_to(high, values.shape[1:])
-            out[:, mask] = (values[:, mask] - low[mask]) / (high[mask] - low[mask])
-            out[:, mask] = 2 * out[:, mask] - 1  # two steps, the first one stored in the values' dtype
-        parts.append(np.clip(out, -1.0, 1.0) if spec.clip_outliers else out)
-    return np.concatenate(parts, axis=-1).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -428,86 +173,15 @@ class GrootN17Processor:
     @property
     def known_keys(self) -> frozenset[str]:
         """Every observation key this processor reads (``video.<camera>``, ``state.<key>`` also with ``/``, the
-        language key and its aliases, ``prompt_token_ids``)."""
-        spec, keys = self.spec, {TOKEN_IDS_KEY}
-        for modality, names in (("video", spec.video_keys), ("state", [s.key for s in spec.state]),
-                                ("language", [spec.language_key])):  # fmt: skip
-            keys.update(f"{modality}{sep}{name}" for name in names for sep in "./")
-        keys.update((spec.language_key, *LANGUAGE_ALIASES))
-        return frozenset(keys)
-
-    # ---- validation
-
-    def _lookup(self, obs: Mapping[str, Any], modality: str, key: str) -> Any:
-        for name in (f"{modality}.{key}", f"{modality}/{key}"):
-            if name in obs:
-                return obs[name]
-        nested = obs.get(modality)
-        return nested.get(key) if isinstance(nested, Mapping) else None
-
-    def _frames(self, obs: Mapping[str, Any], key: str) -> np.ndarray:
-        value, horizon = self._lookup(obs, "video", key), self.spec.video_horizon
-        if value is None:
-            raise ObservationError(f"observation['video.{key}']: missing; the embodiment {self.spec.tag!r} needs "
-                                   f"cameras {', '.join('video.' + k for k in self.spec.video_keys)}")  # fmt: skip
-        frames = np.asarray(value)
-        if frames.ndim == 3 and horizon == 1:
-            frames = frames[None]
-        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != horizon or frames.shape[-1] != 3:
-            raise ObservationError(f"observation['video.{key}']: expected uint8 frames [{horizon}, H, W, 3] (or "
-                                   f"[H, W, 3]), got {frames.dtype} {list(frames.shape)}")  # fmt: skip
-        if min(frames.shape[1:3]) < 1:
-            raise ObservationError(f"observation['video.{key}']: empty image {list(frames.shape)}")
-        return frames
-
-    def _state(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        horizon, out = self.spec.state_horizon, {}
-        for s in self.spec.state:
-            value = self._lookup(obs, "state", s.key)
-            if value is None:
-                names = ", ".join("state." + k.key for k in self.spec.state)
-                raise ObservationError(f"observation['state.{s.key}']: missing; the embodiment {self.spec.tag!r} "
-                                       f"needs state keys {names}")  # fmt: skip
-            arr = np.asarray(value)
-            if arr.dtype.kind not in "biuf":
-                raise ObservationError(f"observation['state.{s.key}']: expected numbers, got {arr.dtype}")
-            arr = arr.astype(np.float32)
-            if arr.ndim == 1 and horizon == 1:
-                arr = arr[None]
-            if arr.shape != (horizon, s.dim):
-                single = f" (or [{s.dim}])" if horizon == 1 else ""
-                raise ObservationError(f"observation['state.{s.key}']: expected [{horizon}, {s.dim}] (the last "
-                                       f"{horizon} states){single}, got {list(np.shape(value))}")  # fmt: skip
-            if not np.isfinite(arr).all():
-                raise ObservationError(f"observation['state.{s.key}']: contains NaN or infinity")
-            out[s.key] = arr
-        return out
-
-    def _instruction(self, obs: Mapping[str, Any]) -> str | None:
-        key_ = self.spec.language_key
-        for key in (key_, f"language.{key_}", f"language/{key_}", *LANGUAGE_ALIASES):
-            value = obs.get(key)
-            if value is None and key == key_:
-                nested = obs.get("language")
-                value = nested.get(key) if isinstance(nested, Mapping) else None
-            while isinstance(value, (list, tuple)) and len(value) == 1:
-                value = value[0]
-            if isinstance(value, np.ndarray) and value.ndim == 0:
-                value = value.item()
-            if value is not None:
-                if not isinstance(value, str):
-                    raise ObservationError(f"observation[{key!r}]: expected the instruction as a string, got "
-                                           f"{type(value).__name__}")  # fmt: skip
-                check_prompt_size(value, self.max_prompt_tokens, f"observation[{key!r}]")
-                return value
-        return None
+        concatenated ``state``, the language key and its aliases, ``prompt_token_ids``)."""
+        return observation_keys(self.spec, (TOKEN_IDS_KEY,))
 
     def formalize(self, instruction: str) -> str:
         """The instruction as the model reads it: lower case, punctuation removed (``formalize_language``)."""
         return re.sub(r"[^\w\s]", "", instruction.lower()) if self.formalize_language else instruction
 
     def _token_ids(self, obs: Mapping[str, Any], image_tokens: list[int]) -> list[int]:
-        instruction = self._instruction(obs)
+        instruction = read_instruction(obs, self.spec, self.max_prompt_tokens)
         if instruction is not None and self.tokenizer is not None:
             return self.tokenizer.prompt_ids(self.formalize(instruction), image_tokens)
         if TOKEN_IDS_KEY in obs:
@@ -532,7 +206,7 @@ class GrootN17Processor:
         if not isinstance(obs, Mapping):
             raise ObservationError(f"{where}: expected a dict, got {type(obs).__name__}")
         spec, settings = self.spec, self.image_settings
-        frames = {key: self._frames(obs, key) for key in spec.video_keys}
+        frames = {key: read_frames(obs, spec, key) for key in spec.video_keys}
         patches, grids = [], []
         for t in range(spec.video_horizon):
             for key in spec.video_keys:
@@ -542,7 +216,7 @@ class GrootN17Processor:
                 grids.append(grid)
         merge = settings.merge_size**2
         token_ids = self._token_ids(obs, [t * h * w // merge for t, h, w in grids])
-        state = self._state(obs)
+        state = read_state(obs, spec)
         return N17Row(pixel_values=np.concatenate(patches), image_grid_thw=np.asarray(grids, dtype=np.int64),
                       token_ids=token_ids, state=encode_n17_state(spec, state, self.max_state_dim, self.exclude_state),
                       raw_state=state)  # fmt: skip

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...errors import ObservationError, check_prompt_size
+from ...errors import ObservationError
 from ...nn.rtc import (
     PREVIOUS_ACTIONS_KEY,
     RTC_KEYS,
@@ -68,6 +68,7 @@ from .images import (  # noqa: F401  (re-exported)
     transform_frame,
 )
 from .images import smallest_edge_to as _smallest_edge_to  # noqa: F401
+from .observation import observation_keys, read_frames, read_instruction, read_state
 from .rotations import matrix_to_rotvec as _rotvec
 from .rotations import rot6d_to_matrix as _rot6d_to_matrix
 from .rotations import rotvec_to_matrix as _rotvec_to_matrix
@@ -268,111 +269,18 @@ class GrootProcessor:
     def known_keys(self) -> frozenset[str]:
         """Every observation key this processor reads, in each form it accepts (flat ``video.<camera>``, nested maps
         flattened with ``/``, the concatenated ``state``, the language key and its aliases, real-time chunking's)."""
-        spec, keys = self.spec, {"state", *RTC_KEYS}
-        for modality, names in (("video", spec.video_keys), ("state", [s.key for s in spec.state]),
-                                ("language", [spec.language_key])):  # fmt: skip
-            keys.update(f"{modality}{sep}{name}" for name in names for sep in "./")
-        keys.update((spec.language_key, *LANGUAGE_ALIASES))
-        return frozenset(keys)
+        return observation_keys(self.spec, RTC_KEYS)
 
-    # ---- validation
-
-    def _lookup(self, obs: Mapping[str, Any], modality: str, key: str) -> Any:
-        for name in (f"{modality}.{key}", f"{modality}/{key}"):
-            if name in obs:
-                return obs[name]
-        nested = obs.get(modality)
-        if isinstance(nested, Mapping) and key in nested:
-            return nested[key]
-        return None
+    # ---- validation (:mod:`.observation`)
 
     def _frames(self, obs: Mapping[str, Any], key: str) -> np.ndarray:
-        value = self._lookup(obs, "video", key)
-        horizon = self.spec.video_horizon
-        if value is None:
-            raise ObservationError(
-                f"observation['video.{key}']: missing; the embodiment {self.spec.tag!r} needs "
-                f"cameras {', '.join('video.' + k for k in self.spec.video_keys)}"
-            )
-        frames = np.asarray(value)
-        if frames.ndim == 3 and horizon == 1:
-            frames = frames[None]
-        if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != horizon or frames.shape[-1] != 3:
-            raise ObservationError(
-                f"observation['video.{key}']: expected uint8 frames [{horizon}, H, W, 3] (or "
-                f"[H, W, 3]), got {frames.dtype} {list(frames.shape)}"
-            )
-        if min(frames.shape[1:3]) < 1:
-            raise ObservationError(f"observation['video.{key}']: empty image {list(frames.shape)}")
-        return frames
+        return read_frames(obs, self.spec, key)
 
     def _state(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        horizon, out = self.spec.state_horizon, {}
-        concatenated = obs.get("state")
-        if isinstance(concatenated, Mapping):
-            concatenated = None
-        if concatenated is not None and all(self._lookup(obs, "state", s.key) is None for s in self.spec.state):
-            vector = np.asarray(concatenated)  # its kind checked before any conversion (a cast allocates)
-            if vector.dtype.kind not in "biuf":
-                raise ObservationError(f"observation['state']: expected numbers, got {vector.dtype}")
-            vector = vector.astype(np.float32)
-            if vector.ndim == 1:
-                vector = vector[None]
-            if vector.shape != (horizon, self.spec.state_dim):
-                raise ObservationError(
-                    f"observation['state']: expected the concatenated state [{horizon}, "
-                    f"{self.spec.state_dim}] ({' + '.join(f'{s.key} {s.dim}' for s in self.spec.state)}), "
-                    f"got {list(vector.shape)}"
-                )
-            start = 0
-            for s in self.spec.state:
-                out[s.key] = vector[:, start : start + s.dim]
-                start += s.dim
-        else:
-            for s in self.spec.state:
-                value = self._lookup(obs, "state", s.key)
-                if value is None:
-                    raise ObservationError(
-                        f"observation['state.{s.key}']: missing; the embodiment "
-                        f"{self.spec.tag!r} needs state keys "
-                        f"{', '.join('state.' + k.key for k in self.spec.state)}"
-                    )
-                arr = np.asarray(value)
-                if arr.dtype.kind not in "biuf":
-                    raise ObservationError(f"observation['state.{s.key}']: expected numbers, got {arr.dtype}")
-                arr = arr.astype(np.float32)
-                if arr.ndim == 1:
-                    arr = arr[None]
-                if arr.shape != (horizon, s.dim):
-                    raise ObservationError(
-                        f"observation['state.{s.key}']: expected [{horizon}, {s.dim}] (or [{s.dim}]), "
-                        f"got {list(np.shape(value))}"
-                    )
-                out[s.key] = arr
-        for key, arr in out.items():
-            if not np.isfinite(arr).all():
-                raise ObservationError(f"observation['state.{key}']: contains NaN or infinity")
-        return out
+        return read_state(obs, self.spec)
 
     def _instruction(self, obs: Mapping[str, Any]) -> str | None:
-        for key in (self.spec.language_key, f"language.{self.spec.language_key}", f"language/{self.spec.language_key}",
-                    *LANGUAGE_ALIASES):  # fmt: skip
-            value = obs.get(key)
-            if value is None and key == self.spec.language_key:
-                nested = obs.get("language")
-                value = nested.get(key) if isinstance(nested, Mapping) else None
-            while isinstance(value, (list, tuple)) and len(value) == 1:
-                value = value[0]
-            if isinstance(value, np.ndarray) and value.ndim == 0:
-                value = value.item()
-            if value is not None:
-                if not isinstance(value, str):
-                    raise ObservationError(
-                        f"observation[{key!r}]: expected the instruction as a string, got {type(value).__name__}"
-                    )
-                check_prompt_size(value, self.max_prompt_tokens, f"observation[{key!r}]")  # before any work on it
-                return value
-        return None
+        return read_instruction(obs, self.spec, self.max_prompt_tokens)
 
     # ---- the pieces
 
