@@ -40,7 +40,8 @@ class N17ImageSettings:
 
     shortest_edge: int = 256
     crop_fraction: float = 230 / 256
-    torchvision_sizes: tuple[int, int] | None = None  # (target, crop): the torchvision transforms instead
+    #: ((target h, w), (crop h, w)): the torchvision transforms instead
+    torchvision_sizes: tuple[tuple[int, int], tuple[int, int]] | None = None
     patch_size: int = 16
     temporal_patch_size: int = 2
     merge_size: int = 2
@@ -72,14 +73,14 @@ def _letterbox(frame: np.ndarray) -> np.ndarray:
     return out
 
 
-def _bilinear(image: torch.Tensor, side: int) -> torch.Tensor:
-    """uint8 ``[1, 3, H, W]`` → ``[1, 3, side, side]`` as torchvision resizes it on a CPU: natively in uint8 where it
+def _bilinear(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 ``[1, 3, H, W]`` → ``[1, 3, *size]`` as torchvision resizes it on a CPU: natively in uint8 where it
     does (AVX2, AVX512, ARM), else in float32 rounded back."""
-    if tuple(image.shape[-2:]) == (side, side):
+    if tuple(image.shape[-2:]) == tuple(size):
         return image
     if _native_uint8_bilinear():
-        return torch.nn.functional.interpolate(image, size=[side, side], mode="bilinear", antialias=True)
-    out = torch.nn.functional.interpolate(image.float(), size=[side, side], mode="bilinear", antialias=True)
+        return torch.nn.functional.interpolate(image, size=list(size), mode="bilinear", antialias=True)
+    out = torch.nn.functional.interpolate(image.float(), size=list(size), mode="bilinear", antialias=True)
     return out.round_().to(torch.uint8)
 
 
@@ -88,11 +89,12 @@ def _native_uint8_bilinear() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64")
 
 
-def _torchvision_chain(frame: np.ndarray, target: int, crop: int) -> np.ndarray:
+def _torchvision_chain(frame: np.ndarray, target: tuple[int, int], crop: tuple[int, int]) -> np.ndarray:
+    """Letterbox, resize to ``target`` (h, w), centre crop ``crop`` (h, w) at the rounded centre, resize back."""
     image = torch.from_numpy(np.ascontiguousarray(_letterbox(frame))).permute(2, 0, 1)[None]
     image = _bilinear(image, target)
-    top = left = int(round((target - crop) / 2.0))
-    image = _bilinear(image[..., top : top + crop, left : left + crop], target)
+    top, left = (int(round((t - c) / 2.0)) for t, c in zip(target, crop, strict=True))
+    image = _bilinear(image[..., top : top + crop[0], left : left + crop[1]], target)
     return np.ascontiguousarray(image[0].permute(1, 2, 0).numpy())
 
 
