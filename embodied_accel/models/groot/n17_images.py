@@ -8,8 +8,8 @@ processor (``Qwen2VLImageProcessorFast``):
   ``int(side * crop_fraction)`` pixels (offset ``(side - crop) // 2``), shortest edge to ``shortest_edge`` again.
   A checkpoint giving ``image_crop_size`` / ``image_target_size`` (230 / 256) instead means
   ``crop_fraction = 230 / 256`` and ``shortest_edge = 256``. With ``use_albumentations`` false (torchvision's
-  transforms): letterbox, resize to ``target_size`` (bilinear, antialiased), centre crop to ``crop_size`` (offset
-  ``int(round((side - crop) / 2))``), resize to ``target_size`` again.
+  transforms): letterbox, resize to ``target_size`` ([height, width], bilinear, antialiased), centre crop to
+  ``crop_size`` (offset ``int(round((side - crop) / 2))`` per side), resize to ``target_size`` again.
 * **Qwen3-VL**: each side to a multiple of ``patch_size * merge_size`` (``smart_resize``, total pixels within
   ``[min_pixels, max_pixels]``; torch's native uint8 bicubic with antialiasing, as torchvision does on a CPU, only
   when the size changes), ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated
