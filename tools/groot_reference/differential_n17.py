@@ -68,7 +68,7 @@ BASE = dict(tag="libero_sim", prompts=["short"], history=1, horizon=6, steps=4, 
             attend_every=2, alt_dit=True, image_hw=None, edge=64, crop_fraction=0.95, target=None, crop=None,
             albumentations=True, sincos=True, relative=True, percentiles=True, vlln=True, pos_embed=True, clip=True,
             formalize=True, vl_sa_pos="none", model_horizon=8, buckets=1000, shard="250KB",
-            ckpt_dtype="bfloat16", seed=0)  # fmt: skip
+            ckpt_dtype="bfloat16", rtc=None, seed=0)  # fmt: skip
 CASES = {
     "libero_b1": {},
     "libero_b3_prompts": dict(prompts=["short", "long", "spaces"]),
@@ -107,6 +107,10 @@ CASES = {
     "libero_h16": dict(horizon=16, model_horizon=16, steps=2),
     "rotvec_relative": dict(tag="new_embodiment", custom="rotvec", history=2, prompts=["short", "punct"]),
     "rot6d_absolute_mean_std": dict(tag="new_embodiment", custom="rot6d_abs", history=2),
+    "rtc_absolute": dict(tag="simpler_env_google", rtc=(4, 1), horizon=6, prompts=["short", "short"]),
+    "rtc_relative_eef": dict(tag="oxe_droid_relative_eef_relative_joint", rtc=(3, 2), prompts=["short", "short"]),
+    "rtc_relative_eef_full": dict(tag="oxe_droid_relative_eef_relative_joint", rtc=(6, 0), horizon=6,
+                                  prompts=["short", "short"]),
     "horizon_model": dict(horizon=8, tag="robocasa_gr1_tabletop", history=3),
 }
 
@@ -179,10 +183,18 @@ def official_side(work: Path, names: list[str]) -> None:
         }  # fmt: skip
         relative_keys = [k for k, c in zip(official["action"].modality_keys, action_cfgs or [], strict=False)
                          if c.rep == ActionRepresentation.RELATIVE]  # fmt: skip
+        # real-time chunking: no constant action dims (robot units would map them back to 0, not to the chunk's
+        # value) and relative statistics equal over the steps (a leftover step is re-encoded at its new position)
+        rtc = bool(spec["rtc"])
+        relative_stats = {k: mf.stats_for(dim[k], rng, steps=None if rtc else horizon, special=False)
+                          for k in relative_keys}  # fmt: skip
+        if rtc:
+            relative_stats = {k: {n: [v] * horizon for n, v in st.items()} for k, st in relative_stats.items()}
         stats = {tag: {
             "state": {k: mf.stats_for(dim[k], rng) for k in official["state"].modality_keys},
-            "action": {k: mf.stats_for(dim[k], rng, special=dim[k] > 1) for k in official["action"].modality_keys},
-            "relative_action": {k: mf.stats_for(dim[k], rng, steps=horizon, special=False) for k in relative_keys},
+            "action": {k: mf.stats_for(dim[k], rng, special=dim[k] > 1 and not rtc)
+                       for k in official["action"].modality_keys},
+            "relative_action": relative_stats,
         }}  # fmt: skip
         model_cfg = dict(mf.MODEL, select_layer=spec["select_layer"], max_state_dim=max_state,
                          max_action_dim=max_action, action_horizon=spec["model_horizon"], state_history_length=history,
@@ -276,6 +288,8 @@ def official_side(work: Path, names: list[str]) -> None:
             for r in range(batch):
                 record.update({f"alone{r}.{k}": v for k, v in run(fp32_model, [r]).items()})
             record.update({f"bf16.{k}": v for k, v in run(bf16_model, list(range(batch)), False).items()})
+            if spec["rtc"]:
+                record.update(run_rtc(mf, policy, fp32_model, obs, spec, tag, record["batch.action_pred"], action_width))
             error = None
         except Exception as exc:  # an official failure is a finding too
             error = f"{type(exc).__name__}: {exc}"
@@ -284,6 +298,42 @@ def official_side(work: Path, names: list[str]) -> None:
                 "dims": dim}  # fmt: skip
         (out / "case.json").write_text(json.dumps(info, indent=1, default=str))
         print(f"official {name}: {'ok' if error is None else error}", flush=True)
+
+
+def run_rtc(mf, policy, model, obs, spec, tag, previous_chunk, width) -> dict:
+    """The official model-level real-time chunking (``get_action`` with ``"action"`` and the rtc options) from the
+    previous chunk (the case's batch prediction, clipped to [-1, 1] so that robot units map back to it exactly; its
+    padding dims over the overlap set to the new noise, where ours, given robot units, starts from noise)."""
+    import torch
+    from gr00t.data.embodiment_tags import EmbodimentTag
+
+    overlap, frozen = spec["rtc"]
+    horizon = spec["horizon"]
+    policy.model = model
+    _, inputs = mf.collated_inputs(policy, obs)
+    rtc_noise = torch.randn(previous_chunk.shape, generator=torch.Generator().manual_seed(9))
+    states = {k: obs[f"state.{k}"] for k in policy.modality_configs["state"].modality_keys}
+    action_keys = policy.modality_configs["action"].modality_keys
+    # robot units of the clipped chunk, encoded back by the official processor: a previous chunk whose model-space
+    # values are exactly what its robot units give (a relative rot6d is orthonormal there)
+    previous = policy.processor.decode_action(np.clip(previous_chunk, -1, 1), EmbodimentTag(tag), states)
+    sap = policy.processor.state_action_processor
+    prev = torch.zeros(previous_chunk.shape)
+    for b in range(prev.shape[0]):
+        encoded = sap.apply_action({k: np.asarray(previous[k][b]) for k in action_keys}, tag,
+                                   {k: v[b] for k, v in states.items()})  # fmt: skip
+        prev[b, :horizon, :width] = torch.from_numpy(np.concatenate([encoded[k] for k in action_keys], -1))
+    prev[:, horizon - overlap : horizon, width:] = rtc_noise[:, :overlap, width:]
+    options = {"action_horizon": horizon, "rtc_overlap_steps": overlap, "rtc_frozen_steps": frozen,
+               "rtc_ramp_rate": 5.0}  # fmt: skip
+    with mf.injected_noise(rtc_noise), torch.no_grad():
+        pred = model.get_action({**inputs, "action": prev}, options)["action_pred"].float()
+    decoded = policy.processor.decode_action(pred.numpy(), EmbodimentTag(tag), states)
+    out = {"rtc.noise": rtc_noise.numpy(), "rtc.action_pred": pred.numpy(), "rtc.prev": prev.numpy()}
+    out.update({f"rtc.action.{k}": np.asarray(v, np.float32) for k, v in decoded.items()})
+    out.update({f"rtc.previous.{k}": np.asarray(previous[k], np.float32)[:, horizon - overlap : horizon]
+                for k in action_keys})  # fmt: skip
+    return out
 
 
 def custom_modality(c: dict) -> dict:
@@ -383,7 +433,15 @@ def ours_side(work: Path, names: list[str]) -> int:
             result["bf16_vs_official_bf16"] = max(rel(ab[k][unpadded], z[f"bf16.{k}"][unpadded]) for k in keys)
             result["bf16_official"] = max(rel(z[f"bf16.{k}"][unpadded], z[f"batch.{k}"][unpadded]) for k in keys)
             result["padded_rows"] = int(padded.sum())
-            worst = max(result["state"], result["features"], result["pred"], result["actions"])
+            if info["spec"]["rtc"]:
+                overlap, frozen = info["spec"]["rtc"]
+                rtc_obs = [dict(o, previous_actions={k: z[f"rtc.previous.{k}"][b] for k in
+                                                     (k[len("rtc.previous."):] for k in z if k.startswith("rtc.previous."))},
+                                inference_delay=frozen) for b, o in enumerate(observations)]  # fmt: skip
+                rtc = policy.infer_batch(rtc_obs, noise=torch.from_numpy(z["rtc.noise"]))
+                result["rtc_actions"] = max(rel(rtc[k], z[f"rtc.{k}"]) for k in keys)
+            worst = max(result["state"], result["features"], result["pred"], result["actions"],
+                        result.get("rtc_actions", 0.0))
             verdict = "PASS" if worst <= RTOL and result["ids_equal"] else "FAIL"
         except Exception as exc:
             verdict = f"ERROR {type(exc).__name__}: {str(exc)[:300]}"
