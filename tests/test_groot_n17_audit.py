@@ -59,3 +59,12 @@ def test_torchvision_transforms_with_a_non_square_target_and_crop():
     assert grid == (1, 4, 6)
     with pytest.raises(EmbodimentError, match="image_crop_size <= image_target_size"):
         image_settings({**kw, "image_crop_size": [60, 100]}, {})
+
+
+def test_an_n17_checkpoint_with_an_n16_preset_names_both(tmp_path):
+    from embodied_accel.errors import CheckpointError
+    from embodied_accel.models.groot.n17_weights import n17_config_from_checkpoint
+
+    directory = write_checkpoint(tmp_path / "ckpt", {})
+    with pytest.raises(CheckpointError, match="Gr00tN1d7.*N1.7 checkpoint.*'groot-n1.6' is not an N1.7 preset"):
+        n17_config_from_checkpoint(directory, preset="groot-n1.6")

@@ -136,6 +136,9 @@ def n17_config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = 
     where = checkpoint_dir / "config.json"
     if backbone_config is not None and preset is not None:
         raise ValueError("preset and backbone_config both name the backbone: give one")
+    if preset is not None and preset not in PRESETS:
+        raise CheckpointError(f"{where}: model_type {cfg.get('model_type')!r} is a GR00T N1.7 checkpoint, but preset "
+                              f"{preset!r} is not an N1.7 preset; N1.7 presets: {', '.join(PRESETS)}")  # fmt: skip
     base = get_preset(preset or "groot-n1.7")
     if backbone_config is not None:
         base = replace(base, name="groot-n1.7-custom", backbone=backbone_from_hf_config(backbone_config))
