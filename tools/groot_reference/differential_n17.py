@@ -425,6 +425,12 @@ def ours_side(work: Path, names: list[str]) -> int:
             refs = {key: np.stack([z[f"alone{b}.{key}"][0] if (sa and padded[b]) else z[f"batch.{key}"][b]
                                    for b in range(batch)]) for key in keys}  # fmt: skip
             result["actions"] = max(rel(actions[key], refs[key]) for key in keys)
+            # the decoding alone: ours on the official chunk (end to end, a relative rot6d's Gram-Schmidt can
+            # amplify the chunk's last-ulp differences: ``amplify`` = robot-unit change per unit chunk change)
+            ours_decode = policy.postprocess(torch.from_numpy(ref_pred), inputs.raw_state)
+            result["decode"] = max(rel(ours_decode[key[len("action.") :]], refs[key]) for key in keys)
+            nudged = policy.postprocess(torch.from_numpy(ref_pred) + 1e-6, inputs.raw_state)
+            result["amplify"] = max(float(np.abs(nudged[k] - ours_decode[k]).max()) / 1e-6 for k in ours_decode)
             # informative: bf16 (ours, and the official policy's own dtype) against the fp32 reference
             bf16 = load_policy(str(out / "checkpoint"), dtype="bfloat16", **kwargs)
             ab = bf16.infer_batch(observations, noise=noise)
@@ -440,8 +446,11 @@ def ours_side(work: Path, names: list[str]) -> int:
                                 inference_delay=frozen) for b, o in enumerate(observations)]  # fmt: skip
                 rtc = policy.infer_batch(rtc_obs, noise=torch.from_numpy(z["rtc.noise"]))
                 result["rtc_actions"] = max(rel(rtc[k], z[f"rtc.{k}"]) for k in keys)
-            worst = max(result["state"], result["features"], result["pred"], result["actions"],
+            # end-to-end actions within the tolerance, or within what the decoding's amplification makes of it
+            actions_ok = result["actions"] <= RTOL * max(1.0, result["amplify"])
+            worst = max(result["state"], result["features"], result["pred"], result["decode"],
                         result.get("rtc_actions", 0.0))
+            worst = worst if actions_ok else max(worst, result["actions"])
             verdict = "PASS" if worst <= RTOL and result["ids_equal"] else "FAIL"
         except Exception as exc:
             verdict = f"ERROR {type(exc).__name__}: {str(exc)[:300]}"
