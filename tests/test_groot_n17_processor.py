@@ -89,7 +89,7 @@ def test_torchvision_transforms_letterbox_resize_and_crop_at_the_rounded_centre(
     ``round((side - crop) / 2)``, half to even (a crop of 5 out of 8 starts at 2, of 3 out of 8 at 2, not 3)."""
     kw = {"use_albumentations": False, "image_crop_size": [5, 5], "image_target_size": [8, 8]}
     settings = image_settings(kw, {})
-    assert settings.torchvision_sizes == (8, 5)
+    assert settings.torchvision_sizes == ((8, 8), (5, 5))
     frame = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
     # a square frame at the target size: only the crop [2:7] and its resize back to 8 x 8
     ours = crop_and_resize(frame, settings)
@@ -97,7 +97,7 @@ def test_torchvision_transforms_letterbox_resize_and_crop_at_the_rounded_centre(
     crop = torch.from_numpy(frame[2:7, 2:7]).permute(2, 0, 1)[None]
     expected = torch.nn.functional.interpolate(crop, size=[8, 8], mode="bilinear", antialias=True)
     np.testing.assert_array_equal(ours, expected[0].permute(1, 2, 0).numpy())
-    with pytest.raises(EmbodimentError, match="square image_crop_size"):
+    with pytest.raises(EmbodimentError, match="image_crop_size <= image_target_size"):
         image_settings({**kw, "image_crop_size": [9, 9]}, {})
 
 

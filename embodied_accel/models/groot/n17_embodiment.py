@@ -46,10 +46,12 @@ def image_settings(kwargs: Mapping, image_config: Mapping) -> N17ImageSettings:
     crop, target = kwargs.get("image_crop_size"), kwargs.get("image_target_size")
     torchvision_sizes = None
     if not kwargs.get("use_albumentations", False):  # the torchvision transforms: target and crop sizes only
-        if not crop or not target or len(set(crop)) != 1 or len(set(target)) != 1 or crop[0] > target[0]:
-            raise EmbodimentError(f"processor_config.json: use_albumentations false needs square image_crop_size "
-                                  f"<= image_target_size, got {crop} / {target}")  # fmt: skip
-        torchvision_sizes = (int(target[0]), int(crop[0]))
+        if any(not isinstance(v, (list, tuple)) or len(v) != 2 for v in (crop, target)) or any(
+            c > t for c, t in zip(crop, target, strict=True)
+        ):
+            raise EmbodimentError(f"processor_config.json: use_albumentations false needs image_crop_size <= "
+                                  f"image_target_size, [height, width] each, got {crop} / {target}")  # fmt: skip
+        torchvision_sizes = ((int(target[0]), int(target[1])), (int(crop[0]), int(crop[1])))
     fraction, edge = kwargs.get("crop_fraction"), kwargs.get("shortest_image_edge")
     if fraction is None:
         if not crop or not target:

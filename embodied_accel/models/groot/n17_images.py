@@ -8,8 +8,8 @@ processor (``Qwen2VLImageProcessorFast``):
   ``int(side * crop_fraction)`` pixels (offset ``(side - crop) // 2``), shortest edge to ``shortest_edge`` again.
   A checkpoint giving ``image_crop_size`` / ``image_target_size`` (230 / 256) instead means
   ``crop_fraction = 230 / 256`` and ``shortest_edge = 256``. With ``use_albumentations`` false (torchvision's
-  transforms): letterbox, resize to ``target_size`` (bilinear, antialiased), centre crop to ``crop_size`` (offset
-  ``int(round((side - crop) / 2))``), resize to ``target_size`` again.
+  transforms): letterbox, resize to ``target_size`` ([height, width], bilinear, antialiased), centre crop to
+  ``crop_size`` (offset ``int(round((side - crop) / 2))`` per side), resize to ``target_size`` again.
 * **Qwen3-VL**: each side to a multiple of ``patch_size * merge_size`` (``smart_resize``, total pixels within
   ``[min_pixels, max_pixels]``; torch's native uint8 bicubic with antialiasing, as torchvision does on a CPU, only
   when the size changes), ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated
@@ -40,7 +40,8 @@ class N17ImageSettings:
 
     shortest_edge: int = 256
     crop_fraction: float = 230 / 256
-    torchvision_sizes: tuple[int, int] | None = None  # (target, crop): the torchvision transforms instead
+    #: ((target h, w), (crop h, w)): the torchvision transforms instead
+    torchvision_sizes: tuple[tuple[int, int], tuple[int, int]] | None = None
     patch_size: int = 16
     temporal_patch_size: int = 2
     merge_size: int = 2
@@ -72,14 +73,14 @@ def _letterbox(frame: np.ndarray) -> np.ndarray:
     return out
 
 
-def _bilinear(image: torch.Tensor, side: int) -> torch.Tensor:
-    """uint8 ``[1, 3, H, W]`` → ``[1, 3, side, side]`` as torchvision resizes it on a CPU: natively in uint8 where it
+def _bilinear(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 ``[1, 3, H, W]`` → ``[1, 3, *size]`` as torchvision resizes it on a CPU: natively in uint8 where it
     does (AVX2, AVX512, ARM), else in float32 rounded back."""
-    if tuple(image.shape[-2:]) == (side, side):
+    if tuple(image.shape[-2:]) == tuple(size):
         return image
     if _native_uint8_bilinear():
-        return torch.nn.functional.interpolate(image, size=[side, side], mode="bilinear", antialias=True)
-    out = torch.nn.functional.interpolate(image.float(), size=[side, side], mode="bilinear", antialias=True)
+        return torch.nn.functional.interpolate(image, size=list(size), mode="bilinear", antialias=True)
+    out = torch.nn.functional.interpolate(image.float(), size=list(size), mode="bilinear", antialias=True)
     return out.round_().to(torch.uint8)
 
 
@@ -88,11 +89,12 @@ def _native_uint8_bilinear() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64")
 
 
-def _torchvision_chain(frame: np.ndarray, target: int, crop: int) -> np.ndarray:
+def _torchvision_chain(frame: np.ndarray, target: tuple[int, int], crop: tuple[int, int]) -> np.ndarray:
+    """Letterbox, resize to ``target`` (h, w), centre crop ``crop`` (h, w) at the rounded centre, resize back."""
     image = torch.from_numpy(np.ascontiguousarray(_letterbox(frame))).permute(2, 0, 1)[None]
     image = _bilinear(image, target)
-    top = left = int(round((target - crop) / 2.0))
-    image = _bilinear(image[..., top : top + crop, left : left + crop], target)
+    top, left = (int(round((t - c) / 2.0)) for t, c in zip(target, crop, strict=True))
+    image = _bilinear(image[..., top : top + crop[0], left : left + crop[1]], target)
     return np.ascontiguousarray(image[0].permute(1, 2, 0).numpy())
 
 

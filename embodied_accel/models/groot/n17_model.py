@@ -124,6 +124,9 @@ class GrootN17Model(GrootHead):
         self.build_head(config.state_width)
         sa = config.vl_self_attention
         self.vl_blocks = nn.ModuleList(VLSelfAttentionBlock(sa, ops) for _ in range(sa.depth)) if sa else nn.ModuleList()
+        #: the sinusoid table a checkpoint stores ``[max_positions, D]`` (its dtype's rounding), used instead of the
+        #: computed one, as the official model adds the loaded buffer; ``None``: computed
+        self.vl_position_table: torch.Tensor | None = None
 
     def backbone(self, input_ids: torch.Tensor, valid: torch.Tensor, pixel_values: torch.Tensor,
                  buffers: GrootN17Buffers) -> torch.Tensor:  # fmt: skip
@@ -211,7 +214,8 @@ class N17BufferBuilders(BufferBuilders):
             return None
         if length > cfg.max_positions:
             raise ValueError(f"prompt of {length} tokens: the vl self-attention has {cfg.max_positions} positions")
-        table = sinusoid_table(length, cfg.inner)
+        stored = self.model.vl_position_table
+        table = stored[:length] if stored is not None else sinusoid_table(length, cfg.inner)
         return torch.cat([table[:1], table]).to(device=self.device, dtype=self.model.compute_dtype)
 
 

@@ -136,6 +136,9 @@ def n17_config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = 
     where = checkpoint_dir / "config.json"
     if backbone_config is not None and preset is not None:
         raise ValueError("preset and backbone_config both name the backbone: give one")
+    if preset is not None and preset not in PRESETS:
+        raise CheckpointError(f"{where}: model_type {cfg.get('model_type')!r} is a GR00T N1.7 checkpoint, but preset "
+                              f"{preset!r} is not an N1.7 preset; N1.7 presets: {', '.join(PRESETS)}")  # fmt: skip
     base = get_preset(preset or "groot-n1.7")
     if backbone_config is not None:
         base = replace(base, name="groot-n1.7-custom", backbone=backbone_from_hf_config(backbone_config))
@@ -208,20 +211,29 @@ def n17_config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _check_sinusoid_tables(reader, config: GrootN17Config) -> None:
-    """The checkpoint's fixed sinusoid tables (diffusers saves them) must be the table this model computes."""
+def _check_sinusoid_tables(reader, config: GrootN17Config) -> torch.Tensor | None:
+    """The checkpoint's fixed sinusoid tables (diffusers saves them as buffers, in the checkpoint's dtype) must be
+    the table this model computes, up to that dtype's rounding. Returns the stored table ``[max_positions, inner]``
+    (fp32): the official model adds the loaded buffer, so a bf16 checkpoint's rounded values are what it uses."""
     cfg = config.vl_self_attention
     if cfg is None or not cfg.sinusoidal:
-        return
+        return None
     ours = sinusoid_table(cfg.max_positions, cfg.inner)
+    used = None
     for i in range(cfg.depth):
         key = f"{VL_SA}.{i}.pos_embed.pe"
         if key not in reader:
             continue
-        stored = reader.read(key).float().reshape(-1, cfg.inner)
-        if stored.shape != ours.shape or not torch.allclose(stored, ours, atol=1e-5, rtol=0):
+        raw = reader.read(key)
+        stored = raw.float().reshape(-1, cfg.inner)
+        rounding = torch.finfo(raw.dtype).eps if raw.dtype.is_floating_point else 0.0
+        if stored.shape != ours.shape or not torch.allclose(stored, ours, atol=1e-5 + rounding, rtol=0):
             raise CheckpointError(f"{reader.path}: {key} {list(stored.shape)} is not the sinusoid table "
                                   f"[{cfg.max_positions}, {cfg.inner}] this model adds")  # fmt: skip
+        if used is not None and not torch.equal(stored, used):
+            raise CheckpointError(f"{reader.path}: {key} differs from block 0's sinusoid table")
+        used = stored
+    return used
 
 
 def load_n17_weights(model: GrootN17Model, checkpoint_dir: str | Path, slot: int, device, progress: bool = True) -> None:
@@ -240,7 +252,7 @@ def load_n17_weights(model: GrootN17Model, checkpoint_dir: str | Path, slot: int
 
     load_into(model, reader, n17_rules(model, slot), heading=heading, device=device, dtype=model.compute_dtype,
               ignored=ignored_keys(model), progress=progress, what="GR00T N1.7 weights")  # fmt: skip
-    _check_sinusoid_tables(reader, config)
+    model.vl_position_table = _check_sinusoid_tables(reader, config)
     logger.info("embodiment slot %d of %s", slot, checkpoint_dir)
 
 
