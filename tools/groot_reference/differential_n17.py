@@ -456,8 +456,8 @@ def ours_side(work: Path, names: list[str]) -> int:
             tolerated = RTOL * max(1.0, result["amplify"])
             worst = max(result["state"], result["features"], result.get("pad_features", 0.0), result["pred"],
                         result["pred_masked"], result["decode"], result.get("rtc_actions", 0.0))
-            for name in ("actions", "actions_masked"):
-                worst = worst if result[name] <= tolerated else max(worst, result[name])
+            for what in ("actions", "actions_masked"):
+                worst = worst if result[what] <= tolerated else max(worst, result[what])
             verdict = "PASS" if worst <= RTOL and result["ids_equal"] else "FAIL"
         except Exception as exc:
             verdict = f"ERROR {type(exc).__name__}: {str(exc)[:300]}"
