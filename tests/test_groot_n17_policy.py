@@ -132,6 +132,16 @@ def test_vl_padding_is_validated():
         load_policy("groot-tiny", vl_padding="masked", progress=False)
 
 
+def test_cli_vl_padding_flag(tmp_path, capsys):
+    out = tmp_path / "actions.json"
+    assert main(["run", "--model", "groot-n1.7-tiny", "--vl-padding", "masked", "--output", str(out)]) == 0
+    assert np.asarray(json.loads(out.read_text())["actions"]).shape[0] == 8
+    assert main(["run", "--model", "pi0-tiny", "--vl-padding", "masked"]) != 0
+    assert "--vl-padding applies to GR00T N1.7" in capsys.readouterr().err
+    assert main(["run", "--model", "groot-n1.7-tiny", "--vl-padding", "bad"]) != 0
+    assert "--vl-padding" in capsys.readouterr().err
+
+
 def test_real_time_chunking_keeps_the_frozen_steps_and_leaves_other_rows_alone():
     """A leftover's first ``inference_delay`` steps come back as they were sent (their velocity weight is 0);
     a row without a leftover in the same batch is the plain call; bad requests are refused by name."""
