@@ -372,10 +372,9 @@ EMBODIMENTS = ("robocasa_gr1_tabletop", "libero_sim", "oxe_droid_relative_eef_re
 @requires_groot_extra
 @pytest.mark.parametrize("embodiment", EMBODIMENTS)
 def test_matches_the_official_model_stage_by_stage(embodiment):
-    """Through the real loader, processor and policy: the backbone's features, the vl tokens, every step's velocity,
-    the normalized chunk and the robot-unit actions. The official batch runs its vl self-attention over the padding
-    of a shorter prompt (no mask); ours masks it, so a padded row equals the official row run alone
-    (``single_*``) and the unpadded rows equal the official batch."""
+    """Through the real loader, processor and policy (``vl_padding="official"``, the default): the backbone's
+    features (the pads' included: the official vl self-attention reads them), the vl tokens, every step's velocity,
+    the normalized chunk and the robot-unit actions of the official padded batch, every row."""
     z, meta = _fixture()
     policy = _policy(embodiment)
     observations = _observations(z, meta, embodiment)
@@ -384,6 +383,7 @@ def test_matches_the_official_model_stage_by_stage(embodiment):
     full = mask.all(axis=1)
     length = mask.shape[1]
     assert full.any() and not full.all()  # one padded row, one not
+    assert inputs.bucket.seq_len > length  # our bucket pads every row further: the official window is the last L
     assert (inputs.input_ids[:, -length:].numpy()[mask] == z[f"{embodiment}.input_ids"][mask]).all()
     _close(inputs.state.numpy(), z[f"{embodiment}.state"], "normalized state")
     model, buffers = policy.model, policy.bound_buffers(inputs.bucket)
@@ -391,21 +391,48 @@ def test_matches_the_official_model_stage_by_stage(embodiment):
     with torch.no_grad():
         features = model.backbone(inputs.input_ids, inputs.valid, inputs.pixel_values, buffers)
         _close(features[:, -length:].numpy()[mask], z[f"{embodiment}.backbone_features"][mask], "backbone features")
+        _close(features[:, -length:].numpy()[~mask], z[f"{embodiment}.backbone_features"][~mask], "pad features")
         vl = model.vl_tokens(features, inputs.valid, buffers).view(features.shape)[:, -length:].numpy()
-        _close(vl[full], z[f"{embodiment}.vl_features"][full], "vl tokens (unpadded rows)")
-        _close(vl[0][mask[0]], z[f"{embodiment}.row0_single_vl_features"], "vl tokens of row 0 alone")
+        _close(vl, z[f"{embodiment}.vl_features"], "vl tokens (the official batch, pads included)")
         context = model.flow_context(features, inputs.input_ids, inputs.valid, inputs.state, buffers)
         x, steps = noise.clone(), len(buffers.action_time_bias)
         for step in range(steps):
             velocity = model.velocity(x, *context, step, buffers)
-            _close(velocity.numpy()[full], z[f"{embodiment}.step_velocities"][full][:, step], f"velocity of step {step}")
+            _close(velocity.numpy(), z[f"{embodiment}.step_velocities"][:, step], f"velocity of step {step}")
             x = x + velocity / steps
-    _close(x.numpy()[full], z[f"{embodiment}.action_pred"][full], "normalized chunk (unpadded rows)")
-    chunk = policy.sample(inputs, noise)
-    _close(chunk.numpy(), z[f"{embodiment}.single_action_pred"], "normalized chunk (each row alone)")
+    _close(x.numpy(), z[f"{embodiment}.action_pred"], "normalized chunk")
+    _close(policy.sample(inputs, noise).numpy(), z[f"{embodiment}.action_pred"], "normalized chunk (whole call)")
     actions = policy.infer_batch(observations, noise=noise)
     for key in (k for k in actions if k.startswith("action.")):
-        _close(actions[key], z[f"{embodiment}.single_{key}"], f"robot-unit {key}")
+        _close(actions[key], z[f"{embodiment}.{key}"], f"robot-unit {key}")
+
+
+@pytest.mark.parity
+@requires_groot_extra
+@pytest.mark.parametrize("embodiment", EMBODIMENTS)
+def test_masked_padding_matches_each_official_row_alone(embodiment):
+    """``vl_padding="masked"``: the vl self-attention skips the pads, so every row of the batch equals the official
+    row run alone (``single_*``, no padding), and the padded row differs from the official batch."""
+    import numpy as np
+
+    z, meta = _fixture()
+    policy = _policy(embodiment)
+    observations = _observations(z, meta, embodiment)
+    inputs = policy.prepare(observations, vl_padding="masked")
+    mask = z[f"{embodiment}.attention_mask"].astype(bool)
+    buffers = policy.bound_buffers(inputs.bucket)
+    with torch.no_grad():
+        features = policy.model.backbone(inputs.input_ids, inputs.valid, inputs.pixel_values, buffers)
+        vl = policy.model.vl_tokens(features, inputs.valid, buffers).view(features.shape)[:, -mask.shape[1] :]
+    _close(vl[0].numpy()[mask[0]], z[f"{embodiment}.row0_single_vl_features"], "vl tokens of row 0 alone")
+    noise = torch.from_numpy(z[f"{embodiment}.noise"])
+    chunk = policy.sample(inputs, noise).numpy()
+    _close(chunk, z[f"{embodiment}.single_action_pred"], "normalized chunk (each row alone)")
+    padded = ~mask.all(axis=1)
+    assert np.abs(chunk[padded] - z[f"{embodiment}.action_pred"][padded]).max() > 1e-3
+    actions = policy.outputs(policy.validate_batch(observations), noise=noise, vl_padding="masked")
+    for key in (k for k in actions if k.startswith("action.")):
+        _close(actions[key], z[f"{embodiment}.single_{key}"], f"robot-unit {key} (each row alone)")
 
 
 @pytest.mark.parity
@@ -469,8 +496,7 @@ def test_real_time_chunking_matches_the_official_inpainting():
     noise = torch.from_numpy(z[f"{embodiment}.rtc_noise"])
     args = (inputs.input_ids, inputs.valid, inputs.pixel_values, inputs.state, noise)
     chunk = policy.model.sample_actions(*args, policy.bound_buffers(inputs.bucket), inpainting=inpainting).numpy()
-    full = z[f"{embodiment}.attention_mask"].astype(bool).all(axis=1)
-    _close(chunk[full], z[f"{embodiment}.rtc_action_pred"][full], "inpainted chunk (unpadded rows)")
+    _close(chunk, z[f"{embodiment}.rtc_action_pred"], "inpainted chunk (the official batch)")
     plain = policy.sample(inputs, noise).numpy()
     assert abs(chunk - plain).max() > 1e-2
 

@@ -100,17 +100,46 @@ def test_checkpoint_policy_runs_and_is_deterministic(checkpoint):
     assert np.abs(other["actions"] - first["actions"]).max() > 1e-4
 
 
-def test_batch_with_padding_equals_rows_alone():
-    """Rows of different prompt lengths pad to one bucket; each equals its own call (left padding changes
-    nothing in the backbone, the vl self-attention and the head)."""
+def test_batch_with_padding_equals_rows_alone_when_masked():
+    """Rows of different prompt lengths pad to one bucket. ``vl_padding="masked"`` (and the server's path,
+    ``run_validated``): each row equals its own call. ``"official"`` (the default): the unpadded row does, the padded
+    one sees the pads in the vl self-attention, as in the official padded batch."""
     policy = tiny()
     observations = [observation(policy, 0), observation(policy, 1, extra_text=9)]
-    batch = policy.infer_batch(observations, noise=policy.make_noise(1, seed=3).repeat(2, 1, 1))
+    noise = policy.make_noise(1, seed=3).repeat(2, 1, 1)
+    masked = load_policy("groot-n1.7-tiny", vl_padding="masked", progress=False)
+    batch = masked.infer_batch(observations, noise=noise)
+    served = policy.run_validated(policy.validate_batch(observations), noise=noise)
+    official = policy.infer_batch(observations, noise=noise)["actions"]
     for i, obs in enumerate(observations):
-        alone = policy.infer(obs, noise=policy.make_noise(1, seed=3))
+        alone = policy.infer(obs, noise=noise[:1])
         np.testing.assert_allclose(batch["actions"][i], alone["actions"], rtol=0, atol=1e-5)
+        np.testing.assert_allclose(served[i], alone["actions"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(official[1], batch["actions"][1], rtol=0, atol=1e-5)  # the longest: no padding
+    assert np.abs(official[0] - batch["actions"][0]).max() > 1e-4  # the padded row reads its pads
     inputs = policy.prepare(observations)
     assert inputs.bucket.seq_len % policy.token_bucket == 0 and not bool(inputs.valid[0, 0])
+    assert inputs.bucket.vl_padding == "official" and masked.prepare(observations).bucket.vl_padding == "masked"
+
+
+def test_vl_padding_is_validated():
+    policy = tiny()
+    with pytest.raises(ValueError, match="vl_padding: expected one of 'official', 'masked', got 'none'"):
+        load_policy("groot-n1.7-tiny", vl_padding="none", progress=False)
+    with pytest.raises(ValueError, match="vl_padding: expected one of"):
+        policy.prepare(observation(policy), vl_padding="Official")
+    with pytest.raises(ValueError, match="vl_padding: a GR00T N1.7 option"):
+        load_policy("groot-tiny", vl_padding="masked", progress=False)
+
+
+def test_cli_vl_padding_flag(tmp_path, capsys):
+    out = tmp_path / "actions.json"
+    assert main(["run", "--model", "groot-n1.7-tiny", "--vl-padding", "masked", "--output", str(out)]) == 0
+    assert np.asarray(json.loads(out.read_text())["actions"]).shape[0] == 8
+    assert main(["run", "--model", "pi0-tiny", "--vl-padding", "masked"]) != 0
+    assert "--vl-padding applies to GR00T N1.7" in capsys.readouterr().err
+    assert main(["run", "--model", "groot-n1.7-tiny", "--vl-padding", "bad"]) != 0
+    assert "--vl-padding" in capsys.readouterr().err
 
 
 def test_real_time_chunking_keeps_the_frozen_steps_and_leaves_other_rows_alone():
@@ -210,7 +239,8 @@ def test_server_round_trip_equals_infer():
         np.testing.assert_allclose(answer["actions"], expected, rtol=0, atol=1e-5)
 
 
-def test_gr00t_protocol_batch_equals_infer_batch():
+def test_gr00t_protocol_batch_equals_its_rows_alone():
+    """The server batches rows of any requests together, so each row is run as if alone (``vl_padding="masked"``)."""
     pytest.importorskip("zmq", reason="pip install 'embodied-accel[gr00t-server]' (pyzmq)")
     from test_serve_gr00t import TASK_KEY, Gr00tWire, start
 
@@ -233,7 +263,8 @@ def test_gr00t_protocol_batch_equals_infer_batch():
     assert info["server_timing"]["batch_size"] == batch
     rows = [{**{k: v[i] for k, v in obs.items() if isinstance(v, np.ndarray)}, "task": obs[TASK_KEY][i][0]}
             for i in range(batch)]  # fmt: skip
-    expected = policy.infer_batch(rows, noise=policy.make_noise(1, seed=0).repeat(batch, 1, 1), num_steps=steps)
+    expected = policy.outputs(policy.validate_batch(rows), noise=policy.make_noise(1, seed=0).repeat(batch, 1, 1),
+                              num_steps=steps, vl_padding="masked")  # fmt: skip
     for key, value in actions.items():
         np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=1e-5)
 

@@ -190,6 +190,10 @@ def _policy_options(every_family: bool = False) -> argparse.ArgumentParser:
     group.add_argument("--backbone-config", type=Path, metavar="FILE",
                        help="GR00T: with --checkpoint, the Eagle backbone config.json it was trained with (any "
                             "backbone; default: the released N1.6 one)")  # fmt: skip
+    group.add_argument("--vl-padding", choices=("official", "masked"), metavar="MODE",
+                       help="GR00T N1.7: a batch's padding in the vl self-attention, 'official' (each row as in the "
+                            "official padded batch; the default) or 'masked' (each row as run alone); the server "
+                            "always runs 'masked'")  # fmt: skip
     group.add_argument("--backend", choices=BACKEND_NAMES, default="auto", help="op backend (default: auto)")
     group.add_argument(
         "--cuda-attention",

@@ -121,6 +121,7 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
             tokenizer=str(args.tokenizer) if args.tokenizer else None, progress=progress,
             cuda_attention=args.cuda_attention, quant=args.quant, **rtc_option(args),
             **({"backbone_config": args.backbone_config} if getattr(args, "backbone_config", None) else {}),
+            **({"vl_padding": args.vl_padding} if getattr(args, "vl_padding", None) else {}),
         )  # fmt: skip
     remote = None
     if args.server is not None:  # connected before the simulators start: its metadata names the cameras it reads

@@ -21,6 +21,7 @@ logger = logging.getLogger(__name__)
 PROG = "embodied-accel"
 #: The options only the policies read (flag, attribute, value when not given).
 POLICY_ONLY_OPTIONS = (("--embodiment", "embodiment", None), ("--backbone-config", "backbone_config", None),
+                       ("--vl-padding", "vl_padding", None),
                        ("--tokenizer", "tokenizer", None), ("--cuda-attention", "cuda_attention", "sdpa"),
                        ("--rtc-schedule", "rtc_schedule", None), ("--rtc-max-guidance", "rtc_max_guidance", None),
                        ("--rtc-execution-horizon", "rtc_execution_horizon", None),

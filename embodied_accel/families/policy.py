@@ -169,6 +169,12 @@ def load_policy_from_args(args: argparse.Namespace, num_views: int | None = None
         if args.checkpoint is None or family_of(source).name != "groot":
             raise CLIError("--backbone-config applies to a GR00T --checkpoint")
         extra["backbone_config"] = args.backbone_config
+    if getattr(args, "vl_padding", None) is not None:
+        from ..policies import family_of
+
+        if family_of(source).name != "groot":
+            raise CLIError(f"--vl-padding applies to GR00T N1.7 policies; {source} is not one")
+        extra["vl_padding"] = args.vl_padding
     start = time.perf_counter()
     policy = load_policy(
         source,

@@ -473,6 +473,16 @@ class Qwen3VLBackbone(nn.Module):
                 hidden = torch.where(is_image, hidden + deepstack[i].to(dtype)[source], hidden)
         return hidden.view(batch, length, cfg.hidden_size)
 
+    def unattended(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The features ``[n, hidden]`` of tokens ``[n]`` that attend to nothing (a left pad: a query with every key
+        masked gets 0 from attention in the reference, so only the MLPs update it; text tokens, no deepstack)."""
+        ops, eps = self.ops, self.text_config.eps
+        hidden = F.embedding(token_ids, self.embed_tokens).to(self.compute_dtype)
+        for layer in self.layers:
+            x = ops.swiglu(layer.gate_up(ops.rms_norm(hidden, layer.post_attention_norm_weight, eps)))
+            hidden = layer.down(x, residual=hidden)
+        return hidden
+
     # ------------------------------------------------------------------ checkpoint layout
 
     def weight_entries(self, prefix: str = "backbone.model.", ours: str = "") -> list[WeightEntry]:

@@ -38,6 +38,8 @@ def load_groot_family_policy(preset_or_checkpoint: str, **options: Any):
     an N1.7 preset or checkpoint, else N1.6 (:func:`load_groot_policy`)."""
     if _is_n17(str(preset_or_checkpoint), options.get("preset")):
         return load_groot_n17_policy(preset_or_checkpoint, **options)
+    if "vl_padding" in options:
+        raise ValueError(f"vl_padding: a GR00T N1.7 option (its vl self-attention); {preset_or_checkpoint} is N1.6")
     return load_groot_policy(preset_or_checkpoint, **options)
 
 

@@ -33,6 +33,7 @@ from ..models.groot.n17_model import (
     Inpainting,
     N17BufferBuilders,
     assemble_n17_buffers,
+    check_vl_padding,
     inpainting_strength,
 )
 from ..models.groot.n17_processor import TOKEN_IDS_KEY, GrootN17Processor, N17Inputs, N17Row, encode_n17_actions
@@ -98,6 +99,11 @@ class GrootN17Policy(GrootPolicy):
     #: The rate of the velocity ramp over the part of a leftover that is not frozen (the official sampler's
     #: ``rtc_ramp_rate``).
     rtc_ramp_rate = 5.0
+    #: How a batch's left padding reaches the vl self-attention in direct calls (``infer`` / ``infer_batch`` /
+    #: ``run`` / ``bench``): ``"official"``, each row as in the official padded batch; ``"masked"``, each row as if
+    #: run alone. The server's batches (rows of different requests, :meth:`run_validated`) are always ``"masked"``:
+    #: one robot's actions never depend on another request's prompt.
+    vl_padding = "official"
 
     def _calls(self, runner: Runner) -> None:
         self._build = N17BufferBuilders(self.model, self.device)
@@ -105,8 +111,10 @@ class GrootN17Policy(GrootPolicy):
         self.model_call_rtc = runner.call(self._model_call_rtc, self.plan, assemble_n17_buffers)
 
     def _rebuild(self, runner: Runner) -> GrootN17Policy:
-        return GrootN17Policy(self.model, self.processor, source=self.source, random_weights=self.random_weights,
-                              pad_id=self.pad_id, runner=runner)  # fmt: skip
+        policy = GrootN17Policy(self.model, self.processor, source=self.source, random_weights=self.random_weights,
+                                pad_id=self.pad_id, runner=runner)  # fmt: skip
+        policy.vl_padding = self.vl_padding
+        return policy
 
     # ---- the runtime's view: buckets and their buffers
 
@@ -121,6 +129,7 @@ class GrootN17Policy(GrootPolicy):
             "schedule": BufferSpec(lambda _: build.schedule(bucket.num_steps), key=bucket.num_steps),
             "action_out_bias": BufferSpec(lambda _: build.action_out_bias(bucket.batch), key=bucket.batch),
             "cross_kv": BufferSpec(lambda cap: build.cross_kv(cap[0]), (bucket.batch * bucket.seq_len,)),
+            "vl_padding": BufferSpec(lambda _: bucket.vl_padding, key=bucket.vl_padding),
         }
 
     def _model_call(self, buffers: GrootN17Buffers, input_ids, valid, pixel_values, state, noise):
@@ -144,15 +153,18 @@ class GrootN17Policy(GrootPolicy):
     # ---- the pieces
 
     def prepare(self, observations: Mapping[str, Any] | Sequence[Mapping[str, Any]],
-                num_steps: int | None = None) -> GrootN17Inputs:  # fmt: skip
-        """Observation dict (or list of them) → model inputs on the device, padded to a bucket."""
+                num_steps: int | None = None, vl_padding: str | None = None) -> GrootN17Inputs:  # fmt: skip
+        """Observation dict (or list of them) → model inputs on the device, padded to a bucket (``vl_padding``:
+        default the policy's)."""
         if isinstance(observations, Mapping):
             observations = [observations]
         rows = self.validate_batch(list(observations))
-        return self._with_rows(rows, num_steps)
+        return self._with_rows(rows, num_steps, vl_padding)
 
-    def _with_rows(self, rows: Sequence[GrootN17Row], num_steps: int | None) -> GrootN17Inputs:
-        inputs = self._to_device(self.processor.prepare([r.row for r in rows]), num_steps)
+    def _with_rows(self, rows: Sequence[GrootN17Row], num_steps: int | None,
+                   vl_padding: str | None = None) -> GrootN17Inputs:  # fmt: skip
+        host = self.processor.prepare([r.row for r in rows])
+        inputs = self._to_device(host, num_steps, check_vl_padding(vl_padding or self.vl_padding))
         inputs.inpainting = self._inpainting(rows)
         return inputs
 
@@ -234,7 +246,7 @@ class GrootN17Policy(GrootPolicy):
         single = len(observations) == 1
         return [self.validate(obs, "observation" if single else f"observation {i}") for i, obs in enumerate(observations)]
 
-    def _to_device(self, host: N17Inputs, num_steps: int | None) -> GrootN17Inputs:
+    def _to_device(self, host: N17Inputs, num_steps: int | None, vl_padding: str = "masked") -> GrootN17Inputs:
         cfg = self.config
         batch, length = host.input_ids.shape
         seq_len = -(-length // self.token_bucket) * self.token_bucket
@@ -254,7 +266,7 @@ class GrootN17Policy(GrootPolicy):
         if (counts != per_row).any():
             raise ObservationError(f"prompt: {counts.tolist()} image tokens per row, the images give {per_row}")
         bucket = GrootN17Bucket(batch=batch, image_grid_thw=grids, seq_len=seq_len, state_horizon=host.state.shape[1],
-                                num_steps=num_steps or cfg.num_steps)  # fmt: skip
+                                num_steps=num_steps or cfg.num_steps, vl_padding=vl_padding)  # fmt: skip
         device = self.device
         return GrootN17Inputs(
             input_ids=torch.from_numpy(ids).to(device),
@@ -280,10 +292,17 @@ class GrootN17Policy(GrootPolicy):
         """Normalized chunk → robot actions per key ``[B, action_horizon, D]`` (float32)."""
         return self.processor.postprocess(chunk, raw_state)
 
+    def run_validated(self, rows: Sequence[GrootN17Row], *, noise=None, seed: int | None = None,
+                      num_steps=None) -> np.ndarray:  # fmt: skip
+        """The server's path: rows of different requests → robot actions ``[B, horizon, action_dim]``, each row as
+        if run alone (``vl_padding="masked"``), whatever the others' prompts."""
+        return self.outputs(rows, noise=noise, seed=seed, num_steps=num_steps, vl_padding="masked")["actions"]
+
     def outputs(self, rows: Sequence[GrootN17Row], *, noise=None, seed: int | None = None,
-                num_steps=None) -> dict[str, Any]:  # fmt: skip
-        """Validated rows → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D]}`` (float32)."""
-        inputs = self._with_rows(rows, num_steps)
+                num_steps=None, vl_padding: str | None = None) -> dict[str, Any]:  # fmt: skip
+        """Validated rows → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D]}`` (float32);
+        ``vl_padding``: default the policy's."""
+        inputs = self._with_rows(rows, num_steps, vl_padding)
         chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed))
         per_key = self.postprocess(chunk, inputs.raw_state)
         result: dict[str, Any] = {"actions": np.concatenate(list(per_key.values()), axis=-1)}
@@ -387,13 +406,16 @@ def load_groot_n17_policy(
     rtc: RtcSettings | None = None,
     backbone_config: str | Path | None = None,
     quant: str = "none",
+    vl_padding: str = "official",
 ) -> GrootN17Policy:
     """Build a GR00T N1.7 policy from a preset name (seeded random weights) or a checkpoint directory; the options
     are :func:`~.groot.load_groot_policy`'s. ``tokenizer``: the Qwen3-VL (Cosmos-Reason2-2B) model directory with
     its tokenizer and image processor files (default: the checkpoint's own, if it has them); ``backbone_config``:
     the Qwen3-VL ``config.json`` the checkpoint was trained with (default: the tokenizer directory's own when it is
-    a Qwen3-VL model directory, else ``preset``'s, else Cosmos-Reason2-2B)."""
+    a Qwen3-VL model directory, else ``preset``'s, else Cosmos-Reason2-2B); ``vl_padding``: how direct calls treat a
+    batch's padding (:attr:`GrootN17Policy.vl_padding`)."""
     check_quant(quant)
+    check_vl_padding(vl_padding)
     if rtc is not None:
         raise ValueError("rtc: GR00T N1.7's real-time chunking is its own inpainting (previous_actions and "
                          "inference_delay per request); the guidance settings (--rtc-*) do not apply to it")
@@ -455,8 +477,10 @@ def load_groot_n17_policy(
         )
     model.eval()
     quantize(model, quant, N17_W8A8_PLAN)
-    return GrootN17Policy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint,
-                          device=device, capture=capture, pad_id=processor.pad_id)  # fmt: skip
+    policy = GrootN17Policy(model, processor, source=str(preset_or_checkpoint), random_weights=not is_checkpoint,
+                            device=device, capture=capture, pad_id=processor.pad_id)  # fmt: skip
+    policy.vl_padding = vl_padding
+    return policy
 
 
 __all__ = ["GrootN17Inputs", "GrootN17Policy", "GrootN17Row", "load_groot_n17_policy"]

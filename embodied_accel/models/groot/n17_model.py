@@ -8,8 +8,11 @@ load):
    image tokens written at the image-token positions, deepstack features added to the first text layers, M-RoPE
    positions; the features of text layer ``select_layer`` (no final norm) ``[B, L, D]``.
 2. **Vision-language tokens**: ``vlln`` LayerNorm, then (when the checkpoint has them) the self-attention blocks
-   over the prompt: keys are the valid tokens, and the sinusoid positions count valid tokens only, so left padding
-   to a length bucket changes nothing (the official code runs one unpadded prompt).
+   over the prompt, by the bucket's ``vl_padding`` (:data:`VL_PADDING`): ``"masked"``, keys are the row's valid
+   tokens and the sinusoid positions count them, so every row equals the official row run alone, whatever the
+   padding; ``"official"``, the official padded batch: keys are the last ``Lmax`` positions (the longest prompt of
+   the batch, pads included, the official code has no mask there), positions count from that window's start, and
+   the pads carry the official backbone's pad features (:meth:`~.Qwen3VLBackbone.unattended`).
 3. **Once per call**: the keys/values of every DiT cross-attention block (one GEMM), the text / image attention
    masks, one state token from the ``state_history_length`` states ``[B, T, max_state_dim]`` flattened.
 4. **Flow**: as N1.6 (:meth:`~.model.GrootHead.action_head`): ``num_steps`` Euler steps from noise, optionally
@@ -38,6 +41,18 @@ from .model import BufferBuilders, GrootHead
 from .n17_config import GrootN17Config, VLSelfAttentionConfig, sinusoid_table
 
 
+#: How the vl self-attention treats left padding: ``"official"`` as the official padded batch (a padded row depends
+#: on the longest prompt of its batch), ``"masked"`` as each row run alone (independent of the other rows).
+VL_PADDING = ("official", "masked")
+
+
+def check_vl_padding(value: object) -> str:
+    """``value`` if it is one of :data:`VL_PADDING`, else a ValueError naming ``vl_padding``."""
+    if not isinstance(value, str) or value not in VL_PADDING:
+        raise ValueError(f"vl_padding: expected one of {', '.join(map(repr, VL_PADDING))}, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class GrootN17Bucket:
     """The static shape of a call: everything the captured graph and the buffers are specialized on."""
@@ -47,6 +62,7 @@ class GrootN17Bucket:
     seq_len: int  # prompt tokens, padded on the left to this length
     state_horizon: int = 1
     num_steps: int = 4
+    vl_padding: str = "masked"  # one of VL_PADDING
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,6 +76,7 @@ class GrootN17Buffers:
     action_out_bias: torch.Tensor  # [B*horizon, inner]
     cross_kv: torch.Tensor  # [capacity, cross_blocks * 2 * inner]
     rtc_coefficients: torch.Tensor  # [num_steps] fp32
+    vl_padding: str = "masked"  # the bucket's, one of VL_PADDING
 
 
 class Inpainting(NamedTuple):
@@ -134,7 +151,13 @@ class GrootN17Model(GrootHead):
 
         ``input_ids`` / ``valid``: ``[B, L]`` left-padded; ``pixel_values``: the images' patches, as the processor
         flattens them (``[patches, C * T * p * p]``)."""
-        return self.qwen3_vl(input_ids, valid, pixel_values, buffers.backbone)
+        features = self.qwen3_vl(input_ids, valid, pixel_values, buffers.backbone)
+        if buffers.vl_padding == "official" and len(self.vl_blocks):
+            # the official pad features (a query without keys gets 0 from attention): the row's pad id (its first
+            # position; unread for a row without padding) through the kept layers' MLPs alone
+            pads = self.qwen3_vl.unattended(input_ids[:, 0])  # [B, D]
+            features = torch.where(valid[..., None], features, pads[:, None].to(features.dtype))
+        return features
 
     def encode_state(self, state: torch.Tensor) -> torch.Tensor:
         """Normalized states ``[B, state_history_length, max_state_dim]`` → one state token ``[B, 1, inner]``."""
@@ -143,18 +166,21 @@ class GrootN17Model(GrootHead):
         return self.state_out(x).view(batch, 1, -1)
 
     def vl_tokens(self, features: torch.Tensor, valid: torch.Tensor, buffers: GrootN17Buffers) -> torch.Tensor:
-        """``vlln``, then the self-attention blocks over each row's valid tokens: ``[B, L, D]`` → ``[B*L, D]``."""
+        """``vlln``, then the self-attention blocks (by ``buffers.vl_padding``: over each row's valid tokens, or over
+        the official batch's window, the last ``Lmax`` positions): ``[B, L, D]`` → ``[B*L, D]``."""
         vl = super().vl_tokens(features, valid, buffers)
         if not len(self.vl_blocks):
             return vl
         batch, length = valid.shape
         cfg = self.config.vl_self_attention
+        # left padding: the positions valid in some row are the last Lmax, the official padded batch
+        keys = valid.any(dim=0, keepdim=True).expand(batch, length) if buffers.vl_padding == "official" else valid
         positions = None
         if buffers.vl_positions is not None:
-            # position p of the p-th valid token, whatever the left padding (row 0 of the table for padding)
-            rows = torch.cumsum(valid, dim=1)
+            # position p of the p-th key, whatever the padding before them (row 0 of the table elsewhere)
+            rows = torch.cumsum(keys, dim=1)
             positions = F.embedding(rows, buffers.vl_positions).reshape(batch * length, -1)
-        keys = valid[:, None, :].expand(batch, length, length)
+        keys = keys[:, None, :].expand(batch, length, length)
         mask = self.ops.prepare_attention_mask(keys, self.compute_dtype, cfg.num_heads)
         for block in self.vl_blocks:
             vl = block(vl, batch, length, positions, mask)
@@ -220,11 +246,12 @@ class N17BufferBuilders(BufferBuilders):
 
 
 def assemble_n17_buffers(values: dict) -> GrootN17Buffers:
-    """The buffers (by name: ``backbone``, ``vl_positions``, ``schedule``, ``action_out_bias``, ``cross_kv``) as the
-    object the model reads."""
+    """The buffers (by name: ``backbone``, ``vl_positions``, ``schedule``, ``action_out_bias``, ``cross_kv``, and
+    ``vl_padding``, the bucket's mode, default ``"masked"``) as the object the model reads."""
     modulation, time_bias, rtc_coefficients = values["schedule"]
     return GrootN17Buffers(values["backbone"], values["vl_positions"], modulation, time_bias,
-                           values["action_out_bias"], values["cross_kv"], rtc_coefficients)  # fmt: skip
+                           values["action_out_bias"], values["cross_kv"], rtc_coefficients,
+                           values.get("vl_padding", "masked"))  # fmt: skip
 
 
 def build_n17_buffers(model: GrootN17Model, bucket: GrootN17Bucket, device) -> GrootN17Buffers:
@@ -237,6 +264,7 @@ def build_n17_buffers(model: GrootN17Model, bucket: GrootN17Bucket, device) -> G
             "schedule": build.schedule(bucket.num_steps),
             "action_out_bias": build.action_out_bias(bucket.batch),
             "cross_kv": build.cross_kv(bucket.batch * bucket.seq_len),
+            "vl_padding": check_vl_padding(bucket.vl_padding),
         }
     )
 
@@ -247,8 +275,10 @@ __all__ = [
     "GrootN17Model",
     "Inpainting",
     "N17BufferBuilders",
+    "VL_PADDING",
     "VLSelfAttentionBlock",
     "assemble_n17_buffers",
     "build_n17_buffers",
+    "check_vl_padding",
     "inpainting_strength",
 ]
