@@ -40,7 +40,6 @@ from ...ops import OpSet
 from .model import BufferBuilders, GrootHead
 from .n17_config import GrootN17Config, VLSelfAttentionConfig, sinusoid_table
 
-
 #: How the vl self-attention treats left padding: ``"official"`` as the official padded batch (a padded row depends
 #: on the longest prompt of its batch), ``"masked"`` as each row run alone (independent of the other rows).
 VL_PADDING = ("official", "masked")
