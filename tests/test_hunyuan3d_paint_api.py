@@ -333,3 +333,33 @@ def test_model_commands_take_both_sizes(capsys):
     code = cli.main(["info", "--model", "vggt-tiny", "--delight-size", "16", "--no-progress"])
     _, err = capsys.readouterr()
     assert code == 2 and "--delight-size" in err, err
+
+
+# ---- threads -------------------------------------------------------------------------------------------------------
+
+
+def test_diffusion_stages_pick_their_threads_by_model_size(pipeline, monkeypatch):
+    """On 2 intra-op threads the tiny models' UNet steps run on one (their ops are too small to split), a UNet whose
+    first-level activation reaches SMALL_ACTIVATION on both, ``diffusion_threads`` on what it says; the caller's
+    count is restored after each stage."""
+    from embodied_accel.geometry.threads import SMALL_ACTIVATION, model_thread_count
+
+    seen = []
+    for name in ("delight_step", "multiview_step"):
+        step = getattr(pipeline, name)
+        monkeypatch.setattr(pipeline, name, lambda *a, _step=step, **k: seen.append(torch.get_num_threads()) or
+                            _step(*a, **k))  # fmt: skip
+    maps = [np.full((16, 16, 3), 200, np.uint8)] * 6
+    torch.set_num_threads(2)
+    assert model_thread_count(SMALL_ACTIVATION - 1) == 1 and model_thread_count(SMALL_ACTIVATION) == 2
+    image = _rgba(40, seed=5)
+    delighted = pipeline.delight(image, TextureSettings(delight_steps=1))
+    pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1))
+    assert seen == [1, 1] and torch.get_num_threads() == 2
+    seen.clear()
+    # 12 rows (6 views, guided) x 16 channels x 40^2 latents >= 2^18: every thread
+    pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1, view_size=160))
+    pipeline.delight(image, TextureSettings(delight_steps=1, diffusion_threads=2))
+    assert seen == [2, 2] and torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="diffusion threads: expected an integer >= 1, got 0"):
+        pipeline.delight(image, TextureSettings(diffusion_threads=0))

@@ -15,6 +15,15 @@ tiny diffusion presets at full render and texture size.
   weights; diffusion stand-ins of the real stages' structure), render and texture size ``--size``, each unwrap mode,
   in a fresh process per wait policy; per-stage wall seconds (delight overlaps unwrap and maps) and the call's CPU
   time.
+* ``api_threads``: the Python API as a program that imports PyTorch itself calls it (no ``OMP_WAIT_POLICY``, unless
+  ``--policies`` asks for ``passive`` too), the tiny presets at ``--size`` on the 21k-face mesh: each stage through its
+  public method one after another (``delight``, ``unwrap``, ``TextureBaker.condition_maps``, ``multiview``, ``bake``,
+  ``inpaint``) and then ``generate``, at 1 and at 2 intra-op threads (``torch.set_num_threads``), ``--repeats`` times
+  alternating, plus one run at 2 threads with the diffusion stages forced onto both (``diffusion_threads=2``, what
+  they did before choosing). CPU time per stage is the process's.
+* ``wait_policy``: whether ``OMP_WAIT_POLICY=PASSIVE`` set by a program after it imported PyTorch reaches libgomp:
+  400 additions of 200k floats on 2 threads, 1 ms of sleep after each (where spinning workers burn CPU time), in a
+  fresh process with the variable unset, set after ``import torch``, and set before it.
 
     python tools/texture_stage_bench.py --out bench/results [--size 2048 --repeats 3]
 """
@@ -170,18 +179,99 @@ def child_end_to_end(size: int, repeats: int) -> dict:
     return result
 
 
+def child_api_threads(size: int, repeats: int) -> dict:
+    """Stage by stage through the Python API at 1 and 2 intra-op threads (see the module's docstring)."""
+    import torch
+
+    from embodied_accel.geometry.mesh_maps import to_uint8_image
+    from embodied_accel.geometry.texturing import TextureBaker
+    from embodied_accel.geometry.uv import unwrap
+    from embodied_accel.models.hunyuan3d.mesh import Mesh
+    from embodied_accel.models.hunyuan3d.processor import read_image
+    from embodied_accel.models.hunyuan3d_paint import processor
+    from embodied_accel.pipelines.shape import SAMPLE_IMAGE
+    from embodied_accel.pipelines.texture import TextureSettings, load_texture_pipeline
+
+    vertices, faces = benchmark_meshes()["procedural_21k"]
+    mesh = Mesh(vertices.astype(np.float32), faces.astype(np.int64))
+    image = read_image(SAMPLE_IMAGE)
+    pipeline = load_texture_pipeline("hunyuan3d-paint-tiny", progress=False)
+
+    def stages(threads: int, diffusion_threads: int | None) -> dict:
+        torch.set_num_threads(threads)
+        settings = TextureSettings(render_size=size, texture_size=size, diffusion_threads=diffusion_threads)
+        times = {}
+        delighted, *times["delight"] = _timed(pipeline.delight, image, settings)
+        unwrapped, *times["UV unwrap"] = _timed(unwrap, mesh.vertices, mesh.faces)
+        baker = TextureBaker(unwrapped, render_size=size, texture_size=size)
+
+        def maps():
+            m = baker.condition_maps()
+            return [to_uint8_image(x) for x in m.normals], [to_uint8_image(x) for x in m.positions]
+
+        (normals, positions), *times["condition maps"] = _timed(maps)
+        views, *times["multiview diffusion"] = _timed(pipeline.multiview, delighted, normals, positions, settings)
+        scaled = [torch.from_numpy(processor.resize(v, size) / 255.0).float() for v in views]
+        (texture, painted), *times["baking"] = _timed(baker.bake, scaled)
+        _, *times["inpainting"] = _timed(baker.inpaint, texture, painted)
+        _, *times["generate"] = _timed(pipeline.generate, mesh, image, settings)
+        return times
+
+    runs = {"1": [], "2": [], "2_diffusion_forced": []}
+    for _ in range(repeats):
+        runs["1"].append(stages(1, None))
+        runs["2"].append(stages(2, None))
+    runs["2_diffusion_forced"].append(stages(2, 2))
+    result = {"runs": runs, "median": {}, "models": [pipeline.delight_model.config.name,
+                                                     pipeline.multiview_model.config.name]}  # fmt: skip
+    for name, items in runs.items():
+        result["median"][name] = {stage: {"wall_s": _median([r[stage][0] for r in items]),
+                                          "cpu_s": _median([r[stage][1] for r in items])}
+                                  for stage in items[0]}  # fmt: skip
+    one, two = result["median"]["1"], result["median"]["2"]
+    result["ratio_2_to_1"] = {s: {"cpu": two[s]["cpu_s"] / one[s]["cpu_s"], "wall": two[s]["wall_s"] / one[s]["wall_s"]}
+                              for s in one}  # fmt: skip
+    return result
+
+
+def child_wait_policy(when: str) -> dict:
+    """Process CPU time of small parallel ops separated by sleeps, ``OMP_WAIT_POLICY=PASSIVE`` set ``when``."""
+    if when == "before_import":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    import torch
+
+    if when == "after_import":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    torch.set_num_threads(2)
+    a, b = torch.randn(200_000), torch.randn(200_000)
+    for _ in range(50):
+        a + b
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(400):
+        a + b
+        time.sleep(0.001)
+    return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "sleep_s": 0.4}
+
+
+CHILDREN = {"threads": child_threads, "end_to_end": child_end_to_end, "api_threads": child_api_threads}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="directory for the JSON record")
     parser.add_argument("--size", type=int, default=2048, help="render and texture size")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--end-to-end-repeats", type=int, default=1)
-    parser.add_argument("--parts", default="unwrap,threads,end_to_end")
-    parser.add_argument("--child", choices=("threads", "end_to_end"), help=argparse.SUPPRESS)
+    parser.add_argument("--parts", default="unwrap,threads,end_to_end", help="also: api_threads, wait_policy")
+    parser.add_argument("--policies", default="spin", help="api_threads: OpenMP wait policies (spin,passive)")
+    parser.add_argument("--child", choices=(*CHILDREN, "wait_policy"), help=argparse.SUPPRESS)
+    parser.add_argument("--when", default="unset", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        fn = child_threads if args.child == "threads" else child_end_to_end
-        print(json.dumps(fn(args.size, args.repeats)))
+        if args.child == "wait_policy":
+            print(json.dumps(child_wait_policy(args.when)))
+        else:
+            print(json.dumps(CHILDREN[args.child](args.size, args.repeats)))
         return
     if args.out is None:
         parser.error("--out is required")
@@ -203,6 +293,21 @@ def main() -> None:
                                 for policy in POLICIES}  # fmt: skip
         print(json.dumps({p: {m: r[m]["stage_wall_s_median"] for m in ("default", "fast")}
                           for p, r in record["end_to_end"].items()}, indent=1))  # fmt: skip
+    if "wait_policy" in parts:
+        record["wait_policy"] = {}
+        for when in ("unset", "after_import", "before_import"):
+            out = subprocess.run([sys.executable, __file__, "--child", "wait_policy", "--when", when],
+                                 env=_child_env("spin"), check=True, capture_output=True, text=True)  # fmt: skip
+            record["wait_policy"][when] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(json.dumps(record["wait_policy"], indent=1), flush=True)
+    if "api_threads" in parts:
+        record["api_threads"] = {}
+        for policy in args.policies.split(","):
+            before = [round(x, 2) for x in os.getloadavg()]
+            result = _run_child("api_threads", policy, args.size, args.repeats)
+            result["load_average"] = {"before": before, "after": [round(x, 2) for x in os.getloadavg()]}
+            record["api_threads"][policy] = result
+        print(json.dumps({p: r["ratio_2_to_1"] for p, r in record["api_threads"].items()}, indent=1), flush=True)
     record.update(environment_stamp())
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

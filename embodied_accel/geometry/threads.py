@@ -1,4 +1,4 @@
-"""How many threads the geometry stages run PyTorch's intra-op work on.
+"""How many threads the texture stages run PyTorch's intra-op work on: the geometry stages and the diffusion stages.
 
 The geometry stages (rasterization, interpolation, baking) are thousands of small and medium tensor ops. PyTorch's
 CPU build runs each op's parallel region on an OpenMP team; between regions libgomp's workers spin on the CPU
@@ -15,6 +15,14 @@ libgomp reads the policy once, when PyTorch loads it, so a library cannot change
 thread when they spin or when the stage does not split well (``splits_well=False``: the condition maps, whose
 interpolation and image conversion are small ops that took up to 1.3x the CPU time on 2 threads without finishing
 sooner); ``threads=`` overrides the choice.
+
+The diffusion stages (delight, multiview) choose by the size of their work instead (:func:`model_thread_count`):
+a UNet whose widest activation (batch × first-level channels × latent area) is under :data:`SMALL_ACTIVATION`
+elements runs on one thread, whatever the wait policy (its ops are microseconds long: a second thread costs more in
+wake-ups, or in spinning, than it shares), a larger one on every intra-op thread (its convolutions and attention
+split well, and the gaps between them where workers spin are short). So a program that imports PyTorch itself,
+without the variable, never pays for a second thread on small models (setting ``OMP_WAIT_POLICY`` after PyTorch is
+imported has no effect: libgomp has read it already).
 """
 
 from __future__ import annotations
@@ -39,14 +47,24 @@ def geometry_thread_count(splits_well: bool = True) -> int:
     return torch.get_num_threads() if splits_well and openmp_workers_sleep() else 1
 
 
+#: The widest activation, in elements, from which a diffusion stage runs on every intra-op thread (see the module's
+#: docstring): the tiny presets' stages are under 2^14, the released models' above 2^20.
+SMALL_ACTIVATION = 2**18
+
+
+def model_thread_count(activation_elements: int) -> int:
+    """The intra-op threads a model stage runs on: one when its widest activation holds fewer than
+    :data:`SMALL_ACTIVATION` elements, else all of PyTorch's."""
+    return torch.get_num_threads() if activation_elements >= SMALL_ACTIVATION else 1
+
+
 @contextlib.contextmanager
-def geometry_threads(threads: int | None = None, splits_well: bool = True) -> Iterator[int]:
-    """Run the body on ``threads`` intra-op threads (default :func:`geometry_thread_count`), restoring PyTorch's
-    thread count afterwards; yields the count used."""
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads: expected an integer >= 1, got {threads}")
+def intra_op_threads(count: int) -> Iterator[int]:
+    """Run the body on ``count`` intra-op threads of the calling thread, restoring its count afterwards; yields
+    ``count``."""
+    if count < 1:
+        raise ValueError(f"threads: expected an integer >= 1, got {count}")
     before = torch.get_num_threads()
-    count = geometry_thread_count(splits_well) if threads is None else threads
     if count != before:
         torch.set_num_threads(count)
     try:
@@ -56,4 +74,13 @@ def geometry_threads(threads: int | None = None, splits_well: bool = True) -> It
             torch.set_num_threads(before)
 
 
-__all__ = ["geometry_thread_count", "geometry_threads", "openmp_workers_sleep"]
+@contextlib.contextmanager
+def geometry_threads(threads: int | None = None, splits_well: bool = True) -> Iterator[int]:
+    """Run the body on ``threads`` intra-op threads (default :func:`geometry_thread_count`), restoring PyTorch's
+    thread count afterwards; yields the count used."""
+    with intra_op_threads(geometry_thread_count(splits_well) if threads is None else threads) as count:
+        yield count
+
+
+__all__ = ["SMALL_ACTIVATION", "geometry_thread_count", "geometry_threads", "intra_op_threads", "model_thread_count",
+           "openmp_workers_sleep"]

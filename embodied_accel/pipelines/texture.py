@@ -31,6 +31,7 @@ from .. import platform as platform_mod
 from ..errors import CheckpointError
 from ..geometry.mesh_maps import UVMesh, to_uint8_image
 from ..geometry.texturing import CAMERA_AZIMUTHS, CAMERA_ELEVATIONS, TextureBaker
+from ..geometry.threads import intra_op_threads, model_thread_count
 from ..models.hunyuan3d.mesh import Mesh
 from ..models.hunyuan3d_paint import processor
 from ..models.hunyuan3d_paint.config import DELIGHT_PRESETS, MULTIVIEW_PRESETS, TEXTURE_PRESETS
@@ -67,6 +68,7 @@ class TextureSettings:
     view_size: int | None = None  # the multiview model's views' side (the model's, 512 as upstream)
     delight_size: int | None = None  # the delight model's image side (the model's, 512 as upstream)
     unwrap: str = "default"  # UV unwrapping: "default" (xatlas's defaults, as upstream) or "fast" (see geometry.uv)
+    diffusion_threads: int | None = None  # intra-op threads of delight and multiview on a CPU (by model size)
 
 
 @dataclass
@@ -217,9 +219,21 @@ class TexturePipeline:
 
     # ---- stages
 
+    def _stage_threads(self, settings: TextureSettings, rows: int, channels: int, latent_size: int) -> int:
+        """Intra-op threads of a diffusion stage whose UNet runs ``rows`` latents of ``channels`` × ``latent_size``²
+        at its first level: ``settings.diffusion_threads``, else by that activation's size on a CPU
+        (:func:`~embodied_accel.geometry.threads.model_thread_count`); elsewhere PyTorch's count is left alone."""
+        if settings.diffusion_threads is not None:
+            return settings.diffusion_threads
+        if self.device.type != "cpu":
+            return torch.get_num_threads()
+        return model_thread_count(rows * channels * latent_size * latent_size)
+
     def check_settings(self, settings: TextureSettings) -> None:
         """The sizes and step counts of ``settings`` that the models constrain (errors name the setting)."""
         delight, multiview = self.delight_model.config, self.multiview_model.config
+        if settings.diffusion_threads is not None and settings.diffusion_threads < 1:
+            raise ValueError(f"diffusion threads: expected an integer >= 1, got {settings.diffusion_threads}")
         if multiview.turbo:
             turbo_timesteps(multiview.scheduler, settings.steps or multiview.steps)
         sizes = (("view size", settings.view_size, multiview, multiview.view_size),
@@ -244,7 +258,9 @@ class TexturePipeline:
         schedule = euler_ancestral_schedule(cfg.scheduler, settings.delight_steps or cfg.steps, device=self.device)
         noise = generator_noise(torch.Generator().manual_seed(DELIGHT_SEED_OFFSET + settings.seed), self.device,
                                 model.compute_dtype)  # fmt: skip
-        with torch.no_grad():
+        rows = 3 if model.guidance_on(cfg.text_guidance, cfg.image_guidance) else 1
+        threads = self._stage_threads(settings, rows, cfg.unet.block_out_channels[0], size // cfg.vae.downscale)
+        with torch.no_grad(), intra_op_threads(threads):
             image_latents = model.image_latents(processor.to_model_image(pixels, self.device, model.compute_dtype))
             out = model.denoise(image_latents, schedule, noise, cfg.text_guidance, cfg.image_guidance, progress,
                                 unet=self.delight_step, latents=latents)  # fmt: skip
@@ -280,13 +296,15 @@ class TexturePipeline:
         posterior_noise = generator_noise(torch.Generator().manual_seed(settings.seed), self.device, dtype)
         views = len(normals)
         cameras = torch.tensor(cameras, device=self.device)
-        with torch.no_grad():
-            latent_size = size // cfg.vae.downscale
+        guidance = cfg.guidance if settings.guidance is None else settings.guidance
+        latent_size = size // cfg.vae.downscale
+        rows = views * (2 if not cfg.turbo and guidance > 1 else 1)
+        threads = self._stage_threads(settings, rows, cfg.unet.block_out_channels[0], latent_size)
+        with torch.no_grad(), intra_op_threads(threads):
             latents = model.encode(pixels, posterior_noise((len(images), cfg.vae.latent_channels, latent_size,
                                                             latent_size)))  # fmt: skip
             out = model.denoise(latents[:1], latents[1 : 1 + views], latents[1 + views :], cameras, schedule,
-                                latent_noise, cfg.guidance if settings.guidance is None else settings.guidance,
-                                progress=progress, unet=self.multiview_step)  # fmt: skip
+                                latent_noise, guidance, progress=progress, unet=self.multiview_step)  # fmt: skip
             decoded = model.decode(out)
             result = list((decoded.permute(0, 2, 3, 1).float().cpu().numpy() * 255).round().astype(np.uint8))
         self.runner.synchronize()
