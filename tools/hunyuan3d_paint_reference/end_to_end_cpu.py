@@ -12,7 +12,7 @@ image.
 The official side is the checkout's code, run by its own ``Hunyuan3DPaintPipeline.__call__`` (recentre, delight,
 ``mesh_uv_wrap``, ``load_mesh``, the normal and position maps, the multiview model, resize, ``bake_from_multiview``,
 ``texture_inpaint``, ``set_texture`` + ``save_mesh``), each stage timed by wrapping the method it calls. What it needs
-to run on a CPU, all applied here and listed in the record (``official_changes``):
+to run on a CPU, all applied here and listed in the record (``sides.official.changes``):
 
 * its rasterizer and C++ vertex inpainting built for the CPU by ``native.py``; the C++ vertex inpainting is the one
   ``uv_inpaint`` calls (the Ascend recipe's choice; the pure-Python one an ordinary install imports takes about 1 s
@@ -369,7 +369,7 @@ def main() -> None:
         o, u = record["sides"]["official"]["summary"], record["sides"]["ours"]["summary"]
         record["speedup_cpu"] = o["cpu_s_median"] / u["cpu_s_median"]
         record["speedup_wall"] = o["wall_s_median"] / u["wall_s_median"]
-    record.update(environment_stamp())
+    record.update({**environment_stamp(), "threads": args.threads})  # the sides' threads, not this process's
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = args.out / f"{stamp}_hunyuan3d_paint_texture_stage_vs_official_cpu_{args.size}.json"
