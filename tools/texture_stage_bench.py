@@ -21,6 +21,10 @@ tiny diffusion presets at full render and texture size.
   ``inpaint``) and then ``generate``, at 1 and at 2 intra-op threads (``torch.set_num_threads``), ``--repeats`` times
   alternating, plus one run at 2 threads with the diffusion stages forced onto both (``diffusion_threads=2``, what
   they did before choosing). CPU time per stage is the process's.
+* ``unet_threads``: the rule behind the diffusion stages' thread choice, with spinning workers (the variable unset):
+  the tiny multiview stage at view sizes 32-320 (first-level activation 2^13.6 to 2^20.2 elements) and the
+  released-size delight model (random weights) at 256² (2^18.3), each on 1 and on 2 threads (``diffusion_threads``);
+  CPU and wall time of the stage and of its UNet steps alone, one run each after a warm-up.
 * ``wait_policy``: whether ``OMP_WAIT_POLICY=PASSIVE`` set by a program after it imported PyTorch reaches libgomp:
   400 additions of 200k floats on 2 threads, 1 ms of sleep after each (where spinning workers burn CPU time), in a
   fresh process with the variable unset, set after ``import torch``, and set before it.
@@ -234,6 +238,70 @@ def child_api_threads(size: int, repeats: int) -> dict:
     return result
 
 
+def child_unet_threads(size: int, repeats: int) -> dict:
+    """Diffusion stages at 1 and 2 threads over a range of UNet activation sizes (see the module's docstring)."""
+    import torch
+
+    from embodied_accel.models.hunyuan3d.processor import read_image
+    from embodied_accel.pipelines.shape import SAMPLE_IMAGE
+    from embodied_accel.models.hunyuan3d_paint.config import DELIGHT_PRESETS
+    from embodied_accel.models.hunyuan3d_paint.weights import load_delight_model
+    from embodied_accel.ops import get_ops
+    from embodied_accel.pipelines.texture import TexturePipeline, TextureSettings, load_texture_pipeline
+
+    torch.set_num_threads(2)
+    image = read_image(SAMPLE_IMAGE)
+    maps = [np.full((64, 64, 3), 200, np.uint8)] * 6
+    result = []
+
+    def measure(pipeline, stage: str, label: str, activation: int, settings_for) -> None:
+        step_name = "delight_step" if stage == "delight" else "multiview_step"
+        original = getattr(pipeline, step_name)
+        clock = {"wall_s": 0.0, "cpu_s": 0.0}
+
+        def step(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            out = original(*args, **kwargs)
+            clock["wall_s"] += time.perf_counter() - wall
+            clock["cpu_s"] += time.process_time() - cpu
+            return out
+
+        setattr(pipeline, step_name, step)
+
+        def run(threads: int):
+            settings = settings_for(threads)
+            if stage == "delight":
+                return _timed(pipeline.delight, image, settings)
+            return _timed(pipeline.multiview, image[..., :3].copy(), maps, maps, settings)
+
+        run(1)  # warm-up
+        row = {"stage": stage, "config": label, "activation_elements": activation}
+        for threads in (1, 2):
+            clock.update(wall_s=0.0, cpu_s=0.0)
+            _, wall, cpu = run(threads)
+            row[str(threads)] = {"wall_s": wall, "cpu_s": cpu, "unet_wall_s": clock["wall_s"],
+                                 "unet_cpu_s": clock["cpu_s"]}  # fmt: skip
+        delattr(pipeline, step_name)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        result.append(row)
+
+    tiny = load_texture_pipeline("hunyuan3d-paint-tiny", progress=False)
+    for view in (32, 96, 160, 320):
+        latent = view // tiny.multiview_model.config.vae.downscale
+        measure(tiny, "multiview", f"hunyuan3d-paint-tiny, views {view}²", 12 * 16 * latent * latent,
+                lambda t, v=view: TextureSettings(steps=3, view_size=v, diffusion_threads=t))  # fmt: skip
+    # the released-size delight model alone (random weights), beside the tiny multiview model
+    delight = load_delight_model(DELIGHT_PRESETS["hunyuan3d-delight-v2-0"], get_ops("auto"), tiny.device,
+                                 torch.float32, 0, False)  # fmt: skip
+    full = TexturePipeline(delight, tiny.multiview_model)
+    cfg = delight.config
+    latent = 256 // cfg.vae.downscale
+    label = "hunyuan3d-delight-v2-0 (random weights), 256²"
+    measure(full, "delight", label, cfg.unet.block_out_channels[0] * latent**2,
+            lambda t: TextureSettings(delight_steps=2, delight_size=256, diffusion_threads=t))  # fmt: skip
+    return {"rows": result}
+
+
 def child_wait_policy(when: str) -> dict:
     """Process CPU time of small parallel ops separated by sleeps, ``OMP_WAIT_POLICY=PASSIVE`` set ``when``."""
     if when == "before_import":
@@ -253,7 +321,8 @@ def child_wait_policy(when: str) -> dict:
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu, "sleep_s": 0.4}
 
 
-CHILDREN = {"threads": child_threads, "end_to_end": child_end_to_end, "api_threads": child_api_threads}
+CHILDREN = {"threads": child_threads, "end_to_end": child_end_to_end, "api_threads": child_api_threads,
+            "unet_threads": child_unet_threads}
 
 
 def main() -> None:
@@ -262,7 +331,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=2048, help="render and texture size")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--end-to-end-repeats", type=int, default=1)
-    parser.add_argument("--parts", default="unwrap,threads,end_to_end", help="also: api_threads, wait_policy")
+    parser.add_argument("--parts", default="unwrap,threads,end_to_end",
+                        help="also: api_threads, unet_threads, wait_policy")
     parser.add_argument("--policies", default="spin", help="api_threads: OpenMP wait policies (spin,passive)")
     parser.add_argument("--child", choices=(*CHILDREN, "wait_policy"), help=argparse.SUPPRESS)
     parser.add_argument("--when", default="unset", help=argparse.SUPPRESS)
@@ -300,6 +370,10 @@ def main() -> None:
                                  env=_child_env("spin"), check=True, capture_output=True, text=True)  # fmt: skip
             record["wait_policy"][when] = json.loads(out.stdout.strip().splitlines()[-1])
         print(json.dumps(record["wait_policy"], indent=1), flush=True)
+    if "unet_threads" in parts:
+        before = [round(x, 2) for x in os.getloadavg()]
+        record["unet_threads"] = _run_child("unet_threads", "spin", args.size, args.repeats)
+        record["unet_threads"]["load_average"] = {"before": before, "after": [round(x, 2) for x in os.getloadavg()]}
     if "api_threads" in parts:
         record["api_threads"] = {}
         for policy in args.policies.split(","):
