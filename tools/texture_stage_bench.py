@@ -22,8 +22,9 @@ tiny diffusion presets at full render and texture size.
   alternating, plus one run at 2 threads with the diffusion stages forced onto both (``diffusion_threads=2``, what
   they did before choosing). CPU time per stage is the process's.
 * ``unet_threads``: the rule behind the diffusion stages' thread choice, with spinning workers (the variable unset):
-  the tiny multiview stage at view sizes 32-320 (first-level activation 2^13.6 to 2^20.2 elements) and the
-  released-size delight model (random weights) at 256² (2^18.3), each on 1 and on 2 threads (``diffusion_threads``);
+  the tiny multiview stage at view sizes 32, 96 and 160 (its first-level 3×3 convolution over a step's latents: 2^20.8
+  to 2^25.4 multiply-adds) and the released-size delight model (random weights) at 256² (2^29.8), each on 1 and on 2
+  threads (``diffusion_threads``);
   CPU and wall time of the stage and of its UNet steps alone, one run each after a warm-up.
 * ``wait_policy``: whether ``OMP_WAIT_POLICY=PASSIVE`` set by a program after it imported PyTorch reaches libgomp:
   400 additions of 200k floats on 2 threads, 1 ms of sleep after each (where spinning workers burn CPU time), in a
@@ -254,7 +255,7 @@ def child_unet_threads(size: int, repeats: int) -> dict:
     maps = [np.full((64, 64, 3), 200, np.uint8)] * 6
     result = []
 
-    def measure(pipeline, stage: str, label: str, activation: int, settings_for) -> None:
+    def measure(pipeline, stage: str, label: str, work: int, settings_for) -> None:
         step_name = "delight_step" if stage == "delight" else "multiview_step"
         original = getattr(pipeline, step_name)
         clock = {"wall_s": 0.0, "cpu_s": 0.0}
@@ -275,7 +276,7 @@ def child_unet_threads(size: int, repeats: int) -> dict:
             return _timed(pipeline.multiview, image[..., :3].copy(), maps, maps, settings)
 
         run(1)  # warm-up
-        row = {"stage": stage, "config": label, "activation_elements": activation}
+        row = {"stage": stage, "config": label, "first_conv_multiply_adds": work}
         for threads in (1, 2):
             clock.update(wall_s=0.0, cpu_s=0.0)
             _, wall, cpu = run(threads)
@@ -286,9 +287,9 @@ def child_unet_threads(size: int, repeats: int) -> dict:
         result.append(row)
 
     tiny = load_texture_pipeline("hunyuan3d-paint-tiny", progress=False)
-    for view in (32, 96, 160, 320):
+    for view in (32, 96, 160):
         latent = view // tiny.multiview_model.config.vae.downscale
-        measure(tiny, "multiview", f"hunyuan3d-paint-tiny, views {view}²", 12 * 16 * latent * latent,
+        measure(tiny, "multiview", f"hunyuan3d-paint-tiny, views {view}²", 12 * 16 * 16 * 9 * latent * latent,
                 lambda t, v=view: TextureSettings(steps=3, view_size=v, diffusion_threads=t))  # fmt: skip
     # the released-size delight model alone (random weights), beside the tiny multiview model
     delight = load_delight_model(DELIGHT_PRESETS["hunyuan3d-delight-v2-0"], get_ops("auto"), tiny.device,
@@ -297,7 +298,7 @@ def child_unet_threads(size: int, repeats: int) -> dict:
     cfg = delight.config
     latent = 256 // cfg.vae.downscale
     label = "hunyuan3d-delight-v2-0 (random weights), 256²"
-    measure(full, "delight", label, cfg.unet.block_out_channels[0] * latent**2,
+    measure(full, "delight", label, cfg.unet.block_out_channels[0] ** 2 * 9 * latent**2,
             lambda t: TextureSettings(delight_steps=2, delight_size=256, diffusion_threads=t))  # fmt: skip
     return {"rows": result}
 

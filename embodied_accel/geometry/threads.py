@@ -17,10 +17,10 @@ interpolation and image conversion are small ops that took up to 1.3x the CPU ti
 sooner); ``threads=`` overrides the choice.
 
 The diffusion stages (delight, multiview) choose by the size of their work instead (:func:`model_thread_count`):
-a UNet whose widest activation (batch × first-level channels × latent area) is under :data:`SMALL_ACTIVATION`
-elements runs on one thread, whatever the wait policy (its ops are microseconds long: a second thread costs more in
-wake-ups, or in spinning, than it shares), a larger one on every intra-op thread (its convolutions and attention
-split well, and the gaps between them where workers spin are short). So a program that imports PyTorch itself,
+a UNet whose first-level 3×3 convolution over all the step's latents takes fewer than :data:`SMALL_WORK`
+multiply-adds runs on one thread, whatever the wait policy (its ops are short: a second thread costs more in
+wake-ups, or in spinning, than it shares; measured up to 2x the CPU time and wall time on 2 shared cores for the tiny
+multiview model at 160², 2^25.4 multiply-adds), a larger one on every intra-op thread. So a program that imports PyTorch itself,
 without the variable, never pays for a second thread on small models (setting ``OMP_WAIT_POLICY`` after PyTorch is
 imported has no effect: libgomp has read it already).
 """
@@ -47,15 +47,16 @@ def geometry_thread_count(splits_well: bool = True) -> int:
     return torch.get_num_threads() if splits_well and openmp_workers_sleep() else 1
 
 
-#: The widest activation, in elements, from which a diffusion stage runs on every intra-op thread (see the module's
-#: docstring): the tiny presets' stages are under 2^14, the released models' above 2^20.
-SMALL_ACTIVATION = 2**18
+#: Multiply-adds of a UNet's first-level 3×3 convolution over one step's latents from which a diffusion stage runs on
+#: every intra-op thread (see the module's docstring): the tiny presets' stages at their 32² take 2^19-2^21, the
+#: released models' at 512² 2^33 (delight) and 2^35.5 (multiview).
+SMALL_WORK = 2**28
 
 
-def model_thread_count(activation_elements: int) -> int:
-    """The intra-op threads a model stage runs on: one when its widest activation holds fewer than
-    :data:`SMALL_ACTIVATION` elements, else all of PyTorch's."""
-    return torch.get_num_threads() if activation_elements >= SMALL_ACTIVATION else 1
+def model_thread_count(multiply_adds: int) -> int:
+    """The intra-op threads a model stage runs on: one when its first-level convolution takes fewer than
+    :data:`SMALL_WORK` multiply-adds, else all of PyTorch's."""
+    return torch.get_num_threads() if multiply_adds >= SMALL_WORK else 1
 
 
 @contextlib.contextmanager
@@ -82,5 +83,5 @@ def geometry_threads(threads: int | None = None, splits_well: bool = True) -> It
         yield count
 
 
-__all__ = ["SMALL_ACTIVATION", "geometry_thread_count", "geometry_threads", "intra_op_threads", "model_thread_count",
+__all__ = ["SMALL_WORK", "geometry_thread_count", "geometry_threads", "intra_op_threads", "model_thread_count",
            "openmp_workers_sleep"]

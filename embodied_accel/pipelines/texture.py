@@ -221,13 +221,13 @@ class TexturePipeline:
 
     def _stage_threads(self, settings: TextureSettings, rows: int, channels: int, latent_size: int) -> int:
         """Intra-op threads of a diffusion stage whose UNet runs ``rows`` latents of ``channels`` × ``latent_size``²
-        at its first level: ``settings.diffusion_threads``, else by that activation's size on a CPU
-        (:func:`~embodied_accel.geometry.threads.model_thread_count`); elsewhere PyTorch's count is left alone."""
+        at its first level: ``settings.diffusion_threads``, else on a CPU by the multiply-adds of a 3×3 convolution
+        there (:func:`~embodied_accel.geometry.threads.model_thread_count`); elsewhere PyTorch's count is kept."""
         if settings.diffusion_threads is not None:
             return settings.diffusion_threads
         if self.device.type != "cpu":
             return torch.get_num_threads()
-        return model_thread_count(rows * channels * latent_size * latent_size)
+        return model_thread_count(rows * channels * channels * 9 * latent_size * latent_size)
 
     def check_settings(self, settings: TextureSettings) -> None:
         """The sizes and step counts of ``settings`` that the models constrain (errors name the setting)."""
