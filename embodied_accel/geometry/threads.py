@@ -48,8 +48,8 @@ def geometry_thread_count(splits_well: bool = True) -> int:
 
 
 #: Multiply-adds of a UNet's first-level 3×3 convolution over one step's latents from which a diffusion stage runs on
-#: every intra-op thread (see the module's docstring): the tiny presets' stages at their 32² take 2^19-2^21, the
-#: released models' at 512² 2^33 (delight) and 2^35.5 (multiview).
+#: every intra-op thread (see the module's docstring): the tiny presets' stages at their 32² take 2^17-2^21, the
+#: released models' at 512² 2^31.8 (delight) and 2^35.4 (multiview).
 SMALL_WORK = 2**28
 
 
