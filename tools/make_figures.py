@@ -396,7 +396,7 @@ def _draw_texture_stage(plt, data):
     first = comparisons[0]
     ax.set_title(f"official Hunyuan3DPaintPipeline vs ours, {first['faces']} faces, {first['size']}², tiny diffusion "
                  f"models [{first['device']}]", fontsize=8.5)  # fmt: skip
-    ax.legend(fontsize=7, loc="upper right", ncol=2)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(stages))
     ax = axes[0][1]
     if api:
         policy = "spin" if "spin" in api["policies"] else sorted(api["policies"])[0]

@@ -79,7 +79,7 @@ def _official_table(records: list) -> list[str]:
             by_stage = run["stage_cpu_s"]
             other = run["cpu_s"] - sum(by_stage.get(s, 0.0) for s in OFFICIAL_STAGES)
             whole = entry["summary"]
-            label = "ours (generate)" if side == "ours" else "official (`__call__`)"
+            label = "ours" if side == "ours" else "official"
             lines.append(f"| `{name[:16]}` | {record['threads']}, {record['omp_wait_policy']} | {label} | "
                          + " | ".join(f"{by_stage.get(s, 0.0):.2f}" for s in OFFICIAL_STAGES)
                          + f" | {other:.2f} | {run['cpu_s']:.1f} | {whole['cpu_s_median']:.1f} / "
