@@ -340,8 +340,8 @@ def test_model_commands_take_both_sizes(capsys):
 
 def test_diffusion_stages_pick_their_threads_by_model_size(pipeline, monkeypatch):
     """On 2 intra-op threads the tiny models' UNet steps run on one (their ops are too small to split), on both when
-    their first-level convolution reaches SMALL_WORK (lowered here), on ``diffusion_threads`` when it is given; the
-    caller's count is restored after each stage."""
+    their first-level convolution reaches SMALL_WORK (lowered here) and OpenMP's workers sleep, on one while they
+    spin, on ``diffusion_threads`` when it is given; the caller's count is restored after each stage."""
     from embodied_accel.geometry import threads
     from embodied_accel.geometry.threads import SMALL_WORK, model_thread_count
 
@@ -351,6 +351,7 @@ def test_diffusion_stages_pick_their_threads_by_model_size(pipeline, monkeypatch
         monkeypatch.setattr(pipeline, name, lambda *a, _step=step, **k: seen.append(torch.get_num_threads()) or
                             _step(*a, **k))  # fmt: skip
     maps = [np.full((16, 16, 3), 200, np.uint8)] * 6
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     torch.set_num_threads(2)
     assert model_thread_count(SMALL_WORK - 1) == 1 and model_thread_count(SMALL_WORK) == 2
     image = _rgba(40, seed=5)
@@ -363,7 +364,10 @@ def test_diffusion_stages_pick_their_threads_by_model_size(pipeline, monkeypatch
     pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1))
     monkeypatch.setattr(threads, "SMALL_WORK", 1769473)
     pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1))
+    monkeypatch.setattr(threads, "SMALL_WORK", 1769472)
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1))  # spinning workers: one thread
     pipeline.delight(image, TextureSettings(delight_steps=1, diffusion_threads=2))
-    assert seen == [2, 1, 2] and torch.get_num_threads() == 2
+    assert seen == [2, 1, 1, 2] and torch.get_num_threads() == 2
     with pytest.raises(ValueError, match="diffusion threads: expected an integer >= 1, got 0"):
         pipeline.delight(image, TextureSettings(diffusion_threads=0))

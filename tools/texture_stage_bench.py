@@ -21,7 +21,7 @@ tiny diffusion presets at full render and texture size.
   ``inpaint``) and then ``generate``, at 1 and at 2 intra-op threads (``torch.set_num_threads``), ``--repeats`` times
   alternating, plus one run at 2 threads with the diffusion stages forced onto both (``diffusion_threads=2``, what
   they did before choosing). CPU time per stage is the process's.
-* ``unet_threads``: the rule behind the diffusion stages' thread choice, with spinning workers (the variable unset):
+* ``unet_threads``: the rule behind the diffusion stages' thread choice, per wait policy of ``--policies``:
   the tiny multiview stage at view sizes 32, 96 and 160 (its first-level 3×3 convolution over a step's latents: 2^20.8
   to 2^25.4 multiply-adds) and the released-size delight model (random weights) at 256² (2^29.8), each on 1 and on 2
   threads (``diffusion_threads``);
@@ -340,7 +340,7 @@ def main() -> None:
     parser.add_argument("--end-to-end-repeats", type=int, default=1)
     parser.add_argument("--parts", default="unwrap,threads,end_to_end",
                         help="also: api_threads, unet_threads, wait_policy")
-    parser.add_argument("--policies", default="spin", help="api_threads: OpenMP wait policies (spin,passive)")
+    parser.add_argument("--policies", default="spin", help="api_threads, unet_threads: OpenMP wait policies (spin,passive)")
     parser.add_argument("--child", choices=(*CHILDREN, "wait_policy"), help=argparse.SUPPRESS)
     parser.add_argument("--when", default="unset", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -378,9 +378,12 @@ def main() -> None:
             record["wait_policy"][when] = json.loads(out.stdout.strip().splitlines()[-1])
         print(json.dumps(record["wait_policy"], indent=1), flush=True)
     if "unet_threads" in parts:
-        before = [round(x, 2) for x in os.getloadavg()]
-        record["unet_threads"] = _run_child("unet_threads", "spin", args.size, args.repeats)
-        record["unet_threads"]["load_average"] = {"before": before, "after": [round(x, 2) for x in os.getloadavg()]}
+        record["unet_threads"] = {}
+        for policy in args.policies.split(","):
+            before = [round(x, 2) for x in os.getloadavg()]
+            result = _run_child("unet_threads", policy, args.size, args.repeats)
+            result["load_average"] = {"before": before, "after": [round(x, 2) for x in os.getloadavg()]}
+            record["unet_threads"][policy] = result
     if "api_threads" in parts:
         record["api_threads"] = {}
         for policy in args.policies.split(","):

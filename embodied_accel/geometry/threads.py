@@ -16,13 +16,13 @@ thread when they spin or when the stage does not split well (``splits_well=False
 interpolation and image conversion are small ops that took up to 1.3x the CPU time on 2 threads without finishing
 sooner); ``threads=`` overrides the choice.
 
-The diffusion stages (delight, multiview) choose by the size of their work instead (:func:`model_thread_count`):
-a UNet whose first-level 3×3 convolution over all the step's latents takes fewer than :data:`SMALL_WORK`
-multiply-adds runs on one thread, whatever the wait policy (its ops are short: a second thread costs more in
-wake-ups, or in spinning, than it shares; measured up to 2x the CPU time and wall time on 2 shared cores for the tiny
-multiview model at 160², 2^25.4 multiply-adds), a larger one on every intra-op thread. So a program that imports PyTorch itself,
-without the variable, never pays for a second thread on small models (setting ``OMP_WAIT_POLICY`` after PyTorch is
-imported has no effect: libgomp has read it already).
+The diffusion stages (delight, multiview) follow the same rule with their size as the test of splitting well
+(:func:`model_thread_count`): every intra-op thread only when the workers sleep and the UNet's first-level 3×3
+convolution over a step's latents takes at least :data:`SMALL_WORK` multiply-adds, else one thread. Measured on 2
+shared cores with spinning workers, a second thread cost 1.7-2.3x the CPU time and 1.5-2.2x the wall time even for the
+released-size delight UNet at 256² (2^29.8 multiply-adds), and 13-18x for the tiny models at 32². So a program that
+imports PyTorch itself, without the variable, runs every PyTorch stage on one thread and never pays for a second
+(setting ``OMP_WAIT_POLICY`` after PyTorch is imported has no effect: libgomp has read it already).
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ SMALL_WORK = 2**28
 
 
 def model_thread_count(multiply_adds: int) -> int:
-    """The intra-op threads a model stage runs on: one when its first-level convolution takes fewer than
-    :data:`SMALL_WORK` multiply-adds, else all of PyTorch's."""
-    return torch.get_num_threads() if multiply_adds >= SMALL_WORK else 1
+    """The intra-op threads a model stage runs on: all of PyTorch's when OpenMP's workers sleep between regions and
+    its first-level convolution takes at least :data:`SMALL_WORK` multiply-adds, else one."""
+    return geometry_thread_count(splits_well=multiply_adds >= SMALL_WORK)
 
 
 @contextlib.contextmanager
