@@ -245,10 +245,10 @@ def child_unet_threads(size: int, repeats: int) -> dict:
     import torch
 
     from embodied_accel.models.hunyuan3d.processor import read_image
-    from embodied_accel.pipelines.shape import SAMPLE_IMAGE
     from embodied_accel.models.hunyuan3d_paint.config import DELIGHT_PRESETS
     from embodied_accel.models.hunyuan3d_paint.weights import load_delight_model
     from embodied_accel.ops import get_ops
+    from embodied_accel.pipelines.shape import SAMPLE_IMAGE
     from embodied_accel.pipelines.texture import TexturePipeline, TextureSettings, load_texture_pipeline
 
     torch.set_num_threads(2)

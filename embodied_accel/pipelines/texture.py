@@ -282,7 +282,7 @@ class TexturePipeline:
         (default the model's). Each image is resized to the view size first; an RGBA one is then composited as the
         official multiview stage composites it: the reference onto grey 127 (8 bits), a map onto white. Runs on
         :meth:`_stage_threads` intra-op threads, pre- and post-processing included."""
-        model, cfg = self.multiview_model, self.multiview_model.config
+        cfg = self.multiview_model.config
         self.check_settings(settings)
         guidance = cfg.guidance if settings.guidance is None else settings.guidance
         rows = len(normals) * (2 if not cfg.turbo and guidance > 1 else 1)

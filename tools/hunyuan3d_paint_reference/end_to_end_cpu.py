@@ -270,14 +270,14 @@ def ours_child(args) -> dict:
         unwrapped = stages.wrap("UV unwrap", unwrap)(mesh.vertices, mesh.faces, settings.unwrap)
         baker = TextureBaker(unwrapped, render_size=args.size, texture_size=args.size)
 
-        def maps():
+        def maps(baker=baker):
             m = baker.condition_maps()
             return [to_uint8_image(x) for x in m.normals], [to_uint8_image(x) for x in m.positions]
 
         normals, positions = stages.wrap("condition maps", maps)()
         views = stages.wrap("multiview diffusion", pipeline.multiview)(delighted, normals, positions, settings)
 
-        def bake():
+        def bake(baker=baker, views=views):
             return baker.bake([torch.from_numpy(processor.resize(v, args.size) / 255.0).float() for v in views])
 
         texture, painted = stages.wrap("baking", bake)()
