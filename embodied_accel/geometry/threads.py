@@ -21,8 +21,8 @@ The diffusion stages (delight, multiview) follow the same rule with their size a
 convolution over a step's latents takes at least :data:`SMALL_WORK` multiply-adds, else one thread. Measured on 2
 shared cores with spinning workers, a second thread cost 1.7-2.3x the CPU time and 1.5-2.2x the wall time even for the
 released-size delight UNet at 256² (2^29.8 multiply-adds), and 13-18x for the tiny models at 32². So a program that
-imports PyTorch itself, without the variable, runs every PyTorch stage on one thread and never pays for a second
-(setting ``OMP_WAIT_POLICY`` after PyTorch is imported has no effect: libgomp has read it already).
+imports PyTorch itself, without the variable, runs every PyTorch stage on one thread (setting ``OMP_WAIT_POLICY``
+after PyTorch is imported has no effect: libgomp has read it already).
 """
 
 from __future__ import annotations
