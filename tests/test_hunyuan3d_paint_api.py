@@ -333,3 +333,41 @@ def test_model_commands_take_both_sizes(capsys):
     code = cli.main(["info", "--model", "vggt-tiny", "--delight-size", "16", "--no-progress"])
     _, err = capsys.readouterr()
     assert code == 2 and "--delight-size" in err, err
+
+
+# ---- threads -------------------------------------------------------------------------------------------------------
+
+
+def test_diffusion_stages_pick_their_threads_by_model_size(pipeline, monkeypatch):
+    """On 2 intra-op threads the tiny models' UNet steps run on one (their ops are too small to split), on both when
+    their first-level convolution reaches SMALL_WORK (lowered here) and OpenMP's workers sleep, on one while they
+    spin, on ``diffusion_threads`` when it is given; the caller's count is restored after each stage."""
+    from embodied_accel.geometry import threads
+    from embodied_accel.geometry.threads import SMALL_WORK, model_thread_count
+
+    seen = []
+    for name in ("delight_step", "multiview_step"):
+        step = getattr(pipeline, name)
+        monkeypatch.setattr(pipeline, name, lambda *a, _step=step, **k: seen.append(torch.get_num_threads()) or
+                            _step(*a, **k))  # fmt: skip
+    maps = [np.full((16, 16, 3), 200, np.uint8)] * 6
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    torch.set_num_threads(2)
+    assert model_thread_count(SMALL_WORK - 1) == 1 and model_thread_count(SMALL_WORK) == 2
+    image = _rgba(40, seed=5)
+    delighted = pipeline.delight(image, TextureSettings(delight_steps=1))
+    pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1))
+    assert seen == [1, 1] and torch.get_num_threads() == 2
+    seen.clear()
+    # the tiny multiview step at 32²: 12 latents (6 views, guided) x 16² channels x 9 x 8² = 1769472 multiply-adds
+    monkeypatch.setattr(threads, "SMALL_WORK", 1769472)
+    pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1))
+    monkeypatch.setattr(threads, "SMALL_WORK", 1769473)
+    pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1))
+    monkeypatch.setattr(threads, "SMALL_WORK", 1769472)
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    pipeline.multiview(delighted, maps, maps, TextureSettings(steps=1))  # spinning workers: one thread
+    pipeline.delight(image, TextureSettings(delight_steps=1, diffusion_threads=2))
+    assert seen == [2, 1, 1, 2] and torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="diffusion threads: expected an integer >= 1, got 0"):
+        pipeline.delight(image, TextureSettings(diffusion_threads=0))

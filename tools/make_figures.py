@@ -133,6 +133,13 @@ def upstream_data(results: Path) -> dict:
                              f"{rec.get('threads')} thread(s), {rec['mesh_faces']} faces, texture {rec['texture_size']}",
                              "ours", rec["ours_total_s"] * 1e3, "official", rec["official_total_s"] * 1e3, name,
                              unit="ms (one run)"))  # fmt: skip
+    for name, rec in _load(results, "*hunyuan3d_paint_texture_stage_vs_official*.json"):
+        ours, official = rec["sides"]["ours"]["summary"], rec["sides"]["official"]["summary"]
+        entries.append(_pair(f"hunyuan3d paint texture stage {rec['render_size']} px, {rec['threads']} thr, "
+                             f"OMP_WAIT_POLICY {rec['omp_wait_policy']}", rec["device"],
+                             f"{rec['mesh_faces']} faces, tiny diffusion models, {rec['steps']} + {rec['delight_steps']} "
+                             "steps", "ours", ours["cpu_s_median"] * 1e3, "official", official["cpu_s_median"] * 1e3,
+                             name, unit="ms CPU time (median)"))  # fmt: skip
     for name, rec in _load(results, "*onnxruntime-vs-torch*.json"):
         onnx = {(r["model"], r["preset"], r["batch"], r["views"]): r for r in rec["results"]
                 if r.get("runtime") == "onnxruntime"}  # fmt: skip
@@ -199,11 +206,59 @@ def memory_data(results: Path) -> dict:
             "measure": rec.get("measure", ""), "series": series, "sources": [name]}  # fmt: skip
 
 
+TEXTURE_STAGES = ("delight", "UV unwrap", "condition maps", "multiview diffusion", "baking", "inpainting")
+
+
+def _stage_split(stages: dict, total: float) -> dict:
+    """Seconds per texture stage (rounded to ms) and ``other``: what the total holds beside them."""
+    split = {s: round(stages.get(s, 0.0), 3) for s in TEXTURE_STAGES}
+    split["other"] = round(max(total - sum(stages.get(s, 0.0) for s in TEXTURE_STAGES), 0.0), 3)
+    return split
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run whose CPU time is the median (the lower middle one of an even count): its stages add up."""
+    ordered = sorted(runs, key=lambda r: r["cpu_s"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def texture_stage_data(results: Path) -> dict:
+    """(e) Hunyuan3D-Paint's texture stage stage by stage: the official pipeline against ours end to end (CPU seconds
+    per stage of each side's median run; the latest file per device, threads and wait policy), and the Python API's
+    stages at 1 and 2 intra-op threads (medians; the latest file with them)."""
+    entries = []
+    for name, rec in _load(results, "*hunyuan3d_paint_texture_stage_vs_official*.json"):
+        official, ours = rec["sides"]["official"], rec["sides"]["ours"]
+        official_run, ours_run = _median_run(official["runs"]), _median_run(ours["sequential"])
+        row = {"device": rec["device"], "threads": rec["threads"], "policy": rec["omp_wait_policy"],
+               "size": rec["render_size"], "faces": rec["mesh_faces"], "file": name,
+               "official": _stage_split(official_run["stage_cpu_s"], official_run["cpu_s"]),
+               "ours": _stage_split(ours_run["stage_cpu_s"], ours_run["cpu_s"]),
+               "official_cpu_s": round(official["summary"]["cpu_s_median"], 3),
+               "official_wall_s": round(official["summary"]["wall_s_median"], 3),
+               "ours_generate_cpu_s": round(ours["summary"]["cpu_s_median"], 3),
+               "ours_generate_wall_s": round(ours["summary"]["wall_s_median"], 3)}  # fmt: skip
+        entries.append(((rec["device"], rec["threads"], rec["omp_wait_policy"]), name, row))
+    comparisons = [row for _, row in _latest(entries)]
+    api, sources = None, {row["file"] for row in comparisons}
+    files = [(n, r) for n, r in _load(results, "*hunyuan3d_paint_texture_stage_cpu_*.json") if "api_threads" in r]
+    if files:
+        name, rec = files[-1]
+        api = {"file": name, "device": rec["device"], "size": rec["size"], "repeats": rec["repeats"], "policies": {}}
+        for policy, part in sorted(rec["api_threads"].items()):
+            api["policies"][policy] = {run: {s: {"cpu_s": round(v["cpu_s"], 3), "wall_s": round(v["wall_s"], 3)}
+                                             for s, v in stages.items()}
+                                       for run, stages in part["median"].items()}  # fmt: skip
+        sources.add(name)
+    return {"comparisons": comparisons, "api_threads": api, "sources": sorted(sources)}
+
+
 FIGURES = {
     "latency": latency_data,
     "upstream": upstream_data,
     "dit_cache": cache_data,
     "vggt_memory": memory_data,
+    "texture_stage": texture_stage_data,
 }
 
 
@@ -314,7 +369,61 @@ def _draw_memory(plt, data):
     return fig
 
 
-DRAW = {"latency": _draw_latency, "upstream": _draw_upstream, "dit_cache": _draw_cache, "vggt_memory": _draw_memory}
+def _draw_texture_stage(plt, data):
+    comparisons, api = data["comparisons"], data["api_threads"]
+    fig, axes = plt.subplots(1, 2, figsize=(15, max(4.2, 1.3 * len(comparisons) + 2.4)), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.6, 1]})  # fmt: skip
+    ax = axes[0][0]
+    stages = (*TEXTURE_STAGES, "other")
+    colors = dict(zip(stages, plt.get_cmap("tab10").colors, strict=False))
+    labels = []
+    for i, row in enumerate(comparisons):
+        for k, side in enumerate(("official", "ours")):
+            y, left = 2.6 * i + k, 0.0
+            for stage in stages:
+                value = row[side][stage]
+                ax.barh(y, value, 0.8, left=left, color=colors[stage], label=stage if i == 0 and k == 0 else None)
+                left += value
+            wall = row["official_wall_s"] if side == "official" else row["ours_generate_wall_s"]
+            whole = row["official_cpu_s"] if side == "official" else row["ours_generate_cpu_s"]
+            ax.text(left, y, f" {left:.1f} s CPU by stage; whole call {whole:.1f} s CPU, {wall:.0f} s wall",
+                    va="center", fontsize=7)  # fmt: skip
+            labels.append((y, f"{side}\n{row['threads']} thr, wait policy {row['policy']}"))
+    ax.set_yticks([y for y, _ in labels], [t for _, t in labels], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(max(sum(r[s].values()) for s in ("official", "ours")) for r in comparisons) * 1.9)
+    ax.set_xlabel("CPU seconds per stage (process time, the median run; ours: the stages one after another)",
+                  fontsize=8)  # fmt: skip
+    first = comparisons[0]
+    ax.set_title(f"official Hunyuan3DPaintPipeline vs ours, {first['faces']} faces, {first['size']}², tiny diffusion "
+                 f"models [{first['device']}]", fontsize=8.5)  # fmt: skip
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(stages))
+    ax = axes[0][1]
+    if api:
+        policy = "spin" if "spin" in api["policies"] else sorted(api["policies"])[0]
+        runs = api["policies"][policy]
+        names = [("1", "1 thread"), ("2", "2 threads (stages choose)"), ("2_diffusion_forced", "2 threads, diffusion forced")]
+        shown = [s for s in (*TEXTURE_STAGES, "generate") if s in runs["1"]]
+        width = 0.8 / len(names)
+        for k, (run, label) in enumerate(n for n in names if n[0] in runs):
+            x = [i + width * k for i in range(len(shown))]
+            bars = ax.bar(x, [runs[run][s]["cpu_s"] for s in shown], width, label=label)
+            ax.bar_label(bars, fmt="%.1f", fontsize=6)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shown))], [s.replace(" ", "\n") for s in shown], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("CPU seconds (median; log scale)", fontsize=8)
+        ax.set_title(f"Python API, OMP_WAIT_POLICY {'unset' if policy == 'spin' else policy}, {api['size']}² "
+                     f"[{api['device']}]", fontsize=8.5)  # fmt: skip
+        ax.legend(fontsize=7)
+    else:
+        ax.set_axis_off()
+    fig.suptitle("Hunyuan3D-Paint texture stage on the CPU, stage by stage", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+DRAW = {"latency": _draw_latency, "upstream": _draw_upstream, "dit_cache": _draw_cache, "vggt_memory": _draw_memory,
+        "texture_stage": _draw_texture_stage}
 
 
 def write(results: Path, out: Path) -> list[Path]:

@@ -5,7 +5,10 @@ per-stage wall time end to end.
     python tools/plot_texture_stage.py bench/results/*_hunyuan3d_paint_texture_stage_cpu_2048.json \
         -o docs/images/texture_stage_cpu.png [--markdown]
 
-Each part is taken from the last record given that holds it.
+Each part is taken from the last record given that holds it. ``--markdown`` also prints, from the records given,
+the Python API's stages at 1 and 2 threads (``api_threads``) and the official pipeline against ours end to end
+(``hunyuan3d_paint_reference/end_to_end_cpu.py``'s records, one table row pair per record); the chart of those two is
+``tools/make_figures.py``'s ``texture_stage`` figure.
 """
 
 from __future__ import annotations
@@ -27,13 +30,63 @@ PIPELINE_STAGES = ("UV unwrap", "condition maps", "delight", "multiview diffusio
 
 
 def _parts(paths: list[Path]) -> dict:
-    parts: dict = {}
+    parts: dict = {"vs_official": []}
     for path in paths:
         record = json.loads(path.read_text(encoding="utf-8"))
-        for name in ("unwrap", "geometry_threads", "end_to_end"):
+        for name in ("unwrap", "geometry_threads", "end_to_end", "api_threads"):
             if name in record:
                 parts[name] = (record, path.name)
+        if "sides" in record:
+            parts["vs_official"].append((record, path.name))
     return parts
+
+
+API_STAGES = ("delight", "UV unwrap", "condition maps", "multiview diffusion", "baking", "inpainting", "generate")
+OFFICIAL_STAGES = ("delight", "UV unwrap", "condition maps", "multiview diffusion", "baking", "inpainting")
+
+
+def _api_table(record: dict, name: str) -> list[str]:
+    lines = []
+    for policy, part in record["api_threads"].items():
+        median, ratio = part["median"], part["ratio_2_to_1"]
+        load = part.get("load_average", {})
+        lines += [f"Python API, OMP_WAIT_POLICY {'unset' if policy == 'spin' else 'PASSIVE'}, tiny presets, "
+                  f"{record['size']}² (`{name}`; CPU s / wall s, medians of {record['repeats']}; diffusion forced: one "
+                  f"run; load average {load.get('before')} before, {load.get('after')} after):", "",
+                  "| threads | " + " | ".join(API_STAGES) + " |", "|---|" + "---|" * len(API_STAGES)]  # fmt: skip
+        for run, label in (("1", "1"), ("2", "2 (stages choose)"), ("2_diffusion_forced", "2, diffusion forced")):
+            if run in median:
+                cells = [f"{median[run][s]['cpu_s']:.2f} / {median[run][s]['wall_s']:.1f}" for s in API_STAGES]
+                lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("| 2 ÷ 1, CPU / wall | " + " | ".join(f"{ratio[s]['cpu']:.2f} / {ratio[s]['wall']:.2f}"
+                                                          for s in API_STAGES) + " |")  # fmt: skip
+        lines.append("")
+    return lines
+
+
+def _official_table(records: list) -> list[str]:
+    lines = ["Official `Hunyuan3DPaintPipeline` against ours, end to end (CPU s per stage of each side's median run, "
+             "by CPU time; ours: the stages one after another; whole call: medians, ours `generate` with delight beside "
+             "the unwrap and maps):", "",
+             "| record | threads, wait policy | side | " + " | ".join(OFFICIAL_STAGES) + " | other | stages, CPU | "
+             "whole call, CPU / wall | load average |",
+             "|---|---|---|" + "---|" * (len(OFFICIAL_STAGES) + 4)]  # fmt: skip
+    for record, name in records:
+        for side in ("official", "ours"):
+            entry = record["sides"][side]
+            runs = sorted(entry["sequential" if side == "ours" else "runs"], key=lambda r: r["cpu_s"])
+            run = runs[(len(runs) - 1) // 2]
+            by_stage = run["stage_cpu_s"]
+            other = run["cpu_s"] - sum(by_stage.get(s, 0.0) for s in OFFICIAL_STAGES)
+            whole = entry["summary"]
+            label = "ours" if side == "ours" else "official"
+            lines.append(f"| `{name[:16]}` | {record['threads']}, {record['omp_wait_policy']} | {label} | "
+                         + " | ".join(f"{by_stage.get(s, 0.0):.2f}" for s in OFFICIAL_STAGES)
+                         + f" | {other:.2f} | {run['cpu_s']:.1f} | {whole['cpu_s_median']:.1f} / "
+                         f"{whole['wall_s_median']:.0f} | {entry['load_average_before']} → "
+                         f"{entry['load_average_after']} |")  # fmt: skip
+    lines.append("")
+    return lines
 
 
 def markdown_tables(parts: dict) -> str:
@@ -78,6 +131,10 @@ def markdown_tables(parts: dict) -> str:
                 lines.append(f"| {'spinning' if policy == 'spin' else 'sleeping'} | {mode} | " + " | ".join(cells)
                              + f" | {entry['wall_s_median']:.1f} | {entry['cpu_s_median']:.1f} |")  # fmt: skip
         lines.append("")
+    if "api_threads" in parts:
+        lines += _api_table(*parts["api_threads"])
+    if parts.get("vs_official"):
+        lines += _official_table(parts["vs_official"])
     return "\n".join(lines)
 
 
@@ -88,8 +145,9 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="also print the figures as Markdown tables")
     args = parser.parse_args()
     parts = _parts(args.records)
+    comparisons = parts.pop("vs_official")
     if args.markdown:
-        print(markdown_tables(parts))
+        print(markdown_tables({**parts, "vs_official": comparisons}))
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [1, 2.2, 1.6]})
     if "unwrap" in parts:
         record, _ = parts["unwrap"]
@@ -137,6 +195,8 @@ def main() -> None:
         ax.set_ylabel("wall seconds per stage (delight, beside unwrap + maps, not stacked)")
         ax.set_title(f"whole stage, tiny diffusion models, {record['size']}²")
         ax.legend(fontsize=7)
+    if not parts:
+        return  # only end-to-end comparisons: their chart is tools/make_figures.py's
     device = next(iter(parts.values()))[0]
     fig.suptitle(f"Hunyuan3D-Paint texture stage on the CPU ({device['device']}, {device['cpu_count']} cores, shared)",
                  fontsize=11)  # fmt: skip

@@ -15,6 +15,21 @@ tiny diffusion presets at full render and texture size.
   weights; diffusion stand-ins of the real stages' structure), render and texture size ``--size``, each unwrap mode,
   in a fresh process per wait policy; per-stage wall seconds (delight overlaps unwrap and maps) and the call's CPU
   time.
+* ``api_threads``: the Python API as a program that imports PyTorch itself calls it (no ``OMP_WAIT_POLICY``, unless
+  ``--policies`` asks for ``passive`` too), the tiny presets at ``--size`` on the 21k-face mesh: each stage through its
+  public method one after another (``delight``, ``unwrap``, ``TextureBaker.condition_maps``, ``multiview``, ``bake``,
+  ``inpaint``) and then ``generate``, at 1 and at 2 intra-op threads (``torch.set_num_threads``), ``--repeats`` times
+  alternating, plus one run at 2 threads with the diffusion stages forced onto both (``diffusion_threads=2``, what
+  they did before choosing). CPU time per stage is the process's.
+* ``unet_threads``: the rule behind the diffusion stages' thread choice, per wait policy of ``--policies``:
+  the tiny multiview stage at view sizes 32, 96 and 160 (its first-level 3×3 convolution over a step's latents: 2^20.8
+  to 2^25.4 multiply-adds) and the released-size delight model (random weights) at 256² (2^29.8), each on 1 and on 2
+  threads (``diffusion_threads``);
+  CPU and wall time of the stage and of its UNet steps alone, one run each after a warm-up.
+* ``wait_policy``: whether ``OMP_WAIT_POLICY=PASSIVE`` set by a program after it imported PyTorch reaches libgomp:
+  400 additions of 200k floats on 2 threads, 1 ms of sleep after each (where spinning workers burn CPU time), 3 times,
+  in a fresh process with the variable unset, set after ``import torch``, and set before it; the OpenMP worker's CPU
+  time is the process's minus the calling thread's (``time.thread_time``).
 
     python tools/texture_stage_bench.py --out bench/results [--size 2048 --repeats 3]
 """
@@ -170,18 +185,170 @@ def child_end_to_end(size: int, repeats: int) -> dict:
     return result
 
 
+def child_api_threads(size: int, repeats: int) -> dict:
+    """Stage by stage through the Python API at 1 and 2 intra-op threads (see the module's docstring)."""
+    import torch
+
+    from embodied_accel.geometry.mesh_maps import to_uint8_image
+    from embodied_accel.geometry.texturing import TextureBaker
+    from embodied_accel.geometry.uv import unwrap
+    from embodied_accel.models.hunyuan3d.mesh import Mesh
+    from embodied_accel.models.hunyuan3d.processor import read_image
+    from embodied_accel.models.hunyuan3d_paint import processor
+    from embodied_accel.pipelines.shape import SAMPLE_IMAGE
+    from embodied_accel.pipelines.texture import TextureSettings, load_texture_pipeline
+
+    vertices, faces = benchmark_meshes()["procedural_21k"]
+    mesh = Mesh(vertices.astype(np.float32), faces.astype(np.int64))
+    image = read_image(SAMPLE_IMAGE)
+    pipeline = load_texture_pipeline("hunyuan3d-paint-tiny", progress=False)
+
+    def stages(threads: int, diffusion_threads: int | None) -> dict:
+        torch.set_num_threads(threads)
+        settings = TextureSettings(render_size=size, texture_size=size, diffusion_threads=diffusion_threads)
+        times = {}
+        delighted, *times["delight"] = _timed(pipeline.delight, image, settings)
+        unwrapped, *times["UV unwrap"] = _timed(unwrap, mesh.vertices, mesh.faces)
+        baker = TextureBaker(unwrapped, render_size=size, texture_size=size)
+
+        def maps():
+            m = baker.condition_maps()
+            return [to_uint8_image(x) for x in m.normals], [to_uint8_image(x) for x in m.positions]
+
+        (normals, positions), *times["condition maps"] = _timed(maps)
+        views, *times["multiview diffusion"] = _timed(pipeline.multiview, delighted, normals, positions, settings)
+        scaled = [torch.from_numpy(processor.resize(v, size) / 255.0).float() for v in views]
+        (texture, painted), *times["baking"] = _timed(baker.bake, scaled)
+        _, *times["inpainting"] = _timed(baker.inpaint, texture, painted)
+        _, *times["generate"] = _timed(pipeline.generate, mesh, image, settings)
+        return times
+
+    runs = {"1": [], "2": [], "2_diffusion_forced": []}
+    for _ in range(repeats):
+        runs["1"].append(stages(1, None))
+        runs["2"].append(stages(2, None))
+    runs["2_diffusion_forced"].append(stages(2, 2))
+    result = {"runs": runs, "median": {}, "models": [pipeline.delight_model.config.name,
+                                                     pipeline.multiview_model.config.name]}  # fmt: skip
+    for name, items in runs.items():
+        result["median"][name] = {stage: {"wall_s": _median([r[stage][0] for r in items]),
+                                          "cpu_s": _median([r[stage][1] for r in items])}
+                                  for stage in items[0]}  # fmt: skip
+    one, two = result["median"]["1"], result["median"]["2"]
+    result["ratio_2_to_1"] = {s: {"cpu": two[s]["cpu_s"] / one[s]["cpu_s"], "wall": two[s]["wall_s"] / one[s]["wall_s"]}
+                              for s in one}  # fmt: skip
+    return result
+
+
+def child_unet_threads(size: int, repeats: int) -> dict:
+    """Diffusion stages at 1 and 2 threads over a range of UNet activation sizes (see the module's docstring)."""
+    import torch
+
+    from embodied_accel.models.hunyuan3d.processor import read_image
+    from embodied_accel.models.hunyuan3d_paint.config import DELIGHT_PRESETS
+    from embodied_accel.models.hunyuan3d_paint.weights import load_delight_model
+    from embodied_accel.ops import get_ops
+    from embodied_accel.pipelines.shape import SAMPLE_IMAGE
+    from embodied_accel.pipelines.texture import TexturePipeline, TextureSettings, load_texture_pipeline
+
+    torch.set_num_threads(2)
+    image = read_image(SAMPLE_IMAGE)
+    maps = [np.full((64, 64, 3), 200, np.uint8)] * 6
+    result = []
+
+    def measure(pipeline, stage: str, label: str, work: int, settings_for) -> None:
+        step_name = "delight_step" if stage == "delight" else "multiview_step"
+        original = getattr(pipeline, step_name)
+        clock = {"wall_s": 0.0, "cpu_s": 0.0}
+
+        def step(*args, **kwargs):
+            wall, cpu = time.perf_counter(), time.process_time()
+            out = original(*args, **kwargs)
+            clock["wall_s"] += time.perf_counter() - wall
+            clock["cpu_s"] += time.process_time() - cpu
+            return out
+
+        setattr(pipeline, step_name, step)
+
+        def run(threads: int):
+            settings = settings_for(threads)
+            if stage == "delight":
+                return _timed(pipeline.delight, image, settings)
+            return _timed(pipeline.multiview, image[..., :3].copy(), maps, maps, settings)
+
+        run(1)  # warm-up
+        row = {"stage": stage, "config": label, "first_conv_multiply_adds": work}
+        for threads in (1, 2):
+            clock.update(wall_s=0.0, cpu_s=0.0)
+            _, wall, cpu = run(threads)
+            row[str(threads)] = {"wall_s": wall, "cpu_s": cpu, "unet_wall_s": clock["wall_s"],
+                                 "unet_cpu_s": clock["cpu_s"]}  # fmt: skip
+        delattr(pipeline, step_name)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        result.append(row)
+
+    tiny = load_texture_pipeline("hunyuan3d-paint-tiny", progress=False)
+    for view in (32, 96, 160):
+        latent = view // tiny.multiview_model.config.vae.downscale
+        measure(tiny, "multiview", f"hunyuan3d-paint-tiny, views {view}²", 12 * 16 * 16 * 9 * latent * latent,
+                lambda t, v=view: TextureSettings(steps=3, view_size=v, diffusion_threads=t))  # fmt: skip
+    # the released-size delight model alone (random weights), beside the tiny multiview model
+    delight = load_delight_model(DELIGHT_PRESETS["hunyuan3d-delight-v2-0"], get_ops("auto"), tiny.device,
+                                 torch.float32, 0, False)  # fmt: skip
+    full = TexturePipeline(delight, tiny.multiview_model)
+    cfg = delight.config
+    latent = 256 // cfg.vae.downscale
+    label = "hunyuan3d-delight-v2-0 (random weights), 256²"
+    measure(full, "delight", label, cfg.unet.block_out_channels[0] ** 2 * 9 * latent**2,
+            lambda t: TextureSettings(delight_steps=2, delight_size=256, diffusion_threads=t))  # fmt: skip
+    return {"rows": result}
+
+
+def child_wait_policy(when: str) -> dict:
+    """Process CPU time of small parallel ops separated by sleeps, ``OMP_WAIT_POLICY=PASSIVE`` set ``when``."""
+    if when == "before_import":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    import torch
+
+    if when == "after_import":
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    torch.set_num_threads(2)
+    a, b = torch.randn(200_000), torch.randn(200_000)
+    for _ in range(50):
+        a + b
+    runs = []
+    for _ in range(3):
+        wall, cpu, own = time.perf_counter(), time.process_time(), time.thread_time()
+        for _ in range(400):
+            a + b
+            time.sleep(0.001)
+        cpu, own = time.process_time() - cpu, time.thread_time() - own
+        runs.append({"wall_s": time.perf_counter() - wall, "cpu_s": cpu, "worker_cpu_s": cpu - own})
+    return {"runs": runs, "sleep_s": 0.4, "worker_cpu_s_median": _median([r["worker_cpu_s"] for r in runs]),
+            "wall_s_median": _median([r["wall_s"] for r in runs])}
+
+
+CHILDREN = {"threads": child_threads, "end_to_end": child_end_to_end, "api_threads": child_api_threads,
+            "unet_threads": child_unet_threads}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="directory for the JSON record")
     parser.add_argument("--size", type=int, default=2048, help="render and texture size")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--end-to-end-repeats", type=int, default=1)
-    parser.add_argument("--parts", default="unwrap,threads,end_to_end")
-    parser.add_argument("--child", choices=("threads", "end_to_end"), help=argparse.SUPPRESS)
+    parser.add_argument("--parts", default="unwrap,threads,end_to_end",
+                        help="also: api_threads, unet_threads, wait_policy")
+    parser.add_argument("--policies", default="spin", help="api_threads, unet_threads: OpenMP wait policies (spin,passive)")
+    parser.add_argument("--child", choices=(*CHILDREN, "wait_policy"), help=argparse.SUPPRESS)
+    parser.add_argument("--when", default="unset", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        fn = child_threads if args.child == "threads" else child_end_to_end
-        print(json.dumps(fn(args.size, args.repeats)))
+        if args.child == "wait_policy":
+            print(json.dumps(child_wait_policy(args.when)))
+        else:
+            print(json.dumps(CHILDREN[args.child](args.size, args.repeats)))
         return
     if args.out is None:
         parser.error("--out is required")
@@ -203,6 +370,28 @@ def main() -> None:
                                 for policy in POLICIES}  # fmt: skip
         print(json.dumps({p: {m: r[m]["stage_wall_s_median"] for m in ("default", "fast")}
                           for p, r in record["end_to_end"].items()}, indent=1))  # fmt: skip
+    if "wait_policy" in parts:
+        record["wait_policy"] = {}
+        for when in ("unset", "after_import", "before_import"):
+            out = subprocess.run([sys.executable, __file__, "--child", "wait_policy", "--when", when],
+                                 env=_child_env("spin"), check=True, capture_output=True, text=True)  # fmt: skip
+            record["wait_policy"][when] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(json.dumps(record["wait_policy"], indent=1), flush=True)
+    if "unet_threads" in parts:
+        record["unet_threads"] = {}
+        for policy in args.policies.split(","):
+            before = [round(x, 2) for x in os.getloadavg()]
+            result = _run_child("unet_threads", policy, args.size, args.repeats)
+            result["load_average"] = {"before": before, "after": [round(x, 2) for x in os.getloadavg()]}
+            record["unet_threads"][policy] = result
+    if "api_threads" in parts:
+        record["api_threads"] = {}
+        for policy in args.policies.split(","):
+            before = [round(x, 2) for x in os.getloadavg()]
+            result = _run_child("api_threads", policy, args.size, args.repeats)
+            result["load_average"] = {"before": before, "after": [round(x, 2) for x in os.getloadavg()]}
+            record["api_threads"][policy] = result
+        print(json.dumps({p: r["ratio_2_to_1"] for p, r in record["api_threads"].items()}, indent=1), flush=True)
     record.update(environment_stamp())
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

@@ -1,4 +1,4 @@
-"""How many threads the geometry stages run PyTorch's intra-op work on.
+"""How many threads the texture stages run PyTorch's intra-op work on: the geometry stages and the diffusion stages.
 
 The geometry stages (rasterization, interpolation, baking) are thousands of small and medium tensor ops. PyTorch's
 CPU build runs each op's parallel region on an OpenMP team; between regions libgomp's workers spin on the CPU
@@ -15,6 +15,14 @@ libgomp reads the policy once, when PyTorch loads it, so a library cannot change
 thread when they spin or when the stage does not split well (``splits_well=False``: the condition maps, whose
 interpolation and image conversion are small ops that took up to 1.3x the CPU time on 2 threads without finishing
 sooner); ``threads=`` overrides the choice.
+
+The diffusion stages (delight, multiview) follow the same rule with their size as the test of splitting well
+(:func:`model_thread_count`): every intra-op thread only when the workers sleep and the UNet's first-level 3×3
+convolution over a step's latents takes at least :data:`SMALL_WORK` multiply-adds, else one thread. Measured on 2
+shared cores with spinning workers, a second thread cost 1.7-2.3x the CPU time and 1.5-2.2x the wall time even for the
+released-size delight UNet at 256² (2^29.8 multiply-adds), and 13-18x for the tiny models at 32². So a program that
+imports PyTorch itself, without the variable, runs every PyTorch stage on one thread (setting ``OMP_WAIT_POLICY``
+after PyTorch is imported has no effect: libgomp has read it already).
 """
 
 from __future__ import annotations
@@ -39,14 +47,25 @@ def geometry_thread_count(splits_well: bool = True) -> int:
     return torch.get_num_threads() if splits_well and openmp_workers_sleep() else 1
 
 
+#: Multiply-adds of a UNet's first-level 3×3 convolution over one step's latents from which a diffusion stage runs on
+#: every intra-op thread (see the module's docstring): the tiny presets' stages at their 32² take 2^17-2^21, the
+#: released models' at 512² 2^31.8 (delight) and 2^35.4 (multiview).
+SMALL_WORK = 2**28
+
+
+def model_thread_count(multiply_adds: int) -> int:
+    """The intra-op threads a model stage runs on: all of PyTorch's when OpenMP's workers sleep between regions and
+    its first-level convolution takes at least :data:`SMALL_WORK` multiply-adds, else one."""
+    return geometry_thread_count(splits_well=multiply_adds >= SMALL_WORK)
+
+
 @contextlib.contextmanager
-def geometry_threads(threads: int | None = None, splits_well: bool = True) -> Iterator[int]:
-    """Run the body on ``threads`` intra-op threads (default :func:`geometry_thread_count`), restoring PyTorch's
-    thread count afterwards; yields the count used."""
-    if threads is not None and threads < 1:
-        raise ValueError(f"threads: expected an integer >= 1, got {threads}")
+def intra_op_threads(count: int) -> Iterator[int]:
+    """Run the body on ``count`` intra-op threads of the calling thread, restoring its count afterwards; yields
+    ``count``."""
+    if count < 1:
+        raise ValueError(f"threads: expected an integer >= 1, got {count}")
     before = torch.get_num_threads()
-    count = geometry_thread_count(splits_well) if threads is None else threads
     if count != before:
         torch.set_num_threads(count)
     try:
@@ -56,4 +75,13 @@ def geometry_threads(threads: int | None = None, splits_well: bool = True) -> It
             torch.set_num_threads(before)
 
 
-__all__ = ["geometry_thread_count", "geometry_threads", "openmp_workers_sleep"]
+@contextlib.contextmanager
+def geometry_threads(threads: int | None = None, splits_well: bool = True) -> Iterator[int]:
+    """Run the body on ``threads`` intra-op threads (default :func:`geometry_thread_count`), restoring PyTorch's
+    thread count afterwards; yields the count used."""
+    with intra_op_threads(geometry_thread_count(splits_well) if threads is None else threads) as count:
+        yield count
+
+
+__all__ = ["SMALL_WORK", "geometry_thread_count", "geometry_threads", "intra_op_threads", "model_thread_count",
+           "openmp_workers_sleep"]

@@ -31,6 +31,7 @@ from .. import platform as platform_mod
 from ..errors import CheckpointError
 from ..geometry.mesh_maps import UVMesh, to_uint8_image
 from ..geometry.texturing import CAMERA_AZIMUTHS, CAMERA_ELEVATIONS, TextureBaker
+from ..geometry.threads import geometry_threads, intra_op_threads, model_thread_count
 from ..models.hunyuan3d.mesh import Mesh
 from ..models.hunyuan3d_paint import processor
 from ..models.hunyuan3d_paint.config import DELIGHT_PRESETS, MULTIVIEW_PRESETS, TEXTURE_PRESETS
@@ -67,6 +68,7 @@ class TextureSettings:
     view_size: int | None = None  # the multiview model's views' side (the model's, 512 as upstream)
     delight_size: int | None = None  # the delight model's image side (the model's, 512 as upstream)
     unwrap: str = "default"  # UV unwrapping: "default" (xatlas's defaults, as upstream) or "fast" (see geometry.uv)
+    diffusion_threads: int | None = None  # intra-op threads of delight and multiview on a CPU (by model size)
 
 
 @dataclass
@@ -217,9 +219,21 @@ class TexturePipeline:
 
     # ---- stages
 
+    def _stage_threads(self, settings: TextureSettings, rows: int, channels: int, latent_size: int) -> int:
+        """Intra-op threads of a diffusion stage whose UNet runs ``rows`` latents of ``channels`` × ``latent_size``²
+        at its first level: ``settings.diffusion_threads``, else on a CPU by the multiply-adds of a 3×3 convolution
+        there (:func:`~embodied_accel.geometry.threads.model_thread_count`); elsewhere PyTorch's count is kept."""
+        if settings.diffusion_threads is not None:
+            return settings.diffusion_threads
+        if self.device.type != "cpu":
+            return torch.get_num_threads()
+        return model_thread_count(rows * channels * channels * 9 * latent_size * latent_size)
+
     def check_settings(self, settings: TextureSettings) -> None:
         """The sizes and step counts of ``settings`` that the models constrain (errors name the setting)."""
         delight, multiview = self.delight_model.config, self.multiview_model.config
+        if settings.diffusion_threads is not None and settings.diffusion_threads < 1:
+            raise ValueError(f"diffusion threads: expected an integer >= 1, got {settings.diffusion_threads}")
         if multiview.turbo:
             turbo_timesteps(multiview.scheduler, settings.steps or multiview.steps)
         sizes = (("view size", settings.view_size, multiview, multiview.view_size),
@@ -235,10 +249,19 @@ class TexturePipeline:
         """uint8 RGB / RGBA → the recentred, delighted uint8 RGB image (``settings.delight_size``, default the
         model's). An RGBA image is handled as upstream's delight handles it: recentred on its alpha, its fully
         transparent pixels (after a 3×3 erosion of the alpha) set to white, the alpha then dropped. ``latents``: the
-        sampler's starting latents (:meth:`DelightModel.denoise`), else drawn from the seed."""
+        sampler's starting latents (:meth:`DelightModel.denoise`), else drawn from the seed. Runs on
+        :meth:`_stage_threads` intra-op threads, pre- and post-processing included."""
         model, cfg = self.delight_model, self.delight_model.config
         self.check_settings(settings)
         size = settings.delight_size or cfg.image_size
+        rows = 3 if model.guidance_on(cfg.text_guidance, cfg.image_guidance) else 1
+        with intra_op_threads(self._stage_threads(settings, rows, cfg.unet.block_out_channels[0],
+                                                  size // cfg.vae.downscale)):  # fmt: skip
+            return self._delight(image, settings, progress, latents, size)
+
+    def _delight(self, image: np.ndarray, settings: TextureSettings, progress: bool, latents: torch.Tensor | None,
+                 size: int) -> np.ndarray:  # fmt: skip
+        model, cfg = self.delight_model, self.delight_model.config
         image = processor.check_image(image, "delight image")
         pixels, target, alpha = processor.delight_inputs(processor.recenter_image(image), size)
         schedule = euler_ancestral_schedule(cfg.scheduler, settings.delight_steps or cfg.steps, device=self.device)
@@ -257,14 +280,26 @@ class TexturePipeline:
                   progress: bool = False) -> list[np.ndarray]:  # fmt: skip
         """The delighted image and the 6 cameras' uint8 maps (any size) → 6 uint8 views at ``settings.view_size``
         (default the model's). Each image is resized to the view size first; an RGBA one is then composited as the
-        official multiview stage composites it: the reference onto grey 127 (8 bits), a map onto white."""
-        model, cfg = self.multiview_model, self.multiview_model.config
+        official multiview stage composites it: the reference onto grey 127 (8 bits), a map onto white. Runs on
+        :meth:`_stage_threads` intra-op threads, pre- and post-processing included."""
+        cfg = self.multiview_model.config
         self.check_settings(settings)
+        guidance = cfg.guidance if settings.guidance is None else settings.guidance
+        rows = len(normals) * (2 if not cfg.turbo and guidance > 1 else 1)
+        size = settings.view_size or cfg.view_size
+        with intra_op_threads(self._stage_threads(settings, rows, cfg.unet.block_out_channels[0],
+                                                  size // cfg.vae.downscale)):  # fmt: skip
+            return self._multiview(reference, normals, positions, settings, progress, size, guidance)
+
+    def _multiview(self, reference: np.ndarray, normals: list[np.ndarray], positions: list[np.ndarray],
+                   settings: TextureSettings, progress: bool, size: int,
+                   guidance: float) -> list[np.ndarray]:  # fmt: skip
+        model, cfg = self.multiview_model, self.multiview_model.config
         cameras = processor.camera_indices(CAMERA_AZIMUTHS, CAMERA_ELEVATIONS)
         for name, maps in (("normals", normals), ("positions", positions)):
             if len(maps) != len(cameras):
                 raise ValueError(f"{name}: expected one map per camera ({len(cameras)}), got {len(maps)}")
-        size, dtype = settings.view_size or cfg.view_size, model.compute_dtype
+        dtype = model.compute_dtype
         reference = processor.check_image(reference, "multiview reference image")
         maps = [processor.check_image(m, f"{name} map {i}") for name, group in (("normal", normals),
                 ("position", positions)) for i, m in enumerate(group)]  # fmt: skip
@@ -280,13 +315,12 @@ class TexturePipeline:
         posterior_noise = generator_noise(torch.Generator().manual_seed(settings.seed), self.device, dtype)
         views = len(normals)
         cameras = torch.tensor(cameras, device=self.device)
+        latent_size = size // cfg.vae.downscale
         with torch.no_grad():
-            latent_size = size // cfg.vae.downscale
             latents = model.encode(pixels, posterior_noise((len(images), cfg.vae.latent_channels, latent_size,
                                                             latent_size)))  # fmt: skip
             out = model.denoise(latents[:1], latents[1 : 1 + views], latents[1 + views :], cameras, schedule,
-                                latent_noise, cfg.guidance if settings.guidance is None else settings.guidance,
-                                progress=progress, unet=self.multiview_step)  # fmt: skip
+                                latent_noise, guidance, progress=progress, unet=self.multiview_step)  # fmt: skip
             decoded = model.decode(out)
             result = list((decoded.permute(0, 2, 3, 1).float().cpu().numpy() * 255).round().astype(np.uint8))
         self.runner.synchronize()
@@ -323,12 +357,14 @@ class TexturePipeline:
                 delighted_future = pool.submit(clock.run, "delight", self.delight, image, settings, progress)
                 unwrapped, baker, maps = geometry()
                 delighted = delighted_future.result()
-            normals = [to_uint8_image(m) for m in maps.normals]
-            positions = [to_uint8_image(m) for m in maps.positions]
+            with geometry_threads(splits_well=False):  # the maps' 8-bit conversion, as the maps run
+                normals = [to_uint8_image(m) for m in maps.normals]
+                positions = [to_uint8_image(m) for m in maps.positions]
             views = clock.run("multiview diffusion", self.multiview, delighted, normals, positions, settings, progress)
 
             def bake():
-                scaled = [torch.from_numpy(processor.resize(v, render_size) / 255.0).float() for v in views]
+                with geometry_threads():
+                    scaled = [torch.from_numpy(processor.resize(v, render_size) / 255.0).float() for v in views]
                 return baker.bake(scaled)
 
             texture, painted = clock.run("baking", bake)

@@ -27,6 +27,12 @@ std::vector<torch::Tensor> rasterize_image_gpu(torch::Tensor V, torch::Tensor F,
 """
 
 
+def _write_if_changed(path: Path, text: str) -> None:
+    """Rewritten only when different: a new modification time would make ninja rebuild everything."""
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
 def build_native(hunyuan_src: Path, build_dir: Path, verbose: bool = False):
     """Compile (once; later calls reuse the build) and import ``custom_rasterizer_kernel`` and ``mesh_processor``
     from the Hunyuan3D-2 checkout ``hunyuan_src``; put ``hy3dgen`` and ``custom_rasterizer`` on ``sys.path``.
@@ -40,9 +46,9 @@ def build_native(hunyuan_src: Path, build_dir: Path, verbose: bool = False):
     build_dir = Path(build_dir)
     shim = build_dir / "cuda_shim"
     (shim / "ATen" / "cuda").mkdir(parents=True, exist_ok=True)
-    (shim / "ATen" / "cuda" / "CUDAContext.h").write_text("// CPU-only build: no CUDA context\n")
+    _write_if_changed(shim / "ATen" / "cuda" / "CUDAContext.h", "// CPU-only build: no CUDA context\n")
     stub = build_dir / "rasterizer_gpu_stub.cpp"
-    stub.write_text(GPU_STUB)
+    _write_if_changed(stub, GPU_STUB)
     flags = ["-O3", "-D__host__=", "-D__device__="]
     raster_build = build_dir / "custom_rasterizer_kernel"
     raster_build.mkdir(parents=True, exist_ok=True)
