@@ -31,7 +31,7 @@ from .. import platform as platform_mod
 from ..errors import CheckpointError
 from ..geometry.mesh_maps import UVMesh, to_uint8_image
 from ..geometry.texturing import CAMERA_AZIMUTHS, CAMERA_ELEVATIONS, TextureBaker
-from ..geometry.threads import geometry_threads, intra_op_threads, model_thread_count
+from ..geometry.threads import geometry_thread_count, geometry_threads, intra_op_threads, model_thread_count
 from ..models.hunyuan3d.mesh import Mesh
 from ..models.hunyuan3d_paint import processor
 from ..models.hunyuan3d_paint.config import DELIGHT_PRESETS, MULTIVIEW_PRESETS, TEXTURE_PRESETS
@@ -331,7 +331,7 @@ class TexturePipeline:
     def generate(self, mesh: Mesh, image: np.ndarray, settings: TextureSettings = TextureSettings(),
                  progress: bool = False) -> TextureResult:  # fmt: skip
         """``mesh`` (vertices, faces) and a uint8 RGB / RGBA ``image`` → :class:`TextureResult`."""
-        from ..geometry.uv import UNWRAP_MODES, unwrap
+        from ..geometry.uv import UNWRAP_MODES
 
         mesh = check_mesh(mesh)
         if settings.unwrap not in UNWRAP_MODES:
@@ -343,6 +343,15 @@ class TexturePipeline:
             raise ValueError(f"face reduction: expected at least 1 face, got {settings.face_reduce}")
         self.check_settings(settings)  # before any stage runs
         image = processor.check_image(image)
+        # The calling thread's work between the stages (the renderer's set-up, the views' and maps' conversions,
+        # inpainting) on the geometry stages' count: one intra-op thread while OpenMP's workers spin.
+        with intra_op_threads(geometry_thread_count()):
+            return self._generate(mesh, image, settings, progress, render_size, texture_size)
+
+    def _generate(self, mesh: Mesh, image: np.ndarray, settings: TextureSettings, progress: bool, render_size: int,
+                  texture_size: int) -> TextureResult:  # fmt: skip
+        from ..geometry.uv import unwrap
+
         clock = _StageClock(progress)
 
         def geometry():
