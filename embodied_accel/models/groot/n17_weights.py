@@ -37,7 +37,7 @@ from .n17_config import (
     with_overrides,
 )
 from .n17_model import GrootN17Model
-from .weights import HEAD, INDEX_FILE, MODEL_TYPE, head_table, per_embodiment_rows
+from .weights import HEAD, INDEX_FILE, MODEL_TYPE, dit_from_config, head_table, per_embodiment_rows
 
 logger = logging.getLogger(__name__)
 
@@ -166,20 +166,7 @@ def n17_config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = 
                               f"backbone is {width} wide (give the checkpoint's Qwen3-VL config.json: "
                               f"--backbone-config FILE{hint})")  # fmt: skip
     try:
-        dit = type(base.dit)(
-            depth=int(dit_cfg["num_layers"]),
-            num_heads=int(dit_cfg["num_attention_heads"]),
-            head_dim=int(dit_cfg["attention_head_dim"]),
-            cross_dim=int(cfg["backbone_embedding_dim"]),
-            output_dim=int(dit_cfg["output_dim"]),
-            attend_text_every_n_blocks=int(cfg["attend_text_every_n_blocks"]),
-        )
-        if dit.inner != int(cfg["input_embedding_dim"]):
-            raise CheckpointError(f"{where}: input_embedding_dim {cfg['input_embedding_dim']} != DiT heads x head_dim "
-                                  f"{dit.inner}")  # fmt: skip
-        if dit.output_dim != int(cfg["hidden_size"]):
-            raise CheckpointError(f"{where}: diffusion_model_cfg.output_dim {dit.output_dim} != hidden_size "
-                                  f"{cfg['hidden_size']}")  # fmt: skip
+        dit = dit_from_config(type(base.dit), cfg, dit_cfg, where)
         vl_sa = vl_self_attention_from(cfg["vl_self_attention_cfg"], str(where))
         return with_overrides(
             base,

@@ -15,6 +15,7 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -184,6 +185,27 @@ def is_groot_checkpoint(config: dict | None) -> bool:
     return config is not None and config.get("model_type") == MODEL_TYPE
 
 
+def dit_from_config(dit_type: type, cfg: dict, dit_cfg: dict, where) -> Any:
+    """The action head's DiT as a GR00T ``config.json`` (N1.6 or N1.7) describes it, checked against the head's
+    widths (``input_embedding_dim``, ``hidden_size``); raises ``KeyError`` / ``ValueError`` on a missing or
+    non-numeric field, :class:`CheckpointError` on widths that disagree."""
+    dit = dit_type(
+        depth=int(dit_cfg["num_layers"]),
+        num_heads=int(dit_cfg["num_attention_heads"]),
+        head_dim=int(dit_cfg["attention_head_dim"]),
+        cross_dim=int(cfg["backbone_embedding_dim"]),
+        output_dim=int(dit_cfg["output_dim"]),
+        attend_text_every_n_blocks=int(cfg["attend_text_every_n_blocks"]),
+    )
+    if dit.inner != int(cfg["input_embedding_dim"]):
+        raise CheckpointError(f"{where}: input_embedding_dim {cfg['input_embedding_dim']} != DiT heads x head_dim "
+                              f"{dit.inner}")  # fmt: skip
+    if dit.output_dim != int(cfg["hidden_size"]):
+        raise CheckpointError(f"{where}: diffusion_model_cfg.output_dim {dit.output_dim} != hidden_size "
+                              f"{cfg['hidden_size']}")  # fmt: skip
+    return dit
+
+
 def config_from_checkpoint(
     checkpoint_dir: str | Path, preset: str | None = None, backbone_config: str | Path | None = None
 ) -> GrootConfig:
@@ -225,20 +247,7 @@ def config_from_checkpoint(
         raise CheckpointError(f"{where}: select_layer {cfg['select_layer']} but the backbone's LLM has only "
                               f"{base.llm.depth} layers")  # fmt: skip
     try:
-        dit = type(base.dit)(
-            depth=int(dit_cfg["num_layers"]),
-            num_heads=int(dit_cfg["num_attention_heads"]),
-            head_dim=int(dit_cfg["attention_head_dim"]),
-            cross_dim=int(cfg["backbone_embedding_dim"]),
-            output_dim=int(dit_cfg["output_dim"]),
-            attend_text_every_n_blocks=int(cfg["attend_text_every_n_blocks"]),
-        )
-        if dit.inner != int(cfg["input_embedding_dim"]):
-            raise CheckpointError(f"{where}: input_embedding_dim {cfg['input_embedding_dim']} != DiT heads x head_dim "
-                                  f"{dit.inner}")  # fmt: skip
-        if dit.output_dim != int(cfg["hidden_size"]):
-            raise CheckpointError(f"{where}: diffusion_model_cfg.output_dim {dit.output_dim} != hidden_size "
-                                  f"{cfg['hidden_size']}")  # fmt: skip
+        dit = dit_from_config(type(base.dit), cfg, dit_cfg, where)
         return with_overrides(
             base,
             name=base.name if preset or backbone_config is not None else "groot-n1.6",
