@@ -37,7 +37,15 @@ from .n17_config import (
     with_overrides,
 )
 from .n17_model import GrootN17Model
-from .weights import HEAD, INDEX_FILE, MODEL_TYPE, dit_from_config, head_table, per_embodiment_rows
+from .weights import (
+    HEAD,
+    INDEX_FILE,
+    MODEL_TYPE,
+    check_release_fields,
+    dit_from_config,
+    head_table,
+    per_embodiment_rows,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -146,18 +154,8 @@ def n17_config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = 
         raise CheckpointError(f"{where}: model_name {cfg['model_name']!r}; GR00T N1.7 uses {COSMOS_BACKBONE!r} "
                               "(a Qwen3-VL backbone)")  # fmt: skip
     dit_cfg = cfg["diffusion_model_cfg"]
-    expected = {
-        "backbone_model_type": (cfg["backbone_model_type"], "qwen"),
-        "reproject_vision": (cfg["reproject_vision"], False),
-        "use_alternate_vl_dit": (cfg["use_alternate_vl_dit"], True),
-        "add_pos_embed": (cfg["add_pos_embed"], True),
-        "diffusion_model_cfg.norm_type": (dit_cfg.get("norm_type"), "ada_norm"),
-        "diffusion_model_cfg.interleave_self_attention": (dit_cfg.get("interleave_self_attention"), True),
-        "diffusion_model_cfg.positional_embeddings": (dit_cfg.get("positional_embeddings"), None),
-    }
-    for name, (found, wanted) in expected.items():
-        if found != wanted:
-            raise CheckpointError(f"{where}: {name} is {found!r}; only {wanted!r} (the N1.7 release) is supported")
+    check_release_fields(cfg, where, "N1.7", backbone_model_type=(cfg["backbone_model_type"], "qwen"),
+                         reproject_vision=(cfg["reproject_vision"], False))  # fmt: skip
     width = base.backbone_width
     if cfg["backbone_embedding_dim"] != width:
         fitting = [name for name in PRESETS if get_preset(name).backbone_width == cfg["backbone_embedding_dim"]]

@@ -185,6 +185,23 @@ def is_groot_checkpoint(config: dict | None) -> bool:
     return config is not None and config.get("model_type") == MODEL_TYPE
 
 
+def check_release_fields(cfg: dict, where, release: str, **expected: tuple[Any, Any]) -> None:
+    """Refuse a ``config.json`` whose action-head variant is not the released one (the DiT and position fields every
+    GR00T release shares, plus ``expected``: name → (found, wanted)), naming the field and the supported value."""
+    dit_cfg = cfg["diffusion_model_cfg"]
+    fields = {
+        **expected,
+        "use_alternate_vl_dit": (cfg["use_alternate_vl_dit"], True),
+        "add_pos_embed": (cfg["add_pos_embed"], True),
+        "diffusion_model_cfg.norm_type": (dit_cfg.get("norm_type"), "ada_norm"),
+        "diffusion_model_cfg.interleave_self_attention": (dit_cfg.get("interleave_self_attention"), True),
+        "diffusion_model_cfg.positional_embeddings": (dit_cfg.get("positional_embeddings"), None),
+    }
+    for name, (found, wanted) in fields.items():
+        if found != wanted:
+            raise CheckpointError(f"{where}: {name} is {found!r}; only {wanted!r} (the {release} release) is supported")
+
+
 def dit_from_config(dit_type: type, cfg: dict, dit_cfg: dict, where) -> Any:
     """The action head's DiT as a GR00T ``config.json`` (N1.6 or N1.7) describes it, checked against the head's
     widths (``input_embedding_dim``, ``hidden_size``); raises ``KeyError`` / ``ValueError`` on a missing or
@@ -226,16 +243,7 @@ def config_from_checkpoint(
     if cfg["model_name"] != EAGLE_BACKBONE:
         raise CheckpointError(f"{where}: model_name {cfg['model_name']!r}; GR00T N1.6 uses {EAGLE_BACKBONE!r}")
     dit_cfg = cfg["diffusion_model_cfg"]
-    expected = {
-        "use_alternate_vl_dit": (cfg["use_alternate_vl_dit"], True),
-        "add_pos_embed": (cfg["add_pos_embed"], True),
-        "diffusion_model_cfg.norm_type": (dit_cfg.get("norm_type"), "ada_norm"),
-        "diffusion_model_cfg.interleave_self_attention": (dit_cfg.get("interleave_self_attention"), True),
-        "diffusion_model_cfg.positional_embeddings": (dit_cfg.get("positional_embeddings"), None),
-    }
-    for name, (found, wanted) in expected.items():
-        if found != wanted:
-            raise CheckpointError(f"{where}: {name} is {found!r}; only {wanted!r} (the N1.6 release) is supported")
+    check_release_fields(cfg, where, "N1.6")
     if cfg["backbone_embedding_dim"] != base.llm.width:
         named = f"the backbone of {backbone_config}" if backbone_config is not None else f"the {base.name} backbone"
         fitting = [name for name in PRESETS if get_preset(name).llm.width == cfg["backbone_embedding_dim"]]
