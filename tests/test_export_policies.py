@@ -89,7 +89,7 @@ def test_graph_modules_equal_the_models_static_cache_path(pi0_policy):
     with torch.no_grad():
         buffers = model.new_buffers(1, cameras, tokens, 10, "cpu")
         image_tokens = model.embed_images(images)
-        context = model.prefill(buffers, None, image_masks, token_ids, token_masks, state, image_tokens=image_tokens)
+        context = model.prefill(buffers, image_tokens, image_masks, token_ids, token_masks, state)
         velocity = model.denoise_step(x_t, buffers.schedule.per_step[3], context.rope_tables,
                                       context.attention_mask, context.slots)  # fmt: skip
         prefix_graph = pi0_graphs.PrefixGraph(model, cameras, tokens)

@@ -15,7 +15,7 @@ from embodied_accel import load_policy
 from embodied_accel.cli import main
 from embodied_accel.errors import CheckpointError
 from embodied_accel.models.groot.n17_processor import TOKEN_IDS_KEY
-from embodied_accel.policies import family_of, preset_names
+from embodied_accel.families import family_of, preset_names
 from embodied_accel.policies.groot import GrootPolicy
 from embodied_accel.policies.groot_n17 import GrootN17Policy
 

@@ -340,7 +340,7 @@ def test_a_preset_added_after_import_is_known(monkeypatch):
     from dataclasses import replace
 
     from embodied_accel.models.groot.config import PRESETS
-    from embodied_accel.policies import family_of
+    from embodied_accel.families import family_of
 
     monkeypatch.setitem(PRESETS, "groot-tiny-copy", replace(PRESETS["groot-tiny"], name="groot-tiny-copy"))
     assert family_of("groot-tiny-copy").name == "groot"

@@ -12,15 +12,15 @@ PACKAGE = Path(embodied_accel.__file__).resolve().parent
 
 #: Bottom to top, as docs/architecture.md draws them. Packages of one layer may import each other (no circle).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("platform", "errors", "argtypes", "plans", "extras", "progress", "__version__"),
+    ("platform", "errors", "argtypes", "plans", "extras", "progress", "checkpoints", "__version__"),
     ("ops",),
     ("nn",),
     ("data", "geometry"),
     ("models",),
     ("cache", "parallel", "quant"),
     ("runtime",),
-    ("policies", "pipelines", "deploy", "load_policy"),
-    ("families",),
+    ("policies", "pipelines", "deploy"),
+    ("families", "load_policy"),
     ("bench", "serve", "train", "eval", "export"),
     ("cli", "__init__"),
 )

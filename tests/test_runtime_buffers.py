@@ -148,7 +148,7 @@ def test_inference_parameters_hold_no_autograd_state():
     assert not any(p.requires_grad for p in policy.model.parameters())
     model, inputs = policy.model, policy.prepare(observation(5))
     buffers = policy.model_call.bound_buffers(policy.bucket(1, inputs.images.shape[1], inputs.tokens.shape[1], None))
-    args = (inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
+    args = (model.embed_images(inputs.images), inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
     context = model.prefill(buffers, *args)
     x_t = policy.make_noise(1, seed=0)
     velocity = model.denoise_step(  # public, outside any no_grad block

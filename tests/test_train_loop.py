@@ -16,7 +16,7 @@ from lerobot_data import CAMERAS, make_base_checkpoint, make_dataset
 from safetensors.torch import load_file
 
 from embodied_accel.data.lerobot_dataset import LeRobotDataset
-from embodied_accel.policies import load_policy
+from embodied_accel import load_policy
 from embodied_accel.train.config import TrainSettings
 from embodied_accel.train.optim import warmup_cosine_factor
 from embodied_accel.train.trainer import train

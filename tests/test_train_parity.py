@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from tolerances import pi0_tolerance
 
 from embodied_accel.models.pi0.export import lerobot_gradients
-from embodied_accel.policies import load_policy
+from embodied_accel import load_policy
 from embodied_accel.train.forward import training_velocity
 from embodied_accel.train.loss import flow_matching_loss, noisy_actions
 

@@ -102,7 +102,8 @@ def run(preset: str, steps: int) -> list[dict]:
     buffers = policy.model_call.bound_buffers(
         policy.bucket(batch, inputs.images.shape[1], inputs.tokens.shape[1], steps)
     )
-    context = model.prefill(buffers, inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
+    image_tokens = model.embed_images(inputs.images)
+    context = model.prefill(buffers, image_tokens, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
     noise = policy.make_noise(batch, seed=0)
     reference = model.denoise(buffers, context, noise)
     plan = expert_plan(model, context, batch)

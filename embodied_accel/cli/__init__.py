@@ -160,9 +160,7 @@ class CommandParser(OneLineErrors):
 def _policy_options(every_family: bool = False) -> argparse.ArgumentParser:
     """Options shared by every subcommand that builds a policy; ``every_family``: of ``run``, ``info``, ``bench`` and
     ``profile``, which take a model of any family (its presets, dtypes and the families' own options)."""
-    from ..policies import preset_names as policy_preset_names
-
-    presets = preset_names() if every_family else policy_preset_names()
+    presets = preset_names(policies_only=not every_family)
     dtypes = DTYPE_CHOICES if every_family else POLICY_DTYPES
     parent = argparse.ArgumentParser(add_help=False)
     group = parent.add_argument_group("model" if every_family else "policy")

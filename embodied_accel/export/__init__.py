@@ -35,7 +35,7 @@ class ExportFamily:
 
 def _policy_family(source: str, parts, dtype, batch=1, num_steps=None, **options) -> FamilyExport:
     from .. import load_policy
-    from ..policies import family_of
+    from ..families import family_of
 
     module = importlib.import_module(f"embodied_accel.export.{family_of(source).name}")
     policy = load_policy(source, backend="reference", device="cpu", dtype=dtype, progress=False, **options)
@@ -74,33 +74,28 @@ FAMILIES = {
 }
 
 
-#: The folders of a Hunyuan3D-Paint checkpoint (texture models: not exportable).
-PAINT_FOLDERS = ("hunyuan3d-delight-v2-0", "hunyuan3d-paint-v2-0", "hunyuan3d-paint-v2-0-turbo")
+#: The registry's family names that have an exporter, and its name here.
+EXPORTED = {"pi0": "pi0", "groot": "groot", "vggt": "vggt", "hunyuan3d-2": "hunyuan3d"}
 
 
 def family_of(source: str | Path) -> ExportFamily:
-    """The family of a preset name or checkpoint (pi0 / pi0.5 and GR00T as :func:`embodied_accel.load_policy`
-    recognizes them, VGGT and Hunyuan3D-2 by preset or by their files)."""
-    from ..models.hunyuan3d.config import PRESETS as SHAPE_PRESETS
-    from ..models.hunyuan3d_paint.config import TEXTURE_PRESETS
-    from ..models.vggt.config import PRESETS as VGGT_PRESETS
-    from ..policies import family_of as policy_family_of
+    """The exporter of a preset name or checkpoint, recognized by the registry
+    (:func:`embodied_accel.families.family_of`); a VGGT checkpoint may also be a bare ``.pt`` / ``.safetensors``
+    file."""
+    from ..families import family_of as registry_family_of
 
     text, path = str(source), Path(source)
-    if text in TEXTURE_PRESETS or any((path / name).is_dir() for name in PAINT_FOLDERS):
-        raise ExportError(f"{text}: a Hunyuan3D-Paint (texture) model, which has no ONNX export; export takes "
-                          "pi0 / pi0.5, GR00T, VGGT and Hunyuan3D-2 (shape) models")  # fmt: skip
-    if text in VGGT_PRESETS:
-        return FAMILIES["vggt"]
-    if text in SHAPE_PRESETS or (path / "config.yaml").is_file():
-        return FAMILIES["hunyuan3d"]
     try:
-        return FAMILIES[policy_family_of(source).name]
-    except ValueError as policy_error:
-        if path.is_file() or path.is_dir():  # VGGT checkpoints: a .pt / .safetensors file or a directory of one
+        name = registry_family_of(source).name
+    except ValueError as error:
+        if path.is_file():  # VGGT checkpoints: a .pt / .safetensors file or a directory of one
             return FAMILIES["vggt"]
-        presets = ", ".join([*VGGT_PRESETS, *SHAPE_PRESETS])
-        raise ExportError(f"{policy_error}; or a VGGT / Hunyuan3D-2 preset or checkpoint ({presets})") from None
+        raise ExportError(str(error)) from None
+    if name not in EXPORTED:
+        what = "a Hunyuan3D-Paint (texture) model" if name == "hunyuan3d-paint" else f"a {name} model"
+        raise ExportError(f"{text}: {what}, which has no ONNX export; export takes pi0 / pi0.5, GR00T, VGGT and "
+                          "Hunyuan3D-2 (shape) models")  # fmt: skip
+    return FAMILIES[EXPORTED[name]]
 
 
 def export_model(

@@ -94,9 +94,7 @@ class PrefixGraph(_CacheGraph):
             vlm.depth, tokens.shape[0], vlm.num_kv_heads, self.length, vlm.head_dim, self.model.compute_dtype,
             tokens.device,
         )  # fmt: skip
-        context = self.model.prefill(
-            self.buffers_for(cache), None, image_masks, tokens, token_masks, state, image_tokens=image_tokens
-        )
+        context = self.model.prefill(self.buffers_for(cache), image_tokens, image_masks, tokens, token_masks, state)
         prefix_kv = cache.stacked(self.prefix_len + self.state_len)
         return prefix_kv, *self.action_context.tensors(ActionContext(context.rope_tables, context.attention_mask))
 

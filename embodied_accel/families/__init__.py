@@ -1,15 +1,10 @@
-"""Every model family as the commands see it: one registry of policies (pi0 / pi0.5, GR00T N1.6), reconstruction
-(VGGT), shape generation (Hunyuan3D-2) and texture generation (Hunyuan3D-Paint).
+"""The one registry of model families: policies (pi0 / pi0.5, GR00T N1.6 and N1.7), reconstruction (VGGT), shape
+generation (Hunyuan3D-2) and texture generation (Hunyuan3D-Paint).
 
-A :class:`Family` names its presets, recognizes its checkpoint directories, declares its own command-line options
-and loads a :class:`LoadedModel`: the loaded model with its built-in sample inputs, what ``run`` prints, what
-``info`` describes and the call that ``bench`` and ``profile`` measure (:class:`MeasuredCall`). ``embodied-accel
-run | info | bench | profile`` are written once against this interface, so every family has them and writes the same
-result-file fields. Family modules are imported only when a model is loaded, so ``import embodied_accel`` stays
-cheap.
-
-Layering: families sit above ``policies/`` and ``pipelines/`` (which build a model on the runtime's runner) and
-below the commands (``cli.py``, ``bench/`` is used by the command, not by a family).
+A :class:`Family` names its presets, recognizes its checkpoint directories, names its policy loader (policies:
+what :func:`load_policy` calls) and its commands' module, whose ``load`` gives a :class:`LoadedModel`: the model
+with its sample inputs, what ``run`` prints, what ``info`` describes and what ``bench`` / ``profile`` time
+(:class:`MeasuredCall`). Family modules are imported on first use, so ``import embodied_accel`` stays cheap.
 """
 
 from __future__ import annotations
@@ -21,6 +16,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..checkpoints import read_config
 
 
 class CLIError(ValueError):
@@ -143,10 +140,11 @@ class Family:
     """One model family in the registry."""
 
     name: str  # the family as the commands name it (pi0 / groot / vggt / hunyuan3d-2 / hunyuan3d-paint)
-    module: str  # the module that loads it (imported on first use)
+    module: str  # the commands' module: its ``load(source, args)`` gives a LoadedModel (imported on first use)
     presets: Callable[[], Collection[str]]  # names accepted as ``--model`` (seeded random weights)
     recognizes: Callable[[Path], bool]  # a checkpoint directory of this family
     describe_checkpoint: str  # what such a directory holds, for error messages
+    policy: str | None = None  # "module:function" loading it as a policy (:func:`load_policy`); None: not a policy
     options: tuple[FamilyOption, ...] = ()
     dtypes: tuple[str, ...] = ("float32", "bfloat16", "float16")
     quantizable: bool = False  # declares a W8A8 plan (``--quant w8a8``)
@@ -155,25 +153,39 @@ class Family:
         """The model ``source`` names (a preset or a checkpoint directory), loaded as the arguments say."""
         return importlib.import_module(self.module).load(source, args)
 
+    def policy_loader(self) -> Callable[..., Any]:
+        """The function that loads this family's policies: ``loader(source, **options) -> Policy``."""
+        if self.policy is None:
+            policies = ", ".join(family.name for family in FAMILIES if family.policy)
+            raise ValueError(f"{self.name} models are not policies (the policy families: {policies})")
+        module, _, function = self.policy.partition(":")
+        return getattr(importlib.import_module(module), function)
 
-def _policy_presets(name: str) -> Callable[[], Collection[str]]:
-    def presets() -> Collection[str]:
-        from ..policies import families as policy_families
 
-        return next(f for f in policy_families() if f.name == name).presets
+def _pi0_presets() -> Collection[str]:
+    from ..models.pi0.config import PRESETS
 
-    return presets
+    return PRESETS
 
 
-def _policy_recognizes(name: str) -> Callable[[Path], bool]:
-    def recognizes(path: Path) -> bool:
-        from ..policies import _read_config
-        from ..policies import families as policy_families
+def _pi0_checkpoint(path: Path) -> bool:
+    config = read_config(path)
+    return config is not None and config.get("type") in ("pi0", "pi05")
 
-        family = next(f for f in policy_families() if f.name == name)
-        return family.recognizes(path, _read_config(path))
 
-    return recognizes
+def _groot_presets() -> Collection[str]:
+    from ..models.groot.config import PRESETS
+    from ..models.groot.n17_config import PRESETS as N17_PRESETS
+
+    return (*PRESETS, *N17_PRESETS)
+
+
+def _groot_checkpoint(path: Path) -> bool:
+    from ..models.groot.n17_weights import is_groot_n17_checkpoint
+    from ..models.groot.weights import is_groot_checkpoint
+
+    config = read_config(path)
+    return is_groot_checkpoint(config) or is_groot_n17_checkpoint(config)
 
 
 def _vggt_presets() -> Collection[str]:
@@ -200,15 +212,15 @@ def _vggt_checkpoint(path: Path) -> bool:
     ).is_file()
 
 
-_POLICY_OPTIONS_NOTE = "policies (pi0 / pi0.5 / GR00T)"
-
 #: The registry, in the order checkpoint directories are matched (the specific layouts first).
 FAMILIES: tuple[Family, ...] = (
-    Family("pi0", "embodied_accel.families.policy", _policy_presets("pi0"), _policy_recognizes("pi0"),
-           "a LeRobot pi0 / pi0.5 checkpoint (config.json + model.safetensors)", dtypes=("float32", "bfloat16"),
-           quantizable=True),
-    Family("groot", "embodied_accel.families.policy", _policy_presets("groot"), _policy_recognizes("groot"),
-           "a GR00T N1.6 checkpoint (config.json + model*.safetensors)", dtypes=("float32", "bfloat16"),
+    Family("pi0", "embodied_accel.families.policy", _pi0_presets, _pi0_checkpoint,
+           'a LeRobot pi0 / pi0.5 directory (config.json with "type": "pi0" or "pi05", model.safetensors)',
+           policy="embodied_accel.policies.pi0:load_pi0_policy", dtypes=("float32", "bfloat16"), quantizable=True),
+    Family("groot", "embodied_accel.families.policy", _groot_presets, _groot_checkpoint,
+           'a GR00T N1.6 or N1.7 directory (config.json with "model_type": "Gr00tN1d6" or "Gr00tN1d7", sharded '
+           "safetensors, processor_config.json, statistics.json, embodiment_id.json)",
+           policy="embodied_accel.policies.groot_family:load_groot_family_policy", dtypes=("float32", "bfloat16"),
            quantizable=True),
     Family("hunyuan3d-paint", "embodied_accel.families.texture", _texture_presets,
            lambda path: (path / "hunyuan3d-delight-v2-0").is_dir(),
@@ -233,9 +245,9 @@ FAMILIES: tuple[Family, ...] = (
 )  # fmt: skip
 
 
-def preset_names() -> tuple[str, ...]:
-    """Every family's presets, policies first."""
-    return tuple(preset for family in FAMILIES for preset in family.presets())
+def preset_names(policies_only: bool = False) -> tuple[str, ...]:
+    """Every family's presets, policies first (``policies_only``: only the policy families')."""
+    return tuple(preset for family in FAMILIES if family.policy or not policies_only for preset in family.presets())
 
 
 def family_options() -> tuple[FamilyOption, ...]:
@@ -290,6 +302,20 @@ def load_model(source: str, args: argparse.Namespace) -> LoadedModel:
     return family.load(source, args)
 
 
+def load_policy(preset_or_checkpoint: str | Path, **options: Any):
+    """Load a policy from a preset name (seeded random weights) or a checkpoint directory of any policy family,
+    recognized from the name or the directory (:data:`FAMILIES`; pi0: ``policies/pi0.py`` ``load_pi0_policy``).
+
+    ``options`` go to the family's loader: ``backend`` (auto|reference|cuda|npu), ``dtype`` (float32|bfloat16),
+    ``device``, ``seed`` (presets), ``preset`` (the architecture of a small custom checkpoint), ``tokenizer``,
+    ``num_views``, ``capture`` (eager|compile|cudagraph|compile+cudagraph|torchair), ``quant`` (none|w8a8),
+    ``progress`` (default False: a progress bar on stderr while weights load), ``cuda_attention`` (sdpa|triton);
+    GR00T also ``embodiment`` (the embodiment tag) and, for N1.7, ``vl_padding``.
+    """
+    loader = family_of(preset_or_checkpoint).policy_loader()
+    return loader(str(preset_or_checkpoint), **{"progress": False, **options})
+
+
 __all__ = [
     "FAMILIES",
     "CLIError",
@@ -302,5 +328,6 @@ __all__ = [
     "family_of",
     "family_options",
     "load_model",
+    "load_policy",
     "preset_names",
 ]

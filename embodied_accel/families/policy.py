@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import CLIError, LoadedModel, MeasuredCall
+from . import CLIError, LoadedModel, MeasuredCall, family_of, load_policy
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +149,6 @@ def rtc_option(args: argparse.Namespace) -> dict[str, Any]:
 
 def load_policy_from_args(args: argparse.Namespace, num_views: int | None = None):
     """The policy the arguments name and its load time."""
-    from .. import load_policy
-
     source = str(args.checkpoint) if args.checkpoint is not None else (args.model or DEFAULT_MODEL)
     if args.preset is not None and args.checkpoint is None:
         raise CLIError(
@@ -158,20 +156,14 @@ def load_policy_from_args(args: argparse.Namespace, num_views: int | None = None
         )
     extra = {}
     if args.embodiment is not None:
-        from ..policies import family_of
-
         if family_of(source).name != "groot":
             raise CLIError(f"--embodiment applies to GR00T policies; {source} is not one")
         extra["embodiment"] = args.embodiment
     if args.backbone_config is not None:
-        from ..policies import family_of
-
         if args.checkpoint is None or family_of(source).name != "groot":
             raise CLIError("--backbone-config applies to a GR00T --checkpoint")
         extra["backbone_config"] = args.backbone_config
     if getattr(args, "vl_padding", None) is not None:
-        from ..policies import family_of
-
         if family_of(source).name != "groot":
             raise CLIError(f"--vl-padding applies to GR00T N1.7 policies; {source} is not one")
         extra["vl_padding"] = args.vl_padding

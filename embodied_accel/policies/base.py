@@ -4,10 +4,10 @@ A family's policy class adds its plan (what each shape bucket of its calls reads
 server and the benchmark drive. The surface below is the same for every family:
 
 * ``validate(observation)`` → one validated row (checks, image processing and tokenization on the host; raises
-  :class:`~embodied_accel.errors.ObservationError` naming the field), ``run_validated(rows)`` → actions
-  ``[B, horizon, action_dim]``: the server validates on its decoder threads and runs rows that share a
-  ``row.signature`` in one call;
-* ``infer_batch`` / ``infer``: the two together, timed;
+  :class:`~embodied_accel.errors.ObservationError` naming the field), ``outputs(rows)`` → ``{"actions":
+  [B, horizon, action_dim], ...}`` (the family's call) and ``run_validated(rows)`` → its actions: the server
+  validates on its decoder threads and runs rows that share a ``row.signature`` in one call;
+* ``infer_batch`` / ``infer``: validation and ``outputs`` together, timed;
 * ``make_noise``, ``reserve``, ``with_capture``, ``measured_call``, ``stage_fns``, and the properties ``config``,
   ``ops``, ``backend``, ``dtype``, ``device``, ``capture``, ``buffers``, ``graph_cache``, ``capture_seconds``.
 """
@@ -106,21 +106,21 @@ class Policy:
         """Every observation validated (:meth:`validate`)."""
         return self.processor.validate_batch(observations)
 
-    def run_validated(self, rows: Sequence[Any], *, noise=None, seed: int | None = None, num_steps=None) -> np.ndarray:
-        """Validated rows → robot actions ``[B, horizon, action_dim]`` float32."""
-        return self.outputs(rows, noise=noise, seed=seed, num_steps=num_steps)["actions"]
-
     def outputs(self, rows: Sequence[Any], *, noise=None, seed: int | None = None, num_steps=None) -> dict[str, Any]:
-        """Validated rows → ``{"actions": [B, horizon, action_dim], ...}`` (a family may add per-key arrays)."""
-        return {"actions": self.run_validated(rows, noise=noise, seed=seed, num_steps=num_steps)}
+        """Validated rows → ``{"actions": [B, horizon, action_dim] float32, ...}``: the family's call (a family may
+        add per-key arrays)."""
+        raise NotImplementedError
+
+    def run_validated(self, rows: Sequence[Any], *, noise=None, seed: int | None = None, num_steps=None) -> np.ndarray:
+        """Validated rows → robot actions ``[B, horizon, action_dim]`` float32 (what the server runs)."""
+        return self.outputs(rows, noise=noise, seed=seed, num_steps=num_steps)["actions"]
 
     def infer_batch(
         self, observations: Sequence[Mapping[str, Any]], *, noise=None, seed: int | None = None, num_steps=None
     ) -> dict[str, Any]:
         """Observations → ``{"actions": [B, horizon, action_dim] float32, ..., "infer_ms": float}``."""
         start = time.perf_counter()
-        rows = self.validate_batch(observations)
-        result = self.outputs(rows, noise=noise, seed=seed, num_steps=num_steps)
+        result = self.outputs(self.validate_batch(observations), noise=noise, seed=seed, num_steps=num_steps)
         result["infer_ms"] = (time.perf_counter() - start) * 1e3
         return result
 
@@ -128,8 +128,11 @@ class Policy:
         """One observation → ``{"actions": [horizon, action_dim] float32, ..., "infer_ms": float}``."""
         if not isinstance(observation, Mapping):
             raise ObservationError(f"observation: expected a dict, got {type(observation).__name__}")
-        result = self.infer_batch([observation], noise=noise, seed=seed, num_steps=num_steps)
-        return {key: (value[0] if isinstance(value, np.ndarray) else value) for key, value in result.items()}
+        start = time.perf_counter()
+        result = self.outputs(self.validate_batch([observation]), noise=noise, seed=seed, num_steps=num_steps)
+        result = {key: (value[0] if isinstance(value, np.ndarray) else value) for key, value in result.items()}
+        result["infer_ms"] = (time.perf_counter() - start) * 1e3
+        return result
 
 
 __all__ = ["Policy"]

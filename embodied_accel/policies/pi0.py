@@ -45,7 +45,7 @@ from ..quant import check_quant, quantize
 from ..runtime.buffers import BufferSpec
 from ..runtime.cudagraph import DEFAULT_MAX_GRAPHS, GraphBackend
 from ..runtime.runner import Runner
-from . import RANDOM_WEIGHTS_LOGGER, PolicyFamily
+from . import RANDOM_WEIGHTS_LOGGER
 from .base import Policy
 
 logger = logging.getLogger(__name__)
@@ -200,13 +200,19 @@ class Pi0Policy(Policy):
         Image resizing and scaling, camera masking, state normalization, the model, and action
         un-normalization all run inside the one captured call.
         """
+        bucket, inputs, guidance = self.call_inputs(raw, noise, num_steps)
+        if guidance is None:
+            return self.whole_call(bucket, *inputs)
+        return self.whole_call_rtc(bucket, *inputs, *guidance)
+
+    def call_inputs(self, raw: RawInputs, noise: torch.Tensor | None, num_steps: int | None):
+        """``(bucket, inputs, guidance)`` of the whole call on ``raw``: its shape bucket, its tensors (``noise``:
+        fresh N(0, 1) when None) and real-time chunking's guidance tensors (None without)."""
         bucket = self.bucket(raw.batch_size, len(raw.frames), raw.tokens.shape[1], num_steps)
         noise = self.make_noise(raw.batch_size) if noise is None else noise
-        args = (raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise)
+        inputs = (raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise)
         guidance = raw.guidance
-        if guidance is None:
-            return self.whole_call(bucket, *args)
-        return self.whole_call_rtc(bucket, *args, guidance.previous, guidance.weights, guidance.max_weight)
+        return bucket, inputs, None if guidance is None else (guidance.previous, guidance.weights, guidance.max_weight)
 
     def _whole_call(self, buffers: Pi0Buffers, frames, image_masks, tokens, token_masks, state, noise, guidance=None):
         processing = self.device_processing
@@ -235,16 +241,16 @@ class Pi0Policy(Policy):
         batch, cameras = inputs.images.shape[:2]
         buffers = self.model_call.bound_buffers(self.bucket(batch, cameras, inputs.tokens.shape[1], num_steps))
         noise = self.make_noise(inputs.batch_size, seed=0)
-        args = (inputs.images, inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
-        context = model.prefill(buffers, *args)
+        rest = (inputs.image_masks, inputs.tokens, inputs.token_masks, inputs.state)
 
+        @torch.no_grad()
         def vision():
-            with torch.no_grad():
-                return model.embed_images(inputs.images)
+            return model.embed_images(inputs.images)
 
+        context = model.prefill(buffers, vision(), *rest)
         return {
             "vision": vision,
-            "prefix": lambda: model.prefill(buffers, *args),
+            "prefix": lambda: model.prefill(buffers, vision(), *rest),
             "denoise": lambda: model.denoise(buffers, context, noise),
         }
 
@@ -266,23 +272,27 @@ class Pi0Policy(Policy):
     def validate_batch(self, observations: Sequence[Mapping[str, Any]]) -> list[ValidatedObservation]:
         return self.processor.validate_batch(observations)
 
-    def run_validated(
+    def outputs(
         self, rows: Sequence[ValidatedObservation], *, noise=None, seed: int | None = None, num_steps=None
-    ) -> np.ndarray:
-        """Validated observations (:meth:`validate`) → robot actions ``[B, horizon, action_dim]`` float32.
+    ) -> dict[str, Any]:
+        """Validated observations (:meth:`validate`) → ``{"actions": [B, horizon, action_dim]}`` float32.
 
-        The device path when the rows pack into one upload; a batch whose camera frames differ in size between
-        rows goes through the host processor instead (same results).
+        The rows packed into one upload and the whole captured call; a batch whose camera frames differ in size
+        between rows goes through the host processor instead (same results).
         """
         raw = self.processor.pack_raw(rows)
-        if raw is not None:
-            raw = self._upload(raw)
-            actions = self.run(raw, self.make_noise(raw.batch_size, noise, seed), num_steps)
-            return actions.to(device="cpu").numpy()
-        logger.debug("camera sizes differ between rows; processing this batch on the host")
-        inputs = compact_inputs(self.processor.pack_model_inputs(rows), self.token_bucket).to(self.device)
-        chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed), num_steps)
-        return self.processor.postprocess(chunk)
+        if raw is None:
+            logger.debug("camera sizes differ between rows; processing this batch on the host")
+            inputs = compact_inputs(self.processor.pack_model_inputs(rows), self.token_bucket).to(self.device)
+            chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed), num_steps)
+            return {"actions": self.processor.postprocess(chunk)}
+        raw = self._upload(raw)
+        bucket, inputs, guidance = self.call_inputs(raw, self.make_noise(raw.batch_size, noise, seed), num_steps)
+        if guidance is None:
+            actions = self.whole_call(bucket, *inputs)
+        else:
+            actions = self.whole_call_rtc(bucket, *inputs, *guidance)
+        return {"actions": actions.to(device="cpu").numpy()}
 
 
 def load_pi0_policy(
@@ -371,16 +381,3 @@ def _with_views(io: IOSpec, num_views: int, is_checkpoint: bool) -> IOSpec:
             raise ValueError(f"num_views: at most {len(pool)} cameras are supported, got {num_views}")
         keys = pool[:num_views]
     return dataclasses.replace(io, image_keys=keys)
-
-
-def _is_lerobot_pi0_checkpoint(path: Path, config: dict[str, Any] | None) -> bool:
-    return config is not None and config.get("type") in ("pi0", "pi05")
-
-
-FAMILY = PolicyFamily(
-    name="pi0",
-    presets=tuple(PRESETS),
-    recognizes=_is_lerobot_pi0_checkpoint,
-    load=load_pi0_policy,
-    describe_checkpoint='a LeRobot pi0 / pi0.5 directory (config.json with "type": "pi0" or "pi05", model.safetensors)',
-)

@@ -41,11 +41,10 @@ def training_velocity(
 
     # Prefix: images and prompt embeddings, prefix-LM over valid tokens.
     if checkpoint_layers:
-        prefix, prefix_valid = checkpoint(
-            model.embed_prefix, images, image_masks, tokens, token_masks, use_reentrant=False
-        )
+        image_tokens = checkpoint(model.embed_images, images, use_reentrant=False)
     else:
-        prefix, prefix_valid = model.embed_prefix(images, image_masks, tokens, token_masks)
+        image_tokens = model.embed_images(images)
+    prefix, prefix_valid = model.embed_prefix(image_tokens, image_masks, tokens, token_masks)
     prefix_len = prefix.shape[1]
     state_len = 1 if cfg.has_state_token else 0
     suffix_len = state_len + horizon

@@ -2,8 +2,9 @@
 
 One :meth:`Pi0Model.sample_actions` call:
 
-1. **Prefix**: cameras through SigLIP and the projector, tokens through the pre-scaled embedding; the VLM runs once
-   over ``[images | tokens]`` (prefix-LM attention) and writes its K/V into a :class:`StaticKVCache`.
+1. **Prefix**: cameras through SigLIP and the projector (:meth:`Pi0Model.embed_images`), tokens through the
+   pre-scaled embedding; the VLM runs once over ``[images | tokens]`` (prefix-LM attention) and writes its K/V into
+   a :class:`StaticKVCache` (:meth:`Pi0Model.prefill`).
 2. **State token** (pi0 only): independent of the flow time, so it runs through the expert once per call.
 3. **Denoising**: ``num_steps`` Euler steps from t = 1 (noise) to 0, the expert over the action tokens attending
    to the cache in place, ``x ← x + dt · v``; what depends only on the schedule is in :class:`StepSchedule`.
@@ -194,33 +195,27 @@ class Pi0Model(nn.Module):
         tokens = self.projector(features)
         return tokens.view(batch, cams * self.config.vision.num_patches, -1)
 
-    def embed_prefix(self, images, image_masks, tokens, token_masks, image_tokens=None):
-        """Prefix embeddings ``[B, P, D]`` and validity ``[B, P]`` (images first, then prompt tokens).
-        ``image_tokens``: :meth:`embed_images`' output when it ran apart (an exported vision graph); ``images`` unused."""
-        if image_tokens is None:
-            image_tokens = self.embed_images(images)
-        image_tokens = image_tokens.to(self.compute_dtype)
+    def embed_prefix(self, image_tokens, image_masks, tokens, token_masks):
+        """Prefix embeddings ``[B, P, D]`` and validity ``[B, P]``: :meth:`embed_images`' tokens first, then the
+        prompt's (``tokens, token_masks: [B, L]``)."""
         text = F.embedding(tokens, self.embed_tokens)
-        prefix = torch.cat([image_tokens, text], dim=1)
+        prefix = torch.cat([image_tokens.to(self.compute_dtype), text], dim=1)
         image_valid = image_masks.repeat_interleave(self.config.vision.num_patches, dim=1)
         return prefix, torch.cat([image_valid, token_masks], dim=1)
 
     @torch.no_grad()
-    def prefill(
-        self, buffers: Pi0Buffers, images, image_masks, tokens, token_masks, state, image_tokens=None
-    ) -> PrefixContext:
+    def prefill(self, buffers: Pi0Buffers, image_tokens, image_masks, tokens, token_masks, state) -> PrefixContext:
         """Prefix pass (and pi0's state token) into the static cache; constants for the loop.
 
-        ``images: [B, N, 3, 224, 224]`` in [-1, 1], ``image_masks: [B, N]`` bool, ``tokens,
-        token_masks: [B, L]``, ``state: [B, max_state_dim]`` normalized (pi0; ignored by pi0.5); ``image_tokens``:
-        the vision tower's output instead of ``images`` (see :meth:`embed_prefix`).
+        ``image_tokens: [B, N * patches, D]`` (:meth:`embed_images`), ``image_masks: [B, N]`` bool, ``tokens,
+        token_masks: [B, L]``, ``state: [B, max_state_dim]`` normalized (pi0; ignored by pi0.5).
         """
         cfg, ops, dtype = self.config, self.ops, self.compute_dtype
         batch = tokens.shape[0]
         heads = cfg.vlm.num_heads
 
         # 1. prefix pass: the VLM writes K/V for every prefix position into the static cache.
-        prefix, prefix_valid = self.embed_prefix(images, image_masks, tokens, token_masks, image_tokens)
+        prefix, prefix_valid = self.embed_prefix(image_tokens, image_masks, tokens, token_masks)
         prefix_len = prefix.shape[1]
         total_len = self.sequence_length(prefix_len)
         self._check_buffers(buffers, batch, total_len)
@@ -317,7 +312,8 @@ class Pi0Model(nn.Module):
             buffers = self.new_buffers(tokens.shape[0], images.shape[1], tokens.shape[1], steps, tokens.device)
         elif num_steps is not None and num_steps != buffers.schedule.num_steps:
             raise ValueError(f"num_steps={num_steps} but the buffers hold a {buffers.schedule.num_steps}-step schedule")
-        context = self.prefill(buffers, images, image_masks, tokens, token_masks, state)
+        image_tokens = self.embed_images(images)
+        context = self.prefill(buffers, image_tokens, image_masks, tokens, token_masks, state)
         return self.denoise(buffers, context, noise, guidance)
 
     def denoise_step(self, x_t, step_constants, rope_tables, attention_mask, slots) -> torch.Tensor:
