@@ -290,8 +290,8 @@ class GrootModel(GrootHead):
         buffers: GrootBuffers,
         guidance: ChunkGuidance | None = None,
     ) -> torch.Tensor:
-        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); ``guidance``: real-time
-        chunking's inputs (see :meth:`action_head`)."""
+        """The whole call → the normalized chunk ``[B, horizon, max_action_dim]`` (fp32); ``guidance``: as in
+        :meth:`action_head`."""
         features = self.backbone(images, input_ids, valid, image_positions, buffers)
         return self.action_head(features, input_ids, valid, state, noise, buffers, guidance)
 
@@ -354,8 +354,7 @@ def assemble_buffers(values: dict) -> GrootBuffers:
 
 
 def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffers:
-    """``bucket``'s buffers built directly, sized exactly, without an owner (tools and tests that run the model
-    alone; a policy's runtime owns and shares them)."""
+    """``bucket``'s buffers built directly and sized exactly, with no runtime owning them (tools, tests)."""
     build = BufferBuilders(model, device)
     return assemble_buffers(
         {

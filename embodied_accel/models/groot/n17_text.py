@@ -38,8 +38,7 @@ def _has_vocab(directory: Path) -> bool:
 
 
 def find_n17_tokenizer_dir(*candidates: Path | str | None) -> Path | None:
-    """The first directory among ``candidates`` (and their ``tokenizer/`` / ``processor/`` subdirectories) that
-    holds a tokenizer and a chat template."""
+    """The first of ``candidates`` (or its ``tokenizer/`` / ``processor/``) holding a tokenizer and a chat template."""
     for candidate in candidates:
         if candidate is None:
             continue

@@ -244,8 +244,7 @@ def n17_weight_rules(config: GrootN17Config, slot: int = 0) -> list[Rule]:
 
 
 def init_n17_random_weights(model: GrootN17Model, seed: int, device) -> None:
-    """Seeded random weights for a preset (demos, tests, benchmarks without a checkpoint); NOT a trained policy.
-    Same draws as N1.6's presets (:func:`~.weights.init_random_weights`)."""
+    """Seeded random weights for a preset, as N1.6's (:func:`~.weights.init_random_weights`); NOT a trained policy."""
     from .weights import init_random_weights
 
     init_random_weights(model, seed, device)

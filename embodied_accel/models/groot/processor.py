@@ -1,9 +1,8 @@
 """GR00T N1.6's processor, as the official ``Gr00tN1d6Processor`` (eval mode) for one embodiment: observation dict
-→ model inputs, normalized actions → robot actions (checkpoint files :mod:`.embodiment`, images :mod:`.images`,
-rotations :mod:`.rotations`).
+→ model inputs, normalized actions → robot actions (checkpoint files :mod:`.embodiment`, rotations
+:mod:`.rotations`).
 
-* **Images**: shortest edge ``shortest_image_edge`` (OpenCV ``INTER_AREA``), centre crop ``crop_fraction``,
-  shortest edge again, sides to multiples of ``patch x unshuffle`` (28) by Pillow bicubic; ``(x - 127.5) / 127.5``.
+* **Images**: :mod:`.images`.
 * **Prompt**: refused above ``max_prompt_tokens`` x 64 bytes (:func:`~embodied_accel.errors.check_prompt_size`),
   lower-cased without punctuation, chat template (system turn, instruction, one ``<image-k>`` per frame,
   time-major), each placeholder → ``<image k><img>`` + ``<IMG_CONTEXT>`` x tokens + ``</img>``, Qwen2 BPE

@@ -360,8 +360,7 @@ class VggtModel(nn.Module):
         frames_chunk_size: int | None = 8,
         parallel: FrameParallel | None = None,
     ) -> VggtOutputs:
-        """Every enabled head on the aggregator's ``layers``, outputs of all frames at once (see
-        :meth:`dense_frames` for one chunk of frames at a time)."""
+        """Every enabled head on ``layers``, all frames at once (:meth:`dense_frames` runs one chunk of frames)."""
         out = VggtOutputs()
         batch, frames = buffers.batch, buffers.frames
         if self.camera_head is not None:
