@@ -47,8 +47,7 @@ class _PassPlan:
 
 
 def _last_before(keys_sorted: np.ndarray, order: np.ndarray, vertex: np.ndarray, position: np.ndarray, n: int):
-    """For each (vertex, position): the index of the last list entry before ``position`` whose vertex is ``vertex``,
-    or -1."""
+    """Per (vertex, position): the last list entry before ``position`` whose vertex is ``vertex``, or -1."""
     query = vertex.astype(np.int64) * (n + 1) + position
     found = np.searchsorted(keys_sorted, query, side="left") - 1
     valid = found >= 0

@@ -1,12 +1,11 @@
 """How many intra-op threads the texture stages (geometry and diffusion) run PyTorch's work on.
 
-libgomp's workers spin between parallel regions unless ``OMP_WAIT_POLICY=PASSIVE``, and on shared cores spinning
-workers make a second thread cost more than it gains on the stages' many small ops. The policy is read once, when
-PyTorch loads, so the ``embodied-accel`` command sets it before importing PyTorch (unless the environment does).
-:func:`geometry_threads` uses every thread only when workers sleep and the stage splits well (``splits_well``;
-not the condition maps), else one; :func:`model_thread_count` likewise for the UNets, with :data:`SMALL_WORK`
-multiply-adds of the first 3×3 convolution as the test. ``threads=`` overrides. Outputs do not depend on the
-count; measurements are in ``docs/texture_performance.md``.
+libgomp's workers spin between parallel regions unless ``OMP_WAIT_POLICY=PASSIVE`` (read once, when PyTorch
+loads; the ``embodied-accel`` command sets it first), and spinning workers make a second thread cost more than it
+gains on these many small ops. :func:`geometry_threads` uses every thread only when workers sleep and the stage
+splits well (not the condition maps), else one; :func:`model_thread_count` likewise for the UNets, a 3×3
+convolution of :data:`SMALL_WORK` multiply-adds being the test. ``threads=`` overrides. Outputs do not depend on
+the count; measurements: ``docs/texture_performance.md``.
 """
 
 from __future__ import annotations
@@ -45,8 +44,7 @@ def model_thread_count(multiply_adds: int) -> int:
 
 @contextlib.contextmanager
 def intra_op_threads(count: int) -> Iterator[int]:
-    """Run the body on ``count`` intra-op threads of the calling thread, restoring its count afterwards; yields
-    ``count``."""
+    """Run the body on ``count`` intra-op threads of the calling thread (restored afterwards); yields ``count``."""
     if count < 1:
         raise ValueError(f"threads: expected an integer >= 1, got {count}")
     before = torch.get_num_threads()

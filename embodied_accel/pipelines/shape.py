@@ -1,12 +1,10 @@
 """Image → 3-D mesh with Hunyuan3D-2: model, runtime and optional DiT cache, stage by stage.
 
-Timed stages (wall and CPU s): **conditioning** (DINOv2), **diffusion sampling** (flow matching, CFG batched),
-**volume decoding** (SDF logits on the octree grid, in the grid form of
-:mod:`~embodied_accel.models.hunyuan3d.grid_query` where it applies), **surface extraction** (marching cubes),
-**export** (by the caller). The
-:class:`~embodied_accel.runtime.runner.Runner` owns the static buffers and runs the DiT step (modulation as
-inputs) and the decoder (fixed-size point chunks) in the capture mode, one graph for every step or chunk. The
-DiT cache attaches through :func:`dit_cache_plan`; a cached step runs its pieces eagerly.
+Timed stages (wall and CPU s): **conditioning** (DINOv2), **diffusion sampling** (CFG batched), **volume decoding**
+(octree SDF, grid form of :mod:`~embodied_accel.models.hunyuan3d.grid_query` where it applies), **surface
+extraction** (marching cubes), **export** (by the caller). The :class:`~embodied_accel.runtime.runner.Runner` owns
+the static buffers and runs the DiT step and the decoder's fixed-size point chunks in the capture mode, one graph
+each; the DiT cache attaches through :func:`dit_cache_plan` (cached steps run eagerly).
 """
 
 from __future__ import annotations
@@ -347,8 +345,7 @@ def load_shape_pipeline(
     graph_backend: GraphBackend | None = None,
     plat: platform_mod.Platform | None = None,
 ) -> ShapePipeline:
-    """A pipeline from a released model directory (``config.yaml`` + weights) or a preset name (seeded random
-    weights)."""
+    """A pipeline from a released model directory (``config.yaml`` + weights) or a preset (seeded random weights)."""
     compute_dtype = platform_mod.resolve_dtype(dtype)
     Runner.prepare(capture, plat)
     device = platform_mod.normalize_device(device)

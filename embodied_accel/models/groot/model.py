@@ -1,15 +1,12 @@
 """GR00T N1.6: Eagle backbone (SigLIP2 + Qwen3) and the AlternateVLDiT flow-matching action head.
 
-:meth:`GrootModel.sample_actions`, for the one embodiment sliced out at load: SigLIP2 per image slot,
-pixel-unshuffle (2x2 → one 4C token) and ``mlp1``; the image tokens written into the prompt's embeddings; the
-truncated Qwen3 (causal, RoPE positions over valid tokens, so left padding changes nothing), final norm, ``vlln``;
-once per call the cross-attention K/V (one GEMM), masks and state tokens; then ``num_steps`` Euler steps from
-noise (t = 0) to data: ``x ← x + v / num_steps``, ``v`` the DiT's output on the action tokens, optionally steered
-by real-time chunking (:mod:`embodied_accel.nn.rtc`).
-
-A pure function of weights, inputs and the bucket's :class:`GrootBuffers` (position and rotary tables, causal
-mask, every step's AdaLN modulation and time features, the K/V buffer), built by :class:`BufferBuilders` and owned
-by the runtime, before any capture.
+:meth:`GrootModel.sample_actions`, for the embodiment sliced out at load: SigLIP2 per image slot, pixel-unshuffle
+(2x2 → one 4C token), ``mlp1``, image tokens written into the prompt; the truncated Qwen3 (causal, RoPE over valid
+tokens: left padding changes nothing), final norm, ``vlln``; once per call cross-attention K/V, masks and state
+tokens; then ``num_steps`` Euler steps from noise (t = 0): ``x ← x + v / num_steps``, optionally steered by
+real-time chunking (:mod:`embodied_accel.nn.rtc`). A pure function of weights, inputs and the bucket's
+:class:`GrootBuffers` (tables, masks, per-step modulation, K/V buffer), built by :class:`BufferBuilders` and
+owned by the runtime.
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """GR00T N1.7: Qwen3-VL backbone (Cosmos-Reason2-2B), optional vision-language self-attention, N1.6's
 AlternateVLDiT head (:class:`~.model.GrootHead`).
 
-:meth:`GrootN17Model.sample_actions`: backbone features of text layer ``select_layer`` (no final norm)
-``[B, L, D]``; ``vlln``, then the self-attention blocks by the bucket's ``vl_padding`` (:data:`VL_PADDING`):
-``"masked"`` attends only a row's valid tokens (each row equals the official row run alone), ``"official"``
-reproduces the official unmasked padded batch (keys the last ``Lmax`` positions, pads carrying
-:meth:`~.Qwen3VLBackbone.unattended` features); cross-attention K/V, masks and one state token from ``[B, T,
-max_state_dim]``; then N1.6's flow. A pure function of weights, inputs and the bucket's :class:`GrootN17Buffers`
-(built by :class:`N17BufferBuilders`, owned by the runtime).
+:meth:`GrootN17Model.sample_actions`: features of text layer ``select_layer`` (no final norm) ``[B, L, D]``;
+``vlln`` and the self-attention blocks by the bucket's ``vl_padding`` (:data:`VL_PADDING`: ``"masked"``, each row
+as the official row alone, or ``"official"``, the official unmasked padded batch); cross-attention K/V, masks and
+one state token from ``[B, T, max_state_dim]``; then N1.6's flow. A pure function of weights, inputs and the
+bucket's :class:`GrootN17Buffers` (built by :class:`N17BufferBuilders`, owned by the runtime).
 """
 
 from __future__ import annotations

@@ -5,12 +5,9 @@
   rule), rows ``[text + image, image, neither]``: ``ε_u + s_t (ε_ti − ε_i) + s_i (ε_i − ε_u)``.
 * :class:`MultiviewModel` (``UNet2p5DConditionModel``): six views denoised together from ``[noisy | normal |
   position]`` latents (12 channels), camera ids as class embeddings; each transformer block attends across views
-  and to the reference UNet's block inputs (run on the reference latents at ``t = 0`` with ``text_ref``).
+  and to the reference UNet's block inputs (run once, on the reference latents at ``t = 0`` with ``text_ref``).
   Guidance (not turbo, scale > 1): an unconditional row with zero text and no reference, ``ε_u + s (ε_c − ε_u)``.
-
-Same results as the official code, with the reference UNet run once per generation, the zero-weighted reference
-work of the unconditional row skipped and text K/V computed once. The turbo guidance-scale embedding is not fed
-by default, as the official UNet wrapper drops it (``embed_guidance=True`` feeds it); see ``docs/texture.md``.
+  The turbo guidance-scale embedding is not fed unless ``embed_guidance=True``, as the official wrapper drops it.
 """
 
 from __future__ import annotations

@@ -3,11 +3,9 @@
 The tensors show widths, depths, MLP ratios, register counts, the patch size, DINOv2's position grid, the
 aggregator's head count (its QK-norm weights are one head wide), the DPT and tracker widths and virtual tracks.
 The rest is read from ``config.json`` under upstream's constructor argument names, one section per module
-(``aggregator``, ``patch_embed``, ``camera_head``, ``dpt_head``, ``track_head``; an example in ``docs/vggt.md``);
-absent values take a matching preset's, else upstream's ``VGGT-1B`` defaults (as many heads as the aggregator,
-4 camera iterations, DPT layers ``[4, 11, 17, 23]``, tracker 4 iterations over 7 levels of radius 4, 8 heads).
-A value the tensors contradict, or an undecidable architecture (depth not 24 without ``intermediate_layer_idx``),
-is an error naming both.
+(``aggregator``, ``patch_embed``, ``camera_head``, ``dpt_head``, ``track_head``; ``VGGT-1B``'s in ``docs/vggt.md``);
+absent values take a matching preset's, else what upstream's constructors give ``VGGT-1B``. A value the tensors
+contradict, or an undecidable architecture (depth not 24 without ``intermediate_layer_idx``), names both.
 """
 
 from __future__ import annotations

@@ -153,8 +153,7 @@ def flow_frequencies(dim: int, device: torch.device) -> torch.Tensor:
 
 
 def flow_embedding(flows: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
-    """Sin/cos embedding of 2-D flows ``[M, T, 2]`` → ``[M, T, 4 * len(frequencies)]`` (x then y; sin, cos
-    interleaved)."""
+    """Sin/cos embedding of 2-D flows ``[M, T, 2]`` → ``[M, T, 4 * len(frequencies)]`` (x, y; sin, cos interleaved)."""
     angles = flows[..., None] * frequencies  # [M, T, 2, F]
     return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(-3)
 
