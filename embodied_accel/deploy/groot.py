@@ -1,6 +1,7 @@
 """An exported GR00T N1.6 or N1.7 model in ONNX Runtime: model inputs, padded by the policy's processor into the
 exported bucket → the normalized action chunk, every flow step included. The manifest carries the embodiment's
-keys and statistics; the host processing (image chain, chat template, relative actions) is not reproduced.
+keys and statistics (``call.embodiment``); the host processing (image chain, chat template, relative actions) is
+not reproduced.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ a runtime drives them.
 * ``family``, ``model``, ``source``, ``dtype``, ``opset``: what was exported, from where, in which precision;
 * ``graphs``: per graph its part (``vision``, ``prefix``, ...), bucket label (``b1``, ``frames2``), file (weights
   in ``.onnx.data`` beside it above ONNX's 2 GB limit) and every input's / output's name, shape, dtype;
-* ``call``: the rest as data: the loop (steps, ``dt``, schedule, guidance) and the pre- / post-processing.
+* ``call``: the rest as data: the loop (steps, ``dt``, schedule, guidance) and the pre- / post-processing (image
+  size and resize rule, normalization and statistics, prompt format and tokenizer file), a section per family.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 vertex graph, then OpenCV's Navier–Stokes inpainting.
 
 ``propagate_vertex_colors`` computes exactly what upstream's C++ ``meshVerticeInpaint`` does: corners on painted
-texels (``round(u · (W − 1))``, ``round((1 − v) · (H − 1))``) colour their vertex (last wins), the others queue it;
-each pass sets queued vertices in order, in place (Gauss–Seidel), to the ``1 / max(d, 1e-4)²``-weighted mean of
-coloured neighbours, until the uncoloured count has stayed as often as it changed, plus two; colours are written
-back at the corners. Passes run by level scheduling over versioned states, no Python loop over vertices; distances
-in double, weights and sums in float32 in the graph's order, as the C++ code.
+texels (``round(u · (W − 1))``, ``round((1 − v) · (H − 1))``) colour their vertex (last wins), the others queue it
+(corner order, repeats kept); edges link each corner's vertex to the next corner's of its face. Each pass sets
+queued vertices in order, in place (Gauss–Seidel), to the ``1 / max(d, 1e-4)²``-weighted mean of coloured
+neighbours (none: unchanged, still uncoloured), until the uncoloured count has stayed as often as it changed, plus
+two; colours are written back at the corners. Passes run by level scheduling over versioned states, no Python loop
+over vertices; distances in double, weights and sums in float32 in the graph's order, as the C++ code.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ same face indices and bit-identical barycentrics as Hunyuan3D-2's ``custom_raste
 
 * Clip ``(x, y, z, w)`` → pixel ``((x / w · ½ + ½) · (W − 1) + ½, (½ + ½ · y / w) · (H − 1) + ½)``, depth
   ``z / w · 0.49999 + ½``; output row ``r`` is the pixel row centred at ``r + ½``.
-* A face covers a pixel of its box when the centre's barycentrics are in [0, 1]: signed areas in float32, ``α`` in
-  double (as the C++ code) rounded to float32. Zero area covers nothing; back faces are drawn.
+* A face covers a pixel of its box (columns from ``trunc(x_min)`` while ``column < x_max + 1``, rows alike) when the
+  centre's barycentrics are in [0, 1]: signed areas in float32, ``α`` in double (as the C++ code) rounded to
+  float32. Zero area covers nothing; back faces are drawn.
 * Nearest wins by the int64 key ``trunc(depth · 2¹⁸) · (2³¹ − 1) + face + 1`` under ``scatter_reduce(amin)``: ties
   go to the lower face, independent of visit order. Negative depths and depths ≥ 8192 (where the C++ ``int``
   overflows) are not drawn. Winners' barycentrics are divided by ``w`` and renormalized.
@@ -34,8 +35,8 @@ _BLOCK_CANDIDATES = 1 << 20
 
 @dataclass(frozen=True)
 class Rasterization:
-    """What :func:`rasterize` returns: ``face_ids [H, W] int32`` (face index + 1, 0: none) and ``barycentric [H, W, 3]
-    float32`` (0 where none); also the covered pixels compact (``covered [K]`` ascending, ``covered_face [K]`` 0-based,
+    """What :func:`rasterize` returns: ``face_ids [H, W]`` int32 (face index + 1, 0: none) and ``barycentric [H, W, 3]``
+    float32 (0 where none); also the covered pixels compact (``covered [K]`` ascending, ``covered_face [K]`` 0-based,
     ``covered_barycentric [K, 3]``), computed on first use when made from the images alone."""
 
     face_ids: torch.Tensor
