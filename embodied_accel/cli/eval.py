@@ -1,11 +1,7 @@
-"""The ``embodied-accel eval libero`` command (options and body; cli.py registers it).
+"""The ``embodied-accel eval libero`` command (options and body; cli.py registers it); examples in docs/libero.md.
 
-    embodied-accel eval libero --checkpoint runs/pi05_libero/checkpoints/last/pretrained_model --suite spatial
-    embodied-accel eval libero --server ws://gpu-box:8000 --suite libero_10 --workers 8 --episodes 50  # the protocol
-    embodied-accel eval libero --model pi05-tiny --suite spatial --tasks 0 --max-steps 50  # plumbing
-
-By default one episode per task (LIBERO's protocol is ``--episodes 50``). Shows a progress bar and a line per stage
-and episode; writes ``OUT/results.json`` (per episode, task and suite) and ``OUT/videos/*.mp4``, prints the success
+By default one episode per task (LIBERO's protocol: ``--episodes 50``). Shows a progress bar and a line per stage
+and episode; writes ``OUT/results.json`` (per episode, task and suite) and ``OUT/videos/*.mp4``; prints the success
 table.
 """
 
@@ -185,10 +181,9 @@ def cmd_eval_libero(args: argparse.Namespace) -> int:
 def server_cameras(
     metadata: dict, requested: tuple[str, ...] | None, fallback: tuple[str, ...], url: str
 ) -> tuple[str, ...]:
-    """The policy cameras LIBERO's agent view (and wrist camera) feed on a policy server: ``requested``
-    (``--camera-keys``) when the server reads them, else the first two the server's connect-time metadata lists
-    (``cameras``), else ``fallback`` (LeRobot's LIBERO keys, for an openpi server that names none). Raises
-    ``ValueError`` naming both sides when the requested keys are not among the server's."""
+    """The policy cameras that LIBERO's agent view (and wrist camera) feed on a server: ``requested``
+    (``--camera-keys``) when the server reads them, else the first two of its connect-time ``cameras``, else
+    ``fallback`` (LeRobot's LIBERO keys). Requested keys the server lacks raise ``ValueError`` naming both sides."""
     served = tuple(metadata.get("cameras") or ())
     if requested is None:
         return served[:2] if served else fallback

@@ -119,10 +119,9 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def aten_op_counts(model: LoadedModel, call, progress: bool = False) -> tuple[int, str, int]:
-    """The aten ops of one call of ``call`` as ``bench`` records them and ``profile`` reports them: ``(count, method,
-    profiler's top-level count)``. An eager call counts every op it dispatches (a dispatch mode); a captured one, what
-    the profiler sees (a dispatch mode makes torch.compile skip its frames). ``progress``: a bar of the (slower than
-    timed) calls this makes."""
+    """The aten ops of one call of ``call`` as ``bench`` records and ``profile`` reports them: ``(count, method,
+    profiler's top-level count)``. Eager calls count every dispatched op (a dispatch mode); captured calls what the
+    profiler sees (a dispatch mode makes torch.compile skip its frames). ``progress``: a bar over these calls."""
     from ..bench import harness
 
     eager = model.capture == "eager"

@@ -1,8 +1,7 @@
-"""The ``embodied-accel`` command's process environment, set before PyTorch is loaded (``cli`` imports it before anything that loads PyTorch).
+"""The ``embodied-accel`` command's process environment, set before PyTorch loads (``cli`` imports this first).
 
-OpenMP's workers sleep between parallel regions instead of spinning: libgomp reads ``OMP_WAIT_POLICY`` once, when
-PyTorch loads it (see :mod:`embodied_accel.geometry.threads` for what spinning costs). An explicit setting in the
-environment is kept, and nothing is set once PyTorch is loaded (the setting would no longer describe the process).
+``OMP_WAIT_POLICY=PASSIVE``: libgomp reads it once, when PyTorch loads it, and sleeping workers leave shared cores
+free (:mod:`embodied_accel.geometry.threads`). An explicit setting is kept; nothing is set once PyTorch is loaded.
 """
 
 import os

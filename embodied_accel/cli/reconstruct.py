@@ -1,13 +1,9 @@
 """``embodied-accel reconstruct IMAGES_DIR -o scene.ply``: images of one scene → cameras, depth, coloured points.
 
-Outputs next to ``-o`` (``scene.ply``), written as the run goes: ``scene_cameras.json`` (per image: extrinsics,
-intrinsics) once the camera head is done (``--colmap``: also ``scene_colmap/`` in COLMAP's text format), then per
-chunk of frames ``scene_depth/<name>_{depth,conf,points,points_conf}.npy``, then the ``<name>_depth.png`` /
-``_conf.png`` previews, the point cloud ``scene.ply`` (filtered by confidence, assembled frame by frame) and, with
-``--glb``, ``scene.glb``. ``--max-memory GB`` sizes the dense heads' frame chunk; ``--plan`` prints the memory
-estimate and exits (docs/vggt.md). Under ``torchrun --nproc-per-node N`` with ``--sp``,
-the frames are split across the processes (sequence-parallel global attention); each chunk of every process's
-frames is gathered to rank 0 as it finishes, and rank 0 writes the outputs as above.
+Written next to ``-o`` as the run goes: ``scene_cameras.json`` (and ``--colmap``'s ``scene_colmap/``), per frame
+chunk ``scene_depth/<name>_{depth,conf,points,points_conf}.npy``, the depth / confidence PNGs, ``scene.ply`` (and
+``--glb``'s ``scene.glb``). ``--max-memory GB`` sizes the frame chunk, ``--plan`` prints the estimate and exits.
+Under ``torchrun`` with ``--sp`` frames are split across processes and gathered to rank 0 chunk by chunk.
 """
 
 from __future__ import annotations
@@ -235,11 +231,10 @@ def _gather_chunk(chunk_out: dict, world) -> list[dict] | None:
 
 def _reconstruct_streamed(args, runner, images, paths, outputs, say, progress: bool, world=None, local=None,
                           first: int = 0) -> int:  # fmt: skip
-    """The heads stream their outputs chunk by chunk to per-frame files, the point cloud is assembled from them
+    """Stream the heads' outputs chunk by chunk to per-frame files and assemble the point cloud from them
     (:class:`~embodied_accel.models.vggt.export.FrameWriter`, :func:`~.export.write_ply_frames`). Under ``--sp``
-    (``world``: the process group, ``local``: this process's frames from ``first``), every process streams its
-    shard, each chunk's outputs are gathered to rank 0 as it finishes (the shards have the same frame count:
-    padded), and rank 0 writes them; its memory is that of one chunk per process, not of the scene."""
+    (``world``: the group; ``local``: this process's frames from ``first``), each chunk is gathered to rank 0 (shards
+    padded to equal frame counts), which writes it: memory of one chunk per process, not of the scene."""
     import torch
 
     from ..models.vggt import export

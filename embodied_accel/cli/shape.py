@@ -1,9 +1,8 @@
 """``embodied-accel shape IMAGE -o mesh.glb``: one image → a 3-D mesh with Hunyuan3D-2, and mesh comparison.
 
-With ``--checkpoint DIR`` (a released model directory: ``config.yaml`` + ``model.fp16.safetensors``) the real model
-runs; without one, the ``hunyuan3d-tiny`` preset with seeded random weights (the command says so) on the bundled
-sample image, at octree resolution 64 unless given. ``--compare-to REF.glb`` reports Chamfer distance, F-score and
-volume IoU between the result and a reference mesh; ``--cache FILE.json`` attaches a DiT cache.
+``--checkpoint DIR`` (``config.yaml`` + ``model.fp16.safetensors``) runs the released model; without it the
+``hunyuan3d-tiny`` preset with seeded random weights (the command says so), the bundled image, octree 64.
+``--compare-to REF.glb``: Chamfer distance, F-score, volume IoU; ``--cache FILE.json``: a DiT cache.
 """
 
 from __future__ import annotations

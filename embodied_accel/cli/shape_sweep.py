@@ -1,13 +1,9 @@
 """DiT cache settings swept on Hunyuan3D-2: sampling speed against mesh quality, on the user's own weights.
 
-For one image and seed, :func:`sweep_cache` runs the uncached pipeline (the reference mesh), then every cache
-setting, and records for each: the sampling stage's time (median of ``runs``), steps computed / reused, the cache's
-estimate of DiT time saved, and the mesh's Chamfer distance, F-score@0.05 / @0.01 and volume IoU against the
-reference mesh. :func:`save_sweep` writes the record as JSON and a chart beside it (sampling speed-up against
-F-score@0.01, one marker per method). ``embodied-accel shape IMAGE --checkpoint DIR --sweep-cache OUT_DIR`` runs
-both; ``--sweep-configs FILE.json`` (a JSON list of cache settings) replaces :data:`DEFAULT_SWEEP`.
-
-On random weights the quality columns only show that the machinery works; judge settings on real weights.
+:func:`sweep_cache` runs the uncached pipeline (the reference mesh), then each setting, recording sampling time
+(median of ``runs``), steps computed / reused, the cache's saving estimate, and Chamfer distance, F-score@0.05 /
+@0.01 and volume IoU to the reference; :func:`save_sweep` writes JSON and a chart. Driven by ``shape --sweep-cache
+OUT_DIR`` (``--sweep-configs FILE.json`` replaces :data:`DEFAULT_SWEEP`). Judge settings on real weights only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """``embodied-accel texture MESH IMAGE -o textured.glb``: paint a mesh from one image with Hunyuan3D-Paint 2.0.
 
-With ``--checkpoint DIR`` (the folder holding ``hunyuan3d-delight-v2-0`` and ``hunyuan3d-paint-v2-0[-turbo]``, i.e.
-a local copy of ``tencent/Hunyuan3D-2``) the released models run; without one, the ``hunyuan3d-paint-tiny`` presets
-with seeded random weights (the command says so) on the bundled sample image and a built-in mesh. ``shape IMAGE
---texture`` runs the same after shape generation (:func:`add_texture_options`, :func:`texture_mesh`).
+``--checkpoint DIR`` (a local ``tencent/Hunyuan3D-2`` with ``hunyuan3d-delight-v2-0`` and
+``hunyuan3d-paint-v2-0[-turbo]``) runs the released models; without it the ``hunyuan3d-paint-tiny`` presets (seeded
+random weights, bundled image, built-in mesh; the command says so). ``shape --texture`` reuses
+:func:`add_texture_options` and :func:`texture_mesh`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The ``embodied-accel train`` command (options and body; cli.py registers it).
-
-    embodied-accel train          # a few steps of pi0-tiny on the built-in sample dataset, into runs/sample
-    embodied-accel train --dataset /data/libero --checkpoint /models/pi05_base --out runs/pi05_libero \\
-        --steps 30000 --batch-size 32 --gradient-checkpointing
-    embodied-accel train --config runs/pi05_libero.toml --resume
-    torchrun --nproc-per-node 8 -m embodied_accel.cli train --config runs/pi05_libero.toml --parallel fsdp
+"""The ``embodied-accel train`` command (options and body; cli.py registers it); examples in docs/fine-tuning.md.
 
 Flags override the config file, which overrides the defaults (LeRobot's pi0 / pi0.5 optimizer settings). Without a
-dataset (no ``--dataset``, none in the config file), the run trains on the built-in sample dataset
-(:mod:`embodied_accel.data.sample_dataset`, written under the output directory) with :data:`SAMPLE_RUN`'s settings
-where none are given: a checkpoint that ``embodied-accel run --checkpoint`` runs on the bundled sample observation.
+dataset the run trains on the built-in sample dataset (:mod:`embodied_accel.data.sample_dataset`, written under the
+output directory) with :data:`SAMPLE_RUN`'s settings: a checkpoint that ``run --checkpoint`` runs on the bundled
+sample observation.
 """
 
 from __future__ import annotations

@@ -4,10 +4,9 @@
 >>> policy = deploy.load("exports/pi0")               # CPU; providers="cuda" / "tensorrt" with onnxruntime-gpu
 >>> policy.infer(observation, noise=noise)["actions"]  # the whole call, every denoising step
 
-Each family's runner reads its section of the manifest (:mod:`.manifest`): pi0 / pi0.5 as a policy
-(:class:`.pi0.OnnxPi0Policy`: processing, vision, prefix, the loop), GR00T N1.6 from model inputs to the normalized
-chunk (:class:`.groot.OnnxGrootModel`), VGGT per frame-count bucket (:class:`.vggt.OnnxVggt`), Hunyuan3D-2's
-sampling loop and decoder (:class:`.hunyuan3d.OnnxShapeModel`).
+Runners per family read their manifest section (:mod:`.manifest`): :class:`.pi0.OnnxPi0Policy` (a whole policy),
+:class:`.groot.OnnxGrootModel` (model inputs → normalized chunk), :class:`.vggt.OnnxVggt`,
+:class:`.hunyuan3d.OnnxShapeModel`.
 """
 
 from __future__ import annotations

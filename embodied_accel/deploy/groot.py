@@ -1,8 +1,7 @@
-"""An exported GR00T N1.6 or N1.7 model in ONNX Runtime: model inputs (as the policy's processor pads them into the exported
-bucket) → the normalized action chunk, every flow step included.
-
-The embodiment's keys and statistics are in the manifest (``call.embodiment``); the image chain, the chat-template
-prompt and the relative-action decoding of the policy's host processor are not reproduced here.
+"""An exported GR00T N1.6 or N1.7 model in ONNX Runtime: model inputs, padded by the policy's processor into the
+exported bucket → the normalized action chunk, every flow step included. The manifest carries the embodiment's
+keys and statistics (``call.embodiment``); the host processing (image chain, chat template, relative actions) is
+not reproduced.
 """
 
 from __future__ import annotations

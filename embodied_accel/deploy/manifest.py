@@ -1,16 +1,11 @@
-"""The manifest of an exported directory: which ONNX graphs it holds and how a runtime drives them.
-
-An export is a directory of ``.onnx`` files (one per part and shape bucket, weights in a ``.onnx.data`` file beside
-it when the graph is over ONNX's 2 GB protobuf limit) and ``manifest.json``:
+"""The manifest of an exported directory (plain JSON and numpy, readable without PyTorch): its ONNX graphs and how
+a runtime drives them.
 
 * ``family``, ``model``, ``source``, ``dtype``, ``opset``: what was exported, from where, in which precision;
-* ``graphs``: per graph its part (``vision``, ``prefix``, ``denoise_step``, ...), its bucket label (the static shape
-  it was traced at, e.g. ``b1`` or ``frames2``), its file, and the name, shape and dtype of every input and output;
-* ``call``: what is not in a graph, as data: the loop (steps, ``dt``, the time schedule, classifier-free guidance)
-  and the pre- and post-processing (image size and resize rule, normalization mode and statistics, prompt format
-  and tokenizer file). Each family's runner (:mod:`embodied_accel.deploy`) reads its own section.
-
-Plain JSON and numpy only: a deployment reads it without PyTorch.
+* ``graphs``: per graph its part (``vision``, ``prefix``, ...), bucket label (``b1``, ``frames2``), file (weights
+  in ``.onnx.data`` beside it above ONNX's 2 GB limit) and every input's / output's name, shape, dtype;
+* ``call``: the rest as data: the loop (steps, ``dt``, schedule, guidance) and the pre- / post-processing (image
+  size and resize rule, normalization and statistics, prompt format and tokenizer file), a section per family.
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""An exported pi0 / pi0.5 policy in ONNX Runtime: the whole call (pre-processing, vision, prefix, every denoising
-step, post-processing) with numpy and the exported graphs only, no PyTorch.
+"""An exported pi0 / pi0.5 policy in ONNX Runtime: processing, vision, prefix, every denoising step, with numpy and
+the graphs only.
 
-The processing follows the manifest's ``call`` section, which the exporter wrote from the policy's own processor:
-frames to ``[-1, 1]`` with openpi's resize-with-pad (bilinear, ``align_corners=False``, no antialias, then
-clamped and zero-padded centred), a missing camera as a ``-1`` image with its mask off, the state normalized with
-the checkpoint's statistics and zero-padded, the instruction tokenized with the exported SentencePiece model
-(pi0: ``task + "\\n"``; pi0.5: the task and the state in 256 bins), and the actions truncated and un-normalized.
+As the manifest's ``call`` section says (written from the policy's processor): openpi's resize-with-pad to
+``[-1, 1]`` (bilinear, ``align_corners=False``, no antialias), a missing camera as a ``-1`` image with its mask
+off, the state normalized and zero-padded, the prompt from the exported SentencePiece model (pi0: ``task + "\\n"``;
+pi0.5: task and state in 256 bins), actions truncated and un-normalized.
 """
 
 from __future__ import annotations

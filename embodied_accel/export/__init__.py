@@ -1,12 +1,9 @@
 """Export a model to ONNX for deployment: :func:`export_model`, or ``embodied-accel export``.
 
-Every family contributes a small description of its graphs (``embodied_accel.export.<family>``: which modules,
-which static shapes, which inputs and outputs, what the manifest records); one engine (:mod:`.engine`) traces,
-checks and verifies them and writes the manifest. The exported directory runs without PyTorch through
-:mod:`embodied_accel.deploy`; :mod:`.tensorrt` builds TensorRT engines from it.
-
-Graphs are traced through the reference backend on the CPU (the fused backends' custom ops have no ONNX form), in
-the requested dtype.
+Each family describes its graphs (``embodied_accel.export.<family>``: modules, static shapes, inputs, outputs,
+manifest fields); one engine (:mod:`.engine`) traces, checks and verifies them and writes the manifest, traced
+through the reference backend on the CPU (fused ops have no ONNX form) in the requested dtype. The result runs
+without PyTorch through :mod:`embodied_accel.deploy`; :mod:`.tensorrt` builds TensorRT engines from it.
 """
 
 from __future__ import annotations
@@ -112,8 +109,8 @@ def export_model(
     """Export ``source`` (a preset name or a checkpoint) into the directory ``output``; returns the manifest.
 
     ``parts``: a subset of the family's parts (default: all). ``options`` go to the family: ``batch``, ``num_steps``
-    (policies, Hunyuan3D-2), ``frames`` / ``image_hw`` (VGGT), ``guidance`` / ``chunk`` (Hunyuan3D-2), and the loader's
-    ``tokenizer``, ``preset``, ``embodiment``, ``num_views``, ``seed``.
+    (policies, Hunyuan3D-2), ``frames`` / ``image_hw`` (VGGT), ``guidance`` / ``chunk`` (Hunyuan3D-2), and the
+    loader's ``tokenizer``, ``preset``, ``embodiment``, ``num_views``, ``seed``.
     """
     family = family_of(source)
     known = family.parts

@@ -1,10 +1,7 @@
-"""The one export engine: every family describes its graphs (:class:`GraphExport`), this module traces them to ONNX,
-checks them (``onnx.checker``, then ONNX Runtime on the CPU against the eager module on the same inputs) and writes
-the manifest.
-
-A family never exports anything itself: it hands over modules whose ``forward`` is a pure function of tensors (the
-model's own methods, through the reference backend), example inputs at each bucket's static shapes, and the ``call``
-section of the manifest (loop and processing as data).
+"""The one export engine: families describe their graphs (:class:`GraphExport`: modules whose ``forward`` is a
+pure function of tensors, example inputs at each bucket's static shapes, the manifest's ``call`` section); this
+module traces them to ONNX, checks them (``onnx.checker``, then ONNX Runtime on the CPU against the eager module)
+and writes the manifest. A family never exports anything itself.
 """
 
 from __future__ import annotations
@@ -40,11 +37,9 @@ class ExportError(ValueError):
 
 @dataclass(frozen=True)
 class GraphExport:
-    """One graph: ``module(*inputs)`` at one static shape bucket.
-
-    ``module.forward`` takes the inputs positionally and returns one tensor or a tuple (``outputs`` names them); it
-    must be a pure function of its inputs and its registered parameters / buffers (no state carried between calls).
-    """
+    """One graph: ``module(*inputs)`` at one static shape bucket. ``module.forward`` takes the inputs positionally,
+    returns one tensor or a tuple (named by ``outputs``) and is a pure function of its inputs, parameters and
+    buffers."""
 
     part: str
     bucket: str

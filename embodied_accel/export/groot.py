@@ -1,16 +1,14 @@
 """GR00T N1.6 and N1.7 for export: the backbone, the action head's per-call context, and one action-head step.
 
-* ``backbone``: N1.6: image slots, prompt ids (left-padded), validity and the image tokens' positions → the Eagle
-  backbone's features ``[B, L, D]`` (SigLIP2, pixel-unshuffle, the projector, the truncated Qwen3); N1.7: prompt ids,
-  validity and the images' patches → the Qwen3-VL backbone's features (the bucket's patch grids are fixed);
-* ``action_context``: features, ids, validity and the normalized state → the state tokens and every
-  cross-attention block's K/V ``[blocks, 2, B, H, L, Dh]`` (once per call, as the eager head computes them);
-* ``action_step``: ``x_t``, the step index, the state tokens, the cross K/V and the prompt → the velocity of one
-  flow step (the DiT with the step's AdaLN modulation and time features from per-step tables).
+* ``backbone``: prompt ids (left-padded), validity and images (N1.6: image slots and token positions; N1.7: the
+  patches at the bucket's fixed grids) → features ``[B, L, D]``;
+* ``action_context``: features, ids, validity, normalized state → state tokens and every cross-attention block's
+  K/V ``[blocks, 2, B, H, L, Dh]``, once per call;
+* ``action_step``: ``x_t``, step index, state tokens, cross K/V, prompt → one flow step's velocity (per-step AdaLN
+  and time-feature tables).
 
-The shape bucket (image grids, prompt length, batch, steps) is the one a sample observation of the embodiment falls
-into, as the policy pads it; the manifest records it with the loop (``x ← x + v / steps`` from t = 0) and the
-embodiment's keys and statistics.
+The bucket is the one a sample observation of the embodiment pads to; the manifest records it, the loop
+(``x ← x + v / steps`` from t = 0) and the embodiment's keys and statistics.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Hunyuan3D-2 shape generation for export: the conditioner, one DiT step, and the ShapeVAE decoder.
-
-* ``conditioner``: the processed image ``[1, 3, S, S]`` in [-1, 1] → DINOv2 condition tokens;
-* ``dit_step``: the model input (``[latents | latents]`` with classifier-free guidance), the step index and the
-  condition tokens → the velocity (the condition rows embedded in the graph, the step's modulation from per-step
-  tables);
-* ``vae_decoder``: sampled latents → the geometry keys and values every query reads;
-* ``vae_query``: a chunk of query points ``[1, N, 3]`` with those keys and values → SDF logits ``[B, N]``.
-
-The sampling loop (the schedule's ``dt`` per step, the guidance scale and how the two halves combine) is in the
-manifest; volume decoding (the octree grid, hierarchical refinement) and marching cubes stay with the caller.
+"""Hunyuan3D-2 shape generation for export: ``conditioner`` (processed image ``[1, 3, S, S]`` in [-1, 1] → DINOv2
+tokens), ``dit_step`` (model input, ``[latents | latents]`` under guidance, step index and condition → velocity;
+per-step modulation tables), ``vae_decoder`` (latents → geometry keys / values) and ``vae_query`` (points
+``[1, N, 3]`` → SDF logits ``[B, N]``). The sampling loop is in the manifest; octree decoding and marching cubes
+stay with the caller.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """pi0 / pi0.5 for export: the three graphs TensorRT deployments split these models into, and the manifest's call.
 
-* ``vision``: camera images ``[B, N, 3, S, S]`` in [-1, 1] → projected image tokens ``[B, N·patches, D]``
-  (SigLIP and the projector);
-* ``prefix``: image tokens, prompt tokens, their masks (and pi0's normalized state) → the KV cache of every VLM
-  layer over the prefix (and pi0's state token), ``[depth, 2, B, Hkv, P (+1), Dh]``, and the action tokens' rotary
-  tables and attention mask (``action_*``, :class:`ActionContext`), the same at every step of the call;
-* ``denoise_step``: the noisy actions ``x_t``, the step index, that cache and that context → the velocity of one
-  Euler step (the action expert reading the cache; the step's time features or adaRMS modulation come from
-  per-step tables in the graph). Exports written before the context moved into the prefix graph take the masks
-  instead and build it every step; the deployed loop feeds whichever inputs the step graph declares.
+* ``vision``: images ``[B, N, 3, S, S]`` in [-1, 1] → image tokens ``[B, N·patches, D]``;
+* ``prefix``: image and prompt tokens, masks (pi0: normalized state) → every VLM layer's prefix KV
+  ``[depth, 2, B, Hkv, P (+1), Dh]`` and the action tokens' rotary tables and mask (:class:`ActionContext`);
+* ``denoise_step``: ``x_t``, step index, that cache and context → one Euler step's velocity (per-step tables).
 
-Each graph runs the model's own methods (:meth:`~embodied_accel.models.pi0.model.Pi0Model.embed_images`,
-``prefill``, ``action_context``, ``denoise_step``) through the reference backend. Their KV cache is a
-:class:`~embodied_accel.nn.kv_cache.SegmentedKVCache`: each pass writes a tensor of its own positions and attends
-to the earlier ones concatenated before it, so the step reads ``prefix_kv`` where it lies (a static cache inside a
-graph is a zeroed buffer per call, the prefix copied into it and every layer's write a scatter over it, which made
-each step about 2x slower in ONNX Runtime). The loop (``x ← x + dt·v`` over the schedule) and the pre- and
-post-processing are in the manifest.
+Each graph runs the model's own methods through the reference backend, with a
+:class:`~embodied_accel.nn.kv_cache.SegmentedKVCache` (each pass writes its own positions and reads earlier ones
+where they lie; a static cache in a graph would be a zeroed, scattered buffer per call, see docs/export.md). The
+loop and the processing are in the manifest.
 """
 
 from __future__ import annotations

@@ -61,10 +61,9 @@ def _rebuild_sequence(parts, kind: type) -> Callable[[list[torch.Tensor]], Any]:
 
 
 class CarriedTensors:
-    """A nesting of tensors (dataclasses, tuples, lists; ``None``, numbers and strings kept as constants) that one
-    graph computes and another reads, as named graph outputs and inputs: one graph returns :meth:`tensors` (named
-    :attr:`names`), the other takes them and :meth:`rebuild` gives the nesting back. The structure is learnt from an
-    example of it, e.g. a pass's prepared rotary tables and attention mask."""
+    """A nesting of tensors (dataclasses, tuples, lists; ``None``, numbers, strings kept as constants) that one graph
+    computes and another reads, as named outputs / inputs: :meth:`tensors` (named :attr:`names`) out of one,
+    :meth:`rebuild` in the other. The structure is learnt from an example, e.g. a pass's rotary tables and mask."""
 
     def __init__(self, example: Any, name: str):
         _, names, self._rebuild = _flatten(example, name, constants=True)

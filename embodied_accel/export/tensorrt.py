@@ -1,9 +1,7 @@
-"""TensorRT engines for an exported directory, through TensorRT's Python API (``pip install tensorrt`` on an NVIDIA
-machine): one serialized engine per graph, ``<graph>.<precision>.plan`` beside it, listed in ``tensorrt.json``.
-
-Precisions: ``fp32``; ``fp16`` and ``bf16`` (TensorRT picks per layer between that and fp32); ``fp8`` (Hopper and
-newer, compute capability 8.9+: FP8 kernels where the graph carries FP8 quantize / dequantize pairs, e.g. from NVIDIA
-ModelOpt, fp16 elsewhere). Shapes are the export's static buckets, so every engine has exactly one profile.
+"""TensorRT engines for an exported directory through TensorRT's Python API (``pip install tensorrt`` on an NVIDIA
+machine): ``<graph>.<precision>.plan`` per graph, listed in ``tensorrt.json``, one profile each (static buckets).
+Precisions: ``fp32``; ``fp16`` / ``bf16`` (TensorRT picks per layer against fp32); ``fp8`` (compute capability
+8.9+, FP8 kernels where the graph has FP8 Q/DQ pairs, e.g. from ModelOpt, fp16 elsewhere).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""VGGT for export: the whole forward (aggregator, camera head, depth and point heads) per frame-count bucket.
-
-One graph per number of frames (``forward_frames{S}``): images ``[B, S, 3, H, W]`` in [0, 1] → the pose encoding
-``[B, S, 9]``, depth ``[B, S, H, W, 1]`` and its confidence, world points ``[B, S, H, W, 3]`` and their confidence.
-The per-shape constants (DINOv2's interpolated position table, the 2-D rotary tables, the normalization) are the
-bucket's :class:`~embodied_accel.models.vggt.buffers.VggtBuffers`, folded into the graph. The track head (query
-points) is not exported.
+"""VGGT for export: one graph per frame count (``forward_frames{S}``), images ``[B, S, 3, H, W]`` in [0, 1] → pose
+encoding ``[B, S, 9]``, depth ``[B, S, H, W, 1]``, world points ``[B, S, H, W, 3]`` and their confidences. The
+bucket's :class:`~embodied_accel.models.vggt.buffers.VggtBuffers` are folded in; the track head is not exported.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
-"""Baking views into a UV texture: back-projection per view and the weighted merge (Hunyuan3D-2's ``bake_mode
-'linear'`` and ``merge_method 'fast'``), on tensors, no per-pixel Python.
+"""Baking views into a UV texture as Hunyuan3D-2's ``bake_mode 'linear'`` / ``merge_method 'fast'``, on tensors.
 
-Per view (``back_project``): rasterize the camera (the cached rasterization of the maps), interpolate the
-camera-space vertex normals, the texture coordinates and the depth; weight each pixel by the cosine between its normal
-and the viewing direction (0 beyond 75°); drop pixels near the silhouette (the visibility mask eroded by a square of
-``2 · int(render_size / 256) + 1`` pixels) and near depth edges (Canny on the 8-bit normalized depth, dilated by the
-same square); splat the kept pixels' colours and cosines into the texture with bilinear weights (a weighted mean per
-texel), and the kept pixels' boundary indicator (1 on the dilated depth edges) the same way: upstream's
-``boundary_map``. The kept pixels exclude the dilated edges, so with this rule that map is 0 wherever the view
-painted (upstream's is too); it is computed from the kept pixels that are on an edge, at no cost when there are none.
-The merge (``merge_views``) adds the views' textures weighted by ``view_weight · cos⁴``, skipping a view whose
-painted texels are already 99 % painted, and divides by the summed weight.
+``back_project`` per view: interpolate camera-space normals, UVs and depth on the cached rasterization; weight each
+pixel by the cosine to the view direction (0 beyond 75°); drop pixels near the silhouette (mask eroded by a
+``2 · int(render_size / 256) + 1`` square) and near depth edges (Canny on 8-bit depth, dilated alike); splat
+colours, cosines and the edge indicator (upstream's ``boundary_map``, 0 wherever the view painted) with bilinear
+weights. ``merge_views`` sums views weighted by ``view_weight · cos⁴``, skipping a view whose texels are already
+99 % painted, and divides by the summed weight.
 """
 
 from __future__ import annotations
@@ -33,11 +28,10 @@ BAKE_EXPONENT = 4
 
 @dataclass(frozen=True)
 class ViewBake:
-    """One view splatted into a ``size × size`` texture, kept on the texels something landed on: ``texels [M]``
-    (flat indices, ascending), ``colors [M, C]`` (the weighted mean colour there), ``cosines [M, 1]`` (the
-    weighted mean cosine) and ``boundaries [M, 1]`` (the weighted mean of the boundary indicator; ``None``: not
-    computed). ``texture [T, T, C]``, ``cosine [T, T, 1]`` and ``boundary [T, T, 1]`` are the dense maps (0
-    elsewhere): upstream ``back_project``'s three outputs."""
+    """One view splatted into a ``T × T`` texture, kept on the texels it reached: ``texels [M]`` (flat, ascending),
+    weighted means ``colors [M, C]``, ``cosines [M, 1]``, ``boundaries [M, 1]`` (``None``: not computed). The
+    dense ``texture [T, T, C]``, ``cosine`` and ``boundary [T, T, 1]`` (0 elsewhere) are upstream
+    ``back_project``'s outputs."""
 
     size: int
     texels: torch.Tensor
@@ -93,10 +87,9 @@ def _square_max(mask: np.ndarray, size: int) -> np.ndarray:
 
 
 def splat_bilinear(size: int, coords: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Splat ``values [N, C]`` at ``coords [N, 2]`` (row, column in [0, 1]) into a ``size × size`` grid with
-    bilinear weights: returns ``(Σ w·value, Σ w)`` as ``[size, size, C]`` and ``[size, size, 1]``. Each texel's sums
-    are added in upstream's order: the four corner passes (00, 01, 10, 11) one after the other, each in the points'
-    order."""
+    """Splat ``values [N, C]`` at ``coords [N, 2]`` (row, column in [0, 1]) with bilinear weights into a
+    ``size × size`` grid → ``(Σ w·value [size, size, C], Σ w [size, size, 1])``, added in upstream's order (corner
+    passes 00, 01, 10, 11, each in point order)."""
     sums = _splat_sums(size, coords, values).view(-1, size, size).permute(1, 2, 0)
     return sums[..., :-1], sums[..., -1:]
 
@@ -118,10 +111,9 @@ def _splat_corners(size: int, coords: torch.Tensor) -> tuple[tuple[torch.Tensor,
 
 def splat_indicator(size: int, coords: torch.Tensor, on: torch.Tensor, texels: torch.Tensor,
                     weight_sums: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """The weighted mean, at ``texels [M]`` (ascending; where ``weight_sums [M]`` of all the points' weights are
-    positive), of a 0 / 1 value per point that is 1 on the points ``on [N]`` (bool): ``[M, 1]``. Only those points are
-    splatted: a 0 adds nothing to a sum, so the sums are :func:`splat_bilinear`'s of the whole 0 / 1 channel, bit for
-    bit (the same additions in the same order); corners landing off ``texels`` are dropped."""
+    """Weighted mean ``[M, 1]`` at ``texels [M]`` (ascending, positive ``weight_sums``) of a 0 / 1 value that is 1 on
+    points ``on [N]``. Only those points are splatted; zeros add nothing, so the sums equal :func:`splat_bilinear`'s
+    of the whole channel bit for bit. Corners off ``texels`` are dropped."""
     sums = weight_sums.new_zeros(texels.shape[0])
     if texels.numel():
         corner_texels, corner_weights = _splat_corners(size, coords[on])
@@ -191,10 +183,8 @@ def back_project(renderer: MeshRenderer, image: torch.Tensor, camera: Camera) ->
 
 
 def _power(values: torch.Tensor, exponent: int) -> torch.Tensor:
-    """``values ** exponent`` as upstream computes it on a whole texture. PyTorch's CPU ``pow`` evaluates full SIMD
-    vectors with SLEEF and a length's remainder with ``std::pow``, which may differ in the last bit; a texture of
-    ``T²`` texels has no remainder, so the texels gathered here are padded to a multiple of 64 to take the vector
-    path too."""
+    """``values ** exponent`` bit-equal to upstream's on a whole texture: CPU ``pow`` uses SLEEF on full SIMD vectors
+    and ``std::pow`` on the remainder (last-bit differences), so the gathered texels are padded to a multiple of 64."""
     flat = values.reshape(-1)
     padded = torch.cat([flat, flat.new_zeros(-flat.numel() % 64)])
     return (padded**exponent)[: flat.numel()].view(values.shape)

@@ -1,22 +1,13 @@
-"""Filling a baked texture's unpainted texels: colour propagation over the mesh's vertex graph, then OpenCV's
-Navier–Stokes inpainting (Hunyuan3D-2's ``uv_inpaint``).
+"""Filling a baked texture's unpainted texels as Hunyuan3D-2's ``uv_inpaint``: colour propagation over the mesh's
+vertex graph, then OpenCV's Navier–Stokes inpainting.
 
-The vertex pass (``propagate_vertex_colors``) computes exactly what upstream's C++ ``meshVerticeInpaint``
-computes, without a loop over vertices in Python:
-
-* A face corner whose texel (``round(u · (W − 1))``, ``round((1 − v) · (H − 1))``) is painted gives its vertex that
-  texel's colour (the last such corner wins); every other corner puts its vertex on the *list* (in corner order,
-  repeats kept). The graph links each corner's vertex to the next corner's vertex of the same face.
-* A pass visits the list in order and sets each entry's vertex to the mean of its coloured neighbours' colours,
-  weighted by ``1 / max(distance, 1e-4)²``, *in place* (Gauss–Seidel: an entry sees the entries before it in the same
-  pass); an entry with no coloured neighbour leaves its vertex as it is and counts as uncoloured. Passes repeat until
-  the count has stayed the same as often as it changed, plus two.
-* Every coloured vertex's colour is written at its corners' texels (the last corner wins).
-
-A pass is computed exactly by level scheduling: each entry depends on the latest earlier entries (same pass) of its
-neighbours and of its own vertex; entries whose dependencies are computed form one level and are evaluated together,
-reading versioned states (one slot per entry, plus each vertex's state from the previous pass). The arithmetic is the
-C++ code's: distances in double precision, weights squared and colours accumulated in float32 in the graph's order.
+``propagate_vertex_colors`` computes exactly what upstream's C++ ``meshVerticeInpaint`` does: corners on painted
+texels (``round(u · (W − 1))``, ``round((1 − v) · (H − 1))``) colour their vertex (last wins), the others queue it
+(corner order, repeats kept); edges link each corner's vertex to the next corner's of its face. Each pass sets
+queued vertices in order, in place (Gauss–Seidel), to the ``1 / max(d, 1e-4)²``-weighted mean of coloured
+neighbours (none: unchanged, still uncoloured), until the uncoloured count has stayed as often as it changed, plus
+two; colours are written back at the corners. Passes run by level scheduling over versioned states, no Python loop
+over vertices; distances in double, weights and sums in float32 in the graph's order, as the C++ code.
 """
 
 from __future__ import annotations
@@ -57,8 +48,7 @@ class _PassPlan:
 
 
 def _last_before(keys_sorted: np.ndarray, order: np.ndarray, vertex: np.ndarray, position: np.ndarray, n: int):
-    """For each (vertex, position): the index of the last list entry before ``position`` whose vertex is ``vertex``,
-    or -1."""
+    """Per (vertex, position): the last list entry before ``position`` whose vertex is ``vertex``, or -1."""
     query = vertex.astype(np.int64) * (n + 1) + position
     found = np.searchsorted(keys_sorted, query, side="left") - 1
     valid = found >= 0

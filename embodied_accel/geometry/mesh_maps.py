@@ -1,10 +1,9 @@
 """A UV-mapped mesh placed for Hunyuan3D-2's texture cameras, its rasterizations (each computed once), and the
 normal and position maps the multiview model is conditioned on.
 
-Placement follows upstream's ``MeshRender.set_mesh``: ``(x, y, z) → (−x, z, −y)`` (the shape generator's axes to
-the renderer's), the bounding-box centre moved to the origin and the farthest vertex to ``1.15 / 2``; texture ``v`` is
-flipped (``1 − v``). Every step is the same float32 operation upstream performs, so the maps agree with upstream's to
-float32 rounding (bit for bit where the operations are the same kernels).
+Placement as upstream's ``MeshRender.set_mesh``: ``(x, y, z) → (−x, z, −y)``, bounding-box centre at the origin,
+farthest vertex at ``1.15 / 2``, ``v`` flipped; every step upstream's float32 operation, so maps agree to float32
+rounding.
 """
 
 from __future__ import annotations
@@ -35,10 +34,9 @@ class UVMesh:
 
 
 def vertex_normals(positions: torch.Tensor, faces: torch.Tensor) -> torch.Tensor:
-    """Per-vertex mean of the unit face normals around it, normalized as trimesh's ``mean_vertex_normals`` does it:
-    the face normals summed in float32 in face order, squared in float32, the squares added in float64, the vector
-    multiplied by the float64 reciprocal of the norm and rounded to float32. A vertex whose norm is at most trimesh's
-    zero tolerance is multiplied by the norm itself (trimesh leaves it unnormalized), float32 ``[V, 3]``."""
+    """Unit per-vertex normals ``[V, 3]`` float32 as trimesh's ``mean_vertex_normals``: face normals summed in float32
+    in face order, squares added in float64, scaled by the float64 reciprocal norm; a norm within trimesh's zero
+    tolerance multiplies instead (left unnormalized, as trimesh)."""
     tri = positions[faces]  # [F, 3, 3]
     face_normals = F.normalize(torch.cross(tri[:, 1] - tri[:, 0], tri[:, 2] - tri[:, 0], dim=-1), dim=-1)
     summed = torch.zeros_like(positions).index_add_(0, faces.reshape(-1), face_normals.repeat_interleave(3, dim=0))
@@ -50,14 +48,10 @@ def vertex_normals(positions: torch.Tensor, faces: torch.Tensor) -> torch.Tensor
 
 
 class MeshRenderer:
-    """A mesh placed in the texture cameras' space, with its rasterizations cached per ``(camera, height, width)``:
-    the normal map, position map and back-projection of one camera share one.
-
-    ``mesh``: a :class:`UVMesh`, or any mesh with ``vertices [V, 3]`` and ``faces [F, 3]``: the normal and position
-    maps need no texture coordinates (upstream's renderer takes a mesh without them too); baking and inpainting do
-    (:meth:`require_uv`). ``render_size`` is the maps' and views' resolution, ``texture_size`` the texture's (square,
-    as upstream).
-    """
+    """A mesh placed in the texture cameras' space, rasterizations cached per ``(camera, height, width)`` and shared by
+    that camera's normal map, position map and back-projection. ``mesh``: a :class:`UVMesh`, or any ``vertices [V, 3]``
+    / ``faces [F, 3]`` (enough for the maps; baking needs UVs, :meth:`require_uv`). ``render_size``: maps and views;
+    ``texture_size``: the square texture."""
 
     def __init__(self, mesh, render_size: int = 2048, texture_size: int = 2048, device="cpu",
                  ortho_scale: float = 1.2):  # fmt: skip

@@ -1,12 +1,7 @@
-"""Preview images of generated geometry, drawn with this package's rasterizer and written as PNG with Pillow.
-
-* :func:`render_mesh_grid`: a mesh (textured or plain) from four views around it (azimuths 0°, 90°, 180°, 270° at
-  ``elevation`` degrees), in a 2×2 grid; Lambert shading from a light over the viewer's shoulder.
-* :func:`render_point_cloud`: coloured points splatted into a z-buffer (the nearest point wins each pixel), seen
-  from one or two viewpoints, with the input cameras marked (a red dot at the centre, a line along the view axis).
-
-Both use orthographic views of the object's bounding sphere, so that the whole of it is in every view. Meshes are
-taken in glTF's axes (``y`` up), point clouds with OpenCV cameras (``y`` down in each camera).
+"""Preview PNGs of generated geometry, drawn with this package's rasterizer (orthographic views of the bounding
+sphere): :func:`render_mesh_grid`, a mesh from azimuths 0°, 90°, 180°, 270° in a 2×2 grid, Lambert-shaded, glTF
+axes; :func:`render_point_cloud`, z-buffered coloured points from one or two viewpoints with the input (OpenCV)
+cameras marked.
 """
 
 from __future__ import annotations
@@ -134,10 +129,9 @@ def _camera_centers(extrinsics: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 def render_point_cloud(points: np.ndarray, colors: np.ndarray, extrinsics: np.ndarray | None = None,
                        size: int = 384, views: int = 2, splat: int = 1) -> np.ndarray:  # fmt: skip
-    """Coloured points (``[N, 3]``, uint8 ``[N, 3]``) from ``views`` (1 or 2) viewpoints side by side, uint8
-    ``[size, views·size, 3]``: the first from behind and above the mean input camera, the second from its side.
-    Each point covers a ``(2·splat + 1)²`` square; the nearest point wins each pixel. ``extrinsics [C, 3, 4]``
-    (OpenCV, camera-from-world) mark the cameras and orient the views."""
+    """Coloured points (``[N, 3]``, uint8 ``[N, 3]``) from ``views`` (1 or 2) viewpoints side by side → uint8
+    ``[size, views·size, 3]``: behind and above the mean input camera, then its side. Each point covers a
+    ``(2·splat + 1)²`` square, nearest wins; ``extrinsics [C, 3, 4]`` (OpenCV camera-from-world) mark and orient."""
     Image, ImageDraw = _pillow()
     if views not in (1, 2):
         raise ValueError(f"preview views: expected 1 or 2, got {views}")

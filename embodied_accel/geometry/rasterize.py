@@ -1,25 +1,17 @@
-"""A triangle rasterizer in plain PyTorch: per pixel, the front face and its perspective-correct barycentrics.
+"""A triangle rasterizer in plain PyTorch: per pixel the front face and its perspective-correct barycentrics, the
+same face indices and bit-identical barycentrics as Hunyuan3D-2's ``custom_rasterizer`` CPU path, on any device.
 
-It follows the rules of Hunyuan3D-2's ``custom_rasterizer`` (its CPU path, ``rasterize_image_cpu``) operation for
-operation, so that the same inputs give the same face indices and bit-identical barycentrics, on any device:
+* Clip ``(x, y, z, w)`` → pixel ``((x / w · ½ + ½) · (W − 1) + ½, (½ + ½ · y / w) · (H − 1) + ½)``, depth
+  ``z / w · 0.49999 + ½``; output row ``r`` is the pixel row centred at ``r + ½``.
+* A face covers a pixel of its box (columns from ``trunc(x_min)`` while ``column < x_max + 1``, rows alike) when the
+  centre's barycentrics are in [0, 1]: signed areas in float32, ``α`` in double (as the C++ code) rounded to
+  float32. Zero area covers nothing; back faces are drawn.
+* Nearest wins by the int64 key ``trunc(depth · 2¹⁸) · (2³¹ − 1) + face + 1`` under ``scatter_reduce(amin)``: ties
+  go to the lower face, independent of visit order. Negative depths and depths ≥ 8192 (where the C++ ``int``
+  overflows) are not drawn. Winners' barycentrics are divided by ``w`` and renormalized.
 
-* A vertex ``(x, y, z, w)`` in clip space lands at ``((x / w · ½ + ½) · (W − 1) + ½, (½ + ½ · y / w) · (H − 1) + ½)``
-  in pixels, with depth ``z / w · 0.49999 + ½``. Row ``r`` of the output is the pixel row whose centre is ``r + ½``.
-* A face covers a pixel of its bounding box (columns from ``trunc(x_min)`` while ``column < x_max + 1``, rows alike)
-  when the barycentrics of the pixel centre are all in [0, 1]. They are the two signed areas over the face's area,
-  in float32, with ``α = 1 − β − γ`` evaluated in double precision as the C++ code does (``1.0`` is a double there)
-  and rounded to float32. A face of zero area covers nothing; a back-facing one (clockwise) is drawn like any other.
-* The nearest face wins through one int64 key per (pixel, face): ``trunc(depth · 2¹⁸) · (2³¹ − 1) + face + 1``,
-  reduced with a minimum (``scatter_reduce(amin)``), so equal quantized depths go to the lower face index and the
-  result does not depend on the order in which faces are visited. Faces with a negative depth are not drawn.
-* The winner's barycentrics are recomputed at the pixel centre, divided by each vertex's ``w`` and renormalized
-  (perspective-correct; an orthographic camera has ``w = 1``).
-
-Faces are visited one row of their bounding box at a time: each (face, row) entry's columns are first narrowed, in
-float64, to a superset of those whose pixel centre can pass the float32 coverage test (its rounding bounded from the
-operands' magnitudes), so that about as many candidates are tested as are covered; entries of similar widths form
-one dense ``[entries, columns]`` block, built by broadcasting per-entry and per-column terms (no per-pixel gathers).
-Depths of 8192 and more (far outside the clip volume) are not drawn (the C++ code overflows an ``int`` there).
+Faces are visited by (face, row) entries whose columns are first narrowed in float64 (:func:`_row_spans`), grouped
+by width into dense blocks.
 """
 
 from __future__ import annotations
@@ -43,12 +35,9 @@ _BLOCK_CANDIDATES = 1 << 20
 
 @dataclass(frozen=True)
 class Rasterization:
-    """What :func:`rasterize` returns: ``face_ids [H, W] int32`` holds the covering face's index + 1 (0: no face),
-    ``barycentric [H, W, 3] float32`` its perspective-correct barycentrics (0 where no face).
-
-    The rasterizer also keeps the covered pixels in compact form (``covered [K]`` flat indices, ascending;
-    ``covered_face [K]`` 0-based face indices; ``covered_barycentric [K, 3]``), so that attributes are interpolated
-    on the covered pixels only; a ``Rasterization`` made from the images alone computes them on first use."""
+    """What :func:`rasterize` returns: ``face_ids [H, W]`` int32 (face index + 1, 0: none) and ``barycentric [H, W, 3]``
+    float32 (0 where none); also the covered pixels compact (``covered [K]`` ascending, ``covered_face [K]`` 0-based,
+    ``covered_barycentric [K, 3]``), computed on first use when made from the images alone."""
 
     face_ids: torch.Tensor
     barycentric: torch.Tensor
@@ -131,11 +120,9 @@ def _reduce_keys(
     zbuffer: torch.Tensor, screen: torch.Tensor, faces: torch.Tensor, sf: _ScreenFaces, height: int, width: int,
     spans: bool = True,
 ) -> None:
-    """Reduce every face's keys into ``zbuffer [H·W]`` (minimum).
-
-    Faces of one orientation (the one nearer the camera on average) go first; then each face of the other
-    orientation whose smallest possible key exceeds every key already in its bounding box is skipped, since it cannot
-    lower any of them (on a closed mesh, most back faces). The result is the same minimum."""
+    """Reduce every face's keys into ``zbuffer [H·W]`` (minimum): faces of the nearer orientation first, then any
+    other face whose smallest possible key exceeds every key in its box is skipped (most back faces of a closed mesh).
+    The minimum is unchanged."""
     tri = screen[faces]  # [F, 3 vertices, 3]
     x_min = tri[:, :, 0].amin(dim=1)
     x_max = tri[:, :, 0].amax(dim=1)
@@ -223,10 +210,8 @@ def _occluded(zbuffer, face_index, box: _Boxes, z_min, height, width) -> torch.T
 
 
 def _reduce_faces(zbuffer, screen, faces, sf, face_index, box: _Boxes, height, width, spans: bool = True) -> None:
-    """Reduce the keys of ``face_index``'s faces into ``zbuffer``, one entry per (face, row of its box).
-
-    With ``spans``, each entry's columns are narrowed to those that can pass the coverage test (:func:`_row_spans`),
-    a superset of the covered ones; without, every column of the box is tested. The keys are the same."""
+    """Reduce ``face_index``'s keys into ``zbuffer``, one entry per (face, box row); ``spans`` narrows each entry's
+    columns to a superset of the covered ones (:func:`_row_spans`), else the whole box is tested. Same keys."""
     if face_index.numel() == 0:
         return
     device = screen.device
@@ -262,16 +247,13 @@ _COVERAGE_ROUNDING = 2.0**-19
 
 
 def _row_spans(sf: _ScreenFaces, face, y, col_lo, col_hi, box: _Boxes):
-    """Per (face, row) entry, the columns whose pixel centre can pass the float32 coverage test: a superset of the
-    covered columns, within ``[col_lo, col_hi]``.
+    """Per (face, row) entry, a superset within ``[col_lo, col_hi]`` of the columns that can pass the float32 coverage
+    test.
 
-    In exact arithmetic on the face's float32 terms, ``β = inv·(e_ca0·Y − e_ca1·X)``, ``γ = inv·(e_ba1·X − e_ba0·Y)``
-    and ``α = 1 − β − γ`` are affine in ``X = column + ½ − a0`` along a row (``Y = row + ½ − a1``). The float32
-    evaluation (differences, two products, their difference, the product with ``inv``) is within
-    ``4 · 2⁻²⁴ · M`` of that, with ``M = |inv| · (|e0| + |e1|) · D`` and ``D`` the largest ``|X|`` or ``|Y|`` in the box;
-    ``α`` (in double, rounded to float32) within the sum of both bounds plus ``2⁻²⁴ · |α|``. A column can pass only if
-    each of ``β, γ, α ≥ −bound``: three half-lines in ``X``, solved in float64 with the bounds taken 8x larger. A face
-    so thin that its bounds are large gets its whole row."""
+    ``β``, ``γ``, ``α`` are affine in ``X = column + ½ − a0`` along a row; their float32 evaluation is within
+    ``4 · 2⁻²⁴ · M`` (``M = |inv| · (|e0| + |e1|) · D``, ``D`` the box's largest ``|X|``, ``|Y|``), ``α`` within both
+    bounds plus ``2⁻²⁴ · |α|``. Each of ``β, γ, α ≥ −bound`` is a half-line in ``X``, solved in float64 with bounds 8x
+    larger; a face this thin gets its whole row."""
     # per face (then gathered per entry): the affine terms and the three bounds, in float64
     f64 = torch.float64
     faces_here, entry_face = torch.unique(face, return_inverse=True)
@@ -336,12 +318,9 @@ def _row_keys(screen, faces, sf, face, x0, n_cols, y, cols_p, width):
 
 
 def rasterize(clip_positions: torch.Tensor, faces: torch.Tensor, height: int, width: int) -> Rasterization:
-    """Rasterize triangles given in clip space.
-
-    ``clip_positions [N, 4]`` (float32; ``[1, N, 4]`` accepted), ``faces [F, 3]`` (integer vertex indices), the
-    output size ``height × width``. Returns a :class:`Rasterization` on the positions' device. See the module
-    docstring for the rules (those of Hunyuan3D-2's rasterizer, bit for bit).
-    """
+    """Rasterize triangles given in clip space: ``clip_positions [N, 4]`` float32 (``[1, N, 4]`` accepted), ``faces
+    [F, 3]`` integer, output ``height × width`` → :class:`Rasterization` on the positions' device (rules: the module
+    docstring)."""
     return _rasterize(clip_positions, faces, height, width)
 
 
@@ -396,11 +375,9 @@ def _pixel_barycentrics(clip, faces, sf: _ScreenFaces, face, pixel, width) -> to
 
 def interpolate_covered(attributes: torch.Tensor, raster: Rasterization, faces: torch.Tensor,
                         rows: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """Barycentric interpolation of per-vertex ``attributes [N, C]`` at the covered pixels of ``raster`` (``[K, C]``,
-    the order of ``raster.covered_pixels()``), or at the covered pixels ``rows`` (indices into that order) only.
-    ``faces [F, 3]`` may index another vertex array than the one rasterized (e.g. UV vertices). Several attributes
-    concatenated along ``C`` cost one gather. The sum runs ``b0·v0 + b1·v1 + b2·v2``, as the official
-    ``interpolate``, so each channel is the same float32 value as there."""
+    """Barycentric interpolation of ``attributes [N, C]`` at ``raster``'s covered pixels (``[K, C]`` in
+    ``covered_pixels()`` order) or at ``rows`` of them. ``faces [F, 3]`` may index other vertices (e.g. UV ones);
+    concatenated attributes cost one gather. Summed ``b0·v0 + b1·v1 + b2·v2`` as the official ``interpolate``."""
     face = raster.covered_faces()
     bary = raster.covered_barycentrics()
     if rows is not None:

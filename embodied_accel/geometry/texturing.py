@@ -1,8 +1,6 @@
-"""The non-diffusion stages of Hunyuan3D-Paint 2.0 as one object: condition maps for the 6 cameras, baking the
-generated views into the UV texture, inpainting what no view painted. Each camera is rasterized once for all three
-uses (the official code rasterizes it three times). The maps and the bake run on the intra-op threads that
-:func:`~embodied_accel.geometry.threads.geometry_threads` picks (one while OpenMP's workers spin between ops; the maps,
-whose ops are too small to gain from a second thread, on one always)."""
+"""The non-diffusion stages of Hunyuan3D-Paint 2.0 as one object: the 6 cameras' condition maps, baking views
+into the UV texture, inpainting the rest; each camera rasterized once for all three. Threads as
+:func:`~embodied_accel.geometry.threads.geometry_threads` picks them (the maps always on one)."""
 
 from __future__ import annotations
 

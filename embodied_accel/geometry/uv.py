@@ -23,14 +23,10 @@ FAST_CHART_AREA_FRACTION = 1 / 40
 
 
 def unwrap(vertices: np.ndarray, faces: np.ndarray, mode: str = "default") -> UVMesh:
-    """xatlas's chart-and-pack parametrization: vertices are split along seams, so the result has one UV per vertex.
-    Needs ``pip install 'embodied-accel[texture]'``.
-
-    ``mode="default"`` runs xatlas with its default options, as upstream does. ``mode="fast"`` bounds every chart's
-    area to :data:`FAST_CHART_AREA_FRACTION` of the surface; the packing options stay xatlas's defaults. On bumpy
-    meshes unbounded charts grow into shapes whose flattening folds or stretches and gets redone; bounded ones
-    flatten at once (6-7x less CPU time on a 21k-face marching-cubes mesh, less stretch, about 15 % fewer texels
-    used; on smooth meshes the default layout has fewer seams: docs/texture_performance.md)."""
+    """xatlas's chart-and-pack parametrization; vertices are split along seams, one UV per vertex. Needs
+    ``pip install 'embodied-accel[texture]'``. ``mode="default"``: xatlas's defaults, as upstream. ``mode="fast"``:
+    each chart's area bounded to :data:`FAST_CHART_AREA_FRACTION` of the surface, so bumpy meshes flatten without
+    folds and re-splits (smooth meshes get more seams; see ``docs/texture_performance.md``)."""
     try:
         import xatlas
     except ImportError:

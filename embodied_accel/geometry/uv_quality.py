@@ -1,15 +1,10 @@
-"""How good a UV layout is, measured on the mesh and its atlas: texel utilization, overlapping islands (checked by
-rasterizing every island into the atlas and counting texels that more than one island covers), seam length, stretch.
+"""Quality of a UV layout: texel utilization, overlapping islands (each island rasterized into the atlas, texels
+covered twice counted), seam length, stretch. An island is a set of faces connected through UV vertices.
 
-An island is a connected set of faces in UV space (faces sharing a UV vertex; an unwrapper's chart may hold several).
-Stretch is the per-face singular values
-``σ₁ ≥ σ₂`` of the map from the 3D triangle to its UV triangle, each divided by the mesh's mean scale
-``sqrt(UV area / 3D area)``: 1 everywhere for an isometric layout. ``max_stretch`` is the largest ``max(σ₁, 1/σ₂)``
-(Sander et al.'s L∞ stretch, made symmetric so shrinking counts as much as growing) and ``p99_stretch`` its
-area-weighted 99th percentile; ``mean_stretch`` the
-area-weighted RMS of ``σ₁`` and ``σ₂`` (their L² stretch); ``max_anisotropy`` the largest ``σ₁ / σ₂``. Sliver faces
-(3D area below 1/1000 of the mean face's, as marching cubes makes them; unwrappers collapse them to zero UV area and
-they hold no texel) are left out of the stretch figures and counted in ``sliver_faces``.
+Stretch uses per-face singular values ``σ₁ ≥ σ₂`` of the 3D → UV map over the mean scale ``sqrt(UV area / 3D
+area)``: ``max_stretch`` the largest ``max(σ₁, 1/σ₂)`` (symmetric L∞), ``p99_stretch`` its area-weighted 99th
+percentile, ``mean_stretch`` the area-weighted RMS of ``σ₁, σ₂`` (L²), ``max_anisotropy`` the largest ``σ₁ / σ₂``.
+Sliver faces (under 1/1000 of the mean area) are left out and counted in ``sliver_faces``.
 """
 
 from __future__ import annotations
@@ -104,10 +99,8 @@ def _stretch(mesh: UVMesh) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _island_coverage(mesh: UVMesh, islands: np.ndarray, size: int) -> tuple[np.ndarray, int]:
-    """How many islands cover each texel of a ``size``² atlas (a texel counts as covered when the island's triangles,
-    rasterized with OpenCV at 1/16-texel precision, touch it; faces of zero UV area are left out: they hold no texel,
-    and unwrappers park collapsed faces on one point), and the faces whose UV winding disagrees with the majority of
-    their island."""
+    """Islands covering each texel of a ``size``² atlas (triangles rasterized by OpenCV at 1/16-texel precision; zero
+    UV-area faces left out, they hold no texel), and the faces whose UV winding disagrees with their island's."""
     import cv2
 
     shift = 4

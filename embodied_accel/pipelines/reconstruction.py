@@ -1,12 +1,9 @@
 """3-D reconstruction with VGGT: the model, its frame processor and its plan on the one runner.
 
-A call has two stages, each a call of the :class:`~embodied_accel.runtime.runner.Runner` in the chosen capture mode
-(``eager``, ``compile``, ``cudagraph``, ``compile+cudagraph``, ``torchair``): the **aggregator** (patch embedding,
-frame and global attention) and the **heads** (camera, depth, point map, tracks). A shape bucket is (batch, frames,
-image size, first frame); its buffers (:class:`~embodied_accel.models.vggt.buffers.VggtBuffers`: the interpolated
-position embedding, rotary tables, the DPT heads' position tables, ...) are declared by :meth:`VggtRunner.plan` and
-built before the bucket's first call; a captured graph of a bucket reads exactly those. Under sequence parallelism
-(``parallel=``) the collectives run eagerly: the capture modes are for one process.
+A call is two :class:`~embodied_accel.runtime.runner.Runner` calls in the chosen capture mode: the **aggregator**
+and the **heads**. A bucket is (batch, frames, image size, first frame); its
+:class:`~embodied_accel.models.vggt.buffers.VggtBuffers` are declared by :meth:`VggtRunner.plan` and built before
+its first call. Under sequence parallelism (``parallel=``) the collectives run eagerly: capture is single-process.
 """
 
 from __future__ import annotations
@@ -55,9 +52,9 @@ class StageTimes:
 
 
 class VggtRunner:
-    """A VGGT model run per shape bucket on a :class:`~embodied_accel.runtime.runner.Runner` (see the module
-    docstring); ``release()`` drops every bucket's buffers (and the graphs that read them), e.g. after other weights
-    were loaded: DINOv2's interpolated position embedding is computed from the weights."""
+    """A VGGT model run per shape bucket on a :class:`~embodied_accel.runtime.runner.Runner`. ``release()`` drops
+    every bucket's buffers and the graphs reading them; call it after loading other weights (DINOv2's interpolated
+    position table derives from them)."""
 
     def __init__(self, model: VggtModel, device=None, parallel: FrameParallel | None = None, *,
                  capture: str = "eager", source: str = "", random_weights: bool = False,
@@ -186,18 +183,15 @@ class VggtRunner:
         on_cameras: Callable[[list[torch.Tensor]], None] | None = None,
         on_stage=None,
     ) -> VggtOutputs:
-        """The call of :meth:`__call__` with the dense heads streamed: outputs equal to ``self(images,
-        frames_chunk_size=chunk)`` bit for bit (the same ops in the same order), at the memory of
-        :func:`~embodied_accel.models.vggt.memory.plan_memory`.
+        """:meth:`__call__` with the dense heads streamed: equal bit for bit to ``self(images,
+        frames_chunk_size=chunk)``, at the memory of :func:`~embodied_accel.models.vggt.memory.plan_memory`.
 
-        The aggregator keeps the layers the heads read (:attr:`VggtConfig.kept_layers`); the camera head runs first
-        (``on_cameras(pose_enc_list)``), then the layer only it reads is freed; the depth / point heads run one
-        chunk of frames at a time (frames of the flattened ``B * S``), each chunk's outputs handed to
-        ``on_chunk(first_flat_frame, {name: [n, ...]})`` as soon as it is done (default: copied into host memory,
-        pinned and without blocking on a GPU, returned in the :class:`VggtOutputs`); the layers are freed after the
-        last chunk (and the tracker, which reads every frame's features). The chunk is ``frames_chunk_size``, or
-        the largest that fits ``max_memory`` GB (:func:`~embodied_accel.models.vggt.memory.chunk_for_budget`),
-        else 8.
+        The camera head runs first (``on_cameras(pose_enc_list)``); the depth / point heads then run one chunk of the
+        flattened ``B * S`` frames at a time, each chunk's outputs handed to
+        ``on_chunk(first_flat_frame, {name: [n, ...]})`` (default: copied to host memory, pinned and non-blocking on a
+        GPU, returned in the :class:`VggtOutputs`). Kept layers are freed as soon as no head needs them. ``chunk``:
+        ``frames_chunk_size``, else the largest fitting ``max_memory`` GB
+        (:func:`~embodied_accel.models.vggt.memory.chunk_for_budget`), else 8.
         """
         from ..models.vggt.memory import chunk_for_budget
 

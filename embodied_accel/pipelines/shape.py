@@ -1,17 +1,10 @@
-"""Image → 3-D mesh with Hunyuan3D-2: model + runtime + optional DiT cache, stage by stage.
+"""Image → 3-D mesh with Hunyuan3D-2: model, runtime and optional DiT cache, stage by stage.
 
-Stages (each timed, wall and CPU seconds): **conditioning** (DINOv2 on the processed image), **diffusion sampling**
-(the flow-matching loop; CFG batched), **volume decoding** (SDF logits on the octree grid, dense or hierarchical),
-**surface extraction** (marching cubes), **export** (the mesh file, by the caller).
-
-The runtime is the library's one runner (:class:`~embodied_accel.runtime.runner.Runner`): it owns the static
-buffers (the conditioner's position tables and input normalization; every block's modulation for a step schedule,
-per number of steps and guidance) and runs each network call in the chosen capture mode (the DiT step with its step's
-modulation as tensor inputs, the decoder on fixed-size chunks of grid points, so one captured graph serves every
-step or every chunk). The decoder runs in its grid form (:mod:`~embodied_accel.models.hunyuan3d.grid_query`: per-axis
-embedding tables, per-shape constants folded) where that applies, else on the points' coordinates. The DiT cache
-attaches through :func:`dit_cache_plan`, this family's declaration of its blocks; a cached step runs its pieces
-eagerly (FBCache and TeaCache decide on the host between them).
+Timed stages (wall and CPU s): **conditioning** (DINOv2), **diffusion sampling** (CFG batched), **volume decoding**
+(octree SDF, grid form of :mod:`~embodied_accel.models.hunyuan3d.grid_query` where it applies), **surface
+extraction** (marching cubes), **export** (by the caller). The :class:`~embodied_accel.runtime.runner.Runner` owns
+the static buffers and runs the DiT step and the decoder's fixed-size point chunks in the capture mode, one graph
+each; the DiT cache attaches through :func:`dit_cache_plan` (cached steps run eagerly).
 """
 
 from __future__ import annotations
@@ -352,8 +345,7 @@ def load_shape_pipeline(
     graph_backend: GraphBackend | None = None,
     plat: platform_mod.Platform | None = None,
 ) -> ShapePipeline:
-    """A pipeline from a released model directory (``config.yaml`` + weights) or a preset name (seeded random
-    weights)."""
+    """A pipeline from a released model directory (``config.yaml`` + weights) or a preset (seeded random weights)."""
     compute_dtype = platform_mod.resolve_dtype(dtype)
     Runner.prepare(capture, plat)
     device = platform_mod.normalize_device(device)

@@ -1,17 +1,11 @@
-"""Mesh + image → textured mesh with Hunyuan3D-Paint 2.0, stage by stage (the official ``Hunyuan3DPaintPipeline``).
+"""Mesh + image → textured mesh with Hunyuan3D-Paint 2.0, stage by stage, as the official
+``Hunyuan3DPaintPipeline``.
 
-Stages, each timed: **face reduction** (optional, quadric decimation to at most ``face_reduce`` faces), **UV unwrap**
-(xatlas), **condition maps** (normal and position maps of the 6 cameras; each camera rasterized once), **delight**
-(the input image recentred, its lighting removed), **multiview diffusion** (the 6 views from the delighted image and
-the maps), **baking** (the views back-projected into the texture), **inpainting** (what no view painted). Delight
-does not depend on the mesh, so it runs in a second thread beside face reduction, unwrapping and the condition maps
-(the maps need the unwrapped mesh: its vertex normals are computed on the mesh split along the UV seams, as
-upstream's). The geometry stages are :class:`~embodied_accel.geometry.texturing.TextureBaker`'s.
-
-Images travel as the official pipeline hands them on: 8-bit, resized by Pillow (bicubic) between the render size and
-the models' 512² views. Randomness: the delight sampler draws from a CPU generator seeded ``42 + seed`` (upstream:
-42), the multiview sampler and the VAE posterior draws from generators seeded ``seed`` (upstream: 0, on the
-accelerator's generator when there is one), so a run is reproducible on any device.
+Timed stages: optional **face reduction**, **UV unwrap**, **condition maps**, **delight**, **multiview diffusion**,
+**baking**, **inpainting** (geometry by :class:`~embodied_accel.geometry.texturing.TextureBaker`). Delight runs in a
+second thread beside reduction, unwrap and maps. Images pass between stages as upstream passes them (8-bit, Pillow
+bicubic). Seeds: delight ``42 + seed`` (upstream 42), multiview and VAE ``seed`` (upstream 0), on CPU generators so
+a run is reproducible on any device.
 """
 
 from __future__ import annotations
@@ -164,10 +158,9 @@ class TexturePipeline:
     """A loaded delight model and multiview model on one :class:`~embodied_accel.runtime.runner.Runner`;
     :meth:`generate` textures one mesh from one image.
 
-    Each sampling step's UNet call (delight, multiview) is a runner call in the chosen capture mode: ``compile``
-    compiles it once per input shape, the graph modes capture it once per shape and replay it at every step (the
-    step's timestep, latents and labels are inputs of the call; the text and reference keys / values, computed once
-    per generation, too). The schedulers' arithmetic between the calls and the VAE run eagerly.
+    Each sampling step's UNet call is a runner call in the capture mode (``compile``: once per input shape; graph
+    modes: captured once per shape, replayed every step, with timestep, latents, labels and the per-generation text /
+    reference K/V as inputs). Scheduler arithmetic and the VAE run eagerly.
     """
 
     def __init__(self, delight: DelightModel, multiview: MultiviewModel, *, device=None, source: str = "",
@@ -246,11 +239,10 @@ class TexturePipeline:
 
     def delight(self, image: np.ndarray, settings: TextureSettings = TextureSettings(), progress: bool = False,
                 latents: torch.Tensor | None = None) -> np.ndarray:  # fmt: skip
-        """uint8 RGB / RGBA → the recentred, delighted uint8 RGB image (``settings.delight_size``, default the
-        model's). An RGBA image is handled as upstream's delight handles it: recentred on its alpha, its fully
-        transparent pixels (after a 3×3 erosion of the alpha) set to white, the alpha then dropped. ``latents``: the
-        sampler's starting latents (:meth:`DelightModel.denoise`), else drawn from the seed. Runs on
-        :meth:`_stage_threads` intra-op threads, pre- and post-processing included."""
+        """uint8 RGB / RGBA → the recentred, delighted uint8 RGB image at ``settings.delight_size`` (default the
+        model's). RGBA as upstream: recentred on alpha, transparent pixels (after a 3×3 alpha erosion) white, alpha
+        dropped. ``latents``: the sampler's start (:meth:`DelightModel.denoise`), else drawn from the seed. Runs on
+        :meth:`_stage_threads` threads."""
         model, cfg = self.delight_model, self.delight_model.config
         self.check_settings(settings)
         size = settings.delight_size or cfg.image_size
@@ -279,9 +271,8 @@ class TexturePipeline:
                   settings: TextureSettings = TextureSettings(),
                   progress: bool = False) -> list[np.ndarray]:  # fmt: skip
         """The delighted image and the 6 cameras' uint8 maps (any size) → 6 uint8 views at ``settings.view_size``
-        (default the model's). Each image is resized to the view size first; an RGBA one is then composited as the
-        official multiview stage composites it: the reference onto grey 127 (8 bits), a map onto white. Runs on
-        :meth:`_stage_threads` intra-op threads, pre- and post-processing included."""
+        (default the model's). Inputs are resized first; RGBA ones composited as upstream (reference onto grey 127 in
+        8 bits, maps onto white). Runs on :meth:`_stage_threads` threads."""
         cfg = self.multiview_model.config
         self.check_settings(settings)
         guidance = cfg.guidance if settings.guidance is None else settings.guidance

@@ -1,11 +1,9 @@
 """Architecture configs and named presets for GR00T N1.6.
 
-The backbone (Eagle-Block2A-2B-v2: SigLIP2 + pixel-unshuffle projector + Qwen3 truncated to ``select_layer``
-layers) is not described by a GR00T checkpoint's ``config.json``: the official code builds it from the Eagle
-``config.json`` bundled with the code (``gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2/config.json``). Its values
-are a preset here, or read from that file (:func:`backbone_from_eagle_config`) for any other backbone. The action head is read from ``config.json``, whose absent
-fields take the official config class's defaults (:data:`CHECKPOINT_DEFAULTS`). Runtime knobs (backend, dtype,
-capture, embodiment) are arguments of ``load_policy``.
+A GR00T checkpoint's ``config.json`` describes only the action head (absent fields take the official defaults,
+:data:`CHECKPOINT_DEFAULTS`). The Eagle-Block2A-2B-v2 backbone (SigLIP2 + pixel-unshuffle projector + Qwen3
+truncated to ``select_layer``) comes from the Eagle ``config.json`` the official code bundles: a preset here, or
+:func:`backbone_from_eagle_config`. Runtime knobs (backend, dtype, capture, embodiment) belong to ``load_policy``.
 """
 
 from __future__ import annotations
@@ -149,11 +147,10 @@ def _eagle_field(section: dict, key: str, where: str, kind: type = int) -> Any:
 
 def backbone_from_eagle_config(path: str | Path) -> dict[str, Any]:
     """The backbone fields of a :class:`GrootConfig` (``vision``, ``llm``, ``vocab_size``, ``image_token_id``,
-    ``unshuffle``) from an Eagle backbone ``config.json``, the file Isaac-GR00T builds its backbone from.
+    ``unshuffle``) from an Eagle backbone ``config.json``; ``llm.depth`` is its ``num_hidden_layers``.
 
-    ``llm.depth`` is the file's ``num_hidden_layers``; the checkpoint's ``select_layer`` truncates it. Variants this
-    implementation does not compute (windowed or rotary SigLIP2 attention, no pixel shuffle, another projector depth,
-    another vision layer than the last) are errors naming the field. Raises ``ValueError`` naming the file."""
+    Variants not computed here (windowed or rotary SigLIP2 attention, no pixel shuffle, another projector depth or
+    vision layer) raise ``ValueError`` naming the file and field."""
     path = Path(path)
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))

@@ -1,5 +1,7 @@
-"""GR00T N1.6's image chain (Eagle backbone): a camera frame → the uint8 image the vision tower sees, and its
-normalization; the OpenCV shortest-edge resize is shared with N1.7 (:mod:`.n17_images`)."""
+"""GR00T N1.6's image chain (Eagle backbone), as the official processor: a uint8 HWC frame → shortest edge to
+``shortest_edge`` (the checkpoint's ``shortest_image_edge``; OpenCV ``INTER_AREA``, shared with :mod:`.n17_images`),
+centre crop ``crop_fraction``, shortest edge again, sides to multiples of ``factor`` (28) by Pillow bicubic; then
+``(x - 127.5) / 127.5``."""
 
 from __future__ import annotations
 

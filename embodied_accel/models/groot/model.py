@@ -1,24 +1,12 @@
 """GR00T N1.6: Eagle backbone (SigLIP2 + Qwen3) and the AlternateVLDiT flow-matching action head.
 
-One call of :meth:`GrootModel.sample_actions` for one embodiment (its per-embodiment weights were sliced out at
-load):
-
-1. **Vision**: each image slot (camera x frame) through SigLIP2 with its grid's position table, pixel-unshuffle
-   (2x2 patches → one 4C-wide token), ``mlp1`` (LayerNorm → Linear → GELU → Linear).
-2. **Backbone**: token embeddings with the image tokens written at their positions (``image_positions``), then
-   the truncated Qwen3 (causal attention over the valid tokens, RoPE positions counted over the valid tokens, so
-   left padding to a length bucket changes nothing) and its final norm; ``vlln`` LayerNorm on top.
-3. **Once per call**: the keys/values of every cross-attention block (one GEMM), the text / image attention
-   masks, the state tokens (per-embodiment MLP).
-4. **Flow**: ``num_steps`` Euler steps from t = 0 (noise) to 1: action tokens = per-embodiment encoder of x_t with
-   the step's time features + position embedding; ``[state tokens | action tokens]`` through the DiT; the decoder's
-   output on the action tokens is the velocity; ``x ← x + v / num_steps``. With real-time chunking's guidance
-   (:mod:`embodied_accel.nn.rtc`), each step's velocity is first steered towards the previous chunk's leftover.
-
-The model is a pure function of its weights, its inputs and the :class:`GrootBuffers` of the call's shape bucket
-(position tables, rotary tables and the causal mask, every step's AdaLN modulation and time features, the
-cross-attention K/V buffer): :class:`BufferBuilders` builds them, the runtime owns them and builds them before any
-capture.
+:meth:`GrootModel.sample_actions`, for the embodiment sliced out at load: SigLIP2 per image slot, pixel-unshuffle
+(2x2 → one 4C token), ``mlp1``, image tokens written into the prompt; the truncated Qwen3 (causal, RoPE over valid
+tokens: left padding changes nothing), final norm, ``vlln``; once per call cross-attention K/V, masks and state
+tokens; then ``num_steps`` Euler steps from noise (t = 0): ``x ← x + v / num_steps``, optionally steered by
+real-time chunking (:mod:`embodied_accel.nn.rtc`). A pure function of weights, inputs and the bucket's
+:class:`GrootBuffers` (tables, masks, per-step modulation, K/V buffer), built by :class:`BufferBuilders` and
+owned by the runtime.
 """
 
 from __future__ import annotations
@@ -93,10 +81,9 @@ def action_time_features(timesteps: list[int], width: int) -> torch.Tensor:
 
 
 class GrootHead(nn.Module):
-    """The flow-matching action head of a GR00T model for one embodiment (``vlln``, the AlternateVLDiT, the
-    embodiment's slice of the per-embodiment state / action encoders and decoder): a family member with a backbone
-    subclasses it, builds its backbone, then the head (:meth:`build_head`), so that parameters register in the
-    checkpoint's order."""
+    """The flow-matching action head for one embodiment (``vlln``, AlternateVLDiT, the embodiment's slice of the
+    state / action encoders and decoder). A family member subclasses it, builds its backbone, then
+    :meth:`build_head`, so that parameters register in the checkpoint's order."""
 
     config: GrootConfig
     ops: OpSet
@@ -198,12 +185,11 @@ class GrootHead(nn.Module):
     ) -> torch.Tensor:
         """The flow from t = 0 (``noise``) to 1: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32).
 
-        ``guidance`` (real-time chunking): every step's velocity is steered towards the previous chunk's leftover.
-        The time runs the other way than in :mod:`embodied_accel.nn.rtc` (RTC's ``t`` is ``1 - k / n`` at step
-        ``k``, the clean chunk predicted there ``x + (1 - k / n) v``, the guidance weight ``g(τ = k / n)``, clipped
-        at ``β``): :func:`~embodied_accel.nn.rtc.guided_velocity_noise_to_data`. It runs in fp32 (in a bf16 model
-        the guided velocity is then rounded to bf16 as the plain one is); rows with all-zero weights keep their
-        velocity bit for bit."""
+        ``guidance``: real-time chunking, each step's velocity steered towards the previous chunk's leftover by
+        :func:`~embodied_accel.nn.rtc.guided_velocity_noise_to_data` (time runs the other way than in
+        :mod:`embodied_accel.nn.rtc`: at step ``k`` RTC's ``t`` is ``1 - k / n``, its clean estimate
+        ``x + (1 - k / n) v``, its weight ``g(k / n)`` clipped at ``β``). Computed in fp32, then rounded to the model
+        dtype like the plain velocity; rows with all-zero weights keep their velocity bit for bit."""
         dtype = self.compute_dtype
         context = self.flow_context(features, input_ids, valid, state, buffers)
         num_steps = len(buffers.action_time_bias)
@@ -301,8 +287,8 @@ class GrootModel(GrootHead):
         buffers: GrootBuffers,
         guidance: ChunkGuidance | None = None,
     ) -> torch.Tensor:
-        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); ``guidance``: real-time
-        chunking's inputs (see :meth:`action_head`)."""
+        """The whole call → the normalized chunk ``[B, horizon, max_action_dim]`` (fp32); ``guidance``: as in
+        :meth:`action_head`."""
         features = self.backbone(images, input_ids, valid, image_positions, buffers)
         return self.action_head(features, input_ids, valid, state, noise, buffers, guidance)
 
@@ -365,8 +351,7 @@ def assemble_buffers(values: dict) -> GrootBuffers:
 
 
 def build_buffers(model: GrootModel, bucket: GrootBucket, device) -> GrootBuffers:
-    """``bucket``'s buffers built directly, sized exactly, without an owner (tools and tests that run the model
-    alone; a policy's runtime owns and shares them)."""
+    """``bucket``'s buffers built directly and sized exactly, with no runtime owning them (tools, tests)."""
     build = BufferBuilders(model, device)
     return assemble_buffers(
         {

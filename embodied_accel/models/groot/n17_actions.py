@@ -85,11 +85,10 @@ def _first_steps(statistic: np.ndarray, steps: int) -> np.ndarray:
 
 def encode_n17_actions(spec: EmbodimentSpec, actions: Mapping[str, np.ndarray],
                        state: Mapping[str, np.ndarray]) -> np.ndarray:  # fmt: skip
-    """The official training-side transform, the inverse of :func:`decode_n17_actions`: robot actions per key
-    ``[B, n, D]`` (``n <= action_horizon``) and the raw state ``[B, T, D]`` → the normalized chunk
-    ``[B, n, action_dim]`` float32. Relative keys are made relative to the last state (joints subtracted, end
-    effectors ``T_state⁻¹ @ T_action`` in the key's format), then normalized (mean/std where ``std != 0``, else
-    min/max → [-1, 1], 0 where the range is zero) and clipped to [-1, 1] with ``clip_outliers``."""
+    """Inverse of :func:`decode_n17_actions` (the official training transform): actions per key ``[B, n, D]``
+    (``n <= action_horizon``) and raw state ``[B, T, D]`` → normalized chunk ``[B, n, action_dim]`` float32.
+    Relative keys are taken against the last state (joints subtracted, end effectors ``T_state⁻¹ @ T_action``), then
+    mean/std (``std != 0``) or min/max → [-1, 1] (0 on a zero range), clipped to [-1, 1] with ``clip_outliers``."""
     parts = []
     for a in spec.actions:
         values = np.asarray(actions[a.key], dtype=np.float32)

@@ -1,13 +1,10 @@
 """Architecture configs and named presets for GR00T N1.7.
 
-N1.7 keeps N1.6's flow-matching head (AlternateVLDiT, per-embodiment encoders / decoder) and changes the rest: the
-backbone is Cosmos-Reason2-2B (Qwen3-VL: a ViT with deepstack features and M-RoPE, truncated to ``select_layer``
-text layers, features taken before the final norm), an optional stack of self-attention blocks over the
-vision-language tokens after ``vlln`` (``vl_self_attention_cfg``), and one state token made of
-``state_history_length`` consecutive states. A checkpoint's ``config.json`` describes the head; its absent fields
-take the official config class's defaults (:data:`CHECKPOINT_DEFAULTS`). As for N1.6 the backbone is not described
-by the checkpoint (the official code builds it from the Cosmos-Reason2-2B ``config.json``): a preset here, or read
-from that file. Runtime knobs (backend, dtype, capture, embodiment) are arguments of ``load_policy``.
+N1.6's flow-matching head with a Qwen3-VL backbone (Cosmos-Reason2-2B: deepstack ViT, M-RoPE, truncated to
+``select_layer`` text layers, features before the final norm), optional self-attention blocks over the
+vision-language tokens (``vl_self_attention_cfg``) and one state token of ``state_history_length`` states.
+``config.json`` describes the head (absent fields: :data:`CHECKPOINT_DEFAULTS`); the backbone is a preset or read
+from its own ``config.json``. Runtime knobs belong to ``load_policy``.
 """
 
 from __future__ import annotations
@@ -27,9 +24,9 @@ MODEL_TYPE_N17 = "Gr00tN1d7"
 
 @dataclass(frozen=True)
 class VLSelfAttentionConfig:
-    """The self-attention blocks over the vision-language tokens (the official ``SelfAttentionTransformer``): each
-    ``x += attn(LN(x) [+ sinusoid])``, ``x += FF(LN(x))`` (affine LayerNorms, biased projections, GELU-tanh MLP 4x
-    wide). ``sinusoidal``: a fixed sin/cos position table (``max_positions`` rows) added after the first norm."""
+    """The official ``SelfAttentionTransformer`` over the vision-language tokens: ``x += attn(LN(x) [+ sinusoid])``,
+    ``x += FF(LN(x))`` (affine LayerNorms, biased projections, GELU-tanh MLP 4x wide). ``sinusoidal``: a fixed
+    sin/cos table of ``max_positions`` rows added after the first norm."""
 
     depth: int = 4
     num_heads: int = 32
@@ -195,9 +192,8 @@ VL_SELF_ATTENTION_DEFAULTS: dict[str, Any] = {
 
 
 def vl_self_attention_from(cfg: dict | None, where: str) -> VLSelfAttentionConfig | None:
-    """``vl_self_attention_cfg`` of a checkpoint's config.json → :class:`VLSelfAttentionConfig` (``None``: no such
-    blocks, as the official head builds an identity for an absent config or ``num_layers`` 0). Variants this
-    implementation does not compute are errors naming the field."""
+    """``vl_self_attention_cfg`` → :class:`VLSelfAttentionConfig`, or ``None`` for an absent config or ``num_layers``
+    0 (the official identity). Variants not computed here are errors naming the field."""
     if cfg is None:
         return None
     if not isinstance(cfg, dict):
@@ -234,9 +230,8 @@ def vl_self_attention_from(cfg: dict | None, where: str) -> VLSelfAttentionConfi
 
 
 def sinusoid_table(rows: int, width: int):
-    """The fixed position table of the vl self-attention (diffusers' ``SinusoidalPositionalEmbedding``): row ``p``
-    is ``sin(p·f_k)`` at even and ``cos(p·f_k)`` at odd columns, ``f_k = 10000^(-2k / width)``; ``[rows, width]``
-    fp32."""
+    """diffusers' ``SinusoidalPositionalEmbedding`` table ``[rows, width]`` fp32: row ``p`` is ``sin(p·f_k)`` at even
+    and ``cos(p·f_k)`` at odd columns, ``f_k = 10000^(-2k / width)``."""
     import torch
 
     position = torch.arange(rows, dtype=torch.float32)[:, None]

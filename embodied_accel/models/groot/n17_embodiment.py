@@ -1,7 +1,6 @@
-"""GR00T N1.7's checkpoint files: ``processor_config.json`` (``processor_kwargs``), ``statistics.json`` and
-``embodiment_id.json``, at the checkpoint's root or in ``processor/``, read into one embodiment's
-:class:`~embodied_accel.models.groot.embodiment.EmbodimentSpec` and the image settings (see :mod:`.n17_processor`
-for what each field does)."""
+"""GR00T N1.7's checkpoint files (``processor_config.json``, ``statistics.json``, ``embodiment_id.json``, at the
+root or in ``processor/``) → one embodiment's :class:`~embodied_accel.models.groot.embodiment.EmbodimentSpec` and
+its image settings (fields explained in :mod:`.n17_processor`)."""
 
 from __future__ import annotations
 

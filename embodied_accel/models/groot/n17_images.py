@@ -1,20 +1,15 @@
-"""GR00T N1.7's image path: a camera frame → the Qwen3-VL backbone's patches.
+"""GR00T N1.7's image path: a camera frame → Qwen3-VL patches, as the official ``Gr00tN1d7Processor`` (eval mode)
+and ``Qwen2VLImageProcessorFast`` compute them.
 
-As the official ``Gr00tN1d7Processor`` does in eval mode (albumentations transforms), then the Qwen3-VL image
-processor (``Qwen2VLImageProcessorFast``):
-
-* **Crop and resize** (uint8 HWC): letterbox to a square with black bars (the odd pixel at the bottom / right),
-  shortest edge to ``shortest_edge`` (OpenCV ``INTER_AREA``, sides ``round(side * scale)``), a centred crop of
-  ``int(side * crop_fraction)`` pixels (offset ``(side - crop) // 2``), shortest edge to ``shortest_edge`` again.
-  A checkpoint giving ``image_crop_size`` / ``image_target_size`` (230 / 256) instead means
-  ``crop_fraction = 230 / 256`` and ``shortest_edge = 256``. With ``use_albumentations`` false (torchvision's
-  transforms): letterbox, resize to ``target_size`` ([height, width], bilinear, antialiased), centre crop to
-  ``crop_size`` (offset ``int(round((side - crop) / 2))`` per side), resize to ``target_size`` again.
-* **Qwen3-VL**: each side to a multiple of ``patch_size * merge_size`` (``smart_resize``, total pixels within
-  ``[min_pixels, max_pixels]``; torch's native uint8 bicubic with antialiasing, as torchvision does on a CPU, only
-  when the size changes), ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated
-  ``temporal_patch_size`` times, then cut into ``[grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]``
-  patches, ordered by merge window (``grid_h / merge``, ``grid_w / merge``, ``merge``, ``merge``) and flattened
+* **Crop and resize** (uint8 HWC), albumentations path: letterbox to a square (odd pixel at bottom / right),
+  shortest edge to ``shortest_edge`` (OpenCV ``INTER_AREA``), centre crop of ``int(side * crop_fraction)`` at
+  ``(side - crop) // 2``, shortest edge again; ``image_crop_size`` / ``image_target_size`` (230 / 256) mean
+  ``crop_fraction = 230 / 256``, ``shortest_edge = 256``. Torchvision path (``use_albumentations`` false):
+  letterbox, bilinear antialiased resize to ``target_size``, centre crop ``crop_size`` at the rounded centre,
+  resize again.
+* **Qwen3-VL**: :func:`smart_resize` (uint8 bicubic, antialiased, only when the size changes),
+  ``(x - mean / rescale) / (std / rescale)`` in float32, the frame repeated ``temporal_patch_size`` times, patches
+  ``[grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size**2]`` in merge-window order, flattened
   channel, time, row, column.
 """
 

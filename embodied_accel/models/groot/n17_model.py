@@ -1,26 +1,11 @@
-"""GR00T N1.7: the Qwen3-VL backbone (Cosmos-Reason2-2B), an optional vision-language self-attention stack and
-N1.6's AlternateVLDiT flow-matching head (:class:`~.model.GrootHead`).
+"""GR00T N1.7: Qwen3-VL backbone (Cosmos-Reason2-2B), optional vision-language self-attention, N1.6's
+AlternateVLDiT head (:class:`~.model.GrootHead`).
 
-One call of :meth:`GrootN17Model.sample_actions` for one embodiment (its per-embodiment weights were sliced out at
-load):
-
-1. **Backbone** (:class:`~embodied_accel.nn.qwen3_vl.Qwen3VLBackbone`): the ViT on the images' patches, the merged
-   image tokens written at the image-token positions, deepstack features added to the first text layers, M-RoPE
-   positions; the features of text layer ``select_layer`` (no final norm) ``[B, L, D]``.
-2. **Vision-language tokens**: ``vlln`` LayerNorm, then (when the checkpoint has them) the self-attention blocks
-   over the prompt, by the bucket's ``vl_padding`` (:data:`VL_PADDING`): ``"masked"``, keys are the row's valid
-   tokens and the sinusoid positions count them, so every row equals the official row run alone, whatever the
-   padding; ``"official"``, the official padded batch: keys are the last ``Lmax`` positions (the longest prompt of
-   the batch, pads included, the official code has no mask there), positions count from that window's start, and
-   the pads carry the official backbone's pad features (:meth:`~.Qwen3VLBackbone.unattended`).
-3. **Once per call**: the keys/values of every DiT cross-attention block (one GEMM), the text / image attention
-   masks, one state token from the ``state_history_length`` states ``[B, T, max_state_dim]`` flattened.
-4. **Flow**: as N1.6 (:meth:`~.model.GrootHead.action_head`): ``num_steps`` Euler steps from noise, optionally
-   with real-time chunking's guidance.
-
-The model is a pure function of its weights, its inputs and the :class:`GrootN17Buffers` of the call's shape bucket
-(the backbone's buffers, the sinusoid table, every step's AdaLN modulation and time features, the cross-attention
-K/V buffer): :class:`N17BufferBuilders` builds them, the runtime owns them.
+:meth:`GrootN17Model.sample_actions`: features of text layer ``select_layer`` (no final norm) ``[B, L, D]``;
+``vlln`` and the self-attention blocks by the bucket's ``vl_padding`` (:data:`VL_PADDING`: ``"masked"``, each row
+as the official row alone, or ``"official"``, the official unmasked padded batch); cross-attention K/V, masks and
+one state token from ``[B, T, max_state_dim]``; then N1.6's flow. A pure function of weights, inputs and the
+bucket's :class:`GrootN17Buffers` (built by :class:`N17BufferBuilders`, owned by the runtime).
 """
 
 from __future__ import annotations
@@ -79,9 +64,9 @@ class GrootN17Buffers:
 
 
 class Inpainting(NamedTuple):
-    """N1.7's real-time chunking (the official sampler's, when its input carries an action): ``x_0`` takes the
-    previous chunk's actions where ``keep`` says, and each step's velocity is weighted per action row by
-    ``strength`` (0 on the steps executed during inference, a ramp over the rest of the overlap, 1 after it)."""
+    """N1.7's real-time chunking (the official sampler's): ``x_0`` takes the previous chunk's actions where ``keep``
+    says; each step's velocity is weighted per action row by ``strength`` (0 on steps executed during inference, a
+    ramp over the rest of the overlap, 1 after)."""
 
     previous: torch.Tensor  # [B, horizon, max_action_dim] model space: row j is the previous chunk's action at step j
     keep: torch.Tensor  # [B, horizon, max_action_dim] bool
@@ -187,9 +172,8 @@ class GrootN17Model(GrootHead):
 
     def inpainted_action_head(self, features, input_ids, valid, state, noise, buffers: GrootN17Buffers,
                               inpainting: Inpainting) -> torch.Tensor:  # fmt: skip
-        """The flow with N1.7's real-time chunking (:class:`Inpainting`): ``x ← x + (v / steps) * strength`` from
-        ``x_0`` = the previous chunk where kept, else ``noise``. Rows with nothing kept and strength 1 are the plain
-        flow. Returns the normalized chunk (fp32)."""
+        """The flow with :class:`Inpainting`: ``x ← x + (v / steps) * strength`` from ``x_0`` = previous chunk where
+        kept, else ``noise``; rows with nothing kept and strength 1 are the plain flow. The normalized chunk (fp32)."""
         dtype = self.compute_dtype
         context = self.flow_context(features, input_ids, valid, state, buffers)
         num_steps = len(buffers.action_time_bias)
@@ -212,9 +196,8 @@ class GrootN17Model(GrootHead):
         guidance: ChunkGuidance | None = None,
         inpainting: Inpainting | None = None,
     ) -> torch.Tensor:
-        """The whole call: the normalized action chunk ``[B, horizon, max_action_dim]`` (fp32). Real-time chunking:
-        ``inpainting``, N1.7's own (:class:`Inpainting`), or ``guidance``, the guided sampler of
-        :meth:`~.model.GrootHead.action_head`."""
+        """The whole call: the normalized chunk ``[B, horizon, max_action_dim]`` (fp32). Real-time chunking by
+        ``inpainting`` (N1.7's, :class:`Inpainting`) or ``guidance`` (:meth:`~.model.GrootHead.action_head`)."""
         features = self.backbone(input_ids, valid, pixel_values, buffers)
         if inpainting is not None:
             return self.inpainted_action_head(features, input_ids, valid, state, noise, buffers, inpainting)

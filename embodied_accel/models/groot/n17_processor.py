@@ -1,26 +1,17 @@
-"""GR00T N1.7's processor: observation dict → Qwen3-VL backbone and action-head inputs; normalized actions → robot
-actions. It follows the official ``Gr00tN1d7Processor`` (eval mode) for one embodiment of a checkpoint
-(``processor_config.json``, ``statistics.json``, ``embodiment_id.json``, at the checkpoint's root or in
-``processor/``):
+"""GR00T N1.7's processor, as the official ``Gr00tN1d7Processor`` (eval mode) for one embodiment: observation dict
+→ backbone and action-head inputs (:meth:`GrootN17Processor.validate`, :meth:`~GrootN17Processor.prepare`),
+normalized chunk → robot actions (:meth:`~GrootN17Processor.postprocess`).
 
-* **Images**: :mod:`.n17_images` (letterbox, shortest edge, centre crop, shortest edge; Qwen3-VL patches).
-* **Prompt**: :mod:`.n17_text`; the instruction lower-cased with punctuation removed (``formalize_language``).
-* **State**: ``state_history_length`` = ``len(state delta_indices)`` consecutive states per key ``[T, D]``; per key
-  ``[sin, cos]`` (``apply_sincos_state_encoding`` and a ``sin_cos_embedding_keys`` key), mean/std
-  (``mean_std_embedding_keys``) or min/max → [-1, 1] clipped (``clip_outliers``; q01/q99 with
-  ``use_percentiles``), concatenated in modality order and zero-padded to ``max_state_dim``: ``[T, max_state_dim]``
-  per row (the model flattens it to ``[1, T * max_state_dim]``). ``exclude_state`` gives zeros.
-* **Actions**: per key the first ``len(delta_indices)`` steps un-normalized (min/max after a clip to [-1, 1], or
-  mean/std), relative keys (``rep: RELATIVE`` with ``use_relative_action``; their statistics are the per-step
-  ``relative_action`` min/max/mean/std whatever ``use_percentiles`` says) made absolute against the last observed
-  state: joints added, end effectors composed ``T_state @ T_rel`` in the key's own format (``XYZ_ROT6D`` 9 values,
-  ``XYZ_ROTVEC`` 6), the state key read in that same format.
-* **Embodiment id**: ``embodiment_id.json`` over the official tag → projector table.
+* **Images** :mod:`.n17_images`; **prompt** :mod:`.n17_text` (instruction lower-cased, punctuation removed).
+* **State** ``[T, max_state_dim]`` per row, ``T = state_history_length``: per key ``[sin, cos]``, mean/std or
+  min/max → [-1, 1] clipped (q01/q99 with ``use_percentiles``), in modality order, zero-padded; ``exclude_state``
+  gives zeros. The model flattens it to one token.
+* **Actions** per key: the first ``len(delta_indices)`` steps un-normalized (min/max after a clip to [-1, 1]);
+  relative keys (``use_relative_action``; statistics: the per-step ``relative_action`` ones) made absolute against
+  the last state: joints added, end effectors ``T_state @ T_rel`` in the key's format (``XYZ_ROT6D`` 9 values,
+  ``XYZ_ROTVEC`` 6).
 
-Modules: :mod:`.n17_embodiment` (the checkpoint's files), :mod:`.n17_actions` (state and actions),
-:mod:`.n17_images`, :mod:`.n17_text`, :mod:`.observation` (reading an observation). API:
-:meth:`GrootN17Processor.validate` (one observation → :class:`N17Row`), :meth:`~GrootN17Processor.prepare`
-(rows → :class:`N17Inputs`), :meth:`~GrootN17Processor.postprocess` (normalized chunk → robot actions).
+Checkpoint files: :mod:`.n17_embodiment`; state and action math: :mod:`.n17_actions`.
 """
 
 from __future__ import annotations
@@ -109,9 +100,8 @@ class GrootN17Processor:
                         tokenizer: str | Path | N17Tokenizer | None = None, num_slots: int | None = None,
                         state_history_length: int | None = None) -> GrootN17Processor:  # fmt: skip
         """The processor of ``embodiment`` (or the only one) of a checkpoint. ``tokenizer``: the backbone's model
-        directory (default: the checkpoint or its ``tokenizer/`` / ``processor/``; without one, prompts come as
-        token ids); ``num_slots``: the model's projector count (the slot is checked below it);
-        ``state_history_length``: the model's, checked against the state's ``delta_indices``."""
+        directory (default: the checkpoint or its ``tokenizer/`` / ``processor/``; none: prompts as token ids);
+        ``num_slots`` / ``state_history_length``: the model's, checked against the checkpoint's files."""
         root = Path(checkpoint_dir)
         where = processor_dir(root)
         config = _read_json(where / "processor_config.json")
@@ -265,9 +255,9 @@ class GrootN17Processor:
         return decode_n17_actions(self.spec, normalized, raw_state)
 
     def encode_actions(self, actions: Mapping[str, Any], raw_state: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Robot actions per action key ``[B, n, D]`` (``1 <= n <= action_horizon``, e.g. the unexecuted rest of
-        the previous chunk) and the batch's raw state → the model's normalized chunk ``[B, n, max_action_dim]``
-        float32 (zero-padded), as the official processor normalizes training actions."""
+        """Robot actions per action key ``[B, n, D]`` (``1 <= n <= action_horizon``, e.g. the previous
+        chunk's unexecuted rest) and the raw state → normalized chunk ``[B, n, max_action_dim]`` float32,
+        zero-padded, as the official processor normalizes training actions."""
         arrays = {}
         for a in self.spec.actions:
             if a.key not in actions:

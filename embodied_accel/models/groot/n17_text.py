@@ -1,16 +1,10 @@
-"""GR00T N1.7's prompt: the Qwen3-VL chat template and tokenizer, read from the backbone's files.
+"""GR00T N1.7's prompt: the Qwen3-VL chat template and tokenizer, read from the backbone's model directory.
 
-The official processor builds one user turn per observation whose content is every image (time-major, then camera)
-followed by the instruction, renders it with the processor's chat template (``add_generation_prompt=False``; no
-system turn unless the template adds one), then replaces the ``k``-th ``<|image_pad|>`` by as many copies as the
-``k``-th image has merged patches (``grid_t * grid_h * grid_w / merge_size**2``) and tokenizes the text. Rows are
-padded on the left with the pad token.
-
-A GR00T N1.7 checkpoint holds no tokenizer: the official code reads it from the backbone's model directory
-(``nvidia/Cosmos-Reason2-2B``). :class:`N17Tokenizer` reads ``tokenizer.json`` (or ``vocab.json`` +
-``merges.txt`` + ``tokenizer_config.json``), the chat template (``chat_template.jinja``, ``chat_template.json`` or
-``tokenizer_config.json``'s ``chat_template``) and the image processor's ``preprocessor_config.json`` from one
-directory. Needs the ``tokenizers`` and ``jinja2`` packages (``pip install 'embodied-accel[groot]'``).
+As the official processor: one user turn of every image (time-major, then camera) then the instruction, rendered
+with ``add_generation_prompt=False``; the ``k``-th ``<|image_pad|>`` repeated ``grid_t * grid_h * grid_w /
+merge_size**2`` times; rows left-padded with the pad token. :class:`N17Tokenizer` reads ``tokenizer.json`` (or
+``vocab.json`` + ``merges.txt`` + ``tokenizer_config.json``), the chat template and ``preprocessor_config.json``
+from one directory. Needs ``tokenizers`` and ``jinja2`` (``pip install 'embodied-accel[groot]'``).
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ def _has_vocab(directory: Path) -> bool:
 
 
 def find_n17_tokenizer_dir(*candidates: Path | str | None) -> Path | None:
-    """The first directory among ``candidates`` (and their ``tokenizer/`` / ``processor/`` subdirectories) that
-    holds a tokenizer and a chat template."""
+    """The first of ``candidates`` (or its ``tokenizer/`` / ``processor/``) holding a tokenizer and a chat template."""
     for candidate in candidates:
         if candidate is None:
             continue

@@ -1,14 +1,10 @@
 """Strict loading of GR00T N1.7 checkpoints (``nvidia/GR00T-N1.7-3B`` or a fine-tune) into :class:`GrootN17Model`.
 
-The layout as released: ``config.json`` (``model_type`` ``Gr00tN1d7``), sharded safetensors with
-``model.safetensors.index.json``; keys ``backbone.model.*`` (the Qwen3-VL model, its text layers truncated to
-``select_layer``) and ``action_head.*`` (N1.6's head, plus ``vl_self_attention.*`` when configured). The rule table
-is data: the backbone's rows come from the backbone itself (:meth:`~embodied_accel.nn.qwen3_vl.Qwen3VLBackbone.
-checkpoint_entries`), the head's from :func:`~.weights.head_table`, the vl self-attention's below. Every checkpoint
-key is accounted for: a missing, unexpected or mis-shaped tensor is an error listing them all; a missing shard is
-named; an N1.6 checkpoint (or one whose ``config.json`` claims N1.7 but holds N1.6's Eagle tensors) is refused
-naming what differs. Never read: ``lm_head``, the text model's final norm (the features are taken before it), the
-training-only ``mask_token`` and the fixed sinusoid tables of the vl self-attention (checked against ours).
+Keys ``backbone.model.*`` (Qwen3-VL, text layers truncated to ``select_layer``) and ``action_head.*``; the rule
+table comes from :meth:`~embodied_accel.nn.qwen3_vl.Qwen3VLBackbone.checkpoint_entries`,
+:func:`~.weights.head_table` and the vl self-attention rows below. Missing, unexpected or mis-shaped tensors are one
+error listing them all; N1.6 tensors under an N1.7 ``config.json`` are refused naming them. Never read:
+``lm_head``, the final norm, ``mask_token``; the stored sinusoid tables are checked against ours.
 """
 
 from __future__ import annotations
@@ -136,9 +132,8 @@ def backbone_from_hf_config(path: str | Path) -> Qwen3VLConfig:
 
 def n17_config_from_checkpoint(checkpoint_dir: str | Path, preset: str | None = None,
                                backbone_config: str | Path | None = None) -> GrootN17Config:  # fmt: skip
-    """The architecture of an N1.7 checkpoint: the backbone from ``backbone_config`` (a Qwen3-VL ``config.json``)
-    or ``preset`` (default: the released Cosmos-Reason2-2B), the head from ``config.json``. Unsupported variants are
-    errors naming the field."""
+    """The architecture of an N1.7 checkpoint: the backbone from ``backbone_config`` (a Qwen3-VL ``config.json``) or
+    ``preset`` (default: Cosmos-Reason2-2B), the head from ``config.json``; unsupported variants name the field."""
     checkpoint_dir = Path(checkpoint_dir)
     cfg = read_n17_checkpoint_config(checkpoint_dir)
     where = checkpoint_dir / "config.json"
@@ -249,8 +244,7 @@ def n17_weight_rules(config: GrootN17Config, slot: int = 0) -> list[Rule]:
 
 
 def init_n17_random_weights(model: GrootN17Model, seed: int, device) -> None:
-    """Seeded random weights for a preset (demos, tests, benchmarks without a checkpoint); NOT a trained policy.
-    Same draws as N1.6's presets (:func:`~.weights.init_random_weights`)."""
+    """Seeded random weights for a preset, as N1.6's (:func:`~.weights.init_random_weights`); NOT a trained policy."""
     from .weights import init_random_weights
 
     init_random_weights(model, seed, device)

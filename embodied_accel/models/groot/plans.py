@@ -1,16 +1,9 @@
-"""What GR00T N1.6 declares to the model-agnostic DiT cache (``cache/``): how one flow step of its action head
-splits into the pieces a cache runs or skips.
-
-* **embed** (always run): the action encoder of ``x_t`` at the step's time, after the state tokens: the DiT's token
-  rows ``[B * (T_state + horizon), inner]``;
-* **first block**: the AlternateVLDiT's block 0 (a cross-attention block);
-* **rest** (what a cache may skip): blocks 1 .. depth - 1; the residual stream is the token rows;
-* **head** (always run): the DiT's output AdaLN and projection, then the action decoder on the action rows;
-* TeaCache's signal: block 0's AdaLN-modulated input.
-
-The default path (:meth:`~.model.GrootModel.action_head`) does not use this; :func:`sample_with_cache` runs the same
-Euler loop with a :class:`~embodied_accel.cache.CachedDiT` in place of the velocity (no real-time chunking
-guidance). With settings that compute every step it equals the default path bit for bit (tested).
+"""GR00T N1.6's declaration to the model-agnostic DiT cache (``cache/``): one flow step split into **embed** (the
+action encoder after the state tokens, rows ``[B * (T_state + horizon), inner]``), **first block** (DiT block 0),
+**rest** (blocks 1 .. depth - 1, what a cache may skip) and **head** (output AdaLN, projection, action decoder);
+TeaCache's signal is block 0's modulated input. :func:`sample_with_cache` runs the Euler loop with a
+:class:`~embodied_accel.cache.CachedDiT` (no real-time chunking); computing every step it equals
+:meth:`~.model.GrootModel.action_head` bit for bit.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
-"""GR00T N1.6's processor: observation dict → model inputs, and normalized actions → robot actions.
+"""GR00T N1.6's processor, as the official ``Gr00tN1d6Processor`` (eval mode) for one embodiment: observation dict
+→ model inputs, normalized actions → robot actions (checkpoint files :mod:`.embodiment`, rotations
+:mod:`.rotations`).
 
-Everything here follows the official ``Gr00tN1d6Processor`` (eval mode) for one embodiment, read from the
-checkpoint's ``processor_config.json``, ``statistics.json`` and ``embodiment_id.json`` (:mod:`.embodiment`; the
-image chain in :mod:`.images`, the rotation math in :mod:`.rotations`):
-
-* **Images** (per camera and frame, uint8 HWC): shortest edge to ``shortest_image_edge`` (OpenCV ``INTER_AREA``),
-  center crop of ``crop_fraction`` per side, shortest edge again, then each side rounded to a multiple of
-  ``patch x unshuffle`` (28) and resized with Pillow's bicubic filter; ``(x - 127.5) / 127.5``.
-* **Prompt**: an instruction longer than ``max_prompt_tokens`` x 64 bytes is refused before anything else is done
-  with it (:func:`~embodied_accel.errors.check_prompt_size`); the instruction lower-cased with punctuation removed, rendered by the tokenizer directory's chat
-  template (system turn, then the user turn: instruction, then one ``<image-k>`` per frame, time-major), each
-  placeholder expanded to ``<image k><img>`` + ``<IMG_CONTEXT>`` x tokens + ``</img>``, tokenized with the Qwen2
-  byte-level BPE (:mod:`.tokenizer`). Rows are padded on the left.
-* **State** per key, in the modality order: ``[sin, cos]`` for the sin/cos keys, mean/std or min/max → [-1, 1]
-  (clipped) for the others; concatenated and zero-padded to ``max_state_dim``.
-* **Actions**: per key, the first ``len(delta_indices)`` steps un-normalized (min/max or mean/std; per-step
-  statistics for relative keys), relative keys made absolute against the last observed state (joints: added;
-  end effectors: SE(3) composition of ``xyz + rot6d`` poses).
-* **Real-time chunking** (optional request keys, :mod:`embodied_accel.nn.rtc`): the previous chunk's leftover in
-  robot units goes the output path backwards (:func:`encode_actions`) into the model's normalized, zero-padded
-  action space, relative to the current state.
+* **Images**: :mod:`.images`.
+* **Prompt**: refused above ``max_prompt_tokens`` x 64 bytes (:func:`~embodied_accel.errors.check_prompt_size`),
+  lower-cased without punctuation, chat template (system turn, instruction, one ``<image-k>`` per frame,
+  time-major), each placeholder → ``<image k><img>`` + ``<IMG_CONTEXT>`` x tokens + ``</img>``, Qwen2 BPE
+  (:mod:`.tokenizer`), left-padded.
+* **State** per key: ``[sin, cos]`` or mean/std or min/max → [-1, 1] clipped; concatenated, zero-padded to
+  ``max_state_dim``.
+* **Actions** per key: un-normalized, relative keys made absolute against the last state (joints added, end
+  effectors SE(3)-composed ``xyz + rot6d``); :func:`encode_actions` maps real-time chunking's leftover back.
 """
 
 from __future__ import annotations
@@ -169,18 +160,14 @@ def _steps(statistic: np.ndarray, steps: int) -> np.ndarray:
 def encode_actions(
     spec: EmbodimentSpec, actions: Mapping[str, np.ndarray], state: Mapping[str, np.ndarray]
 ) -> np.ndarray:
-    """The inverse of :func:`decode_actions`: robot actions per key ``[B, n, D]`` (``n <= action_horizon``, the
-    widths :attr:`EmbodimentSpec.returned_dims`) and the raw state per key ``[B, T, D]`` → the normalized chunk
-    ``[B, n, action_dim]`` (float32) the model would have to produce for them.
+    """Inverse of :func:`decode_actions`: robot actions per key ``[B, n, D]`` (``n <= action_horizon``, widths
+    :attr:`EmbodimentSpec.returned_dims`) and raw state ``[B, T, D]`` → the normalized chunk ``[B, n, action_dim]``
+    float32 the model would have to produce.
 
-    Relative keys are made relative to the last observed state (joints: subtracted; end effectors:
-    ``T_state⁻¹ @ T_action``, an ``xyz + rot6d`` pose), then each key is normalized with the statistics the
-    decoder uses at those steps: mean/std where ``std != 0`` (else unchanged, as decoded), min/max → [-1, 1] where
-    the range is not zero (else 0, as the official normalizer), clipped to [-1, 1] (the decoder clips before it
-    un-normalizes, so nothing outside decodes differently). A chunk the policy returned maps back to the one the
-    model produced, up to that clip and, for end effectors, the orthonormalization of rot6d: the decoder keeps only
-    the rotation, so the rotation's own rot6d stands for it (it decodes to the same pose when the statistics
-    contain it, as statistics of real rotations do; else it is clipped like any other value)."""
+    Relative keys are taken against the last state (joints subtracted, end effectors ``T_state⁻¹ @ T_action``), then
+    normalized as the decoder un-normalizes those steps (mean/std where ``std != 0``, else unchanged; min/max →
+    [-1, 1] where the range is not zero, else 0) and clipped to [-1, 1]. A returned chunk maps back to the model's up to that clip and
+    the rot6d orthonormalization (the decoder keeps only the rotation)."""
     parts = []
     for a in spec.actions:
         values = np.asarray(actions[a.key], dtype=np.float64)
@@ -350,10 +337,10 @@ class GrootProcessor:
 
     def _chunk_guidance(self, obs: Mapping[str, Any], where: str,
                         state: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:  # fmt: skip
-        """A row's real-time chunking request → its leftover in the model's action space ``[n, action_dim]`` and its
-        weights ``[model_horizon]``; None without one. ``previous_actions`` is the previous chunk's unexecuted
-        actions in robot units as the policy returned them: the concatenated ``actions`` ``[n, W]`` or a map per
-        action key (``<key>`` or ``action.<key>``: ``[n, D]``), ``1 <= n <= action_horizon``."""
+        """A row's real-time chunking request → leftover in model space ``[n, action_dim]`` and weights
+        ``[model_horizon]``, or None. ``previous_actions``: the previous chunk's unexecuted actions as the policy
+        returned them, ``[n, W]`` concatenated or per action key (``<key>`` / ``action.<key>``: ``[n, D]``),
+        ``1 <= n <= action_horizon``."""
         if not rtc_requested(obs, where):
             return None
         leftover = self._leftover(obs[PREVIOUS_ACTIONS_KEY], f"{where}[{PREVIOUS_ACTIONS_KEY!r}]")

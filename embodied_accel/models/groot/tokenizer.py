@@ -1,17 +1,10 @@
 """The Qwen2 byte-level BPE tokenizer and chat template of GR00T N1.6's Eagle backbone, read from its files.
 
-A GR00T checkpoint holds no tokenizer: the official code reads it from its own repository
-(``gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2/``: ``vocab.json``, ``merges.txt``, ``tokenizer_config.json`` or
-``added_tokens.json``, ``chat_template.json``). :meth:`QwenTokenizer.from_dir` reads those files from that directory,
-from the root of an Isaac-GR00T checkout, or from any directory holding them. The pipeline is Qwen2's: NFC
-normalization, the Qwen2 pre-tokenizer split, byte-level BPE, the added tokens matched before anything else.
-Needs the ``tokenizers`` and ``jinja2`` packages (``pip install 'embodied-accel[groot]'``).
-
-The ``groot-tiny`` preset (random weights, a 357-token vocabulary) has no trained tokenizer; it uses the one of the
-Isaac-GR00T reference fixture, bundled in ``embodied_accel/data/groot_tiny_tokenizer`` (a copy of
-``tests/fixtures/groot_tiny/tokenizer`` from ``tools/groot_reference/make_fixtures.py``: a byte-level BPE of 320
-pieces trained on a few robot instructions, Eagle's added tokens after them, ``<IMG_CONTEXT>`` = 346), so that the
-preset takes text instructions end to end, e.g. an openpi client's ``prompt``.
+A checkpoint holds no tokenizer: :meth:`QwenTokenizer.from_dir` reads ``vocab.json``, ``merges.txt``, the added
+tokens and ``chat_template.json`` from an Isaac-GR00T checkout's ``gr00t/model/modules/nvidia/Eagle-Block2A-2B-v2/``
+or any directory holding them (NFC, Qwen2 pre-tokenizer, byte-level BPE, added tokens first). Needs ``tokenizers``
+and ``jinja2`` (``pip install 'embodied-accel[groot]'``). ``groot-tiny`` uses the reference fixture's small BPE,
+bundled in ``embodied_accel/data/groot_tiny_tokenizer`` (``<IMG_CONTEXT>`` = 346), so it takes text instructions.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Strict loading of GR00T N1.6 checkpoints (``nvidia/GR00T-N1.6-3B`` or a fine-tune) into :class:`GrootModel`.
 
-The key mapping is a table of data (:func:`weight_rules`): each of our parameters names the checkpoint tensors it
-is made from and the load-time transform (transpose to ``[in, out]``, fuse q/k/v and gate/up, stack q_norm/k_norm
-per head, fuse the K/V projections of every DiT cross-attention block into one matrix, take the embodiment's slice of a per-embodiment tensor). Tensors stream one
-at a time from the (sharded) safetensors onto a model built on the ``meta`` device; a per-embodiment tensor is
-read only for the selected slot. Nothing is randomly initialised: a missing, unexpected or mis-shaped tensor is an
-error that lists them all. ``lm_head``, the unused SigLIP pooling head and the training-only ``mask_token`` are
-never read.
+The key mapping is data (:func:`weight_rules`): per parameter, its checkpoint tensors and load-time transform
+(transpose to ``[in, out]``, fused q/k/v and gate/up, stacked q/k norms, all DiT cross-attention K/V in one matrix,
+the embodiment's slice). Tensors stream from the sharded safetensors onto a ``meta``-built model; missing,
+unexpected or mis-shaped tensors are one error listing them. Never read: ``lm_head``, SigLIP's pooling head,
+``mask_token``.
 """
 
 from __future__ import annotations
@@ -294,12 +292,8 @@ def load_checkpoint_weights(model, checkpoint_dir: str | Path, slot: int, device
 
 
 def init_random_weights(model, seed: int, device) -> None:
-    """Seeded random weights for a preset (demos, tests, benchmarks without a checkpoint); NOT a trained policy.
-    Drawn on ``device`` in the compute dtype (:class:`~embodied_accel.models.random_weights.SeededDraws`).
-
-    Matrices with variance 1/fan_in, biases small, norm scales near 1, embeddings with variance 1/width (uniform
-    draws).
-    """
+    """Seeded random weights for a preset (demos, tests, benchmarks), drawn on ``device`` in the compute dtype; NOT a
+    trained policy. Matrices variance 1/fan_in, small biases, norm scales near 1, embeddings variance 1/width."""
     from ..random_weights import SeededDraws
 
     draws = SeededDraws(seed, device)

@@ -1,21 +1,11 @@
 """Architecture configs and named presets for Hunyuan3D-Paint 2.0 (the texture models of ``tencent/Hunyuan3D-2``).
 
-Two released folders, each in diffusers' layout (``model_index.json``, one sub-folder per component with its
-``config.json``):
-
-* ``hunyuan3d-delight-v2-0``: an InstructPix2Pix pipeline that removes lighting from the input image (``unet/``,
-  ``vae/``, ``text_encoder/`` + ``tokenizer/`` (CLIP), ``scheduler/``). Its prompt is always the empty one, so the
-  text encoder runs once, at load, for one constant embedding (:attr:`DelightConfig.prompt_ids`).
-* ``hunyuan3d-paint-v2-0`` and ``-turbo``: the multiview pipeline (``unet/``: the 2.5-D UNet and its reference
-  UNet in one file, ``unet_dual.*`` beside ``unet.*``; ``vae/``; ``scheduler/``). Its text conditioning is two learned
-  ``[1, 77, C]`` embeddings stored with the UNet; its ``text_encoder/`` is never read.
-
-:func:`delight_config_from_dir` / :func:`multiview_config_from_dir` read them, refusing by name what this library
-does not implement. Runtime knobs (steps, guidance, seed, sizes) are arguments of the pipelines. The official
-pipelines' settings are the defaults here: delight 50 Euler-ancestral steps at 512², text guidance 1.0 and image
-guidance 1.5 (diffusers' InstructPix2Pix applies guidance only when the text scale exceeds 1, so none); multiview
-6 views at 512², 30 Euler-ancestral steps (``trailing`` spacing), guidance 2.0; turbo 10 LCM steps on the 30-step
-DDIM grid, no classifier-free guidance.
+Two released folders in diffusers' layout: ``hunyuan3d-delight-v2-0`` (InstructPix2Pix: ``unet/``, ``vae/``, CLIP
+``text_encoder/`` + ``tokenizer/``, run once at load on the empty prompt, :attr:`DelightConfig.prompt_ids`) and
+``hunyuan3d-paint-v2-0`` / ``-turbo`` (``unet/`` holding ``unet.*`` and the reference ``unet_dual.*``, ``vae/``;
+its text is two learned ``[1, 77, C]`` embeddings, ``text_encoder/`` never read). :func:`delight_config_from_dir` /
+:func:`multiview_config_from_dir` read them, refusing by name what is not implemented. Defaults are the official
+pipelines' settings (see ``docs/texture.md``); runtime knobs belong to the pipelines.
 """
 
 from __future__ import annotations
@@ -398,10 +388,9 @@ def _token_content(value) -> str | None:
 
 
 def empty_prompt_ids(tokenizer_dir: Path, length: int) -> tuple[int, ...]:
-    """CLIP's tokenization of the empty prompt, padded to ``length`` (what the delight pipeline feeds its text
-    encoder): the start token, the end token, then the pad token, with ids from the tokenizer's ``vocab.json`` (or
-    ``added_tokens_decoder``) and names from ``special_tokens_map.json`` / ``tokenizer_config.json``. The empty prompt
-    has no word to split, so no BPE merge is involved."""
+    """CLIP's tokens of the empty prompt padded to ``length``, as the delight pipeline feeds its text encoder: start,
+    end, then pad, ids from ``vocab.json`` (or ``added_tokens_decoder``), names from ``special_tokens_map.json`` /
+    ``tokenizer_config.json``. No word, so no BPE merge."""
     vocab = read_json(tokenizer_dir / "vocab.json", "the CLIP tokenizer's vocabulary")
     config = read_json(tokenizer_dir / "tokenizer_config.json", "the CLIP tokenizer's settings")
     special_path = tokenizer_dir / "special_tokens_map.json"
@@ -442,11 +431,9 @@ def delight_config_from_dir(directory: Path) -> DelightConfig:
 
 
 def multiview_config_from_dir(directory: Path, turbo: bool | None = None) -> MultiviewConfig:
-    """A ``hunyuan3d-paint-v2-0`` / ``-turbo`` folder → :class:`MultiviewConfig`.
-
-    Turbo or not: ``turbo`` when given; else a UNet with a guidance embedding (``time_cond_proj_dim``) is a
-    distilled one; else the folder's name decides, as the official pipeline decides (its turbo folder is named
-    ``...-turbo``). The choice is logged."""
+    """A ``hunyuan3d-paint-v2-0`` / ``-turbo`` folder → :class:`MultiviewConfig`. Turbo when ``turbo`` says so, else
+    when the UNet has a guidance embedding (``time_cond_proj_dim``), else by the folder's ``-turbo`` name, as the
+    official pipeline decides; the choice is logged."""
     index_path = directory / "model_index.json"
     index = read_json(index_path, "a diffusers pipeline folder")
     unet_entry = index.get("unet")

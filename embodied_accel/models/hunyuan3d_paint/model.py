@@ -1,25 +1,13 @@
-"""Hunyuan3D-Paint 2.0's networks and their sampling loops: delight (lighting removal) and multiview diffusion.
+"""Hunyuan3D-Paint 2.0's networks and sampling loops: delight (lighting removal) and multiview diffusion.
 
-1. **Delight** (:class:`DelightModel`, diffusers' InstructPix2Pix): the input image's latents (the VAE posterior's
-   mean) are concatenated on the channels to the noisy latents at every step; the text condition is CLIP's encoding
-   of the empty prompt, a constant computed at load (:attr:`DelightModel.prompt_embedding`). Guidance, when the text
-   scale exceeds 1 (diffusers' rule; the official settings 1.0 / 1.5 leave it off): three rows ``[text + image,
-   image only, neither]`` combined as ``ε_u + s_t (ε_ti − ε_i) + s_i (ε_i − ε_u)``.
-2. **Multiview** (:class:`MultiviewModel`, ``UNet2p5DConditionModel``): six views are denoised together. Each view's
-   input is ``[noisy latents | normal-map latents | position-map latents]`` (12 channels); its camera id selects a
-   class embedding added to the time embedding; every transformer block attends across the six views (multiview
-   attention) and to the reference image's features (reference attention). Those features are the normalized
-   inputs of the transformer blocks of a second UNet (the reference UNet, ``unet_dual``) run once on the reference
-   image's latents at ``t = 0`` with the learned text ``text_ref``; the generation UNet's text is the learned
-   ``text_gen``. Guidance (not turbo, scale > 1): an unconditional row with zero text, no reference, the same
-   geometry, ``ε_u + s (ε_c − ε_u)``.
-
-Where this departs from the official code (same results): the reference UNet runs once per generation (the official
-UNet wrapper reruns it at every step, on an argument dict that is rebuilt per call, so its cache never holds); the
-unconditional row's reference pass and reference attention, multiplied by 0 there, are not computed; the text keys
-and values are computed once. The turbo pipeline computes a guidance-scale embedding, but the official UNet wrapper
-does not hand it to the UNet (it lands in the wrapper's ``**cached_condition``); :meth:`MultiviewModel.denoise` does
-the same by default (``embed_guidance=True`` feeds it).
+* :class:`DelightModel` (InstructPix2Pix): the image's latents (posterior mean) concatenated to the noisy latents
+  each step, the text the constant empty-prompt embedding; guidance only when the text scale exceeds 1 (diffusers'
+  rule), rows ``[text + image, image, neither]``: ``ε_u + s_t (ε_ti − ε_i) + s_i (ε_i − ε_u)``.
+* :class:`MultiviewModel` (``UNet2p5DConditionModel``): six views denoised together from ``[noisy | normal |
+  position]`` latents (12 channels), camera ids as class embeddings; each transformer block attends across views
+  and to the reference UNet's block inputs (run once, on the reference latents at ``t = 0`` with ``text_ref``).
+  Guidance (not turbo, scale > 1): an unconditional row with zero text and no reference, ``ε_u + s (ε_c − ε_u)``.
+  The turbo guidance-scale embedding is not fed unless ``embed_guidance=True``, as the official wrapper drops it.
 """
 
 from __future__ import annotations
@@ -72,10 +60,9 @@ class DelightModel(nn.Module):
     def denoise(self, image_latents: torch.Tensor, schedule, noise: NoiseFn, text_guidance: float = 1.0,
                 image_guidance: float = 1.5, progress: bool = False, unet: UNetFn | None = None,
                 latents: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        """The InstructPix2Pix loop; returns the final latents ``[1, C, h, w]``. It starts from ``latents [1, C, h,
-        w]`` when given (unscaled: multiplied by the schedule's initial sigma, as diffusers' ``latents=``; ``noise``
-        then draws only the steps' noise), else from fresh noise. ``unet`` runs each step's UNet call in place of
-        ``self.unet`` (the same call, e.g. captured by a runner)."""
+        """The InstructPix2Pix loop → final latents ``[1, C, h, w]``. From ``latents [1, C, h, w]`` when given
+        (unscaled, multiplied by the initial sigma as diffusers' ``latents=``; ``noise`` then draws only the steps'
+        noise), else fresh noise. ``unet``: each step's UNet call in place of ``self.unet`` (e.g. a captured runner)."""
         unet = self.unet if unet is None else unet
         if self.prompt_embedding is None:
             raise RuntimeError("the delight model has no prompt embedding: load it with load_delight_model")

@@ -1,20 +1,8 @@
-"""Images in and out of Hunyuan3D-Paint's models, as the official pipeline prepares them (Pillow's resampling, the
-same rounding and truncations).
-
-* :func:`recenter_image`: the texture pipeline's own recentring (not the shape pipeline's): an image with an alpha
-  channel is cropped to its foreground box (alpha > 0, inclusive), given a border of 20 % of the box on each side
-  and pasted at the centre of a transparent white square; an RGB image is used as it is.
-* :func:`delight_inputs`: resized to the delight size (Pillow's bicubic, premultiplied alpha); the alpha eroded by a
-  3×3 square, fully transparent pixels set to white; the RGB channels (alpha dropped, not composited) are the
-  model's input, the eroded RGBA its colour target.
-* :func:`composite`: an RGBA image flattened onto a uniform background, ``rgb · a + background · (1 − a)``: the
-  multiview stage's reference onto grey 127 rounded to 8 bits (the official pipeline pastes it with Pillow, which
-  rounds so), its condition maps onto white in floating point (as the official pipeline composites them). Delight
-  composites nothing: its input's fully transparent pixels are set to white and the alpha dropped.
-* :func:`recorrect_colors`: per channel over the foreground (alpha > 0.5), the generated image's mean and standard
-  deviation moved to the input's, ``(src − 0.95 μ_s) σ_t / σ_s + 0.95 μ_t`` clipped to [0, 1], kept only if it is
-  closer (mean squared error over the whole image) to the input than the generated image is; then composited on white.
-* :func:`camera_indices`: the multiview UNet's camera ids of azimuth / elevation pairs.
+"""Images in and out of Hunyuan3D-Paint's models, as the official pipeline prepares them (Pillow's resampling,
+its rounding and truncations): :func:`recenter_image` (the texture pipeline's own: alpha box + 20 % border, centred
+on a transparent white square; RGB as is), :func:`delight_inputs` (bicubic resize, alpha eroded 3×3, transparent
+pixels white, alpha dropped), :func:`composite`, :func:`recorrect_colors` (per-channel mean / std moved to the
+input's over the foreground, kept when closer) and :func:`camera_indices` (the UNet's camera ids).
 """
 
 from __future__ import annotations
@@ -70,10 +58,9 @@ def check_image(image: np.ndarray, what: str = "image") -> np.ndarray:
 
 
 def composite(image: np.ndarray, background: float, to_uint8: bool = False) -> np.ndarray:
-    """An RGBA uint8 ``[H, W, 4]`` image over a uniform ``background`` (in the image's 0-255 units when
-    ``to_uint8``, else in [0, 1]): ``rgb · a + background · (1 − a)``, as uint8 ``[H, W, 3]`` rounded to nearest
-    (``to_uint8``: what Pillow's ``paste(rgba, mask=alpha)`` computes on an 8-bit canvas) or float32 in [0, 1]. An
-    RGB image passes unchanged (uint8) or divided by 255 (float32)."""
+    """RGBA uint8 ``[H, W, 4]`` over a uniform ``background``: ``rgb · a + background · (1 − a)``. ``to_uint8``:
+    background in 0-255, uint8 ``[H, W, 3]`` rounded to nearest (Pillow's ``paste(rgba, mask=alpha)``; the multiview
+    reference onto grey 127); else float32 in [0, 1] (the condition maps onto white). RGB passes unchanged or / 255."""
     image = check_image(image)
     if image.shape[2] == 3:
         return image if to_uint8 else image.astype(np.float32) / np.float32(255.0)
@@ -143,10 +130,10 @@ def recorrect_colors(generated: np.ndarray, target: np.ndarray, alpha: np.ndarra
                      scale: float = RECORRECT_SCALE) -> np.ndarray:  # fmt: skip
     """The delight output's colour re-correction against its input, composited on white: uint8 ``[H, W, 3]``.
 
-    ``generated`` uint8 ``[H, W, 3]``; ``target`` float64 ``[H, W, 3]`` and ``alpha`` float64 ``[H, W, 1]`` from
-    :func:`delight_inputs`. Statistics as the official code computes them (float64, unbiased standard deviation); a
-    foreground of fewer than two pixels, or a constant generated channel, leaves the generated image as it is (the
-    official code divides by zero there)."""
+    ``generated`` uint8 ``[H, W, 3]``; ``target`` / ``alpha`` float64 ``[H, W, 3]`` / ``[H, W, 1]`` from
+    :func:`delight_inputs`. Over the foreground (alpha > 0.5): ``(src − 0.95 μ_s) σ_t / σ_s + 0.95 μ_t`` clipped to
+    [0, 1] (float64, unbiased std), kept only if its whole-image MSE to the input is lower. Fewer than two foreground
+    pixels or a constant channel leave the image as is (the official code divides by zero there)."""
     source = torch.from_numpy(generated / 255.0)
     target_t, alpha_t = torch.from_numpy(target), torch.from_numpy(alpha)
     mask = (alpha_t > 0.5).reshape(-1)

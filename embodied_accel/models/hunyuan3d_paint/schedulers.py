@@ -1,20 +1,17 @@
-"""The samplers of Hunyuan3D-Paint's pipelines: Euler-ancestral (delight; multiview) and LCM (multiview turbo).
+"""Hunyuan3D-Paint's samplers, Euler ancestral (delight, multiview) and LCM (turbo), as diffusers 0.32 computes them
+on a DDPM schedule from ``scheduler_config.json`` (linear, scaled-linear or cosine betas, optionally zero terminal
+SNR: first ``ᾱ`` 2⁻²⁴; ``ᾱ = cumprod(1 − β)``).
 
-Both are diffusers' (0.32) arithmetic on a DDPM noise schedule read from the folder's ``scheduler_config.json``:
-``betas`` (linear, scaled-linear or cosine; optionally rescaled to zero terminal SNR), ``ᾱ = cumprod(1 − β)``.
+* **Euler ancestral**: ``σ = sqrt((1 − ᾱ) / ᾱ)`` at the timesteps (``linspace`` / ``leading`` / ``trailing``),
+  then 0; input scaled ``1 / sqrt(σ² + 1)``; ``x̂ = x − σ ε`` or, for v, ``−σ / sqrt(σ² + 1) · v + x / (σ² + 1)``;
+  ``x ← x + (x − x̂) / σ · (σ_down − σ) + σ_up · noise``, ``σ_up = sqrt(σ_next² (σ² − σ_next²) / σ²)``,
+  ``σ_down = sqrt(σ_next² − σ_up²)``.
+* **LCM** on integer timesteps (turbo: ``33 k − 1`` from 989, 10 steps): ``denoised = c_out x̂ + c_skip x``,
+  ``c_skip = σ_d² / ((10 t)² + σ_d²)``, ``c_out = 10 t / sqrt((10 t)² + σ_d²)``, ``σ_d = 0.5``; then
+  ``x ← sqrt(ᾱ_prev) denoised + sqrt(1 − ᾱ_prev) noise`` (last step: ``denoised``).
 
-* **Euler ancestral**, ``σ = sqrt((1 − ᾱ) / ᾱ)`` interpolated at the step's timesteps (``linspace``, ``leading`` or
-  ``trailing`` spacing), ``σ = 0`` appended. Per step: the input is scaled by ``1 / sqrt(σ² + 1)``; the clean
-  estimate is ``x − σ ε`` (epsilon) or ``−σ / sqrt(σ² + 1) · v + x / (σ² + 1)`` (v-prediction); with
-  ``σ_up = sqrt(σ_next² (σ² − σ_next²) / σ²)`` and ``σ_down = sqrt(σ_next² − σ_up²)``,
-  ``x ← x + (x − x̂) / σ · (σ_down − σ) + σ_up · noise``. Under zero terminal SNR the first ``ᾱ`` is set to 2⁻²⁴.
-* **LCM** on given integer timesteps: ``x̂`` from ε or v at ``ᾱ_t``, the consistency boundary scalings
-  ``c_skip = σ_d² / ((10 t)² + σ_d²)``, ``c_out = 10 t / sqrt((10 t)² + σ_d²)`` (``σ_d = 0.5``), ``denoised = c_out x̂ +
-  c_skip x``, then ``x ← sqrt(ᾱ_prev) denoised + sqrt(1 − ᾱ_prev) noise`` (the last step returns ``denoised``).
-  The turbo pipeline's timesteps are every third of the 30-step DDIM grid ``33 k − 1``, from 989 down: 10 steps.
-
-Per-step constants are 0-d float32 tensors computed with diffusers' operations in diffusers' order, so that a step
-rounds as diffusers' does; a step is element-wise arithmetic on the device (noise is drawn by the caller).
+Per-step constants are 0-d float32 tensors in diffusers' order of operations, so steps round as diffusers' do; the
+caller draws the noise.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Strict loading of the released Hunyuan3D-Paint folders (diffusers layout) into :mod:`.model`.
 
-Every component's weights are one file in its sub-folder, in this order of preference: ``*.safetensors`` (read tensor
-by tensor through the shared reader), then ``*.bin`` (``torch.load`` with ``weights_only``; the turbo folder's VAE
-ships only that). The multiview ``unet/`` file holds both UNets (``unet.*``: the 2.5-D UNet, whose original blocks
-are wrapped, ``...transformer_blocks.K.transformer.attn1...``, beside the added ``...transformer_blocks.K.attn_multiview``
-/ ``attn_refview``; ``unet_dual.*``: the reference UNet) and the learned text embeddings; ``text_encoder/`` of the
-multiview folder is never read. The delight folder's CLIP text encoder is read once, to encode the empty prompt.
-
-The mapping is data: our parameter name's pattern → the checkpoint key(s) and a transform (:data:`UNET_RENAMES`,
-:data:`TRANSFORMER_BLOCK_RULES`, :data:`VAE_RENAMES`, :data:`CLIP_RULES`). Transforms at load: linear weights become
-``[in, out]``; Q/K/V (and the 2.5-D blocks' reference Q and multiview Q/K/V) become one matrix; the spatial
-transformers' 1×1 ``proj_in`` / ``proj_out`` convolutions (Stable Diffusion 1.x) become linear weights. A missing,
-unexpected, mis-shaped or non-floating-point tensor is an error listing them by name in the checkpoint's own layout;
-a tensor holding a NaN or an infinity is an error naming it; nothing is randomly initialized.
+One weights file per component: ``*.safetensors``, else ``*.bin`` (``weights_only``; the turbo VAE ships only
+that). The multiview ``unet/`` file holds the 2.5-D UNet (``unet.*``, original blocks under ``.transformer.``
+beside ``attn_multiview`` / ``attn_refview``), the reference ``unet_dual.*`` and the text embeddings. Rule tables:
+:data:`UNET_RENAMES`, :data:`TRANSFORMER_BLOCK_RULES`, :data:`VAE_RENAMES`, :data:`CLIP_RULES`; at load linears
+become ``[in, out]``, Q/K/V one matrix, 1×1 ``proj_in`` / ``proj_out`` convolutions linears. Missing, unexpected,
+mis-shaped, non-float or non-finite tensors are errors naming them in the checkpoint's layout.
 """
 
 from __future__ import annotations

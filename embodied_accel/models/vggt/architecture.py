@@ -1,24 +1,11 @@
 """The architecture of a VGGT checkpoint, read from its tensor shapes and its ``config.json``.
 
-Upstream's ``VGGT`` takes ``img_size``, ``patch_size``, ``embed_dim`` and the head switches (what its hub mixin writes
-to ``config.json``); every other size is an argument of a sub-module's constructor. The tensors show most of them:
-widths, depths, MLP ratios, register counts, the patch size and DINOv2's position grid, the aggregator's head count
-(its QK-norm weights are one head wide), the DPT and tracker widths, the tracker's virtual tracks. What no tensor
-shows is read from ``config.json`` under the name of upstream's constructor argument, in a section per module::
-
-    {"img_size": 518, "patch_size": 14, "embed_dim": 1024,
-     "aggregator": {"rope_freq": 100},
-     "patch_embed": {"num_heads": 16},
-     "camera_head": {"num_heads": 16, "num_iterations": 4},
-     "dpt_head": {"intermediate_layer_idx": [4, 11, 17, 23]},
-     "track_head": {"iters": 4, "corr_levels": 7, "corr_radius": 4, "num_heads": 8, "stride": 2, "max_scale": 518}}
-
-and where ``config.json`` does not say, upstream's constructors decide as they do for ``VGGT-1B``: the DINOv2 patch
-embedding and the camera trunk have as many heads as the aggregator, 4 camera iterations, the DPT reads layers
-``[4, 11, 17, 23]``, the tracker runs 4 iterations over 7 correlation levels of radius 4 with 8 heads. A value
-``config.json`` gives that the tensors contradict is an error naming both; so is a checkpoint whose architecture
-cannot be decided (e.g. a depth other than 24 with no ``intermediate_layer_idx``). A checkpoint whose tensors match
-a preset takes that preset's values for what the tensors do not show.
+The tensors show widths, depths, MLP ratios, register counts, the patch size, DINOv2's position grid, the
+aggregator's head count (its QK-norm weights are one head wide), the DPT and tracker widths and virtual tracks.
+The rest is read from ``config.json`` under upstream's constructor argument names, one section per module
+(``aggregator``, ``patch_embed``, ``camera_head``, ``dpt_head``, ``track_head``; ``VGGT-1B``'s in ``docs/vggt.md``);
+absent values take a matching preset's, else what upstream's constructors give ``VGGT-1B``. A value the tensors
+contradict, or an undecidable architecture (depth not 24 without ``intermediate_layer_idx``), names both.
 """
 
 from __future__ import annotations

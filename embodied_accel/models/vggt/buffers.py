@@ -1,11 +1,10 @@
-"""The static per-shape buffers of a VGGT call, built once per shape bucket and handed to the forward.
+"""The static buffers of a VGGT call, built once per shape bucket (batch, frames, height, width and, under
+sequence parallelism, the frames this process holds) and handed to the forward.
 
-A bucket is (batch, frames, image height, image width) plus, under sequence parallelism, which frames of the scene
-this process holds. Everything here depends only on the bucket and on the loaded weights (the interpolated DINOv2
-position embedding, the tracker's virtual tracks after its first time block), never on the images: 2-D RoPE tables,
-the DPT heads' uv position embeddings, the tracker's sin/cos grid and correlation windows, the special-token
-selection per frame, the key padding bias of sequence-parallel global attention.
-Build them before capture, rebuild them after loading other weights; the model never caches tensors itself.
+They depend only on the bucket and the weights, never on the images: 2-D RoPE tables, the interpolated DINOv2
+position embedding, the DPT uv embeddings, the tracker's grids, correlation windows and virtual tracks, the
+special-token choice per frame, the sequence-parallel key padding bias. Build before capture, rebuild after
+loading other weights; the model caches nothing itself.
 """
 
 from __future__ import annotations
@@ -53,10 +52,8 @@ class VggtBuffers:
 
 
 def interpolate_patch_pos_embed(pos_embed: torch.Tensor, grid: int, patch_hw: tuple[int, int]) -> torch.Tensor:
-    """DINOv2's learned ``[1 + grid², C]`` embedding at a ``patch_h × patch_w`` grid (bicubic, antialiased, fp32).
-
-    An image of the pretraining size (square, same grid) uses the table as is, as DINOv2 does.
-    """
+    """DINOv2's learned ``[1 + grid², C]`` embedding at a ``patch_h × patch_w`` grid (bicubic, antialiased, fp32); the
+    pretraining grid uses the table as is, as DINOv2 does."""
     patches = pos_embed[1:].float()
     if patch_hw == (grid, grid):
         return patches
@@ -94,13 +91,11 @@ def sincos_grid_embedding(dim: int, grid_hw: tuple[int, int]) -> torch.Tensor:
 
 
 def correlation_windows(levels: int, radius: int, fmap_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tracker's ``(2r + 1)²`` window around a point, at every level of its correlation pyramid (level i: the
-    feature map average-pooled ``i`` times by 2), as ``grid_sample`` coordinates (``align_corners=True``).
+    """The tracker's ``(2r + 1)²`` window around a point at every pyramid level (level i: pooled ``i`` times by 2), as
+    ``grid_sample`` coordinates (``align_corners=True``): level-0 pixel ``c`` samples level i at ``c / 2^i + delta``,
+    the first offset coordinate from the window's row index, as upstream lays it out.
 
-    A point at level-0 pixel ``c`` (x, y) samples level i at pixels ``c / 2^i + delta`` (window offsets ``delta``
-    from -r to r; the first offset coordinate comes from the row index of the window, as upstream lays it out),
-    i.e. normalized ``(c / 2^i + delta) * 2 / (size_i - 1) - 1``. Returns ``(scale [L, 1, 1, 1, 2], offset
-    [L, 1, 1, (2r + 1)^2, 2])`` with ``normalized = c * scale + offset`` (fp32).
+    Returns ``(scale [L, 1, 1, 1, 2], offset [L, 1, 1, (2r + 1)^2, 2])``, ``normalized = c * scale + offset`` (fp32).
     """
     offsets = torch.linspace(-radius, radius, 2 * radius + 1)
     dy, dx = torch.meshgrid(offsets, offsets, indexing="ij")
@@ -124,12 +119,9 @@ def build_vggt_buffers(
     dtype: torch.dtype,
     first_frame: int = 0,
 ) -> VggtBuffers:
-    """Buffers for ``batch`` scenes of ``frames`` frames of ``image_hw`` pixels.
-
-    ``first_frame``: the scene index of this call's first frame (0 unless the frames are a shard of the scene under
-    sequence parallelism: only scene frame 0 uses the reference camera / register tokens). ``model`` supplies the
-    config, the ops (table layouts) and DINOv2's position embedding.
-    """
+    """Buffers for ``batch`` scenes of ``frames`` frames of ``image_hw`` pixels. ``first_frame``: the scene index of
+    this call's first frame (non-zero only for a sequence-parallel shard; only scene frame 0 takes the reference
+    camera / register tokens). ``model`` supplies the config, the ops' table layouts and DINOv2's position table."""
     config: VggtConfig = model.config
     ops = model.ops
     device = torch.device(device)

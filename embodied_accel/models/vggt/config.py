@@ -1,7 +1,5 @@
-"""Architecture configs and named presets for VGGT (Visual Geometry Grounded Transformer).
-
-Architecture lives here as frozen dataclasses; runtime knobs (backend, dtype, frame chunking, sequence parallelism,
-quantization) are arguments of the loader and the forward.
+"""Architecture configs and named presets for VGGT (Visual Geometry Grounded Transformer), as frozen dataclasses;
+runtime knobs (backend, dtype, frame chunking, sequence parallelism, quantization) belong to the loader and forward.
 """
 
 from __future__ import annotations

@@ -175,10 +175,9 @@ class FrameWriter:
 
 
 def write_ply_frames(path: Path, frames: int, load, percentile: float, max_points: int | None) -> int:
-    """The point cloud of :func:`filter_points` + :func:`write_ply` over all frames, built frame by frame:
-    ``load(frame)`` gives ``(points [H, W, 3], colors [H, W, 3] uint8, confidence [H, W])``. Two passes (the
-    confidence threshold is a percentile of the whole scene, then the kept points are strided and written);
-    only the confidences of the scene are held at once. Returns the number of points written."""
+    """The point cloud of :func:`filter_points` + :func:`write_ply` over all frames, frame by frame: ``load(frame)``
+    gives ``(points [H, W, 3], colors [H, W, 3] uint8, confidence [H, W])``. Two passes (the threshold is a
+    percentile over the scene); only the confidences are held at once. Returns the number of points written."""
     confidences, finite_masks = [], []
     for frame in range(frames):
         points, _, conf = load(frame)

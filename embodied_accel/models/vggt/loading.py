@@ -32,8 +32,7 @@ def load_vggt_model(
     seed: int = 0,
     progress: bool = True,
 ) -> tuple[VggtModel, bool]:
-    """``source``: a preset name (seeded random weights) or a checkpoint file / directory. Returns the model and
-    whether its weights are random."""
+    """``source``: a preset (seeded random weights) or a checkpoint file / directory → ``(model, random weights?)``."""
     compute_dtype = platform_mod.resolve_dtype(dtype)
     device = platform_mod.normalize_device(device)
     ops = get_ops(backend)

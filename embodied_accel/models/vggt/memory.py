@@ -1,26 +1,11 @@
-"""How much memory a streamed VGGT call needs (:meth:`~embodied_accel.pipelines.reconstruction.VggtRunner.stream`),
-and the dense heads' frame chunk that fits a budget. One formula serves both the budget (``--max-memory``) and the
-estimate ``reconstruct --plan`` prints.
+"""The memory a streamed VGGT call (:meth:`~embodied_accel.pipelines.reconstruction.VggtRunner.stream`) needs, and
+the dense heads' frame chunk that fits a budget: one formula for ``--max-memory`` and ``reconstruct --plan``.
 
-A call holds, besides the weights and the frames:
-
-* **the layers the heads read** (:attr:`~.config.VggtConfig.kept_layers`): per frame ``P`` tokens of ``2C``
-  values for each layer the DPT heads read, one token for a layer only the camera head reads. This is the part that
-  grows with the frame count and stays: the official implementation keeps all ``depth`` layers.
-* **one aggregator round**: the tokens (updated in place, ``C`` per token) and, around a block's attention, its
-  QKV (``3C``, Q/K rotated in place) and the attention output (``C``) over every token of the scene; besides,
-  one chunk's temporaries (:data:`BLOCK_CHUNK_FRAMES` frames, at least :data:`MIN_CHUNK_ROWS` rows): a block's
-  normalized input, QKV, the projection, or in the MLP the residual sum, the normalized copy, the hidden layer and
-  its activation (``max(10, 5 + 2 * ratio)`` rows of ``C``). Global attention goes through fused
-  scaled-dot-product attention: no score matrix.
-* **the DINOv2 patch embedding** before that: its tokens, QKV and attention output over every frame (the same
-  ``5C`` per token, its own tokens) and one chunk of frames' activations (the normalized pixels, a block's).
-* **one chunk of the dense heads**: per frame the DPT's feature maps (the largest: the full-resolution maps of the
-  last convolutions, the 8x-upsampled fusion stage) and the chunk's outputs before they leave the device.
-* with query points, the tracker's feature maps of every frame (it attends across frames).
-
-The figures are in elements times the element size of the compute dtype (the camera head and the tracker run in
-fp32); they are an upper estimate of what the allocator holds at once, not of its fragmentation.
+Besides weights and frames it counts the kept layers (:attr:`~.config.VggtConfig.kept_layers`, growing with the
+frame count), one aggregator round (tokens, QKV, attention output, one chunk's temporaries; fused attention, no
+score matrix), the DINOv2 embedding before it, one dense-head chunk and, with query points, the tracker's maps.
+Elements times the compute dtype's size (camera head and tracker fp32); an upper estimate of what the allocator
+holds at once, fragmentation aside. The terms are tabulated in ``docs/vggt.md`` (the memory model).
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """VGGT: images of one scene → cameras, depth, point maps and tracks in one feed-forward call.
 
-1. **Patch embedding** (DINOv2 ViT with registers): each frame → patch tokens.
-2. **Aggregator**: per frame, 1 camera token + registers (the scene's first frame gets its own pair) + patches;
-   ``depth`` rounds of a *frame* block (attention within each frame) then a *global* block (attention across all
-   frames of the scene), with QK-norm, 2-D RoPE and LayerScale. The outputs of the rounds the heads read are kept
-   as ``[frame | global]`` pairs ``[B, S, P, 2C]``; the rounds update one token tensor in place, a chunk of frames
-   at a time around each attention.
-3. **Heads**: the camera head refines a pose encoding from the last round's camera tokens (attention across
-   frames); DPT heads turn four rounds' patch tokens into depth and world points with confidences (frames in
-   chunks); the track head tracks query points of the first frame through all frames.
-
-The forward is a pure function of the weights, the images and :class:`~.buffers.VggtBuffers` (the per-shape
-constants). Under sequence parallelism each process holds a shard of the frames: frame blocks need nothing from
-the others, global blocks attend through the sequence-parallel attention, the camera and track heads gather what
-they need across frames, and the dense heads run on the local frames.
+DINOv2 (with registers) embeds each frame; the aggregator prepends a camera token and registers (the scene's first
+frame its own pair) and runs ``depth`` rounds of a frame block then a global block (QK-norm, 2-D RoPE, LayerScale),
+updating one token tensor in place and keeping the rounds the heads read as ``[B, S, P, 2C]`` pairs; the camera
+head refines a pose encoding, the DPT heads give depth and world points with confidences (frame chunks), the track
+head follows the first frame's query points. A pure function of weights, images and :class:`~.buffers.VggtBuffers`.
+Under sequence parallelism each process holds a shard of frames: global blocks attend through the sequence-parallel
+attention, camera and track heads gather across frames, dense heads run locally.
 """
 
 from __future__ import annotations
@@ -36,11 +29,9 @@ from .track import TrackHead
 
 
 class FrameParallel(Protocol):
-    """What a sequence-parallel run hands the forward (:class:`embodied_accel.parallel.FrameShards`).
-
-    ``attend``: the global blocks' attention over the whole scene; ``gather_frames(x, dim)``: the scene's frames of
-    ``x`` (this process's shard along ``dim``) from every process, in scene order, padding frames dropped.
-    """
+    """What a sequence-parallel run hands the forward (:class:`embodied_accel.parallel.FrameShards`): ``attend``, the
+    global blocks' attention over the scene; ``gather_frames(x, dim)``, every process's frames of ``x`` in scene
+    order, padding frames dropped."""
 
     attend: AttendFn
 
@@ -64,12 +55,9 @@ class PatchEmbed(nn.Module):
         self.norm_bias = nn.Parameter(torch.empty(width))
 
     def forward(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
-        """``images [N, 3, H, W]`` in [0, 1] → patch tokens ``[N, patches, C]``.
-
-        The patch projection (a 14×14 convolution with stride 14) as one GEMM per image on its patches: the
-        ImageNet normalization writes the patches out in the kernel's channels-last order (one op), and the bias
-        rides with the position embedding (``buffers.patch_pos_embed``) in the GEMM's addend.
-        """
+        """``images [N, 3, H, W]`` in [0, 1] → patch tokens ``[N, patches, C]``. The 14×14 stride-14 projection is one
+        GEMM on patches that the ImageNet normalization writes in the kernel's channels-last order; the bias rides in
+        the GEMM's addend with ``buffers.patch_pos_embed``."""
         hidden = self.embed(images, buffers)
         n, seq, width = hidden.shape
         hidden = hidden.view(n * seq, width)
@@ -145,15 +133,12 @@ class Aggregator(nn.Module):
     def forward(
         self, images: torch.Tensor, buffers: VggtBuffers, global_attend: AttendFn | None = None
     ) -> dict[int, torch.Tensor]:
-        """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for the layers the heads read
-        (:attr:`~.config.VggtConfig.kept_layers`; a layer only the camera head reads keeps its camera tokens alone,
-        ``[B, S, 1, 2C]``).
+        """``images [B, S, 3, H, W]`` in [0, 1] → ``{layer: [B, S, P, 2C]}`` for :attr:`~.config.VggtConfig.kept_layers`
+        (``[B, S, 1, 2C]``, camera tokens only, for a layer only the camera head reads).
 
-        One ``[B*S*P, C]`` tensor of tokens is updated in place, round by round: each block's row-wise work runs
-        :attr:`chunk_frames` whole frames at a time, its attention once over every frame (:func:`block_in_place`),
-        so a round holds that tensor, a block's QKV and attention output and one chunk's temporaries; a kept layer
-        is filled half by half. Bit for bit the values of :meth:`forward_whole` (the same ops on fewer rows;
-        tests/test_vggt_stream.py checks it at 1 and 2 threads)."""
+        One ``[B*S*P, C]`` token tensor is updated in place; each block's row-wise work runs :attr:`chunk_frames`
+        frames at a time, its attention over every frame (:func:`block_in_place`). Equal bit for bit to
+        :meth:`forward_whole`."""
         if self.chunk_frames is None:
             return self.forward_whole(images, buffers, global_attend)
         config = self.config
@@ -204,13 +189,10 @@ class Aggregator(nn.Module):
 
 def block_in_place(block: VitBlock, x: torch.Tensor, groups: int, per_frame: int, chunk: int, rope,
                    attend: AttendFn | None = None) -> None:  # fmt: skip
-    """A block on ``x [groups * seq, C]`` (``groups`` sequences of whole frames of ``per_frame`` tokens: one per
-    frame for a frame block, one per scene for a global block), its output written over its input: the
-    pre-attention work (LayerNorm, QKV, QK-norm, RoPE) and the post-attention work (projection, LayerScale,
-    residual, MLP) run ``chunk`` frames at a time (:func:`row_chunks`), the attention once over every group, as
-    the whole block runs it. The same ops as :meth:`VitBlock.forward` on fewer rows; the rotated Q/K are written
-    back over their QKV rows (``[tokens, 3C]``: the attention reads Q/K/V as strided views, as it reads V in
-    :class:`VitAttention`)."""
+    """A block on ``x [groups * seq, C]`` (groups of whole frames of ``per_frame`` tokens: per frame for a frame block,
+    per scene for a global one), written over its input: the row-wise work before and after attention runs ``chunk``
+    frames at a time (:func:`row_chunks`), the attention once over every group. The same ops as
+    :meth:`VitBlock.forward` on fewer rows; rotated Q/K overwrite their QKV rows ``[tokens, 3C]``."""
     ops, cfg, attn = block.ops, block.cfg, block.attn
     tokens, c = x.shape
     heads, head_dim, seq = cfg.num_heads, cfg.head_dim, tokens // groups
@@ -252,11 +234,9 @@ def token_rows(out: torch.Tensor, rows: slice) -> torch.Tensor:
 
 
 class CameraHead(nn.Module):
-    """Camera tokens → pose encoding (translation, quaternion xyzw, FoV h/w), refined over ``iterations``.
-
-    Each iteration embeds the current estimate, modulates the normalized tokens with it (adaLN: shift, scale,
-    gate), runs the trunk (attention across frames) and adds the predicted update.
-    """
+    """Camera tokens → pose encoding (translation, quaternion xyzw, FoV h/w), refined over ``iterations``: each embeds
+    the estimate, modulates the normalized tokens with it (adaLN shift, scale, gate), runs the trunk (attention across
+    frames) and adds the predicted update."""
 
     def __init__(self, config: VggtConfig, ops: OpSet):
         super().__init__()
@@ -325,11 +305,8 @@ FP32_PREFIXES = ("camera_head.", "track_head.tracker.")
 
 
 class VggtModel(nn.Module):
-    """The VGGT network on the op layer; weights come from :mod:`.weights`.
-
-    The aggregator and the DPT heads run in ``compute_dtype``; the camera head and the tracker in fp32
-    (:data:`FP32_PREFIXES`), on their inputs cast up.
-    """
+    """The VGGT network on the op layer (weights from :mod:`.weights`): aggregator and DPT heads in ``compute_dtype``,
+    camera head and tracker in fp32 (:data:`FP32_PREFIXES`) on inputs cast up."""
 
     def __init__(self, config: VggtConfig, ops: OpSet, compute_dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -383,8 +360,7 @@ class VggtModel(nn.Module):
         frames_chunk_size: int | None = 8,
         parallel: FrameParallel | None = None,
     ) -> VggtOutputs:
-        """Every enabled head on the aggregator's ``layers``, outputs of all frames at once (see
-        :meth:`dense_frames` for one chunk of frames at a time)."""
+        """Every enabled head on ``layers``, all frames at once (:meth:`dense_frames` runs one chunk of frames)."""
         out = VggtOutputs()
         batch, frames = buffers.batch, buffers.frames
         if self.camera_head is not None:
@@ -424,12 +400,9 @@ class VggtModel(nn.Module):
     def dense_frames(
         self, dense: list[torch.Tensor], buffers: VggtBuffers, frames_chunk_size: int | None = None
     ) -> dict[str, torch.Tensor]:
-        """The depth / point heads on ``dense`` (:meth:`dense_tokens`, or frames ``s : s + n`` of it) →
-        ``{depth, depth_conf, world_points, world_points_conf}`` of those frames, ``[n, H, W, ...]``.
-
-        Each frame is independent: the heads run ``frames_chunk_size`` frames per pass, so frames ``s : s + n`` of
-        a call with chunk ``n`` run exactly the ops of the same pass of the whole call.
-        """
+        """The depth / point heads on ``dense`` (:meth:`dense_tokens`, or its frames ``s : s + n``) →
+        ``{depth, depth_conf, world_points, world_points_conf}`` ``[n, H, W, ...]``. Frames are independent and run
+        ``frames_chunk_size`` per pass, so a chunk runs exactly the ops of the same pass of the whole call."""
         out = {}
         for head, names in self.dense_head_list():
             results = head(dense, buffers.patch_hw, buffers.dpt_pos, frames_chunk_size)

@@ -1,10 +1,9 @@
-"""Images on disk → VGGT's input frames, as upstream's ``load_and_preprocess_images`` makes them.
+"""Images on disk → VGGT's input frames in [0, 1], as upstream's ``load_and_preprocess_images``.
 
-``crop`` (default): width → ``target`` px, height keeps the aspect ratio rounded to a multiple of the patch size,
-then centre-cropped to ``target`` if taller. ``pad``: the longer side → ``target``, the other rounded to a multiple
-of the patch size, then padded with white to a ``target`` square. Resizing is PIL's bicubic on 8-bit RGB
-(transparent pixels composited onto white first), values in [0, 1]. Frames of different sizes (possible in
-``crop`` mode) are padded with white to the largest, centred, and a warning is logged.
+``crop`` (default): width → ``target``, height by aspect ratio rounded to the patch size, centre-cropped to
+``target`` if taller. ``pad``: longer side → ``target``, the other rounded, white-padded to a square. PIL bicubic on
+8-bit RGB (transparency composited onto white). Frames of different sizes are white-padded to the largest, centred,
+with a warning.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""VGGT's track head: DPT feature maps, then a CoTracker-style iterative tracker (correlation pyramid + update
-transformer over time, with virtual tracks for attention across points).
+"""VGGT's track head: DPT feature maps, then a CoTracker-style iterative tracker in input-image pixels.
 
-Per iteration: correlations of each track's feature with every frame's feature map, sampled in a (2r+1)² window
-around the current estimate at every pyramid level → MLP; flow embedding; the update transformer (time attention
-per track, point ↔ virtual-track cross attention per frame) predicts coordinate and feature updates. The query
-frame's coordinates stay fixed. Coordinates are pixels of the input image.
+Per iteration: each track's correlations with every frame's features in a (2r+1)² window at every pyramid level →
+MLP; flow embedding; the update transformer (time attention per track, point ↔ virtual-track attention per frame)
+predicts coordinate and feature updates. The query frame's coordinates stay fixed.
 """
 
 from __future__ import annotations
@@ -111,13 +109,9 @@ class UpdateFormer(nn.Module):
         )
 
     def initial_virtual_tokens(self) -> torch.Tensor:
-        """The virtual tracks after the first time block, ``[V, C]``: the same for every frame, scene, iteration.
-
-        A virtual track enters the first time block as one learned token repeated over the frames; attention over
-        identical tokens returns that token's value, so the block's output is the same at every frame and depends
-        only on the weights: computed on one-frame sequences when a bucket's buffers are built
-        (``VggtBuffers.track_virtual0``) and broadcast over the frames.
-        """
+        """The virtual tracks after the first time block ``[V, C]``, the same for every frame, scene and iteration: one
+        learned token repeated over frames attends only to copies of itself, so the output depends on the weights alone.
+        Computed on one-frame sequences when the buffers are built (``VggtBuffers.track_virtual0``), then broadcast."""
         return self.time_blocks[0](self.virtual_tracks, self.virtual_tracks.shape[0])
 
     def forward(self, x: torch.Tensor, virtual0: torch.Tensor) -> torch.Tensor:
@@ -159,8 +153,7 @@ def flow_frequencies(dim: int, device: torch.device) -> torch.Tensor:
 
 
 def flow_embedding(flows: torch.Tensor, frequencies: torch.Tensor) -> torch.Tensor:
-    """Sin/cos embedding of 2-D flows ``[M, T, 2]`` → ``[M, T, 4 * len(frequencies)]`` (x then y; sin, cos
-    interleaved)."""
+    """Sin/cos embedding of 2-D flows ``[M, T, 2]`` → ``[M, T, 4 * len(frequencies)]`` (x, y; sin, cos interleaved)."""
     angles = flows[..., None] * frequencies  # [M, T, 2, F]
     return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(-3)
 

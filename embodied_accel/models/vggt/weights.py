@@ -1,14 +1,10 @@
 """Strict loading of VGGT checkpoints as users have them into :class:`~.model.VggtModel`.
 
-Accepted: ``facebook/VGGT-1B``'s ``model.pt`` (a plain state dict), the hub-mixin / commercial layout (a directory
-with ``model.safetensors`` and ``config.json``), or any single ``.pt`` / ``.pth`` / ``.safetensors`` file with
-upstream's key names (a training checkpoint's ``{"model": state_dict}`` and a ``module.`` prefix are unwrapped).
-
-The name mapping is a table of data (:data:`RENAMES`, applied in order to each of our parameter names) plus one
-transform per parameter kind (linear weights are transposed views, convolutions that run as GEMMs get their kernels
-laid out as GEMM matrices (:data:`GEMM_KERNELS`), the special tokens lose their leading singleton dims, Q/K norms are
-stacked). A missing, unexpected, mis-shaped or non-floating-point tensor is an error that lists them all; nothing is
-ever randomly initialised. DINOv2's ``mask_token`` (used only in training) is the one checkpoint tensor that is never read.
+Accepted: ``facebook/VGGT-1B``'s ``model.pt``, the hub layout (``model.safetensors`` + ``config.json``), or one
+``.pt`` / ``.pth`` / ``.safetensors`` file with upstream's keys (``{"model": ...}`` and ``module.`` unwrapped).
+Names map by :data:`RENAMES`; per parameter kind one transform (transposed linears, GEMM-laid kernels
+:data:`GEMM_KERNELS`, squeezed special tokens, stacked Q/K norms). Missing, unexpected, mis-shaped or
+non-float tensors are one error listing them all; only DINOv2's training ``mask_token`` is never read.
 """
 
 from __future__ import annotations
@@ -303,13 +299,10 @@ def load_checkpoint_weights(model, source: CheckpointReader, device, progress: b
 
 
 def init_random_weights(model, seed: int, device) -> None:
-    """Seeded random weights (demos, tests, benchmarks without a checkpoint); NOT a trained model. Drawn on
-    ``device`` in each parameter's dtype (:class:`~embodied_accel.models.random_weights.SeededDraws`).
-
-    Uniform draws of the stated mean and standard deviation: linear / conv weights (0, 1/sqrt(fan_in)), biases
-    (0, 0.05), norm weights (1, 0.1), LayerScale (0.5, 0.1), tokens (0, 0.5), DINOv2 positions (0, 0.2); the camera head's FoV rows stay small with a bias near 1 rad and the
-    tracker's flow head is scaled down, so that cameras are finite and tracks stay near the image.
-    """
+    """Seeded random weights (demos, tests, benchmarks), drawn on ``device`` in each parameter's dtype; NOT a trained
+    model. Uniform draws of (mean, std): linear / conv weights (0, 1/sqrt(fan_in)), biases (0, 0.05), norm weights
+    (1, 0.1), LayerScale (0.5, 0.1), tokens (0, 0.5), DINOv2 positions (0, 0.2); small camera FoV rows with a bias near
+    1 rad and a scaled-down tracker flow head keep cameras finite and tracks near the image."""
     from ..random_weights import SeededDraws
 
     draws = SeededDraws(seed, device)
