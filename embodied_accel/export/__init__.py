@@ -85,7 +85,7 @@ def family_of(source: str | Path) -> ExportFamily:
     try:
         name = registry_family_of(source).name
     except ValueError as error:
-        if path.is_file():  # VGGT checkpoints: a .pt / .safetensors file or a directory of one
+        if path.is_file():  # a bare VGGT .pt / .safetensors file (a directory of one is in the registry)
             return FAMILIES["vggt"]
         raise ExportError(str(error)) from None
     if name not in EXPORTED:

@@ -200,19 +200,19 @@ class Pi0Policy(Policy):
         Image resizing and scaling, camera masking, state normalization, the model, and action
         un-normalization all run inside the one captured call.
         """
-        bucket, inputs, guidance = self.call_inputs(raw, noise, num_steps)
-        if guidance is None:
-            return self.whole_call(bucket, *inputs)
-        return self.whole_call_rtc(bucket, *inputs, *guidance)
+        call, bucket, inputs = self.whole_call_for(raw, noise, num_steps)
+        return call(bucket, *inputs)
 
-    def call_inputs(self, raw: RawInputs, noise: torch.Tensor | None, num_steps: int | None):
-        """``(bucket, inputs, guidance)`` of the whole call on ``raw``: its shape bucket, its tensors (``noise``:
-        fresh N(0, 1) when None) and real-time chunking's guidance tensors (None without)."""
+    def whole_call_for(self, raw: RawInputs, noise: torch.Tensor | None, num_steps: int | None):
+        """``(call, bucket, inputs)`` of the whole call on ``raw``: :attr:`whole_call`, or :attr:`whole_call_rtc`
+        with real-time chunking's guidance tensors after the others (``noise``: fresh N(0, 1) when None)."""
         bucket = self.bucket(raw.batch_size, len(raw.frames), raw.tokens.shape[1], num_steps)
         noise = self.make_noise(raw.batch_size) if noise is None else noise
         inputs = (raw.frames, raw.image_masks, raw.tokens, raw.token_masks, raw.state, noise)
         guidance = raw.guidance
-        return bucket, inputs, None if guidance is None else (guidance.previous, guidance.weights, guidance.max_weight)
+        if guidance is None:
+            return self.whole_call, bucket, inputs
+        return self.whole_call_rtc, bucket, (*inputs, guidance.previous, guidance.weights, guidance.max_weight)
 
     def _whole_call(self, buffers: Pi0Buffers, frames, image_masks, tokens, token_masks, state, noise, guidance=None):
         processing = self.device_processing
@@ -287,12 +287,8 @@ class Pi0Policy(Policy):
             chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed), num_steps)
             return {"actions": self.processor.postprocess(chunk)}
         raw = self._upload(raw)
-        bucket, inputs, guidance = self.call_inputs(raw, self.make_noise(raw.batch_size, noise, seed), num_steps)
-        if guidance is None:
-            actions = self.whole_call(bucket, *inputs)
-        else:
-            actions = self.whole_call_rtc(bucket, *inputs, *guidance)
-        return {"actions": actions.to(device="cpu").numpy()}
+        call, bucket, inputs = self.whole_call_for(raw, self.make_noise(raw.batch_size, noise, seed), num_steps)
+        return {"actions": call(bucket, *inputs).to(device="cpu").numpy()}
 
 
 def load_pi0_policy(
