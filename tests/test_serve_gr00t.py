@@ -1,11 +1,14 @@
 """Isaac-GR00T's policy protocol (``serve --protocol gr00t``), driven by a protocol-level client written here from
 the protocol's description: ZeroMQ REQ, msgpack requests ``{"endpoint", "data", "api_token"}``, arrays as ``.npy``
-bytes. Every endpoint, batches served in one model call and equal to ``infer_batch``, refusals that leave the
+bytes (its N1.6 client) or as msgpack-numpy's maps, written and read by the released ``msgpack_numpy`` package
+(its newer client). Every endpoint, batches served in one model call and equal to ``infer_batch``, refusals that leave the
 server serving, hostile messages; openpi's own options (``--action-horizon``, GR00T-shaped observations, clients
 that are no websocket) through ``openpi-client``. Loopback only, every wait bounded."""
 
 import io
 import logging
+import os
+import pickle
 import socket
 import time
 
@@ -22,6 +25,13 @@ from embodied_accel.serve.metrics import PREFIX, parse_metrics
 from embodied_accel.serve.server import PolicyServer, ServeConfig, ServerThread
 
 zmq = pytest.importorskip("zmq", reason="pip install 'embodied-accel[gr00t-server]' (pyzmq)")
+try:
+    import msgpack_numpy
+except ImportError:
+    msgpack_numpy = None
+requires_msgpack_numpy = pytest.mark.skipif(
+    msgpack_numpy is None, reason="pip install 'msgpack-numpy>=0.4.8' (Isaac-GR00T's newer client's serializer)"
+)
 
 STEPS = 1
 TASK_KEY = "annotation.human.action.task_description"
@@ -44,15 +54,24 @@ class Gr00tWire:
         np.save(buffer, value, allow_pickle=False)
         return {"__ndarray_class__": True, "as_npy": buffer.getvalue()}
 
+    #: The marker of a modality config this client rebuilds.
+    modality_tag = "__ModalityConfig_class__"
+
     @staticmethod
     def _read(obj: dict):
         if obj.get("__ndarray_class__"):
             return np.load(io.BytesIO(obj["as_npy"]), allow_pickle=False)
         return obj
 
+    def pack(self, request: dict) -> bytes:
+        return msgpack.packb(request, default=lambda v: self.array(v) if isinstance(v, np.ndarray) else v)
+
+    def unpack(self, reply: bytes):
+        return msgpack.unpackb(reply, object_hook=self._read)
+
     def raw(self, message: bytes):
         self.sock.send(message)
-        return msgpack.unpackb(self.sock.recv(), object_hook=self._read)
+        return self.unpack(self.sock.recv())
 
     def call(self, endpoint: str, data: dict | None = None, token: str | None = None):
         request = {"endpoint": endpoint}
@@ -60,8 +79,7 @@ class Gr00tWire:
             request["data"] = data
         if (token or self.token) is not None:
             request["api_token"] = token or self.token
-        packed = msgpack.packb(request, default=lambda v: self.array(v) if isinstance(v, np.ndarray) else v)
-        return self.raw(packed)
+        return self.raw(self.pack(request))
 
     def get_action(self, observation: dict, options=None):
         return self.call("get_action", {"observation": observation, "options": options})
@@ -69,6 +87,23 @@ class Gr00tWire:
     def close(self) -> None:
         self.sock.close(0)
         self.context.term()
+
+
+class Gr00tWireMsgpackNumpy(Gr00tWire):
+    """The same client with arrays as Isaac-GR00T's newer client sends and reads them: msgpack-numpy's own encoder
+    and decoder (arrays as ``{b"nd": True, b"type", b"kind", b"shape", b"data"}``), modality configs found by
+    ``__ModalityConfig__``."""
+
+    modality_tag = "__ModalityConfig__"
+
+    def pack(self, request: dict) -> bytes:
+        return msgpack.packb(request, default=msgpack_numpy.encode)
+
+    def unpack(self, reply: bytes):
+        return msgpack.unpackb(reply, object_hook=msgpack_numpy.decode, raw=False)
+
+
+WIRES = [Gr00tWire, pytest.param(Gr00tWireMsgpackNumpy, marks=requires_msgpack_numpy, id="msgpack-numpy")]
 
 
 def start(policy, **config) -> ServerThread:
@@ -138,15 +173,16 @@ def expected_actions(policy, rows: list[dict]) -> dict:
 
 
 @requires_groot_extra
-def test_groot_endpoints_and_batches_equal_infer_batch(groot):
+@pytest.mark.parametrize("wire", WIRES)
+def test_groot_endpoints_and_batches_equal_infer_batch(groot, wire):
     with start(groot, api_key="secret") as running:
-        client = Gr00tWire(running.server.gr00t.url, token="secret")
+        client = wire(running.server.gr00t.url, token="secret")
         try:
             assert client.call("ping") == {"status": "ok", "message": "Server is running"}
             modalities = client.call("get_modality_config")
             assert set(modalities) == {"video", "state", "action", "language"}
             spec = groot.processor.spec
-            assert modalities["video"]["__ModalityConfig_class__"] is True
+            assert modalities["video"][client.modality_tag] is True
             assert modalities["video"]["as_json"]["modality_keys"] == list(spec.video_keys)
             assert modalities["action"]["as_json"] == {
                 "delta_indices": list(range(spec.action_horizon)), "modality_keys": [a.key for a in spec.actions],
@@ -289,6 +325,80 @@ def test_refusals_name_the_field_and_the_next_request_is_served(groot):
             assert wait_for_metric(running.server, 'errors_total{kind="endpoint"}', 2)
         finally:
             client.close()
+
+
+def msgpack_numpy_array(dtype, shape, data: bytes, kind: bytes = b"") -> dict:
+    return {b"nd": True, b"type": dtype, b"kind": kind, b"shape": shape, b"data": data}
+
+
+class MakesADirectory:
+    """A pickle that, if it were loaded, would create ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+@requires_msgpack_numpy
+def test_msgpack_numpy_refusals_name_the_field_and_nothing_is_unpickled(pi0, tmp_path):
+    made = tmp_path / "made-by-a-pickle"
+    frame = np.zeros((1, 1, 8, 8, 3), np.uint8)
+    cases = [
+        ("object array", msgpack_numpy_array("|O", [1], pickle.dumps(MakesADirectory(str(made))), b"O"),
+         "kind b'O' refused"),
+        ("structured", msgpack_numpy_array([["a", "<f4"]], [2], bytes(8), b"V"), "kind b'V' refused"),
+        ("object dtype, no kind", msgpack_numpy_array("|O", [1], bytes(8)), "dtype '|O' is not allowed"),
+        ("dtype not a string", msgpack_numpy_array([["a", "<f4"]], [2], bytes(8)), "dtype must be a string"),
+        ("lying shape", msgpack_numpy_array("|u1", [1, 1, 99, 8, 3], frame.tobytes()), "needs 2376 bytes, got 192"),
+        ("huge empty shape", msgpack_numpy_array("<f4", [0, 2**40, 2**40], b""), "declares"),
+        ("nd not a bool", {**msgpack_numpy_array("|u1", [1], b"\0"), b"nd": 1}, "'nd' must be true"),
+        ("extra key", {**msgpack_numpy_array("|u1", [1], b"\0"), b"more": 1}, "holds only nd, type"),
+        ("short scalar", {b"nd": False, b"type": "<f4", b"data": b"\0\0\0"}, "needs 4 bytes, got 3"),
+        ("complex", {b"complex": True, b"data": "(1+2j)"}, "complex numbers are not accepted"),
+    ]  # fmt: skip
+    with start(pi0) as running:
+        client = Gr00tWireMsgpackNumpy(running.server.gr00t.url)
+        try:
+            for name, value, expected in cases:
+                observation = {"video.base": value, "state.state": np.zeros((1, 1, pi0.io.state_dim), np.float32)}
+                reply = client.get_action(observation)
+                assert set(reply) == {"error"} and expected in reply["error"], (name, reply)
+                assert "request['data']['observation']['video.base']" in reply["error"], name
+                assert client.call("ping")["status"] == "ok", name  # the next request is served
+        finally:
+            client.close()
+    assert not made.exists()  # the pickle was never loaded
+
+
+@requires_msgpack_numpy
+def test_a_reply_writes_its_arrays_as_its_request_did():
+    from embodied_accel.serve import gr00t
+    from embodied_accel.serve.codec import DEFAULT_LIMITS
+
+    state = np.arange(6, dtype=np.float32).reshape(1, 1, 6)
+    newer = msgpack.packb({"endpoint": "get_action", "data": {"observation": {"state.arm": state},
+                                                             "options": {"scale": np.float32(1.5)}}},
+                          default=msgpack_numpy.encode)  # fmt: skip
+    request = gr00t.unpack_request(newer, DEFAULT_LIMITS)
+    assert request.array_format == "msgpack-numpy"
+    np.testing.assert_array_equal(request.data["observation"]["state.arm"], state)
+    assert request.data["observation"]["state.arm"].flags.writeable
+    scale = request.data["options"]["scale"]
+    assert type(scale) is np.float32 and scale == np.float32(1.5)
+    older = msgpack.packb({"data": {"observation": {"state.arm": Gr00tWire.array(state)}}})
+    assert gr00t.unpack_request(older, DEFAULT_LIMITS).array_format == "npy"
+    assert gr00t.unpack_request(msgpack.packb({"endpoint": "ping"}), DEFAULT_LIMITS).array_format == "npy"
+
+    actions = {"action.arm": np.linspace(-1, 1, 14, dtype=np.float32).reshape(1, 2, 7)}
+    replies = {fmt: gr00t.packb([actions, {"batch_size": np.int64(1)}], fmt) for fmt in gr00t.ARRAY_FORMATS}
+    as_newer = msgpack.unpackb(replies["msgpack-numpy"], object_hook=msgpack_numpy.decode, raw=False)
+    as_older = msgpack.unpackb(replies["npy"], object_hook=Gr00tWire._read)
+    for decoded in (as_newer, as_older):
+        np.testing.assert_array_equal(decoded[0]["action.arm"], actions["action.arm"])
+        assert decoded[1] == {"batch_size": 1}
+    assert b"__ndarray_class__" not in replies["msgpack-numpy"] and b"as_npy" not in replies["msgpack-numpy"]
 
 
 def test_floods_oversized_messages_and_the_client_limits(pi0):

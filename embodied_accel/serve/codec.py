@@ -120,26 +120,34 @@ def check_dtype(value: Any, where: str) -> np.dtype:
 
 
 def _array(tagged: dict, where: str) -> np.ndarray:
-    dtype = _dtype(_get(tagged, "dtype"), where)
-    shape = _get(tagged, "shape")
-    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
+    return array_from_wire(_get(tagged, "dtype"), _get(tagged, "shape"), _get(tagged, "data"), where)
+
+
+def array_from_wire(dtype: Any, shape: Any, data: Any, where: str) -> np.ndarray:
+    """An array from the parts a message gives (dtype name, shape, raw bytes), each checked before anything is
+    made: an allowed dtype (:func:`check_dtype`), a shape of at most :data:`MAX_NDIM` non-negative ints, exactly
+    the bytes that shape needs. The result is writable and independent of the message. Raises :class:`WireError`
+    naming ``where``."""
+    dtype = _dtype(dtype, where)
+    if isinstance(shape, tuple):
+        shape = list(shape)
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
         raise WireError(f"{where}: shape must be a list of at most {MAX_NDIM} ints, got {shape!r:.80}")
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
-        raise WireError(f"{where}: shape must hold non-negative ints, got {list(shape)!r:.80}")
-    data = _get(tagged, "data")
+        raise WireError(f"{where}: shape must hold non-negative ints, got {shape!r:.80}")
     if not isinstance(data, bytes):
         raise WireError(f"{where}: data must be raw bytes, got {type(data).__name__}")
     needed = math.prod(shape) * dtype.itemsize  # Python ints: a huge declared shape cannot overflow
     if needed != len(data):
         raise WireError(
-            f"{where}: shape {list(shape)} of {dtype.name} needs {needed} bytes, got {len(data)} "
+            f"{where}: shape {shape} of {dtype.name} needs {needed} bytes, got {len(data)} "
             "(truncated or inconsistent array)"
         )
     if needed == 0:  # an empty array: its other dimensions are not bounded by the data's size
         declared = math.prod(n for n in shape if n)
         if declared > MAX_ARRAY_ELEMENTS:
             raise WireError(
-                f"{where}: empty shape {list(shape)!r:.120} declares {declared} elements in its non-zero "
+                f"{where}: empty shape {shape!r:.120} declares {declared} elements in its non-zero "
                 f"dimensions; at most {MAX_ARRAY_ELEMENTS} are allowed"
             )
         return np.zeros(shape, dtype=dtype)
@@ -264,6 +272,7 @@ __all__ = [
     "MAX_ITEMSIZE",
     "DecodeLimits",
     "WireError",
+    "array_from_wire",
     "check_dtype",
     "packb",
     "unpack_observation",

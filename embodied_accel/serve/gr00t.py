@@ -1,17 +1,19 @@
-"""Isaac-GR00T's policy protocol (ZeroMQ REQ/REP, msgpack, arrays as ``.npy`` bytes): a second front end over the
-serving core of :mod:`.server` (its batcher, decoder threads, limits, metrics and drain); docs/serving.md.
+"""Isaac-GR00T's policy protocol (ZeroMQ REQ/REP, msgpack): a second front end over the serving core of
+:mod:`.server` (its batcher, decoder threads, limits, metrics and drain); docs/serving.md.
 
-A request is ``{"endpoint": name, "data": {...}, "api_token": token}`` (default endpoint ``get_action``); an array
-travels as ``{"__ndarray_class__": True, "as_npy": bytes}``, a modality config as
-``{"__ModalityConfig_class__": True, "as_json": {...}}``; every request gets one reply, the result or
-``{"error": message}``. Endpoints: ``ping``, ``get_modality_config``, ``get_action`` (``[{action_key: [B, T, D]
+A request is ``{"endpoint": name, "data": {...}, "api_token": token}`` (default endpoint ``get_action``); every
+request gets one reply, the result or ``{"error": message}``. Isaac-GR00T's clients write arrays in one of two
+ways, and both are read: ``.npy`` bytes (``{"__ndarray_class__": True, "as_npy": bytes}``, its N1.6 client) or
+msgpack-numpy's maps (``{b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [...], b"data": bytes}``, its newer
+client). A reply's arrays are written the way its request's were (``.npy`` when it had none). A modality config
+carries both clients' markers (``__ModalityConfig_class__`` and ``__ModalityConfig__``) beside ``as_json``. Endpoints: ``ping``, ``get_modality_config``, ``get_action`` (``[{action_key: [B, T, D]
 float32}, info]``), ``reset`` (``{}``: no state is kept), ``kill`` (only with ``--allow-remote-kill``).
 
 Observations come flat (``video.<camera>`` uint8 ``[B, T, H, W, 3]``, ``state.<key>`` float32 ``[B, T, D]``, the
 instruction) or nested as ``Gr00tPolicy`` takes them; the B rows are validated apart and run in one model call.
 Bounds are the websocket front end's where ZeroMQ allows (per-client in-flight requests, clients, buffered bytes,
-timeouts, constant-time token check). ``.npy`` payloads are parsed and checked here (plain dtype, a shape that
-matches the bytes) before anything is made; pickled arrays are refused.
+timeouts, constant-time token check). Arrays are parsed and checked here (plain dtype, a shape that matches the
+bytes) before anything is made; pickled (object) and structured arrays are refused unread.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import msgpack
 import numpy as np
 
 from .batching import RequestError, model_action_horizon
-from .codec import MAX_ARRAY_ELEMENTS, MAX_NDIM, NOT_TAGGED, WireError, check_dtype, unpackb
+from .codec import MAX_ARRAY_ELEMENTS, MAX_NDIM, NOT_TAGGED, WireError, array_from_wire, check_dtype, unpackb
 from .metrics import log_event
 from .text import clip
 
@@ -38,6 +40,11 @@ logger = logging.getLogger(__name__)
 
 NDARRAY_TAG = "__ndarray_class__"
 MODALITY_TAG = "__ModalityConfig_class__"
+#: The newer client's markers: msgpack-numpy's array key (a bytes key) and its modality-config marker.
+MSGPACK_NUMPY_TAG = b"nd"
+MODALITY_TAG_NEWER = "__ModalityConfig__"
+#: How a message writes its arrays: ``.npy`` maps, or msgpack-numpy's maps.
+ARRAY_FORMATS = ("npy", "msgpack-numpy")
 ENDPOINTS = ("ping", "get_action", "reset", "get_modality_config", "kill")
 NPY_MAGIC = b"\x93NUMPY"
 #: Longest ``.npy`` header read (numpy writes 128 bytes or a few multiples of 64).
@@ -67,7 +74,7 @@ def encode_npy(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _encode(obj: Any) -> Any:
+def _encode_npy(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return {NDARRAY_TAG: True, "as_npy": encode_npy(obj)}
     if isinstance(obj, np.generic):
@@ -75,14 +82,29 @@ def _encode(obj: Any) -> Any:
     raise TypeError(f"cannot send a {type(obj).__name__}")
 
 
-def packb(obj: Any) -> bytes:
-    """A reply: msgpack, numpy arrays as ``.npy`` maps."""
-    return msgpack.packb(obj, default=_encode, use_bin_type=True)
+def _encode_msgpack_numpy(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        array = np.ascontiguousarray(obj)
+        return {MSGPACK_NUMPY_TAG: True, b"type": array.dtype.str, b"kind": b"", b"shape": list(array.shape),
+                b"data": array.tobytes()}  # fmt: skip
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot send a {type(obj).__name__}")
+
+
+_ENCODERS = {"npy": _encode_npy, "msgpack-numpy": _encode_msgpack_numpy}
+
+
+def packb(obj: Any, array_format: str = "npy") -> bytes:
+    """A reply: msgpack, numpy arrays as ``.npy`` maps or msgpack-numpy's maps (:data:`ARRAY_FORMATS`)."""
+    return msgpack.packb(obj, default=_ENCODERS[array_format], use_bin_type=True)
 
 
 def modality_config(delta_indices: list[int], modality_keys: list[str]) -> dict[str, Any]:
-    """One ``ModalityConfig`` as GR00T's client rebuilds it (``ModalityConfig(**as_json)``)."""
-    return {MODALITY_TAG: True, "as_json": {"delta_indices": delta_indices, "modality_keys": modality_keys}}
+    """One ``ModalityConfig`` as either GR00T client rebuilds it (``ModalityConfig(**as_json)``, found by its
+    marker: each client looks for its own, and ignores the other)."""
+    as_json = {"delta_indices": delta_indices, "modality_keys": modality_keys}
+    return {MODALITY_TAG: True, MODALITY_TAG_NEWER: True, "as_json": as_json}
 
 
 def decode_npy(data: Any, where: str) -> np.ndarray:
@@ -140,12 +162,50 @@ def decode_npy(data: Any, where: str) -> np.ndarray:
     return flat.reshape(shape).copy()
 
 
-def _tagged(obj: dict, where: str) -> Any:
-    if NDARRAY_TAG in obj:
-        if set(obj) != {NDARRAY_TAG, "as_npy"}:
-            raise WireError(f"{where}: an array map holds exactly '{NDARRAY_TAG}' and 'as_npy'")
-        return decode_npy(obj["as_npy"], where)
-    return NOT_TAGGED
+_MSGPACK_NUMPY_ARRAY = {b"nd", b"type", b"kind", b"shape", b"data"}
+_MSGPACK_NUMPY_SCALAR = {b"nd", b"type", b"data"}
+
+
+def decode_msgpack_numpy(obj: dict, where: str) -> Any:
+    """A msgpack-numpy map → array (``nd`` true) or numpy scalar (``nd`` false), its parts checked as
+    :func:`~.codec.array_from_wire` checks them. Object arrays (``kind`` ``b"O"``: a pickle) and structured ones
+    (``b"V"``) are refused unread. Raises :class:`~.codec.WireError` naming ``where``."""
+    nd = obj[MSGPACK_NUMPY_TAG]
+    if nd is True:
+        if not set(obj) <= _MSGPACK_NUMPY_ARRAY:
+            raise WireError(f"{where}: a msgpack-numpy array map holds only nd, type, kind, shape and data")
+        kind = obj.get(b"kind", b"")
+        if kind != b"":
+            raise WireError(f"{where}: msgpack-numpy array of kind {kind!r:.20} refused (object arrays are pickles, "
+                            "structured dtypes are not accepted); send a bool, int, float or string array")  # fmt: skip
+        return array_from_wire(obj.get(b"type"), obj.get(b"shape"), obj.get(b"data"), where)
+    if nd is False:
+        if set(obj) != _MSGPACK_NUMPY_SCALAR:
+            raise WireError(f"{where}: a msgpack-numpy scalar map holds exactly nd, type and data")
+        return array_from_wire(obj[b"type"], [1], obj[b"data"], where)[0]
+    raise WireError(f"{where}: msgpack-numpy 'nd' must be true (an array) or false (a scalar), got {nd!r:.20}")
+
+
+class _ArrayMaps:
+    """The tagged-map hook of one request (:func:`~.codec.unpackb`): either client's arrays → numpy, noting the
+    format of the first one (the reply is written in it)."""
+
+    def __init__(self) -> None:
+        self.format: str | None = None
+
+    def __call__(self, obj: dict, where: str) -> Any:
+        if NDARRAY_TAG in obj:
+            if set(obj) != {NDARRAY_TAG, "as_npy"}:
+                raise WireError(f"{where}: an array map holds exactly '{NDARRAY_TAG}' and 'as_npy'")
+            value, found = decode_npy(obj["as_npy"], where), "npy"
+        elif MSGPACK_NUMPY_TAG in obj:
+            value, found = decode_msgpack_numpy(obj, where), "msgpack-numpy"
+        elif set(obj) == {b"complex", b"data"}:  # msgpack-numpy's Python complex
+            raise WireError(f"{where}: complex numbers are not accepted")
+        else:
+            return NOT_TAGGED
+        self.format = self.format or found
+        return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,11 +213,14 @@ class Request:
     endpoint: str
     data: dict[str, Any]
     token: Any
+    array_format: str = "npy"  # how the request wrote its arrays, and its reply writes them (ARRAY_FORMATS)
 
 
 def unpack_request(message: bytes, limits: Any) -> Request:
-    """One request message → endpoint, data (arrays decoded) and token; raises WireError naming the field."""
-    request = unpackb(message, "request", limits, tagged=_tagged)
+    """One request message → endpoint, data (arrays decoded), token and array format; raises WireError naming the
+    field."""
+    arrays = _ArrayMaps()
+    request = unpackb(message, "request", limits, tagged=arrays)
     if not isinstance(request, dict):
         raise WireError(f"request: expected a map with 'endpoint' and 'data', got {type(request).__name__}")
     unknown = set(request) - {"endpoint", "data", "api_token"}
@@ -171,7 +234,7 @@ def unpack_request(message: bytes, limits: Any) -> Request:
         raise WireError(f"request['endpoint']: expected a string, got {type(endpoint).__name__}")
     if not isinstance(data, dict):
         raise WireError(f"request['data']: expected a map, got {type(data).__name__}")
-    return Request(endpoint, data, request.get("api_token"))
+    return Request(endpoint, data, request.get("api_token"), arrays.format or "npy")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -310,6 +373,7 @@ class _Outcome:
     rows: list[Any] | None = None  # the server's prepared rows (get_action)
     flat: bool = True
     kill: bool = False  # an allowed kill: answered, then the server shuts down
+    array_format: str = "npy"  # how the reply writes its arrays: as the request did
 
 
 class Gr00tFrontEnd:
@@ -397,19 +461,21 @@ class Gr00tFrontEnd:
                     "this client (the server's limit)",
                 )  # fmt: skip
                 reply: Any = None
+                array_format = "npy"
             elif count == 0 and len(self._inflight) > self.config.max_connections:
                 error = RequestError("limit", f"too many clients (the server's limit is {self.config.max_connections})")
-                reply = None
+                reply, array_format = None, "npy"
             elif len(body) != 1:
-                error, reply = RequestError("decode", f"request: expected one message frame, got {len(body)}"), None
+                error = RequestError("decode", f"request: expected one message frame, got {len(body)}")
+                reply, array_format = None, "npy"
             else:
-                reply, error = await self._handle(identity, body[0], received)
+                reply, error, array_format = await self._handle(identity, body[0], received)
             del body
             if error is not None:
                 kind = error.kind
                 reply = {"error": clip(error.message)}
             try:
-                await self._sock.send_multipart([*envelope, packb(reply)])
+                await self._sock.send_multipart([*envelope, packb(reply, array_format)])
             except Exception as exc:  # the socket closed under us (shutdown): nobody to answer
                 server.metrics.request_dropped("client_gone")
                 log_event(logger, logging.INFO, "request_dropped", protocol="gr00t", error=str(exc))
@@ -429,22 +495,24 @@ class Gr00tFrontEnd:
                 del self._inflight[identity]
             server._track(-1)
 
-    async def _handle(self, identity: bytes, message: bytes, received: float) -> tuple[Any, RequestError | None]:
+    async def _handle(self, identity: bytes, message: bytes, received: float) -> tuple[Any, RequestError | None, str]:
+        """The reply or the error, and the array format the reply is written in."""
         server = self.server
         if server._draining:
-            return None, RequestError("shutdown", "server is shutting down")
+            return None, RequestError("shutdown", "server is shutting down"), "npy"
         loop = asyncio.get_running_loop()
         try:
             outcome = await loop.run_in_executor(server._decoder, self._decode, identity, message)
         except Exception as exc:  # a bug around the decoder: this request fails, the server goes on
             logger.error("gr00t: reading a request failed", exc_info=exc)
-            return None, RequestError("internal", f"internal server error while reading the request ({type(exc).__name__})")
+            error = RequestError("internal", f"internal server error while reading the request ({type(exc).__name__})")
+            return None, error, "npy"
         del message
         if outcome.error is not None or outcome.rows is None:
             if outcome.kill:
                 loop.call_later(0.05, server.request_stop)  # kill: answered first, then the graceful shutdown
-            return outcome.reply, outcome.error
-        return await self._actions(outcome, received)
+            return outcome.reply, outcome.error, outcome.array_format
+        return (*await self._actions(outcome, received), outcome.array_format)
 
     def _decode(self, identity: bytes, message: bytes) -> _Outcome:
         """Decoder thread: the request → a reply (every endpoint but get_action) or the prepared rows."""
@@ -494,7 +562,7 @@ class Gr00tFrontEnd:
                 message = result.message.replace("observation[", f"observation (row {i} of {len(rows)})[", 1)
                 return _Outcome(error=RequestError(result.kind, message))
             prepared.append(result)
-        return _Outcome(rows=prepared, flat=flat)
+        return _Outcome(rows=prepared, flat=flat, array_format=request.array_format)
 
     async def _actions(self, outcome: _Outcome, received: float) -> tuple[Any, RequestError | None]:
         """Queue the rows together (one model call up to max_batch) and build GR00T's reply."""
@@ -545,6 +613,7 @@ __all__ = [
     "Gr00tFrontEnd",
     "action_layout",
     "bind_zmq",
+    "decode_msgpack_numpy",
     "decode_npy",
     "encode_npy",
     "modality_configs",
