@@ -41,10 +41,12 @@ def load_client_module(checkout: str):
 
 
 def observation(modalities: dict, state_dims: dict[str, int], batch: int, flat: bool) -> dict:
+    """A batch in the advertised keys, with as many time steps as each modality's ``delta_indices``."""
     rng = np.random.default_rng(0)
-    video = {key: rng.integers(0, 256, (batch, 1, 64, 64, 3), dtype=np.uint8)
+    frames, states = len(modalities["video"].delta_indices), len(modalities["state"].delta_indices)
+    video = {key: rng.integers(0, 256, (batch, frames, 64, 64, 3), dtype=np.uint8)
              for key in modalities["video"].modality_keys}  # fmt: skip
-    state = {key: rng.uniform(-0.5, 0.5, (batch, 1, state_dims[key])).astype(np.float32)
+    state = {key: rng.uniform(-0.5, 0.5, (batch, states, state_dims[key])).astype(np.float32)
              for key in modalities["state"].modality_keys}  # fmt: skip
     language_key = modalities["language"].modality_keys[0]
     prompts = [[f"pick up block {i}"] for i in range(batch)]
