@@ -1,8 +1,8 @@
 """Isaac-GR00T's policy protocol (``serve --protocol gr00t``), driven by a protocol-level client written here from
 the protocol's description: ZeroMQ REQ, msgpack requests ``{"endpoint", "data", "api_token"}``, arrays as ``.npy``
 bytes (its N1.6 client) or as msgpack-numpy's maps, written and read by the released ``msgpack_numpy`` package
-(its newer client). Every endpoint, batches served in one model call and equal to ``infer_batch``, refusals that leave the
-server serving, hostile messages; openpi's own options (``--action-horizon``, GR00T-shaped observations, clients
+(its newer client). Every endpoint, batches served in one model call and equal to ``infer_batch``, refusals that
+leave the server serving, hostile messages; openpi's own options (``--action-horizon``, GR00T-shaped observations, clients
 that are no websocket) through ``openpi-client``. Loopback only, every wait bounded."""
 
 import io

@@ -6,8 +6,9 @@ request gets one reply, the result or ``{"error": message}``. Isaac-GR00T's clie
 ways, and both are read: ``.npy`` bytes (``{"__ndarray_class__": True, "as_npy": bytes}``, its N1.6 client) or
 msgpack-numpy's maps (``{b"nd": True, b"type": "<f4", b"kind": b"", b"shape": [...], b"data": bytes}``, its newer
 client). A reply's arrays are written the way its request's were (``.npy`` when it had none). A modality config
-carries both clients' markers (``__ModalityConfig_class__`` and ``__ModalityConfig__``) beside ``as_json``. Endpoints: ``ping``, ``get_modality_config``, ``get_action`` (``[{action_key: [B, T, D]
-float32}, info]``), ``reset`` (``{}``: no state is kept), ``kill`` (only with ``--allow-remote-kill``).
+carries both clients' markers (``__ModalityConfig_class__`` and ``__ModalityConfig__``) beside ``as_json``.
+Endpoints: ``ping``, ``get_modality_config``, ``get_action`` (``[{action_key: [B, T, D] float32}, info]``),
+``reset`` (``{}``: no state is kept), ``kill`` (only with ``--allow-remote-kill``).
 
 Observations come flat (``video.<camera>`` uint8 ``[B, T, H, W, 3]``, ``state.<key>`` float32 ``[B, T, D]``, the
 instruction) or nested as ``Gr00tPolicy`` takes them; the B rows are validated apart and run in one model call.
