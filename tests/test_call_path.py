@@ -1,5 +1,6 @@
 """The code stays navigable: from ``load_policy("pi0-tiny")`` to the first matrix multiplication of ``infer`` a
-reader follows at most 8 hops (``tools/call_path.py`` records the path from the real call stacks)."""
+reader follows at most 8 hops, from GR00T's at most 12 (its first GEMM sits in a ``Linear`` module, two frames
+deeper; ``tools/call_path.py`` records the path from the real call stacks)."""
 
 from __future__ import annotations
 
@@ -53,3 +54,14 @@ def test_the_recorder_sees_a_wrapper_added_on_the_path(monkeypatch, pi0_path):
     torch.set_num_threads(1)
     path = _tool().call_path("pi0-tiny")
     assert any(step.name.endswith("extra_hop") for step in path) and len(path) == len(pi0_path) + 1
+
+
+@pytest.mark.parametrize("preset", ["groot-tiny", "groot-n1.7-tiny"])
+def test_groot_path_from_load_policy_to_the_first_gemm_is_at_most_12_hops(preset):
+    torch.set_num_threads(1)
+    path = _tool().call_path(preset)
+    names = [step.name for step in path]
+    assert names[:2] == ["load_policy", "load_groot_family_policy"] and "Policy.infer" in names
+    assert names[names.index("Policy.infer") + 2] == "BucketedCall.__call__"  # outputs calls the model call itself
+    assert names[-2:] == ["Linear.forward", "linear"]  # the vision tower's first projection
+    assert len(path) - 1 <= 12, "\n".join(map(str, path))

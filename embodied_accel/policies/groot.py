@@ -260,16 +260,21 @@ class GrootPolicy(Policy):
             guidance=guidance,
         )
 
-    def sample(self, inputs: GrootInputs, noise: torch.Tensor | None = None) -> torch.Tensor:
-        """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); guided
-        when the inputs carry real-time chunking's guidance."""
-        if noise is None:
-            noise = self.make_noise(inputs.batch_size)
+    def model_call_for(self, inputs: GrootInputs, noise: torch.Tensor | None = None):
+        """``(call, bucket, args)`` of the model call on ``inputs``: :attr:`model_call`, or :attr:`model_call_rtc`
+        with real-time chunking's guidance tensors after the others (``noise``: fresh N(0, 1) when None)."""
+        noise = self.make_noise(inputs.batch_size) if noise is None else noise
         args = (inputs.images, inputs.input_ids, inputs.valid, inputs.image_positions, inputs.state, noise)
         guidance = inputs.guidance
         if guidance is None:
-            return self.model_call(inputs.bucket, *args)
-        return self.model_call_rtc(inputs.bucket, *args, guidance.previous, guidance.weights, guidance.max_weight)
+            return self.model_call, inputs.bucket, args
+        return self.model_call_rtc, inputs.bucket, (*args, guidance.previous, guidance.weights, guidance.max_weight)
+
+    def sample(self, inputs: GrootInputs, noise: torch.Tensor | None = None) -> torch.Tensor:
+        """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32); guided
+        when the inputs carry real-time chunking's guidance."""
+        call, bucket, args = self.model_call_for(inputs, noise)
+        return call(bucket, *args)
 
     def postprocess(self, chunk: torch.Tensor, raw_state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Normalized chunk → robot actions per key ``[B, action_horizon, D]`` (float32)."""
@@ -323,11 +328,8 @@ class GrootPolicy(Policy):
         """Validated rows → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D]}`` (float32; ``actions`` is
         the per-key actions concatenated in the embodiment's key order)."""
         inputs = self._to_device(self.processor.pack(rows), num_steps)
-        chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed))
-        per_key = self.postprocess(chunk, inputs.raw_state)
-        result: dict[str, Any] = {"actions": np.concatenate(list(per_key.values()), axis=-1)}
-        result.update({f"action.{key}": value for key, value in per_key.items()})
-        return result
+        call, bucket, args = self.model_call_for(inputs, self.make_noise(inputs.batch_size, noise, seed))
+        return actions_by_key(self.postprocess(call(bucket, *args), inputs.raw_state))
 
     def sample_observation(self, seed: int = 0, height: int = 256, width: int = 256) -> dict[str, Any]:
         """A synthetic observation of this embodiment (random frames, mid-range state; the instruction as text
@@ -355,6 +357,13 @@ class GrootPolicy(Policy):
 # ---------------------------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def actions_by_key(per_key: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Per-key actions → ``{"actions": the keys concatenated in order, "action.<key>": each}``."""
+    result: dict[str, Any] = {"actions": np.concatenate(list(per_key.values()), axis=-1)}
+    result.update({f"action.{key}": value for key, value in per_key.items()})
+    return result
 
 
 def preset_embodiment(config: GrootConfig, num_views: int) -> EmbodimentSpec:

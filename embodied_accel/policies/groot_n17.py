@@ -51,7 +51,7 @@ from ..quant import check_quant, quantize
 from ..runtime.buffers import BufferSpec
 from ..runtime.runner import Runner
 from . import RANDOM_WEIGHTS_LOGGER
-from .groot import COMPUTE_DTYPES, GrootPolicy
+from .groot import COMPUTE_DTYPES, GrootPolicy, actions_by_key
 
 #: A preset's frames (shortest edge, crop fraction) and bundled tokenizer: the tiny preset's are its fixture's.
 PRESET_IMAGES = {"groot-n1.7-tiny": (64, 0.95)}
@@ -277,16 +277,20 @@ class GrootN17Policy(GrootPolicy):
             bucket=bucket,
         )
 
+    def model_call_for(self, inputs: GrootN17Inputs, noise: torch.Tensor | None = None):
+        """``(call, bucket, args)`` of the model call on ``inputs``: :attr:`model_call`, or :attr:`model_call_rtc`
+        with real-time chunking's leftovers after the others (one capture per bucket for any leftover)."""
+        noise = self.make_noise(inputs.batch_size) if noise is None else noise
+        args = (inputs.input_ids, inputs.valid, inputs.pixel_values, inputs.state, noise)
+        if inputs.inpainting is None:
+            return self.model_call, inputs.bucket, args
+        return self.model_call_rtc, inputs.bucket, (*args, *inputs.inpainting)
+
     def sample(self, inputs: GrootN17Inputs, noise: torch.Tensor | None = None) -> torch.Tensor:
         """The model call alone: inputs → normalized action chunk ``[B, horizon, max_action_dim]`` (fp32);
-        inpainted when the inputs carry real-time chunking's leftovers (one capture per bucket for any leftover)."""
-        if noise is None:
-            noise = self.make_noise(inputs.batch_size)
-        args = (inputs.input_ids, inputs.valid, inputs.pixel_values, inputs.state, noise)
-        inpainting = inputs.inpainting
-        if inpainting is None:
-            return self.model_call(inputs.bucket, *args)
-        return self.model_call_rtc(inputs.bucket, *args, *inpainting)
+        inpainted when the inputs carry real-time chunking's leftovers."""
+        call, bucket, args = self.model_call_for(inputs, noise)
+        return call(bucket, *args)
 
     def postprocess(self, chunk: torch.Tensor, raw_state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Normalized chunk → robot actions per key ``[B, action_horizon, D]`` (float32)."""
@@ -303,11 +307,8 @@ class GrootN17Policy(GrootPolicy):
         """Validated rows → ``{"actions": [B, T, action_dim], "action.<key>": [B, T, D]}`` (float32);
         ``vl_padding``: default the policy's."""
         inputs = self._with_rows(rows, num_steps, vl_padding)
-        chunk = self.sample(inputs, self.make_noise(inputs.batch_size, noise, seed))
-        per_key = self.postprocess(chunk, inputs.raw_state)
-        result: dict[str, Any] = {"actions": np.concatenate(list(per_key.values()), axis=-1)}
-        result.update({f"action.{key}": value for key, value in per_key.items()})
-        return result
+        call, bucket, args = self.model_call_for(inputs, self.make_noise(inputs.batch_size, noise, seed))
+        return actions_by_key(self.postprocess(call(bucket, *args), inputs.raw_state))
 
     def stage_fns(self, inputs: GrootN17Inputs, num_steps: int | None = None) -> dict[str, Callable[[], object]]:
         """Callables for timing the stages apart: backbone (incl. vision), action head (every step)."""
