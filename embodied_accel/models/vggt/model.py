@@ -70,7 +70,7 @@ class PatchEmbed(nn.Module):
     def embed(self, images: torch.Tensor, buffers: VggtBuffers) -> torch.Tensor:
         """``images [N, 3, H, W]`` → the first block's input ``[N, 1 + registers + patches, C]``."""
         n, _, h, w = images.shape
-        p, width = self.config.patch_size, self.config.width
+        p = self.config.patch_size
         pixels = images.reshape(n, 3, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)  # [N, h', w', p, p, 3]
         if torch.compiler.is_compiling():  # compile and ONNX export: the out= write below loses its layout there
             patches = torch.addcmul(buffers.image_shift, pixels, buffers.image_scale).contiguous()

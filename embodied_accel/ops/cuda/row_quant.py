@@ -30,8 +30,11 @@ def _round_to_e4m3(v):
     bits = v.to(tl.int32, bitcast=True)
     step_exponent = tl.maximum(((bits >> 23) & 0xFF) - 127, -6) - 3
     magic = ((step_exponent + 23 + 127) << 23).to(tl.float32, bitcast=True) * 1.5
-    rounded = (tl.abs(v) + magic) - magic
-    return tl.where(bits < 0, -rounded, rounded)  # the sign bit kept (a negative value rounding to zero is -0)
+    rounded = (tl.abs(v) + magic) - magic  # >= 0
+    # v's sign bit set on the rounded magnitude (a negative value rounding to zero is -0) by bits: Triton 3.6 lowers
+    # a float's unary minus to 0 - x, which turns -(+0) into +0 (later versions negate)
+    sign = (bits >> 31) << 31
+    return (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
 
 
 @triton.jit
