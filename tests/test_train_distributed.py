@@ -152,3 +152,16 @@ def test_fsdp2_resume_is_bit_identical(runs):
     before sharding, the optimizer state sharded from the full one): the same tensors as the uninterrupted run."""
     assert runs["fsdp_resumed"].keys() == runs["fsdp"].keys()
     assert all(torch.equal(runs["fsdp_resumed"][k], runs["fsdp"][k]) for k in runs["fsdp"])
+
+
+def test_a_pending_residual_shows_fsdp2_its_tensors():
+    """pi0.5's expert layers return their last residual unadded (``PendingGatedResidual``). torch 2.11's FSDP2 finds
+    the tensors of a unit's output by pytree flattening to hook its pre-backward all-gather on them; in a container
+    it cannot flatten they were missed, and the backward ran on freed weights ("storage of size 0")."""
+    from torch.utils._pytree import tree_flatten
+
+    from embodied_accel.nn.gemma import PendingGatedResidual
+
+    parts = [torch.ones(2, 3, requires_grad=True) for _ in range(3)]
+    leaves, _ = tree_flatten(PendingGatedResidual(*parts))
+    assert len(leaves) == 3 and all(leaf is part for leaf, part in zip(leaves, parts, strict=True))

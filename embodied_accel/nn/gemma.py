@@ -8,6 +8,7 @@ q/k/v and gate/up and folds Gemma's ``1 + w`` into the norm weights. Hidden stat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -46,14 +47,15 @@ class NormConditioning:
 NORM_CONDITIONING_FIELDS = tuple(NormConditioning.__dataclass_fields__)
 
 
-@dataclass(frozen=True)
-class PendingGatedResidual:
+class PendingGatedResidual(NamedTuple):
     """pi0.5's end-of-layer residual ``base + delta * gate``, not yet added.
 
     The next consumer is always an adaRMS norm (the next layer's input norm, or the tower's final norm), so
     the addition is left to it: ``gated_add_ada_rms_norm`` adds and normalizes in one kernel on the cuda
     backend, one launch fewer per layer and step. The reference computes exactly what an immediate
-    ``addcmul`` would.
+    ``addcmul`` would. A named tuple, so that what walks a module's outputs finds its tensors (FSDP2 registers its
+    pre-backward hooks on them: in a plain class they were missed, and torch 2.11 then ran the backward of a
+    resharded layer on freed weights).
     """
 
     base: torch.Tensor  # [B*S, D]
